@@ -1,0 +1,1 @@
+"""Routing features and the trained P(cheap route suffices) model. Pure: no I/O here."""

@@ -1,0 +1,162 @@
+"""POST /v1/chat/completions: validation, pass-through, and hand-off to routing for policy aliases."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, AsyncIterator, Callable
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.errors import GatewayError
+from gateway.protocol import ChatCompletionRequest, parse_chat_request
+from gateway.request_context import RequestLedgerEntry
+from gateway.sse import DONE, chunk_usage, sse_event, sse_json
+from policies.schema import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large")
+    body = bytearray()
+    try:
+        async for part in request.stream():
+            body += part
+            if len(body) > limit:
+                raise GatewayError(
+                    413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large"
+                )
+    except ClientDisconnect:
+        raise GatewayError(400, "client disconnected while sending the body", code="client_disconnected") from None
+    return bytes(body)
+
+
+def json_response(payload: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(json.dumps(payload).encode(), status_code=status, headers={**JSON_HEADERS, **(headers or {})})
+
+
+async def chat_completions(request: Request) -> Response:
+    gateway = request.app.state.gateway
+    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+    try:
+        caller = gateway.auth.check(request)
+        entry.record.key_id = caller.key_id
+        raw = await read_body(request, gateway.settings.max_body_bytes)
+        chat, body = parse_chat_request(raw)
+        entry.record.alias = chat.model
+        entry.record.stream = bool(chat.stream)
+        if chat.model in gateway.policy.aliases:
+            return await gateway.routing.handle(request, chat, body, entry)
+        return await pass_through(gateway, chat, body, entry)
+    except GatewayError as exc:
+        entry.finish(exc.status, exc.message)
+        return exc.response()
+    except Exception as exc:
+        entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+        raise
+
+
+def passthrough_config(policy, model: str) -> ModelConfig:
+    """A model named in the policy keeps its settings (base, key, prices); any other name goes as is."""
+    for config in (policy.cheap, policy.long):
+        if config.model == model:
+            return config
+    return ModelConfig(model=model)
+
+
+async def pass_through(gateway, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> Response:
+    entry.record.route = "passthrough"
+    entry.record.reason = "model is not a routed alias"
+    config = passthrough_config(gateway.policy, chat.model)
+    if chat.stream:
+        return await stream_response(gateway, config, body, entry, route="passthrough",
+                                     client_wants_usage=chat.wants_usage_in_stream)
+    started = time.perf_counter()
+    try:
+        completion = await gateway.upstream.complete(config, body)
+    except GatewayError as exc:
+        entry.add_call(config, "passthrough", None, (time.perf_counter() - started) * 1000, exc.message)
+        raise
+    entry.add_call(config, "passthrough", completion.get("usage"), (time.perf_counter() - started) * 1000)
+    entry.finish(200)
+    return json_response(completion)
+
+
+async def open_stream(gateway, config: ModelConfig, body: dict[str, Any]) -> tuple[bytes | None, AsyncIterator[bytes]]:
+    """Start an upstream stream and wait for its first chunk, so failures still get a proper status."""
+    upstream_body = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+    chunks = gateway.upstream.stream(config, upstream_body).__aiter__()
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+    return first, chunks
+
+
+Finish = Callable[[dict[str, Any] | None, str | None], None]
+
+
+async def stream_response(
+    gateway, config: ModelConfig, body: dict[str, Any], entry: RequestLedgerEntry, *, route: str,
+    client_wants_usage: bool, headers: dict[str, str] | None = None, finish: Finish | None = None,
+) -> Response:
+    """Stream one upstream call to the client; `finish(usage, error)` closes the ledger entry at the end."""
+    started = time.perf_counter()
+    try:
+        first, chunks = await open_stream(gateway, config, body)
+    except GatewayError as exc:
+        entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
+        raise
+
+    def finish_call(usage: dict[str, Any] | None, error: str | None) -> None:
+        entry.add_call(config, route, usage, (time.perf_counter() - started) * 1000, error)
+        if finish is not None:
+            finish(usage, error)
+        entry.finish(200, error)
+
+    return StreamingResponse(
+        relay_stream(first, chunks, client_wants_usage, finish_call),
+        media_type="text/event-stream",
+        headers={"cache-control": "no-cache", **(headers or {})},
+    )
+
+
+async def relay_stream(
+    first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool, finish: Finish,
+) -> AsyncIterator[bytes]:
+    """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for."""
+    usage = None
+    error = None
+    completed = False
+    try:
+        data = first
+        while data is not None:
+            found = chunk_usage(data)
+            if found is not None:
+                usage = found
+                if client_wants_usage or json.loads(data).get("choices"):
+                    yield sse_event(data)
+            else:
+                yield sse_event(data)
+            try:
+                data = await chunks.__anext__()
+            except StopAsyncIteration:
+                data = None
+        completed = True
+        yield DONE
+    except GatewayError as exc:
+        error = exc.message
+        completed = True
+        yield sse_json(exc.body())
+        yield DONE
+    finally:
+        # runs on normal end, on upstream failure and on client disconnect alike
+        if not completed:
+            error = "client disconnected before the stream ended"
+        finish(usage, error)

@@ -1,0 +1,43 @@
+"""`selfroute serve`: run the gateway under uvicorn."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(subparsers, parents) -> None:
+    parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
+    parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--cheap-model", default=None, help="override the policy's cheap model (litellm model string)")
+    parser.add_argument("--long-model", default=None, help="override the policy's long model (litellm model string)")
+    parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import Settings, resolve_data_dir
+    from policies.loader import PolicyError
+
+    settings = Settings(
+        data_dir=resolve_data_dir(args.data_dir),
+        policy_path=args.policy,
+        host=args.host,
+        port=args.port,
+        cheap_model=args.cheap_model,
+        long_model=args.long_model,
+        keys_file=args.keys_file,
+    )
+    try:
+        app = create_app(settings)
+    except PolicyError as exc:
+        print(f"selfroute: {exc}")
+        return 2
+    print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=str(args.log_level).lower(), access_log=False)
+    return 0

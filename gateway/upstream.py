@@ -1,0 +1,186 @@
+"""Upstream model calls behind one interface.
+
+`Upstream.complete` returns an OpenAI chat.completion dict; `Upstream.stream` yields the JSON bytes of
+each chat.completion.chunk. `ProviderUpstream` dispatches by the model string's provider prefix:
+OpenAI-compatible HTTP upstreams take a direct httpx path (litellm costs milliseconds of CPU per
+call, more than this proxy's whole budget), `local/...` runs the in-process model, and every other
+provider goes through litellm, which translates the protocol.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any, AsyncIterator, Protocol
+
+import httpx
+
+from gateway.errors import GatewayError
+from policies.schema import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+DIRECT_PROVIDERS = ("openai", "hosted_vllm")
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+
+
+class Upstream(Protocol):
+    async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]: ...
+
+    def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+def split_provider(model: str) -> tuple[str | None, str]:
+    provider, sep, name = model.partition("/")
+    return (provider, name) if sep else (None, model)
+
+
+def upstream_error(status: int | None, message: str, model: str) -> GatewayError:
+    """Map an upstream failure to the status the client should see."""
+    text = f"upstream model {model!r} failed: {message}"
+    if status is None:
+        return GatewayError(502, text, code="upstream_unreachable")
+    if status in (400, 404, 413, 422):
+        return GatewayError(status, text, code="upstream_rejected_request")
+    if status in (401, 403):
+        # the gateway's credentials for the provider are wrong: not the client's fault
+        return GatewayError(502, text, code="upstream_authentication_failed")
+    if status == 429:
+        return GatewayError(429, text, code="upstream_rate_limited")
+    if status in (408, 504):
+        return GatewayError(504, text, code="upstream_timeout")
+    return GatewayError(502, text, code="upstream_error")
+
+
+def _error_message(payload: bytes) -> str:
+    try:
+        data = json.loads(payload)
+        error = data.get("error", data)
+        if isinstance(error, dict):
+            return str(error.get("message") or error)
+        return str(error)
+    except ValueError:
+        return payload.decode("utf-8", "replace")[:500] or "no message"
+
+
+class DirectOpenAIUpstream:
+    """OpenAI-compatible HTTP upstreams over a pooled httpx client: no translation, bytes in, bytes out."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None):
+        self._client = client or httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            timeout=httpx.Timeout(60.0),
+        )
+
+    @staticmethod
+    def _endpoint(config: ModelConfig) -> tuple[str, dict[str, str], str]:
+        provider, name = split_provider(config.model)
+        base = (
+            config.api_base
+            or (os.environ.get("HOSTED_VLLM_API_BASE") if provider == "hosted_vllm" else None)
+            or os.environ.get("OPENAI_API_BASE")
+            or os.environ.get("OPENAI_BASE_URL")
+            or "https://api.openai.com/v1"
+        )
+        key_env = config.api_key_env or ("HOSTED_VLLM_API_KEY" if provider == "hosted_vllm" else "OPENAI_API_KEY")
+        key = os.environ.get(key_env)
+        headers = {"content-type": "application/json"}
+        if key:
+            headers["authorization"] = f"Bearer {key}"
+        return base.rstrip("/") + "/chat/completions", headers, name
+
+    async def _send(self, config: ModelConfig, body: dict[str, Any], stream: bool) -> httpx.Response:
+        url, headers, name = self._endpoint(config)
+        payload = json.dumps({**body, "model": name}).encode()
+        attempt = 0
+        while True:
+            try:
+                request = self._client.build_request(
+                    "POST", url, content=payload, headers=headers, timeout=config.timeout
+                )
+                response = await self._client.send(request, stream=stream)
+            except httpx.TimeoutException:
+                if attempt < config.max_retries:
+                    attempt += 1
+                    continue
+                raise GatewayError(
+                    504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
+                ) from None
+            except httpx.HTTPError as exc:
+                if attempt < config.max_retries:
+                    attempt += 1
+                    await asyncio.sleep(0.2 * attempt)
+                    continue
+                raise upstream_error(None, f"{type(exc).__name__}: {exc}", config.model) from None
+            if response.status_code >= 400:
+                content = await response.aread()
+                await response.aclose()
+                if response.status_code in RETRY_STATUSES and attempt < config.max_retries:
+                    attempt += 1
+                    await asyncio.sleep(0.2 * attempt)
+                    continue
+                raise upstream_error(response.status_code, _error_message(content), config.model)
+            return response
+
+    async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+        response = await self._send(config, {**body, "stream": False}, stream=False)
+        try:
+            return response.json()
+        except ValueError:
+            raise upstream_error(None, "upstream answered with invalid JSON", config.model) from None
+
+    async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        response = await self._send(config, {**body, "stream": True}, stream=True)
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                if data:
+                    yield data.encode()
+        except httpx.TimeoutException:
+            raise GatewayError(504, f"upstream model {config.model!r} timed out mid-stream", code="upstream_timeout") from None
+        except httpx.HTTPError as exc:
+            raise upstream_error(None, f"stream broke: {exc}", config.model) from None
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class ProviderUpstream:
+    """Dispatch on the provider prefix of the model string."""
+
+    def __init__(self, direct: Upstream, litellm: Upstream | None = None, local: Upstream | None = None):
+        self.direct = direct
+        self.litellm = litellm
+        self.local = local
+
+    def _pick(self, config: ModelConfig) -> Upstream:
+        provider, _ = split_provider(config.model)
+        if provider == "local":
+            if self.local is None:
+                raise GatewayError(503, "the local model is not available in this gateway", code="local_model_unavailable")
+            return self.local
+        if provider in DIRECT_PROVIDERS or (provider is None and (config.api_base or self.litellm is None)):
+            return self.direct
+        if self.litellm is None:
+            raise GatewayError(503, f"no upstream for provider {provider!r}", code="provider_unavailable")
+        return self.litellm
+
+    async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._pick(config).complete(config, body)
+
+    def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        return self._pick(config).stream(config, body)
+
+    async def aclose(self) -> None:
+        for part in (self.direct, self.litellm, self.local):
+            if part is not None:
+                await part.aclose()

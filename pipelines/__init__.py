@@ -1,0 +1,1 @@
+"""Retrieval (cheap route) and long-context packing (long route) over documents."""

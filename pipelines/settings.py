@@ -1,0 +1,55 @@
+"""Pipeline settings. The policy schema embeds these, so they validate with the policy."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_UNANSWERABLE_PATTERNS = [
+    r"^\W*unanswerable\W*$",
+    r"\bunanswerable\b",
+    r"\b(?:cannot|can ?not|can't|unable to) (?:be )?(?:answer|determine|find)",
+    r"\b(?:not|no) (?:mentioned|provided|stated|found|specified|given) in the (?:passages?|context|documents?|text)",
+    r"\bthe (?:passages?|context|documents?|text) (?:does|do) not (?:contain|mention|provide|say|specify|include)",
+    r"\binsufficient (?:information|context)",
+    r"无法回答",
+    r"无法(?:确定|判断|得知)",
+    r"(?:文中|上下文|文档|材料)(?:中)?(?:没有|未)(?:提及|提到|给出|说明)",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ChunkingSettings(_Strict):
+    # all-MiniLM-L6-v2 truncates at 256 word pieces; 200 tiktoken tokens stays under that for English.
+    chunk_tokens: int = Field(200, ge=16, le=4096)
+    chunk_overlap: int = Field(32, ge=0, le=1024)
+
+
+class RagSettings(_Strict):
+    embedding_model: str | None = Field(
+        None, description="sentence-transformers model path; null = the packaged all-MiniLM-L6-v2"
+    )
+    embedding_batch_size: int = Field(64, ge=1, le=4096)
+    chunking: ChunkingSettings = ChunkingSettings()
+    top_k: int = Field(8, ge=1, le=200)
+    hybrid: bool = True
+    rrf_k: int = Field(60, ge=1)
+    expansion_neighbours: int = Field(2, ge=0, le=20)
+    context_budget_tokens: int = Field(2000, ge=64)
+    unanswerable_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_UNANSWERABLE_PATTERNS))
+    question_marker: str | None = Field(
+        None, description="in a plain long prompt, the text after the last occurrence of this marker is the question"
+    )
+
+
+class LongContextSettings(_Strict):
+    window_tokens: int | None = Field(
+        None, ge=256, description="null = the long model's context window"
+    )
+    answer_reserve_tokens: int = Field(512, ge=0)
+    placement: Literal["reading", "edges"] = "reading"
+    unit_min_tokens: int = Field(200, ge=1)
+    unit_max_tokens: int = Field(4000, ge=64)

@@ -1,0 +1,1 @@
+"""Routing policy schema and the shipped YAML policies."""

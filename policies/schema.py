@@ -1,0 +1,96 @@
+"""The routing policy: which aliases route, which models serve each route, and how to decide."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from classifier.features import FEATURE_NAMES
+from pipelines.settings import LongContextSettings, RagSettings
+
+Route = Literal["direct", "rag", "long"]
+COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    model: str = Field(description="litellm model string, e.g. openai/gpt-4o-mini or local/smollm2-135m-instruct")
+    api_base: str | None = None
+    api_key_env: str | None = Field(
+        None, description="name of the environment variable that holds the key; never the key itself"
+    )
+    timeout: float = Field(60.0, gt=0)
+    max_retries: int = Field(0, ge=0, le=10)
+    input_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million prompt tokens")
+    output_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million completion tokens")
+    context_window: int | None = Field(None, ge=256)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _looks_like_env_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value.replace("_", "").isalnum() or value[0].isdigit()):
+            raise ValueError("must be an environment variable name such as OPENAI_API_KEY, not a key")
+        return value
+
+
+class RuleSpec(_Strict):
+    name: str | None = None
+    feature: str
+    op: Literal["<", "<=", ">", ">=", "==", "!="]
+    value: float
+    route: Route
+
+    @field_validator("feature")
+    @classmethod
+    def _known_feature(cls, value: str) -> str:
+        if value not in FEATURE_NAMES:
+            raise ValueError(f"unknown routing feature {value!r}; known features: {', '.join(FEATURE_NAMES)}")
+        return value
+
+
+class ClassifierSettings(_Strict):
+    model_path: str = Field(
+        "builtin:default", description="'builtin:default' or a .skops path, relative to the policy file"
+    )
+    threshold: float = Field(0.5, ge=0.0, le=1.0, description="P(cheap suffices) >= threshold routes to rag")
+    threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
+
+
+class FallbackSettings(_Strict):
+    enabled: bool = True
+    keep_refusal_when_absent: bool = Field(
+        False, description="keep the cheap route's refusal when the evidence says the answer is absent"
+    )
+    absent_max_top_score: float = Field(
+        0.35, description="retrieval top similarity at or below which the answer is taken as absent"
+    )
+    absent_min_probability: float = Field(
+        0.5, ge=0.0, le=1.0, description="…and the classifier's P(cheap suffices) must be at least this"
+    )
+
+
+class RoutingSettings(_Strict):
+    rules: list[RuleSpec] = Field(default_factory=list)
+    classifier: ClassifierSettings | None = ClassifierSettings()
+    default_route: Route = "long"
+    fallback: FallbackSettings = FallbackSettings()
+
+
+class Policy(_Strict):
+    name: str = "default"
+    aliases: list[str] = Field(default_factory=lambda: ["selfroute"], min_length=1)
+    cheap: ModelConfig
+    long: ModelConfig
+    rag: RagSettings = RagSettings()
+    long_context: LongContextSettings = LongContextSettings()
+    routing: RoutingSettings = RoutingSettings()
+
+    @model_validator(mode="after")
+    def _aliases_are_not_models(self) -> "Policy":
+        for alias in self.aliases:
+            if alias in (self.cheap.model, self.long.model):
+                raise ValueError(f"alias {alias!r} is also a model name; pick a distinct alias")
+        return self

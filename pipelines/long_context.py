@@ -1,0 +1,340 @@
+"""The long route: LongRAG-style retrieval units packed into the long model's window.
+
+Units follow the documents' structure (headings, numbered sections, page breaks); small neighbours are
+merged up to `unit_min_tokens`, oversized units split below `unit_max_tokens`. When every unit fits the
+budget (window minus answer reserve, counted with tiktoken on the final prompt) all are sent; otherwise
+the units most relevant to the question are chosen within the budget. Placement `reading` keeps
+document order; `edges` puts the most relevant units first and last and the least in the middle.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.chunking import pack_spans
+from pipelines.documents import Document
+from pipelines.embedding import Embedder
+from pipelines.messages import carry_history, count_message_tokens
+from pipelines.settings import LongContextSettings
+from pipelines.structure import page_at, page_starts, split_sections
+from pipelines.tokens import count_tokens, truncate_tokens
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "Answer the question using the documents below. Each excerpt is labelled with its document, section "
+    "and page; cite them for the facts you use. If the documents do not contain the answer, say so."
+)
+HISTORY_BUDGET_TOKENS = 1024
+# question-to-unit similarity is the best match among windows this long (the embedder truncates at 256)
+SCORING_WINDOW_TOKENS = 200
+
+UnitScorer = Callable[[str, list["Unit"]], list[float]]
+
+
+@dataclass(frozen=True)
+class Unit:
+    doc_id: str
+    doc_title: str | None
+    index: int  # order within its document
+    text: str
+    tokens: int
+    start: int
+    end: int
+    sections: tuple[str, ...]  # titles of the sections the unit covers
+    page: int | None  # first page, when the document has page breaks
+    last_page: int | None = None
+
+    def label(self) -> str:
+        doc = f"{self.doc_title} ({self.doc_id})" if self.doc_title and self.doc_title != self.doc_id else self.doc_id
+        parts = [f"Document: {doc}"]
+        if self.sections:
+            parts.append("Section: " + "; ".join(self.sections[:3]) + (" …" if len(self.sections) > 3 else ""))
+        if self.page is not None:
+            pages = f"{self.page}" if self.last_page in (None, self.page) else f"{self.page}-{self.last_page}"
+            parts.append(f"Page: {pages}")
+        return "[" + " | ".join(parts) + "]"
+
+
+@dataclass
+class PackedContext:
+    units: list[Unit]  # in placement order
+    text: str  # the full prompt body: instructions, labelled units, question
+    tokens: int  # count_tokens(text)
+    all_fitted: bool  # every unit of every document was sent
+    total_units: int
+    scores: list[float] | None = None  # per unit of `units`, when units were scored
+
+
+def _pieces(doc: Document) -> list[tuple[int, int, str | None]]:
+    """Sections, further cut at page breaks: (start, end, section title)."""
+    text = doc.text
+    breaks = page_starts(text)
+    pieces = []
+    for s in split_sections(text):
+        cuts = [s.start] + [b for b in breaks if s.start < b < s.end] + [s.end]
+        for a, b in zip(cuts, cuts[1:]):
+            if text[a:b].strip():
+                pieces.append((a, b, s.title))
+    return pieces
+
+
+def split_units(doc: Document, settings: LongContextSettings) -> list[Unit]:
+    text = doc.text
+    breaks = page_starts(text)
+    groups: list[list[tuple[int, int, str | None]]] = []
+    size = 0
+    for piece in _pieces(doc):
+        tokens = count_tokens(text[piece[0] : piece[1]])
+        if groups and size < settings.unit_min_tokens and size + tokens <= settings.unit_max_tokens:
+            groups[-1].append(piece)
+            size += tokens
+        else:
+            groups.append([piece])
+            size = tokens
+    # a small last group joins the one before it when there is room
+    if len(groups) > 1 and size < settings.unit_min_tokens:
+        prev = count_tokens(text[groups[-2][0][0] : groups[-2][-1][1]])
+        if prev + size <= settings.unit_max_tokens:
+            groups[-2].extend(groups.pop())
+    units: list[Unit] = []
+    for group in groups:
+        start, end = group[0][0], group[-1][1]
+        titles = tuple(dict.fromkeys(t for _, _, t in group if t))
+        spans = [(start, end)]
+        if count_tokens(text[start:end]) > settings.unit_max_tokens:
+            spans = pack_spans(text, start, end, settings.unit_max_tokens, 0)
+        for a, b in spans:
+            piece = text[a:b].strip("\f")
+            first = page_at(breaks, a) if breaks else None
+            last = page_at(breaks, max(a, b - 1)) if breaks else None
+            span_titles = tuple(t for s_a, s_b, t in group if t and s_a < b and s_b > a) or titles[:1]
+            units.append(
+                Unit(doc.id, doc.title, len(units), piece, count_tokens(piece), a, b, span_titles, first, last)
+            )
+    return units
+
+
+# -- relevance ---------------------------------------------------------------------------------
+def _terms(text: str) -> list[str]:
+    return [t for t in re.findall(r"\w+", text.lower()) if len(t) > 1]
+
+
+def bm25_scores(question: str, units: list[Unit], k1: float = 1.5, b: float = 0.75) -> list[float]:
+    """BM25 of the question's terms against each unit (the units are the corpus)."""
+    counts = [Counter(_terms(u.text)) for u in units]
+    if not counts:
+        return []
+    lengths = [sum(c.values()) for c in counts]
+    avg = (sum(lengths) / len(lengths)) or 1.0
+    scores = [0.0] * len(units)
+    for term in set(_terms(question)):
+        df = sum(1 for c in counts if term in c)
+        if df == 0:
+            continue
+        idf = math.log(1 + (len(units) - df + 0.5) / (df + 0.5))
+        for i, c in enumerate(counts):
+            tf = c.get(term, 0)
+            if tf:
+                scores[i] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[i] / avg))
+    return scores
+
+
+def embedding_scorer(embedder: Embedder, window_tokens: int = SCORING_WINDOW_TOKENS) -> UnitScorer:
+    """Scores a unit by the best cosine similarity between the question and the unit's windows,
+    all windows of all units embedded in one batched call."""
+
+    def score(question: str, units: list[Unit]) -> list[float]:
+        owners: list[int] = []
+        windows: list[str] = []
+        for i, u in enumerate(units):
+            for a, b in pack_spans(u.text, 0, len(u.text), window_tokens, 0) or [(0, len(u.text))]:
+                owners.append(i)
+                windows.append(u.text[a:b])
+        vectors = embedder.embed([question] + windows)
+        sims = vectors[1:] @ vectors[0]
+        best = np.full(len(units), -1.0, dtype=np.float32)
+        np.maximum.at(best, np.asarray(owners, dtype=np.int64), sims)
+        return best.tolist()
+
+    return score
+
+
+# -- packing -----------------------------------------------------------------------------------
+def _place(units: list[Unit], scores: list[float] | None, placement: str) -> list[Unit]:
+    if placement == "edges" and scores is not None:
+        ranked = [u for _, u in sorted(zip(scores, units), key=lambda p: -p[0])]
+        front, back = ranked[0::2], ranked[1::2]
+        return front + back[::-1]
+    return units  # reading order: documents as given, units in document order
+
+
+def render(question: str, units: list[Unit]) -> str:
+    blocks = "\n\n".join(f"{u.label()}\n{u.text}" for u in units)
+    return f"{INSTRUCTIONS}\n\n{blocks or '(no documents)'}\n\nQuestion: {question}"
+
+
+def pack_long_context(
+    question: str,
+    documents: list[Document],
+    settings: LongContextSettings,
+    budget_tokens: int,
+    score_units: UnitScorer | None = None,
+) -> PackedContext:
+    """Pack the documents' units into budget_tokens (the whole rendered prompt body, counted with
+    tiktoken); never exceeds it. Raises ValueError when not even the instructions and question fit."""
+    units = [u for doc in documents for u in split_units(doc, settings)]
+    reading = {(u.doc_id, u.index): i for i, u in enumerate(units)}
+    overhead = count_tokens(render(question, []))
+    if overhead > budget_tokens:
+        raise ValueError(f"a budget of {budget_tokens} tokens cannot hold the instructions and question ({overhead})")
+
+    def needs_scores() -> bool:
+        return settings.placement == "edges"
+
+    full = render(question, units)
+    full_tokens = count_tokens(full)
+    if full_tokens <= budget_tokens:
+        scores = (score_units or bm25_scores)(question, units) if needs_scores() and units else None
+        placed = _place(units, scores, settings.placement)
+        text = render(question, placed) if placed != units else full
+        by_key = dict(zip(((u.doc_id, u.index) for u in units), scores or []))
+        return PackedContext(
+            placed, text, count_tokens(text), True, len(units), [by_key[(u.doc_id, u.index)] for u in placed] if scores else None
+        )
+
+    scores = (score_units or bm25_scores)(question, units)
+    order = sorted(range(len(units)), key=lambda i: -scores[i])
+    chosen: list[int] = []
+    used = overhead
+    for i in order:
+        cost = units[i].tokens + count_tokens(units[i].label()) + 2
+        if used + cost <= budget_tokens:
+            chosen.append(i)
+            used += cost
+    if not chosen and units:
+        # nothing fits whole: send the beginning of the best unit
+        best = units[order[0]]
+        room = budget_tokens - overhead - count_tokens(best.label()) - 4
+        if room > 0:
+            cut = truncate_tokens(best.text, room)
+            units[order[0]] = best = Unit(
+                best.doc_id, best.doc_title, best.index, cut, count_tokens(cut), best.start,
+                best.start + len(cut), best.sections, best.page, best.last_page,
+            )
+            chosen = [order[0]]
+
+    def assemble(indices: list[int]) -> tuple[list[Unit], list[float], str]:
+        picked = sorted(indices, key=lambda i: reading[(units[i].doc_id, units[i].index)])
+        placed = _place([units[i] for i in picked], [scores[i] for i in picked], settings.placement)
+        by_unit = {id(units[i]): scores[i] for i in picked}
+        return placed, [by_unit[id(u)] for u in placed], render(question, placed)
+
+    placed, placed_scores, text = assemble(chosen)
+    tokens = count_tokens(text)
+    while tokens > budget_tokens and chosen:  # token counts are not additive at the seams: trim
+        chosen.remove(min(chosen, key=lambda i: scores[i]))
+        placed, placed_scores, text = assemble(chosen)
+        tokens = count_tokens(text)
+    return PackedContext(placed, text, tokens, False, len(units), placed_scores)
+
+
+class LongContextPipeline:
+    name = "long"
+
+    def __init__(
+        self,
+        settings: LongContextSettings | None = None,
+        window_tokens: int = 128_000,
+        embedder: Embedder | None = None,
+        store=None,
+        history_budget_tokens: int = HISTORY_BUDGET_TOKENS,
+    ):
+        """window_tokens: the long model's context window (settings.window_tokens overrides it).
+        store: a DocumentStore, needed for requests that name a collection; its chunk vectors then
+        score units without embedding the documents again."""
+        self.settings = settings or LongContextSettings()
+        self.window_tokens = self.settings.window_tokens or window_tokens
+        self.embedder = embedder if embedder is not None else getattr(store, "embedder", None)
+        self.store = store
+        self.history_budget_tokens = history_budget_tokens
+
+    @property
+    def budget_tokens(self) -> int:
+        return self.window_tokens - self.settings.answer_reserve_tokens
+
+    def _documents(self, request: ContextRequest) -> tuple[list[Document], str | None]:
+        if request.documents:
+            return list(request.documents), None
+        if request.collection:
+            if self.store is None:
+                raise ValueError("the long pipeline needs a document store to read a collection")
+            return self.store.documents(request.collection), request.collection
+        raise ValueError("a long-context request needs a collection or attached documents")
+
+    def _scorer(self, collection: str | None) -> UnitScorer | None:
+        if collection is not None and self.store is not None:
+            return store_scorer(self.store, collection)
+        if self.embedder is not None:
+            return embedding_scorer(self.embedder)
+        return None
+
+    def prepare(self, request: ContextRequest) -> PreparedPrompt:
+        documents, collection = self._documents(request)
+        history = carry_history(request.messages, self.history_budget_tokens)
+        budget = self.budget_tokens - count_message_tokens(history) - 8  # the new user turn's own overhead
+        packed = pack_long_context(request.question, documents, self.settings, budget, self._scorer(collection))
+        out = history + [{"role": "user", "content": packed.text}]
+        provenance = {
+            "route": self.name,
+            "collection": collection,
+            "window_tokens": self.window_tokens,
+            "budget_tokens": budget,
+            "context_tokens": packed.tokens,
+            "all_fitted": packed.all_fitted,
+            "placement": self.settings.placement,
+            "units_sent": len(packed.units),
+            "units_total": packed.total_units,
+            "documents": [
+                {
+                    "id": d.id,
+                    "title": d.title,
+                    "sections": list(dict.fromkeys(s for u in packed.units if u.doc_id == d.id for s in u.sections)),
+                    "units": [u.index for u in packed.units if u.doc_id == d.id],
+                }
+                for d in documents
+                if any(u.doc_id == d.id for u in packed.units)
+            ],
+            "units": [
+                {
+                    "doc_id": u.doc_id, "index": u.index, "sections": list(u.sections), "page": u.page,
+                    "tokens": u.tokens, "score": None if packed.scores is None else round(float(s), 6),
+                }
+                for u, s in zip(packed.units, packed.scores or [None] * len(packed.units))
+            ],
+        }
+        return PreparedPrompt(out, provenance, count_message_tokens(out))
+
+
+def store_scorer(store, collection: str) -> UnitScorer:
+    """Scores units by the best cosine similarity of the question to the stored chunks they overlap:
+    the document was embedded at ingestion, so only the question is embedded here."""
+
+    def score(question: str, units: list[Unit]) -> list[float]:
+        query = store.embedder.embed([question])[0]
+        by_doc: dict[str, list[tuple[int, int, float]]] = {}
+        for chunk, vector in store.chunks(collection, {u.doc_id for u in units}):
+            by_doc.setdefault(chunk.doc_id, []).append((chunk.start, chunk.end, float(vector @ query)))
+        return [
+            max((s for a, b, s in by_doc.get(u.doc_id, []) if a < u.end and b > u.start), default=-1.0)
+            for u in units
+        ]
+
+    return score

@@ -123,6 +123,8 @@ def _call_rows(record: RequestRecord) -> list[tuple]:
 def write_records(conn: sqlite3.Connection, records: list[RequestRecord]) -> None:
     """Insert a batch of records in one transaction."""
     with conn:
+        # a re-submitted record replaces its request row; its legs must be replaced too, not duplicated
+        conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
         conn.executemany(
             f"INSERT OR REPLACE INTO requests ({', '.join(_REQUEST_COLUMNS)})"
             f" VALUES ({', '.join('?' * len(_REQUEST_COLUMNS))})",

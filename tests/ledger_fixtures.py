@@ -1,0 +1,79 @@
+"""Small, known ledgers for the report, admin, metrics, dashboard and CLI tests."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from gateway.auth import Authenticator
+from gateway.errors import GatewayError, handle_gateway_error
+from gateway.ledger import Ledger, RequestRecord, UpstreamCall
+
+BASE = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+ADMIN_KEY = "sk-admin-test"
+USER_KEY = "sk-user-test"
+CHEAP = "openai/gpt-4o-mini"
+LONG = "openai/gpt-4.1"
+
+
+def call(model: str, route: str, prompt: int, completion: int, cost: float, latency: float = 100.0,
+         error: str | None = None) -> UpstreamCall:
+    return UpstreamCall(model=model, route=route, prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost,
+                        latency_ms=latency, error=error, created_at=BASE)
+
+
+def record(rid: str, at: float, route: str | None, calls: list[UpstreamCall], *, key: str = "k_alice",
+           policy: str = "default", status: int = 200, counterfactual: float = 0.0, context: int = 0,
+           latency: float | None = 500.0, reason: str = "classifier", provenance: dict | None = None) -> RequestRecord:
+    return RequestRecord(
+        id=rid, created_at=at, key_id=key, policy=policy, alias="selfroute-auto", route=route, reason=reason,
+        status=status, error=None if status < 400 else "upstream failed", latency_ms=latency,
+        prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls),
+        cost_usd=sum(c.cost_usd for c in calls), context_tokens=context, counterfactual_cost_usd=counterfactual,
+        provenance=provenance, calls=calls,
+    )
+
+
+def sample_records() -> list[RequestRecord]:
+    """Ten requests over two UTC days with known costs (see the assertions in the tests)."""
+    rag = lambda: call(CHEAP, "rag", 1000, 50, 0.001, 300.0)  # noqa: E731
+    longc = lambda: call(LONG, "long", 20000, 80, 0.04, 2000.0)  # noqa: E731
+    return [
+        record("r01", BASE + 600, "rag", [rag()], counterfactual=0.041, context=20000, latency=400,
+               provenance={"chunks": [{"doc": "a.txt", "chunk": 3}]}),
+        record("r02", BASE + 1800, "rag", [rag()], counterfactual=0.041, context=20000, latency=350),
+        record("r03", BASE + 3700, "long", [longc()], counterfactual=0.04, context=20000, latency=2100),
+        record("r04", BASE + 5400, "rag>long", [rag(), longc()], counterfactual=0.04, context=20000, latency=2600,
+               key="k_bob"),
+        record("r05", BASE + 7300, "direct", [call(CHEAP, "direct", 50, 20, 0.0001, 120.0)], counterfactual=0.0003,
+               context=50, latency=150, policy="strict"),
+        record("r06", BASE + 7400, "rag", [call(CHEAP, "rag", 900, 0, 0.0, 5000.0, error="timeout")], status=502,
+               counterfactual=0.0, context=20000, latency=5100, key="k_bob"),
+        record("r07", BASE + 86400 + 100, "long", [longc()], counterfactual=0.04, context=20000, latency=1900),
+        record("r08", BASE + 86400 + 200, "rag", [rag()], counterfactual=0.041, context=20000, latency=420,
+               policy="strict"),
+        record("r09", BASE + 86400 + 4000, "rag>long", [rag(), longc()], counterfactual=0.04, context=20000,
+               latency=2900),
+        record("r10", BASE + 86400 + 4100, None, [], status=400, counterfactual=0.0, latency=3, reason=None),
+    ]
+
+
+def write_ledger(path: Path, records: list[RequestRecord]) -> Ledger:
+    ledger = Ledger(path)
+    for rec in records:
+        ledger.submit(rec)
+    ledger.flush()
+    return ledger
+
+
+def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -> Starlette:
+    """The admin and metrics routes in a bare app with the state attributes create_app sets."""
+    from gateway.admin import admin_routes
+    from gateway.metrics import GatewayMetrics, metrics_route
+
+    app = Starlette(routes=[*admin_routes(), metrics_route()],
+                    exception_handlers={GatewayError: handle_gateway_error})
+    app.state.ledger = ledger
+    app.state.auth = auth or Authenticator([USER_KEY], ADMIN_KEY)
+    app.state.metrics = metrics or GatewayMetrics()
+    return app

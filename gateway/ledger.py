@@ -174,6 +174,8 @@ class Ledger:
     def flush(self, timeout: float = 10.0) -> None:
         """Block until everything submitted so far is on disk."""
         done = threading.Event()
+        if self._thread is None:  # nobody started the writer yet: the marker would wait out the timeout
+            self.start()
         self._queue.put(_FlushMarker(done))  # type: ignore[arg-type]
         done.wait(timeout)
 

@@ -1,0 +1,84 @@
+"""Prometheus metrics fed by ledger records: `ledger.subscribe(metrics.observe)`, served at GET /metrics.
+
+Each GatewayMetrics owns its registry, so several apps (tests) in one process never collide.
+Labels stay low-cardinality: the request's route, model, status; never key ids or request ids.
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.ledger import RequestRecord
+
+logger = logging.getLogger(__name__)
+
+FALLBACK_ROUTE = "rag>long"
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _route(value: str | None) -> str:
+    return value or "unknown"
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("selfroute_requests", "Requests answered, by route and HTTP status.",
+                                ["route", "status"], registry=r)
+        self.request_cost = Counter("selfroute_request_cost_usd", "Cost of requests in USD (all their legs), by route.",
+                                    ["route"], registry=r)
+        self.counterfactual_cost = Counter(
+            "selfroute_counterfactual_cost_usd", "What always-long-context would have cost, in USD, by route.",
+            ["route"], registry=r)
+        self.tokens = Counter("selfroute_tokens", "Upstream tokens by request route, model and kind (prompt|completion).",
+                              ["route", "model", "kind"], registry=r)
+        self.cost = Counter("selfroute_cost_usd", "Upstream cost in USD by request route and model.",
+                            ["route", "model"], registry=r)
+        self.upstream_calls = Counter("selfroute_upstream_calls", "Upstream calls (legs) by request route and model.",
+                                      ["route", "model"], registry=r)
+        self.fallbacks = Counter("selfroute_fallbacks", "Self-Route fallbacks: a RAG answer judged unanswerable, "
+                                 "answered again with long context.", registry=r)
+        self.upstream_errors = Counter("selfroute_upstream_errors", "Upstream calls that failed, by request route and model.",
+                                       ["route", "model"], registry=r)
+        self.request_latency = Histogram("selfroute_request_latency_seconds", "Request latency by route.",
+                                         ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.upstream_latency = Histogram("selfroute_upstream_latency_seconds", "Upstream call latency by request route and model.",
+                                          ["route", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request and its legs (runs on the request's thread: only counter updates)."""
+        route = _route(record.route)
+        self.requests.labels(route, str(record.status)).inc()
+        self.request_cost.labels(route).inc(max(record.cost_usd, 0.0))
+        self.counterfactual_cost.labels(route).inc(max(record.counterfactual_cost_usd, 0.0))
+        if record.route == FALLBACK_ROUTE:
+            self.fallbacks.inc()
+        if record.latency_ms is not None:
+            self.request_latency.labels(route).observe(record.latency_ms / 1000)
+        for call in record.calls:
+            self.upstream_calls.labels(route, call.model).inc()
+            self.tokens.labels(route, call.model, "prompt").inc(call.prompt_tokens)
+            self.tokens.labels(route, call.model, "completion").inc(call.completion_tokens)
+            self.cost.labels(route, call.model).inc(max(call.cost_usd, 0.0))
+            if call.error:
+                self.upstream_errors.labels(route, call.model).inc()
+            if call.latency_ms is not None:
+                self.upstream_latency.labels(route, call.model).observe(call.latency_ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    # Open like most scrape targets: only aggregate counters, no keys, prompts or request ids.
+    metrics: GatewayMetrics = request.app.state.metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_route() -> Route:
+    return Route("/metrics", metrics_endpoint, methods=["GET"])

@@ -77,3 +77,28 @@ def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -
     app.state.auth = auth or Authenticator([USER_KEY], ADMIN_KEY)
     app.state.metrics = metrics or GatewayMetrics()
     return app
+
+
+def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0) -> list[RequestRecord]:
+    """A plausible day of traffic (fixed seed): mostly RAG, some long, a few fallbacks and errors."""
+    import random
+
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        at = now - rng.uniform(0, span)
+        route = rng.choices(["rag", "long", "rag>long", "direct"], [60, 22, 12, 6])[0]
+        context = rng.randrange(8_000, 120_000)
+        completion = rng.randrange(20, 400)
+        cheap = call(CHEAP, "rag", rng.randrange(600, 3000), completion, 0.0, rng.uniform(300, 1500))
+        cheap.cost_usd = cheap.prompt_tokens * 0.15e-6 + completion * 0.6e-6
+        longc = call(LONG, "long", context, completion, context * 2e-6 + completion * 8e-6, rng.uniform(1500, 9000))
+        calls = {"rag": [cheap], "long": [longc], "rag>long": [cheap, longc],
+                 "direct": [call(CHEAP, "direct", 200, completion, 0.0002, rng.uniform(200, 800))]}[route]
+        status = 502 if rng.random() < 0.03 else 200
+        if status == 502:
+            calls[-1].error = "upstream timeout"
+        out.append(record(f"req-{seed}-{i:05d}", at, route, calls, key=rng.choice(["k_alice", "k_bob", "k_carol"]),
+                          status=status, counterfactual=context * 2e-6 + completion * 8e-6, context=context,
+                          latency=sum(c.latency_ms or 0 for c in calls) + rng.uniform(20, 200)))
+    return out

@@ -1,0 +1,138 @@
+"""`selfroute logs`: recent requests from the ledger, filtered, as a table or JSON lines; --follow tails it.
+
+Also holds the ledger filter flags that `costs` and `export` share.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+COLUMNS = ("time (UTC)", "alias", "route", "reason", "models", "tokens", "cost", "latency", "status")
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("filters")
+    group.add_argument("--route", help="direct | rag | long | rag>long | passthrough | none (quote rag>long)")
+    group.add_argument("--key", help="API key id as stored (k_...); a raw key is hashed first")
+    group.add_argument("--policy", help="policy name")
+    group.add_argument("--status", help="HTTP status: 200, 4xx, ok (<400) or error (>=400)")
+    group.add_argument("--since", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d")
+    group.add_argument("--until", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d (exclusive)")
+
+
+def filters_from_args(args: argparse.Namespace):
+    from gateway.reports import Filters
+
+    return Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
+                         status=args.status)
+
+
+def ledger_path(args: argparse.Namespace):
+    from gateway.ledger import LEDGER_FILE
+    from gateway.settings import resolve_data_dir
+
+    return resolve_data_dir(args.data_dir) / LEDGER_FILE
+
+
+def run_report(args: argparse.Namespace, work) -> int:
+    """Open the ledger read-only, run `work(conn, filters)`; GatewayErrors become a message and exit status."""
+    from gateway import reports
+    from gateway.errors import GatewayError
+
+    try:
+        filters = filters_from_args(args)
+        path = ledger_path(args)
+        reports.ensure_schema(path)
+        conn = reports.connect_reader(path)
+    except GatewayError as error:
+        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
+        return 1 if error.status == 404 else 2
+    try:
+        return work(conn, filters)
+    except GatewayError as error:
+        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        conn.close()
+
+
+def register(subparsers, parents) -> None:
+    parser = subparsers.add_parser("logs", parents=parents, help="recent requests from the cost ledger",
+                                   description="Recent requests, oldest first: time, alias, route, reason, models, "
+                                               "tokens, cost, latency, status.")
+    add_filter_arguments(parser)
+    parser.add_argument("-n", "--limit", type=int, default=20, help="how many recent requests (default 20)")
+    parser.add_argument("--json", action="store_true", help="one JSON object a line")
+    parser.add_argument("-f", "--follow", action="store_true", help="keep printing requests as they are written")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls with --follow")
+    parser.set_defaults(func=run)
+
+
+def _cell(value: Any, width: int) -> str:
+    text = "-" if value is None or value == "" else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_row(item: dict) -> list[str]:
+    latency = item["latency_ms"]
+    return [
+        datetime.fromtimestamp(item["created_at"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        _cell(item["alias"], 20),
+        _cell(item["route"], 11),
+        _cell(item["reason"], 32),
+        _cell("+".join(item["models"]), 40),
+        f"{item['prompt_tokens']}/{item['completion_tokens']}",
+        f"${item['cost_usd']:.6f}",
+        "-" if latency is None else f"{latency:.0f}ms",
+        str(item["status"]),
+    ]
+
+
+def print_table(rows: list[list[str]], header: tuple[str, ...] | None, out: TextIO, right: set[int]) -> None:
+    table = ([list(header)] if header else []) + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))] if table else []
+    for row in table:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.write("  ".join(cells).rstrip() + "\n")
+
+
+def _emit(items: list[dict], as_json: bool, header: bool, out: TextIO) -> None:
+    if as_json:
+        for item in items:
+            out.write(json.dumps(item) + "\n")
+    elif items:
+        print_table([format_row(i) for i in items], COLUMNS if header else None, out, right={5, 6, 7})
+    out.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway import reports
+
+    if args.limit < 1 or args.limit > reports.MAX_PAGE:
+        print(f"selfroute logs: --limit must be between 1 and {reports.MAX_PAGE}", file=sys.stderr)
+        return 2
+
+    def work(conn, filters) -> int:
+        start_rowid = reports.last_rowid(conn)
+        page = reports.list_requests(conn, filters, limit=args.limit)
+        items = list(reversed(page["data"]))
+        _emit(items, args.json, header=True, out=sys.stdout)
+        if not items and not args.json and not args.follow:
+            print("no requests match", file=sys.stderr)
+        if not args.follow:
+            return 0
+        after = start_rowid
+        try:
+            while True:
+                time.sleep(args.interval)
+                # rowid order is write order: a request's row lands when it finishes, whatever its created_at
+                new, after = reports.requests_after(conn, after, filters)
+                _emit(new, args.json, header=False, out=sys.stdout)
+        except KeyboardInterrupt:
+            return 0
+
+    return run_report(args, work)

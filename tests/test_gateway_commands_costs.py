@@ -1,0 +1,48 @@
+import json
+
+import pytest
+
+from gateway.cli import main
+from tests.ledger_fixtures import LONG, sample_records, write_ledger
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    write_ledger(tmp_path / "ledger.sqlite3", sample_records()).close()
+    return tmp_path
+
+
+def test_costs_table_by_route_with_total(data_dir, capsys):
+    assert main(["costs", "--data-dir", str(data_dir), "--by", "route"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["route", "requests", "prompt", "tok", "completion", "tok", "cost", "always-long",
+                                "saving", "saving", "%"]
+    rag = next(line.split() for line in lines if line.startswith("rag "))
+    assert rag == ["rag", "4", "3,900", "150", "$0.0030", "$0.1230", "$0.1200", "97.6%"]
+    total = lines[-1].split()
+    assert total[:2] == ["TOTAL", "10"] and total[4:7] == ["$0.1651", "$0.2833", "$0.1182"]
+
+
+def test_costs_json_by_model_and_filters(data_dir, capsys):
+    assert main(["costs", "--data-dir", str(data_dir), "--by", "model", "--json", "--route", "rag>long"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    groups = {g["group"]: g for g in report["groups"]}
+    assert groups[LONG]["calls"] == 2 and groups[LONG]["cost_usd"] == pytest.approx(0.08)
+    assert report["total"]["requests"] == 2
+    assert main(["costs", "--data-dir", str(data_dir), "--by", "day", "--json", "--since", "2026-01-02"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [g["group"] for g in report["groups"]] == ["2026-01-02"]
+    assert report["groups"][0]["saving_usd"] == pytest.approx(0.121 - 0.082)
+
+
+def test_costs_model_table_shows_calls_and_no_per_model_saving(data_dir, capsys):
+    assert main(["costs", "--data-dir", str(data_dir), "--by", "model"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["model", "calls"]
+    assert next(line.split() for line in lines if line.startswith(LONG))[1:] == ["4", "80,000", "320", "$0.1600", "-",
+                                                                                 "-", "-"]
+
+
+def test_costs_rejects_an_unknown_grouping(data_dir, capsys):
+    with pytest.raises(SystemExit):
+        main(["costs", "--data-dir", str(data_dir), "--by", "colour"])

@@ -45,7 +45,10 @@ class Embedder:
 
     @property
     def dimension(self) -> int:
-        return int(self.model.get_sentence_embedding_dimension())
+        model = self.model
+        # sentence-transformers 6 renamed the method; older releases only have the first name
+        getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        return int(getter())
 
     @property
     def max_seq_length(self) -> int:

@@ -1,0 +1,491 @@
+"""Document store on LanceDB: collections of documents, their chunks and vectors, hybrid search.
+
+Each collection is two LanceDB tables in the database at `uri` (a local directory, or any LanceDB URI
+such as s3://bucket/path): `<name>__docs` (one row per document, full text kept for the long route)
+and `<name>__chunks` (one row per chunk with its vector, plus a full-text index on the chunk text).
+Ingestion is idempotent by content hash. Writes are serialised by a lock; searches run concurrently.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+
+import numpy as np
+import pyarrow as pa
+
+from pipelines.chunking import Chunk, ScoredChunk, chunk_document
+from pipelines.documents import Document
+from pipelines.embedding import Embedder
+from pipelines.settings import RagSettings
+from pipelines.structure import find_cross_references, split_sections
+from pipelines.tokens import count_tokens
+
+log = logging.getLogger(__name__)
+
+_COLLECTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_DOCS, _CHUNKS = "__docs", "__chunks"
+_INLINE_PREFIX = "inline-"
+# Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
+_WRITE_BATCH_CHUNKS = 4096
+_CHUNK_COLUMNS = ["doc_id", "position", "text", "section", "tokens", "start", "end"]
+_KEEP_OLD_VERSIONS = timedelta(minutes=5)
+
+
+def validate_collection_name(name: str) -> str:
+    if not isinstance(name, str) or not _COLLECTION_NAME.match(name) or name.startswith("."):
+        raise ValueError(
+            f"invalid collection name {name!r}: use 1-128 letters, digits, '-', '_' or '.' (not starting with '.')"
+        )
+    return name
+
+
+def content_hash(doc: Document) -> str:
+    payload = json.dumps([doc.text, doc.title, doc.metadata], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+@dataclass
+class IngestReport:
+    collection: str
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    chunks_written: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    id: str
+    title: str | None
+    source: str | None
+    tokens: int
+    sections: list[str]  # section titles in order
+    cross_refs: int
+    chunks: int
+    content_hash: str
+    metadata: dict
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    name: str
+    documents: list[DocumentInfo]
+
+    @property
+    def chunk_count(self) -> int:
+        return sum(d.chunks for d in self.documents)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "document_count": len(self.documents),
+            "chunk_count": self.chunk_count,
+            "documents": [d.to_dict() for d in self.documents],
+        }
+
+
+class DocumentStore:
+    def __init__(self, uri: str, embedder: Embedder, settings: RagSettings | None = None):
+        self.uri = str(uri)
+        self.embedder = embedder
+        self.settings = settings or RagSettings()
+        self._db = None
+        self._write_lock = threading.RLock()
+        self._connect_lock = threading.Lock()
+
+    # -- connection and tables -------------------------------------------------------------------
+    @property
+    def db(self):
+        with self._connect_lock:
+            if self._db is None:
+                import lancedb
+
+                # a zero interval makes every read see the latest committed version (other processes too)
+                self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+            return self._db
+
+    def _table_names(self) -> list[str]:
+        db = self.db
+        if hasattr(db, "list_tables"):
+            names, token = [], None
+            while True:
+                page = db.list_tables(page_token=token) if token else db.list_tables()
+                names.extend(getattr(page, "tables", page))
+                token = getattr(page, "page_token", None)
+                if not token:
+                    return names
+        return list(db.table_names())
+
+    def _open(self, name: str):
+        try:
+            return self.db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _docs_schema(self) -> pa.Schema:
+        return pa.schema(
+            [
+                ("id", pa.string()),
+                ("title", pa.string()),
+                ("source", pa.string()),
+                ("text", pa.large_string()),
+                ("content_hash", pa.string()),
+                ("tokens", pa.int64()),
+                ("sections", pa.list_(pa.string())),
+                ("cross_refs", pa.int64()),
+                ("chunks", pa.int64()),
+                ("metadata", pa.string()),
+            ]
+        )
+
+    def _chunks_schema(self) -> pa.Schema:
+        return pa.schema(
+            [
+                ("doc_id", pa.string()),
+                ("position", pa.int64()),
+                ("text", pa.string()),
+                ("section", pa.string()),
+                ("tokens", pa.int64()),
+                ("start", pa.int64()),
+                ("end", pa.int64()),
+                ("vector", pa.list_(pa.float32(), self.embedder.dimension)),
+            ]
+        )
+
+    def _tables(self, collection: str, create: bool = False):
+        validate_collection_name(collection)
+        docs, chunks = self._open(collection + _DOCS), self._open(collection + _CHUNKS)
+        if create and (docs is None or chunks is None):
+            if chunks is None:
+                chunks = self.db.create_table(collection + _CHUNKS, schema=self._chunks_schema(), exist_ok=True)
+            if docs is None:
+                docs = self.db.create_table(collection + _DOCS, schema=self._docs_schema(), exist_ok=True)
+        return docs, chunks
+
+    # -- ingestion -------------------------------------------------------------------------------
+    def ingest(
+        self,
+        collection: str,
+        docs: Iterable[Document],
+        progress: Callable[[int], None] | None = None,
+    ) -> IngestReport:
+        """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
+        progress(n) is called with the number of documents just handled."""
+        validate_collection_name(collection)
+        started = time.perf_counter()
+        report = IngestReport(collection)
+        with self._write_lock:
+            docs_table, chunks_table = self._tables(collection, create=True)
+            known = self._known_hashes(docs_table)
+            pending_docs: list[dict] = []
+            pending_chunks: list[Chunk] = []
+            replaced: list[str] = []
+            seen: set[str] = set()
+            for doc in docs:
+                if doc.id in seen:
+                    log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
+                    _tick(progress)
+                    continue
+                seen.add(doc.id)
+                digest = content_hash(doc)
+                if known.get(doc.id) == digest:
+                    report.unchanged.append(doc.id)
+                    _tick(progress)
+                    continue
+                (report.updated if doc.id in known else report.added).append(doc.id)
+                if doc.id in known:
+                    replaced.append(doc.id)
+                chunks = chunk_document(doc, self.settings.chunking)
+                pending_docs.append(self._doc_row(doc, digest, len(chunks)))
+                pending_chunks.extend(chunks)
+                if len(pending_chunks) >= _WRITE_BATCH_CHUNKS:
+                    report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced)
+                    pending_docs, pending_chunks, replaced = [], [], []
+                _tick(progress)
+            if pending_docs or replaced:
+                report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced)
+            if report.added or report.updated:
+                self._refresh_indexes(chunks_table)
+        report.seconds = time.perf_counter() - started
+        log.info(
+            "ingested %s: %d added, %d updated, %d unchanged, %d chunks in %.1fs",
+            collection, len(report.added), len(report.updated), len(report.unchanged),
+            report.chunks_written, report.seconds,
+        )
+        return report
+
+    @staticmethod
+    def _known_hashes(docs_table) -> dict[str, str]:
+        if docs_table.count_rows() == 0:
+            return {}
+        rows = docs_table.search().select(["id", "content_hash"]).limit(None).to_arrow()
+        return dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist()))
+
+    @staticmethod
+    def _doc_row(doc: Document, digest: str, n_chunks: int) -> dict:
+        return {
+            "id": doc.id,
+            "title": doc.title,
+            "source": doc.source,
+            "text": doc.text,
+            "content_hash": digest,
+            "tokens": count_tokens(doc.text),
+            "sections": [s.title for s in split_sections(doc.text) if s.title],
+            "cross_refs": len(find_cross_references(doc.text)),
+            "chunks": n_chunks,
+            "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
+        }
+
+    def _flush(self, docs_table, chunks_table, doc_rows: list[dict], chunks: list[Chunk], replaced: list[str]) -> int:
+        """Embed and write one batch. Chunks go in before their document row, so a document row only
+        exists once its chunks do; replaced documents lose their old rows first."""
+        for i in range(0, len(replaced), 500):
+            ids = ", ".join(_sql_str(d) for d in replaced[i : i + 500])
+            chunks_table.delete(f"doc_id IN ({ids})")
+            docs_table.delete(f"id IN ({ids})")
+        if chunks:
+            vectors = self.embedder.embed([c.text for c in chunks])
+            columns = {name: [getattr(c, name) for c in chunks] for name in _CHUNK_COLUMNS}
+            columns["vector"] = pa.FixedSizeListArray.from_arrays(
+                pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
+            )
+            chunks_table.add(pa.table(columns, schema=self._chunks_schema()))
+        if doc_rows:
+            docs_table.add(pa.Table.from_pylist(doc_rows, schema=self._docs_schema()))
+        return len(chunks)
+
+    def _refresh_indexes(self, chunks_table) -> None:
+        # compaction keeps search fast after many small writes and folds new rows into the indexes;
+        # versions older than a few minutes go, so in-flight reads of an older version still finish
+        try:
+            chunks_table.optimize(cleanup_older_than=_KEEP_OLD_VERSIONS)
+        except Exception as exc:  # optimisation is an optimisation: a failure must not lose the ingest
+            log.warning("could not optimise %s: %s", chunks_table.name, exc)
+        if not any("text" in getattr(i, "columns", []) for i in chunks_table.list_indices()):
+            try:
+                from lancedb.index import FTS
+
+                chunks_table.create_index("text", config=FTS(), replace=True)
+            except (ImportError, TypeError):  # lancedb before the unified index API
+                chunks_table.create_fts_index("text", replace=True)
+
+    # -- inline documents ------------------------------------------------------------------------
+    def inline_collection(self, docs: list[Document]) -> str:
+        """A collection holding exactly these documents, named by their content hashes; ingested only
+        the first time, so asking again about the same documents neither re-chunks nor re-embeds them."""
+        if not docs:
+            raise ValueError("no documents to make an inline collection from")
+        digest = hashlib.sha256()
+        for doc in sorted(docs, key=lambda d: d.id):
+            digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
+        name = _INLINE_PREFIX + digest.hexdigest()[:24]
+        with self._write_lock:
+            docs_table, _ = self._tables(name)
+            if docs_table is None or docs_table.count_rows() < len({d.id for d in docs}):
+                self.ingest(name, docs)
+        return name
+
+    @staticmethod
+    def is_inline(collection: str) -> bool:
+        return collection.startswith(_INLINE_PREFIX)
+
+    # -- listing and reading ---------------------------------------------------------------------
+    def collections(self) -> list[CollectionInfo]:
+        names = sorted(n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS))
+        return [info for n in names if (info := self.collection(n)) is not None]
+
+    def collection(self, name: str) -> CollectionInfo | None:
+        docs_table, _ = self._tables(name)
+        if docs_table is None:
+            return None
+        columns = ["id", "title", "source", "tokens", "sections", "cross_refs", "chunks", "content_hash", "metadata"]
+        rows = docs_table.search().select(columns).limit(None).to_list() if docs_table.count_rows() else []
+        infos = [
+            DocumentInfo(
+                id=r["id"], title=r["title"], source=r["source"], tokens=r["tokens"],
+                sections=list(r["sections"] or []), cross_refs=r["cross_refs"], chunks=r["chunks"],
+                content_hash=r["content_hash"], metadata=json.loads(r["metadata"] or "{}"),
+            )
+            for r in rows
+        ]
+        return CollectionInfo(name, sorted(infos, key=lambda d: d.id))
+
+    def documents(self, collection: str, ids: list[str] | None = None) -> list[Document]:
+        """Full documents, in the order of `ids` when given, else by id."""
+        docs_table, _ = self._tables(collection)
+        if docs_table is None or docs_table.count_rows() == 0:
+            return []
+        query = docs_table.search().select(["id", "title", "source", "text", "metadata"]).limit(None)
+        if ids is not None:
+            if not ids:
+                return []
+            query = query.where(f"id IN ({', '.join(_sql_str(i) for i in ids)})")
+        found = {
+            r["id"]: Document(r["id"], r["text"], r["title"], r["source"], json.loads(r["metadata"] or "{}"))
+            for r in query.to_list()
+        }
+        order = ids if ids is not None else sorted(found)
+        return [found[i] for i in order if i in found]
+
+    def delete_document(self, collection: str, doc_id: str) -> bool:
+        with self._write_lock:
+            docs_table, chunks_table = self._tables(collection)
+            if docs_table is None:
+                return False
+            where = f"id = {_sql_str(doc_id)}"
+            if docs_table.count_rows(where) == 0:
+                return False
+            chunks_table.delete(f"doc_id = {_sql_str(doc_id)}")
+            docs_table.delete(where)
+            return True
+
+    def delete_collection(self, collection: str) -> bool:
+        with self._write_lock:
+            docs_table, chunks_table = self._tables(collection)
+            for table in (docs_table, chunks_table):
+                if table is not None:
+                    self.db.drop_table(table.name)
+            return docs_table is not None or chunks_table is not None
+
+    # -- search ----------------------------------------------------------------------------------
+    def search(
+        self, collection: str, query: str, k: int | None = None, query_vector: np.ndarray | None = None
+    ) -> list[ScoredChunk]:
+        """Hybrid search: vector (cosine) and full-text (BM25) rankings fused by reciprocal rank.
+        Every hit carries its cosine similarity, also those found by keyword only. Pass query_vector
+        (from embedder.embed([query])[0]) when the caller already has it."""
+        k = k or self.settings.top_k
+        _, table = self._tables(collection)
+        if table is None:
+            raise KeyError(f"no collection named {collection!r}")
+        if query_vector is None:
+            query_vector = self.embedder.embed([query])[0]
+        depth = max(3 * k, 20)
+        columns = _CHUNK_COLUMNS + ["vector"]
+        vector_hits = (
+            table.search(query_vector, vector_column_name="vector")
+            .distance_type("cosine")
+            .select(columns + ["_distance"])  # naming the score column keeps lance from warning
+            .limit(depth)
+            .to_list()
+        )
+        text_hits = self._text_search(table, query, depth, columns) if self.settings.hybrid else []
+        return fuse_rankings(vector_hits, text_hits, query_vector, k, self.settings.rrf_k)
+
+    @staticmethod
+    def _text_search(table, query: str, depth: int, columns: list[str]) -> list[dict]:
+        # the query parser treats some punctuation as syntax; plain words are what we mean
+        terms = " ".join(re.findall(r"\w+", query))
+        if not terms:
+            return []
+        try:
+            return table.search(terms, query_type="fts").select(columns + ["_score"]).limit(depth).to_list()
+        except Exception as exc:  # e.g. an index not built yet: fall back to vector-only ranking
+            log.warning("full-text search failed on %s: %s", table.name, exc)
+            return []
+
+    def neighbours(
+        self, collection: str, wanted: dict[str, Iterable[int]], query_vector: np.ndarray | None = None
+    ) -> list[tuple[Chunk, float | None]]:
+        """Chunks by (doc_id -> positions), in one query, each with its cosine similarity to
+        query_vector (None without one); positions that do not exist are ignored."""
+        _, table = self._tables(collection)
+        clauses = [
+            f"(doc_id = {_sql_str(doc_id)} AND position IN ({', '.join(str(int(p)) for p in sorted(set(ps)))}))"
+            for doc_id, ps in wanted.items()
+            if ps
+        ]
+        if table is None or not clauses:
+            return []
+        columns = _CHUNK_COLUMNS + (["vector"] if query_vector is not None else [])
+        rows = table.search().where(" OR ".join(clauses)).select(columns).limit(None).to_list()
+        return [
+            (
+                _row_chunk(r),
+                None if query_vector is None else float(np.dot(np.asarray(r["vector"], np.float32), query_vector)),
+            )
+            for r in rows
+        ]
+
+    def titles(self, collection: str, ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
+        """doc id -> (title, source) for the given ids."""
+        docs_table, _ = self._tables(collection)
+        ids = sorted(set(ids))
+        if docs_table is None or not ids:
+            return {}
+        rows = (
+            docs_table.search()
+            .where(f"id IN ({', '.join(_sql_str(i) for i in ids)})")
+            .select(["id", "title", "source"])
+            .limit(None)
+            .to_list()
+        )
+        return {r["id"]: (r["title"], r["source"]) for r in rows}
+
+    def chunks(self, collection: str, doc_ids: Iterable[str] | None = None) -> list[tuple[Chunk, np.ndarray]]:
+        """All chunks (of the given documents) with their vectors, in document order."""
+        _, table = self._tables(collection)
+        if table is None:
+            return []
+        query = table.search().select(_CHUNK_COLUMNS + ["vector"]).limit(None)
+        if doc_ids is not None:
+            ids = sorted(set(doc_ids))
+            if not ids:
+                return []
+            query = query.where(f"doc_id IN ({', '.join(_sql_str(i) for i in ids)})")
+        rows = query.to_list()
+        rows.sort(key=lambda r: (r["doc_id"], r["position"]))
+        return [(_row_chunk(r), np.asarray(r["vector"], dtype=np.float32)) for r in rows]
+
+
+def _row_chunk(row: dict) -> Chunk:
+    return Chunk(row["doc_id"], row["position"], row["text"], row["section"], row["tokens"], row["start"], row["end"])
+
+
+def fuse_rankings(
+    vector_hits: list[dict], text_hits: list[dict], query_vector: np.ndarray, k: int, rrf_k: int
+) -> list[ScoredChunk]:
+    """Reciprocal rank fusion: score = sum over rankings of 1 / (rrf_k + rank)."""
+    entries: dict[tuple[str, int], dict] = {}
+    for field_name, hits in (("vector_rank", vector_hits), ("text_rank", text_hits)):
+        for rank, row in enumerate(hits, start=1):
+            key = (row["doc_id"], row["position"])
+            entry = entries.setdefault(key, {"row": row, "score": 0.0})
+            if field_name not in entry:
+                entry[field_name] = rank
+                entry["score"] += 1.0 / (rrf_k + rank)
+    ranked = sorted(entries.values(), key=lambda e: (-e["score"], e.get("vector_rank") or 10**9))[:k]
+    return [
+        ScoredChunk(
+            chunk=_row_chunk(e["row"]),
+            score=e["score"],
+            vector_score=float(np.dot(np.asarray(e["row"]["vector"], dtype=np.float32), query_vector)),
+            rank=i,
+            vector_rank=e.get("vector_rank"),
+            text_rank=e.get("text_rank"),
+        )
+        for i, e in enumerate(ranked, start=1)
+    ]
+
+
+def _tick(progress: Callable[[int], None] | None) -> None:
+    if progress is not None:
+        progress(1)

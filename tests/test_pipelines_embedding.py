@@ -1,0 +1,34 @@
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from pipelines.embedding import Embedder
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder(batch_size=4)
+
+
+def test_lazy_until_first_use():
+    e = Embedder()
+    assert e._model is None
+
+
+def test_vectors_are_normalised_float32_and_meaningful(embedder):
+    vectors = embedder.embed(["The cat sat on the mat.", "A cat is sitting on a rug.", "Quarterly revenue rose 12%."])
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert vectors.dtype == np.float32 and vectors.shape == (3, embedder.dimension) and embedder.dimension == 384
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+    assert embedder.embed([]).shape == (0, 384)
+
+
+def test_thread_safe_and_batching_invariant(embedder):
+    texts = [f"sentence number {i} about ships and harbours" for i in range(10)]
+    serial = embedder.embed(texts)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        parallel = list(pool.map(lambda t: embedder.embed([t])[0], texts))
+    assert np.allclose(np.stack(parallel), serial, atol=1e-5)

@@ -1,0 +1,140 @@
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+
+from pipelines.documents import Document
+from pipelines.embedding import Embedder
+from pipelines.ingest import ingest_paths
+from pipelines.settings import ChunkingSettings, RagSettings
+from pipelines.store import DocumentStore, validate_collection_name
+from tests.pipelines_fixtures import MANUAL_PATH, CountingEmbedder, distractor_documents, manual_document
+
+SETTINGS = RagSettings(chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8), top_k=5)
+
+
+@pytest.fixture(scope="module")
+def base_embedder():
+    return Embedder()
+
+
+@pytest.fixture
+def embedder(base_embedder):
+    return CountingEmbedder(base_embedder)
+
+
+@pytest.fixture
+def store(tmp_path, embedder):
+    return DocumentStore(str(tmp_path / "db"), embedder, SETTINGS)
+
+
+def chunk_rows(store, collection):
+    return store.db.open_table(collection + "__chunks").count_rows()
+
+
+def test_retrieval_finds_planted_answer(store):
+    report = store.ingest("docs", [manual_document(), *distractor_documents()])
+    assert len(report.added) == 6 and report.chunks_written == chunk_rows(store, "docs")
+    hits = store.search("docs", "What is the part number of the replacement impeller kit?", 5)
+    assert hits[0].chunk.doc_id == "manual.md" and "HP-IK-2231" in hits[0].chunk.text
+    assert [h.rank for h in hits] == [1, 2, 3, 4, 5]
+    assert all(hits[i].score >= hits[i + 1].score for i in range(len(hits) - 1))
+    assert all(-1.0 <= h.vector_score <= 1.0 for h in hits)
+    assert hits[0].vector_rank is not None and hits[0].text_rank is not None  # found both ways
+    # keyword-only hits still carry their true cosine similarity
+    top = store.embedder.embed(["What is the part number of the replacement impeller kit?"])[0]
+    vec = store.embedder.embed([hits[0].chunk.text])[0]
+    assert abs(float(top @ vec) - hits[0].vector_score) < 1e-3
+
+
+def test_full_text_side_finds_rare_token(store):
+    store.ingest("docs", [manual_document(), *distractor_documents()])
+    hits = store.search("docs", "HP-SL-0907", 3)
+    assert any("HP-SL-0907" in h.chunk.text and h.text_rank == 1 for h in hits)
+
+
+def test_ingest_is_idempotent(store, embedder):
+    docs = [manual_document(), *distractor_documents()]
+    store.ingest("docs", docs)
+    rows, embedded = chunk_rows(store, "docs"), embedder.texts_embedded
+    version = store.db.open_table("docs__chunks").version
+    again = store.ingest("docs", docs)
+    assert again.added == [] and again.updated == [] and sorted(again.unchanged) == sorted(d.id for d in docs)
+    assert again.chunks_written == 0
+    assert chunk_rows(store, "docs") == rows and embedder.texts_embedded == embedded
+    assert store.db.open_table("docs__chunks").version == version
+
+
+def test_changed_document_replaces_old_version(store):
+    doc = manual_document()
+    store.ingest("docs", [doc, *distractor_documents()])
+    before = store.collection("docs")
+    changed = replace(doc, text=doc.text.replace("HP-IK-2231", "HP-IK-9999"))
+    report = store.ingest("docs", [changed])
+    assert report.updated == ["manual.md"] and report.added == []
+    after = store.collection("docs")
+    assert after.chunk_count == before.chunk_count == chunk_rows(store, "docs")
+    texts = [h.chunk.text for h in store.search("docs", "replacement impeller kit part number", 3)]
+    assert any("HP-IK-9999" in t for t in texts) and not any("HP-IK-2231" in t for t in texts)
+    assert "HP-IK-9999" in store.documents("docs", ["manual.md"])[0].text
+
+
+def test_delete_document(store):
+    store.ingest("docs", [manual_document(), *distractor_documents()])
+    n_manual = next(d.chunks for d in store.collection("docs").documents if d.id == "manual.md")
+    rows = chunk_rows(store, "docs")
+    assert store.delete_document("docs", "manual.md") is True
+    assert store.delete_document("docs", "manual.md") is False
+    assert store.delete_document("missing-collection", "manual.md") is False
+    assert chunk_rows(store, "docs") == rows - n_manual
+    assert "manual.md" not in [d.id for d in store.documents("docs")]
+    assert all(h.chunk.doc_id != "manual.md" for h in store.search("docs", "impeller part number", 5))
+
+
+def test_collection_info(store):
+    store.ingest("docs", [manual_document()])
+    store.ingest("other", distractor_documents()[:2])
+    names = [c.name for c in store.collections()]
+    assert names == ["docs", "other"]
+    (info,) = store.collection("docs").documents
+    assert info.id == "manual.md" and info.title == "Harbor Pump Operations Manual"
+    assert info.cross_refs == 7 and "4.2 Spare parts" in info.sections and info.chunks > 3
+    assert info.tokens > 300
+    json.dumps(store.collection("docs").to_dict())
+    assert store.collection("nothing-here") is None
+    assert store.documents("docs")[0].text == MANUAL_PATH.read_text()
+
+
+def test_collection_names_are_validated(store):
+    for bad in ["", "a/b", "../x", "white space", "semi;colon", ".hidden", "x" * 129]:
+        with pytest.raises(ValueError, match="invalid collection name"):
+            validate_collection_name(bad)
+        with pytest.raises(ValueError):
+            store.ingest(bad, [manual_document()])
+    assert validate_collection_name("Contracts-2024_v1.2") == "Contracts-2024_v1.2"
+
+
+def test_inline_collection_is_cached_by_content(store, embedder):
+    docs = [Document("a", "The vault code is 4417. It changes every March.")]
+    name = store.inline_collection(docs)
+    calls = embedder.texts_embedded
+    assert calls > 0 and store.is_inline(name)
+    assert store.inline_collection([Document("a", "The vault code is 4417. It changes every March.")]) == name
+    assert embedder.texts_embedded == calls  # neither re-chunked nor re-embedded
+    other = store.inline_collection([Document("a", "The vault code is 9999.")])
+    assert other != name and embedder.texts_embedded > calls
+
+
+def test_ingest_paths_and_concurrent_search(store, tmp_path):
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "manual.md").write_text(MANUAL_PATH.read_text())
+    (folder / "notes.txt").write_text("The harbour master's office opens at nine.")
+    report = ingest_paths(store, "files", [folder], show_progress=False)
+    assert sorted(report.added) == ["manual.md", "notes.txt"]
+    assert ingest_paths(store, "files", [folder], show_progress=False).unchanged == report.added
+    questions = ["When does the harbour office open?", "How close to the battery must the fuse be placed?"] * 4
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda q: store.search("files", q, 2)[0].chunk.text, questions))
+    assert all("nine" in r for r in results[0::2]) and all("18 centimetres" in r for r in results[1::2])

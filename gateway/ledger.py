@@ -11,7 +11,7 @@ import queue
 import sqlite3
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -106,10 +106,11 @@ _CALL_COLUMNS = [
 
 
 def _request_row(record: RequestRecord) -> tuple:
-    values = asdict(record)
-    values["stream"] = int(record.stream)
-    values["provenance"] = json.dumps(record.provenance) if record.provenance is not None else None
-    return tuple(values[c] for c in _REQUEST_COLUMNS)
+    # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
+    values = [getattr(record, c) for c in _REQUEST_COLUMNS]
+    values[_REQUEST_COLUMNS.index("stream")] = int(record.stream)
+    values[_REQUEST_COLUMNS.index("provenance")] = json.dumps(record.provenance) if record.provenance is not None else None
+    return tuple(values)
 
 
 def _call_rows(record: RequestRecord) -> list[tuple]:

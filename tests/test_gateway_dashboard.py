@@ -2,46 +2,21 @@
 
 Set SELFROUTE_UPDATE_SCREENSHOT=1 to refresh gateway/static/dashboard.png (the README's screenshot).
 """
-import contextlib
 import os
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from tests.ledger_fixtures import ADMIN_KEY, LONG, admin_app, synthetic_records, write_ledger
+from tests.servers import serve_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="headless dashboard test needs Debian's chromium "
                                                          "package: apt-get install -y chromium")
 SCREENSHOT = Path(__file__).resolve().parents[1] / "gateway" / "static" / "dashboard.png"
-
-
-@contextlib.contextmanager
-def serve(app):
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:  # poll until uvicorn says it is serving
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 def chromium(url: str, tmp_path: Path, *extra: str) -> str:
@@ -57,7 +32,7 @@ def chromium(url: str, tmp_path: Path, *extra: str) -> str:
 def site(tmp_path_factory):
     path = tmp_path_factory.mktemp("dash") / "ledger.sqlite3"
     ledger = write_ledger(path, synthetic_records(400, now=time.time(), seed=3))
-    with serve(admin_app(ledger)) as url:
+    with serve_app(admin_app(ledger)) as url:
         yield url
     ledger.close()
 

@@ -1,0 +1,273 @@
+"""Ledger and report benchmark: one million synthetic requests, then the reports and the write cost.
+
+    .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000
+
+Fills a ledger (fixed seed) with migration 001 only, applies 002 (its backfill builds the rollups), then times:
+the report functions, the CLI commands as subprocesses (Python start-up included), the admin endpoints through
+a Starlette app, and the write path: Ledger.submit on the caller's thread and the writer's per-row cost with
+and without the rollup triggers. Prints figures; asserts nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from gateway import reports  # noqa: E402
+from gateway.ledger import Ledger, RequestRecord, UpstreamCall, _migrations, connect, migrate, write_records  # noqa: E402
+
+ROUTES = ["rag", "long", "rag>long", "direct", "passthrough", "none"]
+ROUTE_WEIGHTS = [55, 22, 10, 6, 5, 2]
+CHEAP, LONG = "openai/gpt-4o-mini", "openai/gpt-4.1"
+
+
+def apply_first_migration(conn: sqlite3.Connection) -> None:
+    version, name, sql = _migrations()[0]
+    conn.executescript(sql)
+    conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL)")
+    conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
+    conn.commit()
+
+
+def synthetic(rows: int, days: float, keys: int, seed: int, end: float):
+    """(request row, call rows) tuples in the ledger's column order."""
+    rng = random.Random(seed)
+    start = end - days * 86400
+    step = days * 86400 / rows
+    key_ids = [f"k_{i:016x}" for i in range(keys)]
+    policies = ["default", "strict", "cheap-first"]
+    for i in range(rows):
+        at = start + i * step + rng.random() * step
+        route = rng.choices(ROUTES, ROUTE_WEIGHTS)[0]
+        status = rng.choices([200, 400, 429, 502], [95, 2, 1, 2])[0]
+        context = rng.randrange(2_000, 120_000)
+        completion = rng.randrange(10, 600)
+        counterfactual = context * 2e-6 + completion * 8e-6
+        calls = []
+        if route in ("rag", "rag>long", "direct", "passthrough"):
+            prompt = rng.randrange(300, 4000) if route != "direct" else rng.randrange(50, 800)
+            calls.append((CHEAP, "rag" if route != "direct" else route, prompt, completion,
+                          prompt * 0.15e-6 + completion * 0.6e-6, rng.uniform(200, 2000)))
+        if route in ("long", "rag>long"):
+            calls.append((LONG, "long", context, completion, counterfactual, rng.uniform(1000, 12000)))
+        error = "upstream error" if status >= 500 else None
+        rid = f"req_{i:08d}"
+        request = (rid, at, rng.choice(key_ids), rng.choice(policies), "selfroute-auto", route, "classifier", status,
+                   error, 0, sum(c[5] for c in calls) + rng.uniform(5, 100), sum(c[2] for c in calls),
+                   sum(c[3] for c in calls), sum(c[4] for c in calls), context, counterfactual, None)
+        call_rows = [(rid, at, m, r, p, c, cost, lat, error if j == len(calls) - 1 else None)
+                     for j, (m, r, p, c, cost, lat) in enumerate(calls)]
+        yield request, call_rows
+
+
+def fill(path: Path, args) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")  # bulk load only; the gateway writes with synchronous=NORMAL
+    apply_first_migration(conn)
+    started = time.perf_counter()
+    requests, calls = [], []
+    with conn:
+        for request, call_rows in synthetic(args.rows, args.days, args.keys, args.seed, args.end):
+            requests.append(request)
+            calls.extend(call_rows)
+            if len(requests) >= 50_000:
+                conn.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 17)})", requests)
+                conn.executemany("INSERT INTO upstream_calls (request_id, created_at, model, route, prompt_tokens,"
+                                 " completion_tokens, cost_usd, latency_ms, error) VALUES (?,?,?,?,?,?,?,?,?)", calls)
+                requests, calls = [], []
+        if requests:
+            conn.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 17)})", requests)
+            conn.executemany("INSERT INTO upstream_calls (request_id, created_at, model, route, prompt_tokens,"
+                             " completion_tokens, cost_usd, latency_ms, error) VALUES (?,?,?,?,?,?,?,?,?)", calls)
+    print(f"bulk insert of {args.rows:,} requests (001 schema): {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    applied = migrate(conn)
+    print(f"migration {applied} (rollup backfill): {time.perf_counter() - started:.1f} s")
+    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+              for t in ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")}
+    print("rows:", ", ".join(f"{t} {n:,}" for t, n in counts.items()))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def timed(label: str, fn, repeat: int) -> None:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    print(f"  {label:<58} first {times[0] * 1000:8.1f} ms   median {statistics.median(times) * 1000:8.1f} ms"
+          f"   max {max(times) * 1000:8.1f} ms")
+
+
+def bench_reports(path: Path, repeat: int) -> None:
+    print("report functions (gateway.reports, one read-only connection):")
+    conn = reports.connect_reader(path)
+    week = reports.Filters(since=time.time() - 7 * 86400 + 1234.5)  # not hour-aligned: rollup + raw edges
+    timed("costs --by day (all time)", lambda: reports.costs(conn, "day"), repeat)
+    timed("costs --by route (all time)", lambda: reports.costs(conn, "route"), repeat)
+    timed("costs --by model (all time)", lambda: reports.costs(conn, "model"), repeat)
+    timed("costs --by key (all time)", lambda: reports.costs(conn, "key"), repeat)
+    timed("costs --by hour --since 7d", lambda: reports.costs(conn, "hour", week), repeat)
+    timed("costs --by day --route long --key k_0..03 (all time)",
+          lambda: reports.costs(conn, "day", reports.Filters(route="long", key=f"k_{3:016x}")), repeat)
+    timed("logs --route long (20 newest)", lambda: reports.list_requests(conn, reports.Filters(route="long"),
+                                                                         limit=20), repeat)
+    page = reports.list_requests(conn, reports.Filters(route="long"), limit=100)
+    timed("logs --route long, page 2 by cursor", lambda: reports.list_requests(
+        conn, reports.Filters(route="long"), limit=100, cursor=page["next_cursor"]), repeat)
+    timed("logs --status error --since 7d", lambda: reports.list_requests(
+        conn, reports.Filters.parse(status="error", since="7d"), limit=20), repeat)
+    timed("dashboard summary, 24h window", lambda: reports.summary(conn, window=86400), repeat)
+    timed("dashboard summary, 7d window", lambda: reports.summary(conn, window=7 * 86400), repeat)
+    conn.close()
+
+
+def bench_cli(data_dir: Path, repeat: int) -> None:
+    print("CLI as a subprocess (includes Python start-up and imports):")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv in (["costs", "--by", "day"], ["logs", "--route", "long"], ["costs", "--by", "model", "--since", "7d"]):
+        cmd = [sys.executable, "-m", "gateway.cli", *argv, "--data-dir", str(data_dir)]
+        timed(" ".join(["selfroute", *argv]), lambda: subprocess.run(cmd, check=True, env=env, cwd=ROOT,
+                                                                       stdout=subprocess.DEVNULL), repeat)
+    timed("python -c 'import gateway.cli' (start-up floor)", lambda: subprocess.run(
+        [sys.executable, "-c", "import gateway.cli"], check=True, env=env, cwd=ROOT), repeat)
+
+
+def bench_http(path: Path, repeat: int, rows: int) -> None:
+    import warnings
+
+    from starlette.applications import Starlette
+
+    with warnings.catch_warnings():  # starlette's note about httpx2 is not ours to act on
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+    from gateway.admin import admin_routes
+    from gateway.auth import Authenticator
+    from gateway.errors import GatewayError, handle_gateway_error
+
+    print("admin endpoints (Starlette app in process, httpx test client, admin key):")
+    app = Starlette(routes=admin_routes(), exception_handlers={GatewayError: handle_gateway_error})
+    app.state.ledger = Ledger(path)
+    app.state.auth = Authenticator(["sk-user"], "sk-admin")
+    headers = {"Authorization": "Bearer sk-admin"}
+    with TestClient(app) as client:
+        for url in ("/v1/admin/costs?by=day", "/v1/admin/costs?by=model", "/v1/admin/costs?by=hour&since=7d",
+                    "/v1/admin/requests?route=long", "/v1/admin/requests?status=error&since=1d&limit=100",
+                    f"/v1/admin/requests/req_{rows // 2:08d}", "/v1/admin/summary?window=24h",
+                    "/v1/admin/summary?window=7d"):
+            def get(url=url):
+                response = client.get(url, headers=headers)
+                assert response.status_code == 200, response.text
+            timed(f"GET {url}", get, repeat)
+
+
+def _records(count: int, seed: int) -> list[RequestRecord]:
+    out = []
+    for request, call_rows in synthetic(count, 1, 20, seed, time.time()):
+        rid, at, key, policy, alias, route, reason, status, error, _, latency, p, c, cost, ctx, cf, _ = request
+        out.append(RequestRecord(
+            id=f"w{seed}_{rid}", created_at=at, key_id=key, policy=policy, alias=alias, route=route, reason=reason,
+            status=status, error=error, latency_ms=latency, prompt_tokens=p, completion_tokens=c, cost_usd=cost,
+            context_tokens=ctx, counterfactual_cost_usd=cf,
+            provenance={"chunks": [{"document": "doc.txt", "chunk": 7, "score": 0.81}]},
+            calls=[UpstreamCall(model=m, route=r, prompt_tokens=pt, completion_tokens=ct, cost_usd=co, latency_ms=la,
+                                error=er, created_at=at) for _, _, m, r, pt, ct, co, la, er in call_rows]))
+    return out
+
+
+def bench_writes(path: Path, count: int) -> None:
+    from gateway.metrics import GatewayMetrics
+
+    print(f"write path ({count:,} records):")
+    records = _records(count, seed=11)
+    for label, subscribers in (("Ledger.submit (no subscriber)", []),
+                               ("Ledger.submit + GatewayMetrics.observe", [GatewayMetrics().observe])):
+        ledger = Ledger(path)
+        for callback in subscribers:
+            ledger.subscribe(callback)
+        ledger.start()
+        per_call = []
+        for rec in records:
+            started = time.perf_counter()
+            ledger.submit(rec)
+            per_call.append(time.perf_counter() - started)
+        ledger.flush(timeout=300)
+        ledger.close()
+        per_call.sort()
+        print(f"  {label:<45} mean {statistics.mean(per_call) * 1e6:6.1f} us   p50 {per_call[len(per_call) // 2] * 1e6:6.1f} us"
+              f"   p99 {per_call[int(len(per_call) * 0.99)] * 1e6:6.1f} us   (caller's thread)")
+        records = _records(count, seed=12)
+
+    def writer_cost(target: Path, label: str, with_rollups: bool) -> None:
+        conn = connect(target)
+        if with_rollups:
+            migrate(conn)
+        batch = _records(count, seed=13 if with_rollups else 14)
+        started = time.perf_counter()
+        for i in range(0, len(batch), 256):  # the writer's batch size
+            write_records(conn, batch[i:i + 256])
+        elapsed = time.perf_counter() - started
+        conn.close()
+        print(f"  {label:<58} {elapsed / len(batch) * 1e6:6.1f} us/row (batches of 256, synchronous=NORMAL)")
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench_ledger_w_"))
+    try:
+        plain = scratch / "plain.sqlite3"
+        conn = connect(plain)
+        apply_first_migration(conn)
+        conn.close()
+        writer_cost(plain, "writer, empty ledger, 001 only (no rollup triggers)", False)
+        writer_cost(scratch / "rollups.sqlite3", "writer, empty ledger, 001 + 002 (rollup triggers)", True)
+    finally:
+        shutil.rmtree(scratch)
+    writer_cost(path, f"writer, the {'large'} benchmark ledger, 001 + 002", True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--days", type=float, default=60.0, help="span of the synthetic traffic, ending now")
+    parser.add_argument("--keys", type=int, default=20, help="distinct API keys")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--writes", type=int, default=20_000, help="records for the write-path measurements")
+    parser.add_argument("--data-dir", type=Path, help="keep the ledger here (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true", help="reuse an existing ledger in --data-dir")
+    args = parser.parse_args()
+    args.end = time.time()
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_ledger_"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "ledger.sqlite3"
+    print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, ledger {path}")
+    try:
+        if not (args.reuse and path.exists()):
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            fill(path, args)
+        print(f"ledger size: {path.stat().st_size / 1e6:.0f} MB")
+        bench_reports(path, args.repeat)
+        bench_http(path, args.repeat, args.rows)
+        bench_cli(data_dir, max(2, args.repeat // 2))
+        bench_writes(path, args.writes)
+    finally:
+        if args.data_dir is None:
+            shutil.rmtree(data_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -172,5 +172,5 @@ def _validation_error(exc: ValidationError) -> GatewayError:
         code = "invalid_type"
     else:
         message = f"invalid value for '{param}': {err['msg']}"
-        code = "invalid_type" if err["type"].endswith("_type") else "invalid_value"
+        code = "invalid_type" if err["type"].endswith(("_type", "_parsing")) else "invalid_value"
     return GatewayError(400, message, param=param or None, code=code)

@@ -4,7 +4,8 @@
 each chat.completion.chunk. `ProviderUpstream` dispatches by the model string's provider prefix:
 OpenAI-compatible HTTP upstreams take a direct httpx path (litellm costs milliseconds of CPU per
 call, more than this proxy's whole budget), `local/...` runs the in-process model, and every other
-provider goes through litellm, which translates the protocol.
+provider prefix (anthropic/, gemini/, ollama/, ...) goes through litellm, which translates the protocol.
+A bare model name goes to the OpenAI-compatible upstream, as it would from the openai client.
 """
 from __future__ import annotations
 
@@ -168,7 +169,8 @@ class ProviderUpstream:
             if self.local is None:
                 raise GatewayError(503, "the local model is not available in this gateway", code="local_model_unavailable")
             return self.local
-        if provider in DIRECT_PROVIDERS or (provider is None and (config.api_base or self.litellm is None)):
+        if provider is None or provider in DIRECT_PROVIDERS:
+            # a bare model name means the OpenAI-compatible upstream (OPENAI_API_BASE), as with the openai client
             return self.direct
         if self.litellm is None:
             raise GatewayError(503, f"no upstream for provider {provider!r}", code="provider_unavailable")

@@ -175,6 +175,7 @@ def test_upstream_timeout_is_504(upstream, tmp_path):
 name: t
 cheap: {{model: openai/slow, api_base: "{base}/v1", timeout: 0.3}}
 long: {{model: openai/slow2, api_base: "{base}/v1"}}
+routing: {{classifier: null}}
 """)
     with running_gateway(tmp_path, policy) as (url, app):
         response = _post(url, json.dumps({"model": "openai/slow", "messages": [{"role": "user", "content": "x"}]}))
@@ -200,7 +201,7 @@ def test_keys_are_required_when_configured(upstream, tmp_path):
             assert response.status_code == status
             assert response.json()["error"]["type"] == "authentication_error"
         ok = client(url, "sk-good").chat.completions.create(
-            model="gpt-test", messages=[{"role": "user", "content": "x"}])
+            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
         assert ok.choices[0].message.content == "echo: x"
         rows = ledger_rows(app)
         assert [r["status"] for r in rows] == [401, 401, 200]

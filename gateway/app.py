@@ -13,10 +13,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.admin import admin_routes
 from gateway.auth import Authenticator
 from gateway.chat import chat_completions, json_response
 from gateway.errors import GatewayError, handle_gateway_error, handle_http_exception, handle_unexpected_error
 from gateway.ledger import Ledger
+from gateway.metrics import GatewayMetrics, metrics_route
 from gateway.pricing import PriceBook
 from gateway.request_context import RequestIdMiddleware
 from gateway.settings import Settings
@@ -84,6 +86,7 @@ def create_app(
     auth: Authenticator | None = None,
     prices: PriceBook | None = None,
     routing: Any = None,
+    metrics: GatewayMetrics | None = None,
 ) -> Starlette:
     """Build the gateway. Tests inject fakes; the CLI passes what it built from flags and environment."""
     policy_path = settings.policy_path
@@ -100,6 +103,8 @@ def create_app(
 
         routing = RoutingService(settings, policy, policy_path)
     gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing)
+    metrics = metrics or GatewayMetrics()
+    ledger.subscribe(metrics.observe)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -119,6 +124,8 @@ def create_app(
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         *routing.routes(),
+        *admin_routes(),
+        metrics_route(),
     ]
     app = Starlette(
         routes=routes,
@@ -133,5 +140,6 @@ def create_app(
     app.state.ledger = ledger
     app.state.auth = auth
     app.state.settings = settings
+    app.state.metrics = metrics
     app.add_middleware(RequestIdMiddleware)
     return app

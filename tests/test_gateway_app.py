@@ -213,3 +213,13 @@ def test_unknown_path_is_openai_404(gateway):
     response = httpx.get(f"{url}/v1/nothing")
     assert response.status_code == 404
     assert response.json()["error"]["type"] == "not_found_error"
+
+
+def test_metrics_count_requests_through_the_real_app(gateway):
+    url, app = gateway
+    client(url).chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "x"}])
+    _post(url, b"{broken")
+    text = httpx.get(f"{url}/metrics").text
+    assert 'selfroute_requests_total{route="passthrough",status="200"} 1.0' in text
+    assert 'selfroute_requests_total{route="unknown",status="400"} 1.0' in text
+    assert 'selfroute_tokens_total{kind="prompt",model="gpt-test",route="passthrough"} 1.0' in text

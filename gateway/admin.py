@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from gateway import dashboard as dashboard_data
 from gateway import reports
 from gateway.errors import invalid_request
 
@@ -89,7 +90,7 @@ async def summary(request: Request) -> Response:
         raise invalid_request("window must be an age between 1m and 90d, like 1h, 24h or 7d", param="window",
                               code="invalid_window")
     top = max(1, min(_int_param(request, "top", 10), 100))
-    return await _query(request, lambda conn: reports.summary(conn, window=window, now=now, top=top))
+    return await _query(request, lambda conn: dashboard_data.summary(conn, window=window, now=now, top=top))
 
 
 _page_cache: dict[str, bytes] = {}

@@ -6,6 +6,7 @@ Labels stay low-cardinality: the request's route, model, status; never key ids o
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from starlette.requests import Request
@@ -49,26 +50,35 @@ class GatewayMetrics:
                                          ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.upstream_latency = Histogram("selfroute_upstream_latency_seconds", "Upstream call latency by request route and model.",
                                           ["route", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric, *labels: str):
+        # prometheus_client's .labels() validates and locks on every call; observe runs on the request's thread
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request and its legs (runs on the request's thread: only counter updates)."""
         route = _route(record.route)
-        self.requests.labels(route, str(record.status)).inc()
-        self.request_cost.labels(route).inc(max(record.cost_usd, 0.0))
-        self.counterfactual_cost.labels(route).inc(max(record.counterfactual_cost_usd, 0.0))
+        self._child(self.requests, route, str(record.status)).inc()
+        self._child(self.request_cost, route).inc(max(record.cost_usd, 0.0))
+        self._child(self.counterfactual_cost, route).inc(max(record.counterfactual_cost_usd, 0.0))
         if record.route == FALLBACK_ROUTE:
             self.fallbacks.inc()
         if record.latency_ms is not None:
-            self.request_latency.labels(route).observe(record.latency_ms / 1000)
+            self._child(self.request_latency, route).observe(record.latency_ms / 1000)
         for call in record.calls:
-            self.upstream_calls.labels(route, call.model).inc()
-            self.tokens.labels(route, call.model, "prompt").inc(call.prompt_tokens)
-            self.tokens.labels(route, call.model, "completion").inc(call.completion_tokens)
-            self.cost.labels(route, call.model).inc(max(call.cost_usd, 0.0))
+            self._child(self.upstream_calls, route, call.model).inc()
+            self._child(self.tokens, route, call.model, "prompt").inc(call.prompt_tokens)
+            self._child(self.tokens, route, call.model, "completion").inc(call.completion_tokens)
+            self._child(self.cost, route, call.model).inc(max(call.cost_usd, 0.0))
             if call.error:
-                self.upstream_errors.labels(route, call.model).inc()
+                self._child(self.upstream_errors, route, call.model).inc()
             if call.latency_ms is not None:
-                self.upstream_latency.labels(route, call.model).observe(call.latency_ms / 1000)
+                self._child(self.upstream_latency, route, call.model).observe(call.latency_ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,8 @@
 """Queries over the cost ledger, shared by the CLI (`logs`, `costs`, `export`) and the admin endpoints.
 
-Aggregates read the hourly rollups of migration 002 for whole hours and the raw rows for the partial
-hours at the edges of a time range, so a report costs O(hours x groups), not O(requests).
+Aggregates read the daily rollups (migration 003) for whole days, the hourly ones (002) for whole hours
+and the raw rows for the partial hours at the edges of a time range, so a report costs about
+O(days x groups), not O(requests).
 Days and hours are UTC.
 """
 from __future__ import annotations
@@ -170,13 +171,12 @@ _RAW_REQUEST_SUMS = ("count(*), sum(prompt_tokens), sum(completion_tokens), sum(
                      " sum(counterfactual_cost_usd), total(latency_ms), count(latency_ms)")
 _ROLLUP_REQUEST_SUMS = ("sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
                         " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)")
-_REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
+REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
                    "counterfactual_cost_usd", "latency_ms_sum", "latency_count")
 
 _RAW_CALL_DIMS = {"model": "c.model", "route": "coalesce(r.route, '')", "policy": "coalesce(r.policy, '')",
                   "key": "coalesce(r.key_id, '')", "status": "r.status",
                   "day": "CAST(r.created_at / 86400 AS INTEGER)", "hour": "CAST(r.created_at / 3600 AS INTEGER)"}
-_ROLLUP_CALL_DIMS = {**_ROLLUP_REQUEST_DIMS, "model": "model"}
 _RAW_CALL_SUMS = ("count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
                   " total(c.latency_ms), count(c.latency_ms)")
 _ROLLUP_CALL_SUMS = ("sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
@@ -185,52 +185,71 @@ _CALL_FIELDS = ("calls", "errors", "prompt_tokens", "completion_tokens", "cost_u
                 "latency_count")
 
 
-def _split_hours(filters: Filters) -> tuple[tuple[int, int] | None, list[tuple[float | None, float | None]]]:
-    """Whole UTC hours to read from the rollup, and the raw [since, until) pieces left at the edges."""
-    lo = None if filters.since is None else math.ceil(filters.since / 3600)
-    hi = None if filters.until is None else math.floor(filters.until / 3600)
-    if lo is not None and hi is not None and lo >= hi:
-        return None, [(filters.since, filters.until)]
-    raw = []
-    if lo is not None and filters.since is not None and filters.since < lo * 3600:
-        raw.append((filters.since, lo * 3600.0))
-    if hi is not None and filters.until is not None and hi * 3600 < filters.until:
-        raw.append((hi * 3600.0, filters.until))
-    return (lo if lo is not None else -(2**62), hi if hi is not None else 2**62), raw
+_INF = 2**62
+
+
+def _split_range(filters: Filters, *, days: bool) -> list[tuple[str, float, float]]:
+    """Cover [since, until) with whole UTC days (daily rollups), whole hours (hourly) and raw rows at the edges."""
+    since = -math.inf if filters.since is None else filters.since
+    until = math.inf if filters.until is None else filters.until
+    h_lo = -_INF if since == -math.inf else math.ceil(since / 3600)
+    h_hi = _INF if until == math.inf else math.floor(until / 3600)
+    if h_lo >= h_hi:
+        return [("raw", since, until)]
+    pieces = []
+    if h_lo != -_INF and since < h_lo * 3600:
+        pieces.append(("raw", since, h_lo * 3600.0))
+    if h_hi != _INF and until > h_hi * 3600:
+        pieces.append(("raw", h_hi * 3600.0, until))
+    d_lo = -_INF if h_lo == -_INF else -(-h_lo // 24)
+    d_hi = _INF if h_hi == _INF else h_hi // 24
+    if not days or d_lo >= d_hi:
+        return [*pieces, ("hour", h_lo, h_hi)]
+    pieces.append(("day", d_lo, d_hi))
+    if h_lo < d_lo * 24:
+        pieces.append(("hour", h_lo, d_lo * 24))
+    if d_hi * 24 < h_hi:
+        pieces.append(("hour", d_hi * 24, h_hi))
+    return pieces
+
+
+_TIERS = {
+    # source: (request table, call table, time column, dims over that source)
+    "day": ("request_rollup_daily", "call_rollup_daily", "day",
+            {**_ROLLUP_REQUEST_DIMS, "day": "day", "hour": None}),
+    "hour": ("request_rollup_hourly", "call_rollup_hourly", "hour", _ROLLUP_REQUEST_DIMS),
+}
 
 
 def aggregate(conn: sqlite3.Connection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
     """Sums per combination of `dims` (route, policy, key, status, day, hour; and model when `calls`)."""
-    raw_dims, rollup_dims = (_RAW_CALL_DIMS, _ROLLUP_CALL_DIMS) if calls else (_RAW_REQUEST_DIMS, _ROLLUP_REQUEST_DIMS)
-    fields = _CALL_FIELDS if calls else _REQUEST_FIELDS
-    hours, raw_pieces = _split_hours(filters)
+    fields = _CALL_FIELDS if calls else REQUEST_FIELDS
     queries: list[tuple[str, list]] = []
-    if hours is not None:
-        table = "call_rollup_hourly" if calls else "request_rollup_hourly"
-        conds, params = _where(filters, rollup_dims)
-        conds = ["hour >= ? AND hour < ?", *conds]
-        params = [hours[0], hours[1], *params]
-        queries.append((_group_sql(table, [rollup_dims[d] for d in dims],
-                                   _ROLLUP_CALL_SUMS if calls else _ROLLUP_REQUEST_SUMS, conds), params))
-    for start, end in raw_pieces:
-        time_col = "r.created_at" if calls else "created_at"
-        conds, params = _where(filters, raw_dims)
-        if start is not None:
+    for source, lo, hi in _split_range(filters, days="hour" not in dims):
+        if source == "raw":
+            cols = _RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS
+            time_col = "r.created_at" if calls else "created_at"
+            table = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
+            sums = _RAW_CALL_SUMS if calls else _RAW_REQUEST_SUMS
+        else:
+            request_table, call_table, time_col, cols = _TIERS[source]
+            cols = {**cols, "model": "model"}
+            table = call_table if calls else request_table
+            sums = _ROLLUP_CALL_SUMS if calls else _ROLLUP_REQUEST_SUMS
+        conds, params = _where(filters, cols)
+        if lo != -math.inf and lo != -_INF:
             conds.append(f"{time_col} >= ?")
-            params.append(start)
-        if end is not None:
+            params.append(lo)
+        if hi != math.inf and hi != _INF:
             conds.append(f"{time_col} < ?")
-            params.append(end)
-        source = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
-        queries.append((_group_sql(source, [raw_dims[d] for d in dims],
-                                   _RAW_CALL_SUMS if calls else _RAW_REQUEST_SUMS, conds), params))
+            params.append(hi)
+        queries.append((_group_sql(table, [cols[d] for d in dims], sums, conds), params))
     merged: dict[tuple, dict] = {}
     for sql, params in queries:
         for row in conn.execute(sql, params):
             key = tuple(row[: len(dims)])
-            values = row[len(dims):]
             slot = merged.setdefault(key, dict.fromkeys(fields, 0))
-            for name, value in zip(fields, values):
+            for name, value in zip(fields, row[len(dims):]):
                 slot[name] += value or 0
     count_field = fields[0]
     return {key: slot for key, slot in merged.items() if slot[count_field] > 0}
@@ -251,7 +270,7 @@ def group_label(by: str, value: Any) -> str | None:
     return value if value != "" else None
 
 
-def _cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
+def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
     row: dict[str, Any] = {
         "group": group,
         "requests": None if calls else slot["requests"],
@@ -277,13 +296,13 @@ def costs(conn: sqlite3.Connection, by: str, filters: Filters = Filters()) -> di
                               code="invalid_grouping")
     calls = by == "model"
     groups = aggregate(conn, [by], filters, calls=calls)
-    rows = [_cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
+    rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
     if by in ("day", "hour"):
         rows.sort(key=lambda r: r["group"])
     else:
         rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))
-    total = aggregate(conn, [], filters).get((), dict.fromkeys(_REQUEST_FIELDS, 0))
-    return {"by": by, "groups": rows, "total": _cost_row(None, total, calls=False)}
+    total = aggregate(conn, [], filters).get((), dict.fromkeys(REQUEST_FIELDS, 0))
+    return {"by": by, "groups": rows, "total": cost_row(None, total, calls=False)}
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -314,13 +333,13 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
                               code="invalid_cursor") from None
 
 
-def _row_dict(row: sqlite3.Row) -> dict:
+def row_dict(row: sqlite3.Row) -> dict:
     item = {name: row[name] for name in REQUEST_COLUMNS}
     item["stream"] = bool(item["stream"])
     return item
 
 
-def _attach_models(conn: sqlite3.Connection, items: list[dict]) -> None:
+def attach_models(conn: sqlite3.Connection, items: list[dict]) -> None:
     by_id = {item["id"]: item for item in items}
     for item in items:
         item["models"] = []
@@ -347,8 +366,8 @@ def list_requests(conn: sqlite3.Connection, filters: Filters = Filters(), *, lim
     sql = (f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where}"
            " ORDER BY created_at DESC, id DESC LIMIT ?")
     rows = conn.execute(sql, [*params, limit + 1]).fetchall()
-    items = [_row_dict(row) for row in rows[:limit]]
-    _attach_models(conn, items)
+    items = [row_dict(row) for row in rows[:limit]]
+    attach_models(conn, items)
     more = len(rows) > limit
     last = items[-1] if items else None
     next_cursor = encode_cursor(last["created_at"], last["id"]) if more and last else None
@@ -362,7 +381,7 @@ def get_request(conn: sqlite3.Connection, request_id: str) -> dict:
     if row is None:
         raise GatewayError(404, f"no request with id {request_id!r} in the ledger", param="id",
                            code="request_not_found")
-    item = _row_dict(row)
+    item = row_dict(row)
     item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
     item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
     item["calls"] = [dict(zip(CALL_COLUMNS, call)) for call in conn.execute(
@@ -379,8 +398,8 @@ def requests_after(conn: sqlite3.Connection, after_rowid: int, filters: Filters 
     sql = (f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
            " ORDER BY rowid LIMIT ?")
     rows = conn.execute(sql, [after_rowid, *params, limit]).fetchall()
-    items = [_row_dict(row) for row in rows]
-    _attach_models(conn, items)
+    items = [row_dict(row) for row in rows]
+    attach_models(conn, items)
     return items, (rows[-1]["rowid"] if rows else after_rowid)
 
 
@@ -404,7 +423,7 @@ def iter_export(conn: sqlite3.Connection, filters: Filters = Filters(), *, batch
             return
         items = {}
         for row in rows:
-            item = _row_dict(row)
+            item = row_dict(row)
             item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
             item["calls"] = []
             items[item["id"]] = item
@@ -416,85 +435,3 @@ def iter_export(conn: sqlite3.Connection, filters: Filters = Filters(), *, batch
                 items[call[0]]["calls"].append(dict(zip(CALL_COLUMNS, call[1:])))
         yield from items.values()
         after = (rows[-1]["created_at"], rows[-1]["id"])
-
-
-# ---------------------------------------------------------------------------------------------- dashboard
-
-
-def _percentiles(values: list[float]) -> dict:
-    values.sort()
-    out: dict[str, Any] = {"count": len(values)}
-    for p in (50, 90, 95, 99):
-        # nearest rank
-        out[f"p{p}"] = values[max(0, math.ceil(p / 100 * len(values)) - 1)] if values else None
-    return out
-
-
-def _top(conn: sqlite3.Connection, order: str, since: float, limit: int) -> list[dict]:
-    rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE created_at >= ?"
-                        f" AND {order} IS NOT NULL ORDER BY {order} DESC LIMIT ?", (since, limit)).fetchall()
-    items = [_row_dict(row) for row in rows]
-    _attach_models(conn, items)
-    return items
-
-
-def _route_name(route: str) -> str:
-    return route or "unknown"  # the rollups store a NULL route as ''
-
-
-def summary(conn: sqlite3.Connection, *, window: float, now: float | None = None, top: int = 10) -> dict:
-    """Everything the dashboard draws for the last `window` seconds."""
-    now = time.time() if now is None else now
-    since = now - window
-    bucket = "hour" if window <= 2 * 86400 else "day"
-    step = 3600 if bucket == "hour" else 86400
-    window_filter = Filters(since=since)
-    by_route = aggregate(conn, ["route"], window_filter)
-    totals = aggregate(conn, [], window_filter).get((), dict.fromkeys(_REQUEST_FIELDS, 0))
-    errors = sum(slot["requests"] for (status,), slot in aggregate(conn, ["status"], window_filter).items()
-                 if status >= 400)
-    routes = sorted((key[0] for key in by_route), key=lambda r: -by_route[(r,)]["cost_usd"])
-    series_slots = aggregate(conn, [bucket, "route"], window_filter)
-    first, last = int(since // step), int(now // step)
-    series = []
-    for index in range(first, last + 1):
-        cells = {route: series_slots.get((index, route)) for route in routes}
-        series.append({
-            "t": group_label(bucket, index),
-            "start": index * step,
-            "cost_usd": {_route_name(r): (cell["cost_usd"] if cell else 0.0) for r, cell in cells.items()},
-            "requests": {_route_name(r): (cell["requests"] if cell else 0) for r, cell in cells.items()},
-        })
-    mix = [{**_cost_row(_route_name(route), by_route[(route,)], calls=False),
-            "share": by_route[(route,)]["requests"] / totals["requests"] if totals["requests"] else 0.0}
-           for route in routes]
-    attempts = sum(by_route[(r,)]["requests"] for r in ("rag", FALLBACK_ROUTE) if (r,) in by_route)
-    fallbacks = by_route[(FALLBACK_ROUTE,)]["requests"] if (FALLBACK_ROUTE,) in by_route else 0
-    latencies: dict[str, list[float]] = {"all": []}  # "all" cannot clash: routes are lowercase words
-    for route, latency in conn.execute(
-            "SELECT coalesce(route, ''), latency_ms FROM requests WHERE created_at >= ? AND latency_ms IS NOT NULL",
-            (since,)):
-        latencies["all"].append(latency)
-        latencies.setdefault(route, []).append(latency)
-    models = aggregate(conn, ["model"], window_filter, calls=True)
-    total_row = _cost_row(None, totals, calls=False)
-    counterfactual = total_row["counterfactual_cost_usd"]
-    return {
-        "now": now,
-        "since": since,
-        "window_s": window,
-        "bucket": bucket,
-        "routes": [_route_name(route) for route in routes],
-        "totals": {**total_row, "errors": errors,
-                   "error_rate": errors / totals["requests"] if totals["requests"] else 0.0,
-                   "saving_pct": (total_row["saving_usd"] / counterfactual) if counterfactual else None},
-        "fallback": {"fallbacks": fallbacks, "rag_attempts": attempts,
-                     "rate": fallbacks / attempts if attempts else None},
-        "series": series,
-        "route_mix": mix,
-        "models": sorted((_cost_row(key[0], slot, calls=True) for key, slot in models.items()),
-                         key=lambda r: -r["cost_usd"]),
-        "latency_ms": {_route_name(route): _percentiles(values) for route, values in latencies.items()},
-        "most_expensive": _top(conn, "cost_usd", since, top),
-        "slowest": _top(conn, "latency_ms", since, top),
-    }

@@ -102,7 +102,9 @@ def stitch(chunks: list[Chunk]) -> str:
 class RagPipeline:
     name = "rag"
 
-    def __init__(self, store: DocumentStore, settings: RagSettings | None = None, history_budget_tokens: int = HISTORY_BUDGET_TOKENS):
+    def __init__(
+        self, store: DocumentStore, settings: RagSettings | None = None, history_budget_tokens: int = HISTORY_BUDGET_TOKENS
+    ):
         self.store = store
         self.settings = settings or store.settings
         self.history_budget_tokens = history_budget_tokens
@@ -121,23 +123,21 @@ class RagPipeline:
         if not hits:
             return []
         best = max(h.score for h in hits)
-        reach = {h.chunk.doc_id + "\0" + str(h.chunk.position): round(self.settings.expansion_neighbours * h.score / best) for h in hits}
+        reach = {id(h): round(self.settings.expansion_neighbours * h.score / best) for h in hits}
         wanted: dict[str, set[int]] = {}
         for h in hits:
-            n = reach[h.chunk.doc_id + "\0" + str(h.chunk.position)]
-            wanted.setdefault(h.chunk.doc_id, set()).update(
-                p for p in range(h.chunk.position - n, h.chunk.position + n + 1) if p >= 0 and p != h.chunk.position
-            )
+            n, p = reach[id(h)], h.chunk.position
+            wanted.setdefault(h.chunk.doc_id, set()).update(q for q in range(p - n, p + n + 1) if q >= 0 and q != p)
         priority: dict[tuple[str, int], ScoredChunk] = {(h.chunk.doc_id, h.chunk.position): h for h in hits}
         for chunk, vector_score in self.store.neighbours(collection, wanted, query_vector):
             key = (chunk.doc_id, chunk.position)
             for h in hits:
-                n = reach[h.chunk.doc_id + "\0" + str(h.chunk.position)]
-                distance = abs(h.chunk.position - chunk.position)
+                n, distance = reach[id(h)], abs(h.chunk.position - chunk.position)
                 if h.chunk.doc_id != chunk.doc_id or distance == 0 or distance > n:
                     continue
                 score = h.score * (1.0 - distance / (n + 1))
-                if key not in priority or priority[key].score < score and priority[key].rank == 0:
+                current = priority.get(key)
+                if current is None or (current.rank == 0 and current.score < score):  # hits keep their own score
                     priority[key] = ScoredChunk(chunk, score, vector_score if vector_score is not None else 0.0, 0)
         return sorted(priority.values(), key=lambda c: -c.score)
 

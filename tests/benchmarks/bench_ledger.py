@@ -231,11 +231,11 @@ def bench_writes(path: Path, count: int) -> None:
         conn = connect(plain)
         apply_first_migration(conn)
         conn.close()
-        writer_cost(plain, "writer, empty ledger, 001 only (no rollup triggers)", False)
-        writer_cost(scratch / "rollups.sqlite3", "writer, empty ledger, 001 + 002 (rollup triggers)", True)
+        writer_cost(plain, "writer, empty ledger, migration 001 only (no rollup triggers)", False)
+        writer_cost(scratch / "rollups.sqlite3", "writer, empty ledger, all migrations (rollup triggers)", True)
     finally:
         shutil.rmtree(scratch)
-    writer_cost(path, f"writer, the {'large'} benchmark ledger, 001 + 002", True)
+    writer_cost(path, "writer, the 1M-request ledger, all migrations", True)
 
 
 def main() -> int:

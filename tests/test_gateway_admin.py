@@ -137,3 +137,21 @@ def test_admin_reads_see_records_written_after_startup(ledger, client):
     assert client.get("/v1/admin/requests/late", headers=ADMIN).status_code == 200
     body = client.get("/v1/admin/costs", params={"by": "route"}, headers=ADMIN).json()
     assert body["total"]["requests"] == 11
+
+
+def test_routes_are_mounted_in_the_real_app(tmp_path):
+    import httpx
+
+    from tests.gateway_fixtures import make_policy, running_gateway
+
+    write_ledger(tmp_path / "ledger.sqlite3", sample_records()).close()
+    auth = Authenticator([USER_KEY], ADMIN_KEY)
+    with running_gateway(tmp_path, make_policy("http://127.0.0.1:9"), auth=auth) as (url, app):
+        costs = httpx.get(f"{url}/v1/admin/costs", params={"by": "route"}, headers=ADMIN)
+        assert costs.status_code == 200 and costs.json()["total"]["requests"] == 10
+        assert httpx.get(f"{url}/v1/admin/requests/r04", headers=ADMIN).json()["route"] == "rag>long"
+        assert httpx.get(f"{url}/v1/admin/requests/nope", headers=ADMIN).status_code == 404
+        assert httpx.get(f"{url}/v1/admin/summary",
+                         headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 403
+        assert "/v1/admin/summary" in httpx.get(f"{url}/dashboard").text
+        assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text

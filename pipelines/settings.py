@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 DEFAULT_UNANSWERABLE_PATTERNS = [
     r"^\W*unanswerable\W*$",
     r"\bunanswerable\b",
-    r"\b(?:cannot|can ?not|can't|unable to) (?:be )?(?:answer|determine|find)",
+    r"\b(?:i|we) (?:cannot|can ?not|can't|am unable to|are unable to) (?:answer|determine|find|tell)",
+    r"\bcannot be (?:answered|determined|found) (?:from|based on|in|with)",
     r"\b(?:not|no) (?:mentioned|provided|stated|found|specified|given) in the (?:passages?|context|documents?|text)",
     r"\bthe (?:passages?|context|documents?|text) (?:does|do) not (?:contain|mention|provide|say|specify|include)",
     r"\binsufficient (?:information|context)",

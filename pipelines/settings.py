@@ -9,7 +9,7 @@ DEFAULT_UNANSWERABLE_PATTERNS = [
     r"^\W*unanswerable\W*$",
     r"\bunanswerable\b",
     r"\b(?:i|we) (?:cannot|can ?not|can't|am unable to|are unable to) (?:answer|determine|find|tell)",
-    r"\bcannot be (?:answered|determined|found) (?:from|based on|in|with)",
+    r"\bcannot be (?:answered|determined|found) (?:from|based on|in|with) the (?:given |provided )?(?:passages?|context|documents?|text|information)",
     r"\b(?:not|no) (?:mentioned|provided|stated|found|specified|given) in the (?:passages?|context|documents?|text)",
     r"\bthe (?:passages?|context|documents?|text) (?:does|do) not (?:contain|mention|provide|say|specify|include)",
     r"\binsufficient (?:information|context)",

@@ -35,6 +35,8 @@ def test_refusals_are_detected(reply):
         "The answer is not unusual: the fee is $500.",
         "The pump stops 30 seconds after the float drops.",
         "The contract cannot be assigned without prior written consent.",
+        "The seller was unable to find a buyer before the deadline.",
+        "Losses that cannot be determined in advance are excluded.",
         "It was not provided until 2019, when the board approved it.",
         "合同于2020年签署，有效期三年。",
         "The term is five years. " + "Further detail follows. " * 20 + "The text does not mention renewal.",

@@ -124,6 +124,12 @@ def with_threshold(policy: Policy, threshold: float) -> Policy:
     return copy
 
 
+def without_rules(policy: Policy) -> Policy:
+    copy = policy.model_copy(deep=True)
+    copy.routing.rules = []
+    return copy
+
+
 def with_keep_refusal(policy: Policy, enabled: bool = True) -> Policy:
     copy = policy.model_copy(deep=True)
     copy.routing.fallback.keep_refusal_when_absent = enabled

@@ -1,0 +1,184 @@
+"""`selfroute eval`: offline evaluation of routing.
+
+  prepare-leval  convert L-Eval's paired RAG-vs-long answers into the paired replay format
+  replay         replay strategies over recorded answers of both routes (no model is called)
+  absent         measure the keep-refusal option on truly unanswerable questions (SQuAD 2.0)
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+REPLAY_NOTES = """\
+Paired data: JSON lines with doc_id, query, rag_score, lc_score (0..1), rag_pred, lc_pred, and optional
+task, gt, group; documents are DIR/<doc_id>.txt. Strategies take the recorded score of the route they pick.
+Fallback: RAG first, then long when the recorded RAG answer declares itself unanswerable (policy patterns);
+both legs are paid. A rule's "direct" route has no recorded answer: it is scored with the worse of the two
+recorded scores and costs the whole context at the cheap price. The classifier is scored only on documents
+it was not trained on: P(cheap) comes from models retrained per fold (grouped by document, fixed seed).
+Tokens: our RAG pipeline's prompt (instructions, retrieved passages, question) and our long pipeline's
+prompt (documents packed into the long window); output tokens are the recorded answers'.
+"""
+ABSENT_NOTES = """\
+Suppose the cheap route refused: would the keep-refusal option keep that refusal (evidence says the answer
+is absent) or escalate to the long route? Measured on SQuAD 2.0 questions (is_impossible = truly absent),
+each article's paragraphs as the documents, with the gateway's features and retrieval. No model answers.
+"""
+
+
+def register(subparsers, parents) -> None:
+    parser = subparsers.add_parser("eval", parents=parents, help="offline routing evaluation (replay, L-Eval)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="eval_command", metavar="EVAL_COMMAND")
+    sub.required = True
+
+    prep = sub.add_parser("prepare-leval", parents=parents, help="L-Eval paired answers -> paired replay format")
+    prep.add_argument("leval_dir", type=Path, help="folder with paired_rag_vs_lc.jsonl and LEval-data/")
+    prep.add_argument("out_dir", type=Path, help="writes OUT/paired.jsonl and OUT/docs/<doc_id>.txt")
+    prep.set_defaults(func=run_prepare_leval)
+
+    replay = sub.add_parser("replay", parents=parents, help="replay routing strategies over paired answers",
+                            description=REPLAY_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    replay.add_argument("--data", required=True, type=Path, help="paired answers, JSON lines")
+    replay.add_argument("--docs", required=True, type=Path, help="folder of <doc_id>.txt documents")
+    replay.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
+    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
+                        help="auto: the policy's prices when non-zero, else the reference pair gpt-3.5-turbo / "
+                             "gpt-3.5-turbo-16k from litellm's cost map")
+    replay.add_argument("--window-tokens", type=int, default=None,
+                        help="long route window (default: the policy's); 16385 matches L-Eval's gpt-3.5-turbo-16k")
+    replay.add_argument("--threshold", type=float, default=None, help="override the policy's classifier threshold")
+    replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting",
+                        help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model")
+    replay.add_argument("--folds", type=int, default=5)
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--json", action="store_true", help="print the results as JSON")
+    replay.add_argument("--plot", type=Path, default=None, help="write the cost-quality curve (PNG)")
+    replay.set_defaults(func=run_replay)
+
+    absent = sub.add_parser("absent", parents=parents,
+                            help="keep-refusal option on truly unanswerable questions (SQuAD 2.0 JSON)",
+                            description=ABSENT_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    absent.add_argument("--squad", required=True, type=Path, help="SQuAD 2.0 JSON file")
+    absent.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
+    absent.add_argument("--json", action="store_true")
+    absent.set_defaults(func=run_absent)
+    # `eval live` (calling real models) lives in gateway/eval_live.py: when that module exists, its
+    # register(sub, parents) adds the sub-subcommand here.
+    if importlib.util.find_spec("gateway.eval_live") is not None:
+        importlib.import_module("gateway.eval_live").register(sub, parents)
+
+
+def run_prepare_leval(args: argparse.Namespace) -> int:
+    from gateway.leval import prepare_leval
+
+    try:
+        report = prepare_leval(args.leval_dir, args.out_dir)
+    except (OSError, ValueError) as exc:
+        print(f"selfroute eval prepare-leval: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {report.questions} questions over {report.documents} documents to "
+          f"{report.out_dir / 'paired.jsonl'} and {report.out_dir / 'docs'}/")
+    if report.query_mismatches:
+        print(f"note: {report.query_mismatches} queries differ from the L-Eval instruction they index "
+              "(kept as recorded)")
+    return 0
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    from classifier.training import label_from_scores, out_of_fold_probabilities
+    from gateway.reference_prices import resolve_prices
+    from gateway.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
+    from gateway.replay_report import build_items, format_gap, format_table, plot_curve
+    from gateway.route_dataset import ExampleFileError, RouteInputBuilder, load_examples
+    from gateway.settings import resolve_data_dir
+    from pipelines.unanswerable import UnanswerableDetector
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        policy, _ = load_policy(args.policy)
+        if args.threshold is not None:
+            policy = with_threshold(policy, args.threshold)
+        examples = load_examples(args.data, args.docs)
+        for e in examples:
+            if "rag_score" not in e.record or "lc_score" not in e.record:
+                raise ExampleFileError(f"{args.data}: every line needs rag_score and lc_score for a replay")
+        prices = resolve_prices(policy, args.prices)
+    except (PolicyError, ExampleFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"selfroute eval replay: {exc}", file=sys.stderr)
+        return 2
+    data_dir = resolve_data_dir(args.data_dir)
+    builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
+                                cache_dir=data_dir / "cache")
+    inputs = builder.all_inputs(examples, progress=not args.json)
+    labels = [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples]
+    groups = [e.group for e in examples]
+    try:
+        probabilities = out_of_fold_probabilities([i.features for i in inputs], labels, groups,
+                                                  args.estimator, args.folds, args.seed)
+    except ValueError as exc:
+        print(f"selfroute eval replay: {exc}", file=sys.stderr)
+        return 2
+    detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
+    items = build_items(examples, inputs, probabilities, detector)
+    results = run_strategies(items, policy, prices)
+    curves = {
+        "classifier alone (thresholds)": sweep(items, without_rules(policy), prices, fallback=False),
+        "rules+classifier (thresholds)": sweep(items, policy, prices, fallback=False),
+        "rules+classifier+fallback (thresholds)": sweep(items, policy, prices, fallback=True),
+    }
+    gap = gap_recovery(items)
+    threshold = policy.routing.classifier.threshold if policy.routing.classifier else None
+    if args.plot:
+        plot_curve(args.plot, curves, results,
+                   f"Replay: {len(items)} questions, {len(set(groups))} documents ({args.data.name})")
+    if args.json:
+        print(json.dumps({
+            "questions": len(items), "documents": len(set(groups)), "prices": prices.__dict__,
+            "window_tokens": builder.window, "threshold": threshold,
+            "strategies": [r.to_dict() for r in results],
+            "gap_recovery": {k: v for k, v in gap.__dict__.items() if k != "curve"},
+            "curves": curves, "plot": str(args.plot) if args.plot else None,
+        }, indent=2, default=float))
+        return 0
+    print(f"{len(items)} questions over {len(set(groups))} documents; long window {builder.window} tokens; "
+          f"classifier threshold {threshold}; P(cheap) out-of-fold ({args.folds} folds by document, seed {args.seed})")
+    print(f"prices (USD per million tokens): cheap {prices.cheap_input:g} in / {prices.cheap_output:g} out, "
+          f"long {prices.long_input:g} in / {prices.long_output:g} out ({prices.source})")
+    print(format_table(results))
+    print(format_gap(gap))
+    if args.plot:
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def run_absent(args: argparse.Namespace) -> int:
+    from gateway.absent_eval import AbsentQuestion, absent_report, load_squad
+    from gateway.route_dataset import RouteInputBuilder
+    from gateway.router import load_route_model
+    from gateway.settings import resolve_data_dir
+    from policies.loader import PolicyError, load_policy
+
+    try:
+        policy, policy_file = load_policy(args.policy)
+        model = load_route_model(policy, policy_file)
+        pairs = load_squad(args.squad)
+    except (PolicyError, OSError, ValueError, KeyError) as exc:
+        print(f"selfroute eval absent: {exc}", file=sys.stderr)
+        return 2
+    data_dir = resolve_data_dir(args.data_dir)
+    builder = RouteInputBuilder(policy, data_dir / "lancedb", cache_dir=data_dir / "cache")
+    inputs = builder.all_inputs([e for e, _ in pairs], progress=not args.json, with_long=False)
+    probabilities = model.cheap_probabilities([i.features for i in inputs]) if model else [None] * len(inputs)
+    questions = [AbsentQuestion(e.group, e.query, impossible, i.features, p)
+                 for (e, impossible), i, p in zip(pairs, inputs, probabilities)]
+    report = absent_report(questions, policy.routing.fallback)
+    if args.json:
+        print(json.dumps(report.__dict__, indent=2, default=float))
+    else:
+        print("\n".join(report.lines()))
+    return 0

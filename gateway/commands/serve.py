@@ -13,7 +13,6 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--cheap-model", default=None, help="override the policy's cheap model (litellm model string)")
     parser.add_argument("--long-model", default=None, help="override the policy's long model (litellm model string)")
     parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     parser.set_defaults(func=run)
 
 

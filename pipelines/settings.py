@@ -9,9 +9,17 @@ DEFAULT_UNANSWERABLE_PATTERNS = [
     r"^\W*unanswerable\W*$",
     r"\bunanswerable\b",
     r"\b(?:i|we) (?:cannot|can ?not|can't|am unable to|are unable to) (?:answer|determine|find|tell)",
-    r"\bcannot be (?:answered|determined|found) (?:from|based on|in|with) the (?:given |provided )?(?:passages?|context|documents?|text|information)",
-    r"\b(?:not|no) (?:mentioned|provided|stated|found|specified|given) in the (?:passages?|context|documents?|text)",
-    r"\bthe (?:passages?|context|documents?|text) (?:does|do) not (?:contain|mention|provide|say|specify|include)",
+    r"\bcannot be (?:answered|determined|found) (?:from|based on|in|with) the (?:given |provided )?"
+    r"(?:passages?|context|documents?|text|information)",
+    r"\b(?:not|no) (?:mentioned|provided|stated|found|specified|given) in the (?:given |provided )?"
+    r"(?:passages?|context|documents?|text|information)",
+    r"\b(?:passages?|context|documents?|text|transcript|information) (?:does|do) not (?:contain|mention|provide|"
+    r"say|specify|include|state|give)",
+    # the opening of a reply that declares the answer missing: "There is no (specific) mention of ..."
+    r"^\W*(?:based on the (?:given |provided )?(?:passages?|context|documents?|text|information),? )?"
+    r"there (?:is|are) (?:no|not enough) (?:specific |direct )?(?:information|mention|details|indication|evidence)",
+    r"\bnot enough information\b",
+    r"^\W*it is not (?:specified|mentioned|stated|provided|given) in the",
     r"\binsufficient (?:information|context)",
     r"无法回答",
     r"无法(?:确定|判断|得知)",

@@ -86,7 +86,7 @@ def plot_curve(path: Path, curves: dict[str, list[dict]], points: list[StrategyR
     ax.set_ylabel("mean quality (recorded score)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center right")
+    ax.legend(fontsize=7, loc="lower right")  # the empty corner: costly, and no better than the curve
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

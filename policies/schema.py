@@ -68,7 +68,8 @@ class FallbackSettings(_Strict):
         0.35, description="retrieval top similarity at or below which the answer is taken as absent"
     )
     absent_min_probability: float = Field(
-        0.5, ge=0.0, le=1.0, description="…and the classifier's P(cheap suffices) must be at least this"
+        0.0, ge=0.0, le=1.0,
+        description="…and the classifier's P(cheap suffices) at least this (0: P(cheap) showed no signal for absent answers)"
     )
 
 

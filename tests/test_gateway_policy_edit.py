@@ -1,11 +1,24 @@
 import yaml
 
 from gateway.policy_edit import set_threshold
-from policies.loader import parse_policy, shipped_policy_path
+from policies.loader import parse_policy
+
+POLICY = """# a policy with comments
+name: t
+cheap: {model: a/b}   # cheap
+long: {model: a/c}
+routing:
+  # rules first
+  rules: []
+  classifier:
+    model_path: builtin:default  # the shipped model
+    threshold: 0.5
+  default_route: long
+"""
 
 
 def test_threshold_written_in_place_keeping_comments():
-    text = shipped_policy_path().read_text(encoding="utf-8")
+    text = POLICY
     updated, kept = set_threshold(text, 0.6234, "calibrate: quantile of 100 out-of-fold P(cheap)")
     assert kept
     policy = parse_policy(updated)

@@ -3,15 +3,16 @@
   prepare-leval  convert L-Eval's paired RAG-vs-long answers into the paired replay format
   replay         replay strategies over recorded answers of both routes (no model is called)
   absent         measure the keep-refusal option on truly unanswerable questions (SQuAD 2.0)
+  live           send questions through a running gateway, score the answers, read costs from its ledger
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import sys
 from pathlib import Path
+
+from gateway import eval_live
 
 REPLAY_NOTES = """\
 Paired data: JSON lines with doc_id, query, rag_score, lc_score (0..1), rag_pred, lc_pred, and optional
@@ -67,10 +68,8 @@ def register(subparsers, parents) -> None:
     absent.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
     absent.add_argument("--json", action="store_true")
     absent.set_defaults(func=run_absent)
-    # `eval live` (calling real models) lives in gateway/eval_live.py: when that module exists, its
-    # register(sub, parents) adds the sub-subcommand here.
-    if importlib.util.find_spec("gateway.eval_live") is not None:
-        importlib.import_module("gateway.eval_live").register(sub, parents)
+    # `eval live` calls real models through a running gateway; it lives in its own module
+    eval_live.register(sub, parents)
 
 
 def run_prepare_leval(args: argparse.Namespace) -> int:

@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_LETTER = re.compile(r"^\s*(?:answer\s*[:：]?\s*)?\(?([A-H])\)?(?:[.):\s]|$)", re.IGNORECASE)
+# "C", "(C) ...", "C. ...", "Answer: C", "The correct answer is: C) ..."
+_LETTER = re.compile(
+    r"^\s*(?:(?:the\s+)?(?:correct\s+)?answer(?:\s+is)?\s*[:：]?\s*)?"
+    r"(?:\(([A-H])\)|([A-H])(?:[.):：]|\s*$))",  # a bare "A " would be the article, not option A
+    re.IGNORECASE,
+)
 
 
 def normalize_answer(text: str) -> list[str]:
@@ -45,16 +50,19 @@ def exact_match(prediction: str, truth: str) -> float:
 
 def choice_letter(text: str) -> str | None:
     found = _LETTER.match(text or "")
+    return (found.group(1) or found.group(2)).upper() if found else None
+
+
+def gold_letter(truth: str) -> str | None:
+    """The option letter of a multiple-choice gold answer: "C" or "(C) the option's text"."""
+    found = re.match(r"^\s*\(?([A-H])\)?(?:[.)]\s|\)|\s*$)", truth or "")
     return found.group(1).upper() if found else None
 
 
-def is_multiple_choice(truth: str) -> bool:
-    return bool(re.fullmatch(r"\s*[A-H]\s*", truth or ""))
-
-
 def score_answer(prediction: str, truth: str) -> dict[str, float]:
-    if is_multiple_choice(truth):
-        correct = float(choice_letter(prediction) == truth.strip().upper())
+    letter = gold_letter(truth)
+    if letter is not None:
+        correct = float(choice_letter(prediction) == letter)
         return {"score": correct, "exact_match": correct, "f1": correct}
     f1 = token_f1(prediction, truth)
     return {"score": f1, "exact_match": exact_match(prediction, truth), "f1": f1}

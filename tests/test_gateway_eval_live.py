@@ -15,6 +15,11 @@ def test_scorers():
     assert token_f1("London", "Paris") == 0.0
     assert choice_letter("B. Rapid increase") == "B" and choice_letter("(c)") == "C"
     assert choice_letter("Because of data") is None
+    assert choice_letter("The correct answer is:\n\n(C) Your children") == "C"
+    assert choice_letter("The answer is: C) An upscale retreat.") == "C"
+    assert choice_letter("A sample of owners") is None  # a sentence starting with "A" is not option A
+    assert score_answer("The answer is: C) Yes", "(D) Yes, because the ruler says so")["score"] == 0.0
+    assert score_answer("(D) yes", "(D) Yes, because the ruler says so")["score"] == 1.0
     assert score_answer("D. Valuation", "D")["score"] == 1.0
     assert score_answer("A", "D")["score"] == 0.0
     assert score_answer("the cat sat", "cat sat")["exact_match"] == 1.0

@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -40,7 +41,9 @@ class LocalModelUpstream:
 
     def __init__(self, *, n_ctx: int = 8192, n_threads: int | None = None):
         self._n_ctx = n_ctx
-        self._n_threads = n_threads
+        # llama-cpp-python's default is half the cores; generation holds the model lock anyway, so use
+        # them all (2 threads ran prompts 1.9x faster than 1 on the 2-core machine)
+        self._n_threads = n_threads or os.cpu_count() or 1
         self._models: dict[str, Any] = {}
         self._load_lock = threading.Lock()
         self._generate_lock = threading.Lock()

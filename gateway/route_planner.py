@@ -6,6 +6,8 @@ handlers call these methods in worker threads.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,13 +22,14 @@ from pipelines.long_context import LongContextPipeline
 from pipelines.messages import count_message_tokens
 from pipelines.question import extract_question
 from pipelines.rag import RagPipeline, Retrieval
-from pipelines.store import DocumentStore
+from pipelines.store import DocumentStore, content_hash
 from pipelines.tokens import count_tokens
 from policies.schema import Policy
 
 logger = logging.getLogger(__name__)
 
 PROMPT_DOCUMENT_ID = "prompt"
+STATS_CACHE_SIZE = 256
 
 
 @dataclass
@@ -58,6 +61,23 @@ class RoutePlanner:
             policy.long_context.model_copy(update={"window_tokens": None}),
             window_tokens=policy.cheap.context_window or 8192, store=store,
         )
+        # sections and cross-references of a long document take a while to count: asking about the
+        # same attached documents again reuses them, like the embeddings
+        self._stats_cache: OrderedDict[tuple, DocumentStats] = OrderedDict()
+        self._stats_lock = threading.Lock()
+
+    def _document_stats(self, documents: list[Document]) -> DocumentStats:
+        key = tuple((d.id, content_hash(d)) for d in documents)
+        with self._stats_lock:
+            if key in self._stats_cache:
+                self._stats_cache.move_to_end(key)
+                return self._stats_cache[key]
+        stats = document_stats(documents)
+        with self._stats_lock:
+            self._stats_cache[key] = stats
+            while len(self._stats_cache) > STATS_CACHE_SIZE:
+                self._stats_cache.popitem(last=False)
+        return stats
 
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
@@ -77,7 +97,7 @@ class RoutePlanner:
                 raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
                                    code="duplicate_document_id")
             question = self._last_user_text(messages)
-            return "documents", ContextRequest(question, messages, documents=documents), document_stats(documents)
+            return "documents", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
         if collection:
             try:
                 info = self.store.collection(collection)
@@ -96,7 +116,7 @@ class RoutePlanner:
             raise GatewayError(400, "the last user message has no text to answer", param="messages",
                                code="empty_question")
         documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
-        return "prompt", ContextRequest(question, messages, documents=documents), document_stats(documents)
+        return "prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
 
     @staticmethod
     def _last_user_text(messages: list[dict]) -> str:

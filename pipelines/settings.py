@@ -49,6 +49,9 @@ class RagSettings(_Strict):
     expansion_neighbours: int = Field(2, ge=0, le=20)
     context_budget_tokens: int = Field(2000, ge=64)
     unanswerable_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_UNANSWERABLE_PATTERNS))
+    inline_cache_collections: int = Field(
+        256, ge=1, description="documents attached to requests stay embedded for this many distinct document sets (LRU)"
+    )
     question_marker: str | None = Field(
         None, description="in a plain long prompt, the text after the last occurrence of this marker is the question"
     )

@@ -13,6 +13,7 @@ import logging
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -110,6 +111,7 @@ class DocumentStore:
         self._db = None
         self._write_lock = threading.RLock()
         self._connect_lock = threading.Lock()
+        self._inline_lru: OrderedDict[str, None] | None = None  # inline collections, least recently used first
 
     # -- connection and tables -------------------------------------------------------------------
     @property
@@ -301,7 +303,22 @@ class DocumentStore:
             docs_table, _ = self._tables(name)
             if docs_table is None or docs_table.count_rows() < len({d.id for d in docs}):
                 self.ingest(name, docs)
+            self._touch_inline(name)
         return name
+
+    def _touch_inline(self, name: str) -> None:
+        """Mark an inline collection as just used and drop the least recently used beyond the cap, so
+        documents attached to requests do not pile up in the store forever. Inline collections found
+        on disk at start count as the oldest."""
+        if self._inline_lru is None:
+            found = (n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS))
+            self._inline_lru = OrderedDict((n, None) for n in found if self.is_inline(n))
+        self._inline_lru[name] = None
+        self._inline_lru.move_to_end(name)
+        while len(self._inline_lru) > self.settings.inline_cache_collections:
+            oldest, _ = self._inline_lru.popitem(last=False)
+            self.delete_collection(oldest)
+            log.info("dropped inline collection %s (cache holds %d)", oldest, self.settings.inline_cache_collections)
 
     @staticmethod
     def is_inline(collection: str) -> bool:

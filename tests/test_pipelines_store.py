@@ -126,6 +126,20 @@ def test_inline_collection_is_cached_by_content(store, embedder):
     assert other != name and embedder.texts_embedded > calls
 
 
+def test_inline_collections_are_capped_least_recently_used_first(tmp_path, embedder):
+    store = DocumentStore(str(tmp_path / "db"), embedder, RagSettings(inline_cache_collections=2))
+    a, b, c = ([Document("d", f"Fact number {n} is recorded here.")] for n in (1, 2, 3))
+    first, second = store.inline_collection(a), store.inline_collection(b)
+    store.inline_collection(a)  # used again: now b is the least recently used
+    third = store.inline_collection(c)
+    assert store.collection(second) is None
+    assert store.collection(first) is not None and store.collection(third) is not None
+    # a new store over the same directory counts what it finds as oldest
+    reopened = DocumentStore(str(tmp_path / "db"), embedder, RagSettings(inline_cache_collections=2))
+    reopened.inline_collection(b)
+    assert sum(1 for info in reopened.collections() if reopened.is_inline(info.name)) == 2
+
+
 def test_ingest_paths_and_concurrent_search(store, tmp_path):
     folder = tmp_path / "files"
     folder.mkdir()

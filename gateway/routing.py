@@ -176,17 +176,21 @@ class RoutingService:
         usage = None
         ended = first is None
         data = first
-        while data is not None:
-            held.append(data)
-            text += _chunk_text(data)
-            if b'"usage"' in data:
-                usage = json.loads(data).get("usage") or usage
-            if len(" ".join(text.split())) > self.detector.head_chars:
-                break  # the opening is settled: later text cannot make it a refusal
-            try:
-                data = await chunks.__anext__()
-            except StopAsyncIteration:
-                data, ended = None, True
+        try:
+            while data is not None:
+                held.append(data)
+                text += _chunk_text(data)
+                if b'"usage"' in data:
+                    usage = json.loads(data).get("usage") or usage
+                if len(" ".join(text.split())) > self.detector.head_chars:
+                    break  # the opening is settled: later text cannot make it a refusal
+                try:
+                    data = await chunks.__anext__()
+                except StopAsyncIteration:
+                    data, ended = None, True
+        except GatewayError as exc:  # nothing was sent yet: the client gets a proper status
+            entry.add_call(cheap, "rag", usage, (time.perf_counter() - started) * 1000, exc.message)
+            raise
         decision = plan.decision
         refused = self.detector.is_unanswerable(text)
         if refused and self.planner.router.keep_refusal(decision):

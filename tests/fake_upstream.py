@@ -3,7 +3,8 @@
 - any name: answers "echo: <last user text>" (first 80 chars), usage from word counts;
 - a name containing "refuser": answers "unanswerable";
 - "status-NNN": fails with HTTP NNN and an OpenAI error body;
-- "slow": sleeps 5 s before answering (for timeout tests).
+- "slow": sleeps 5 s before answering (for timeout tests);
+- a name containing "breaks": a stream that sends one chunk, then drops the connection.
 Every request body received is kept in `app.state.received`.
 """
 from __future__ import annotations
@@ -61,6 +62,8 @@ async def completions(request: Request):
     async def events():
         chunk = {**base, "object": "chat.completion.chunk"}
         yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
+        if "breaks" in model:
+            raise ConnectionAbortedError("fake upstream drops the stream")
         for word in answer.split(" "):
             delta = {"content": word + " "}
             yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"

@@ -167,6 +167,18 @@ def test_streaming_cheap_answer_is_relayed_when_not_a_refusal(start):
     assert row["route"] == "rag" and row["completion_tokens"] > 0 and row["error"] is None
 
 
+def test_cheap_stream_breaking_before_any_byte_is_sent_is_a_502_with_its_leg_ledgered(start):
+    url, app = start(cheap="cheap-breaks")
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(client(url).chat.completions.create(
+            model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+            extra_body={"selfroute": {"documents": [{"text": manual()}]}}))
+    assert caught.value.status_code == 502
+    [row] = ledger_rows(app)
+    [call] = ledger_rows(app, "upstream_calls")
+    assert row["status"] == 502 and call["route"] == "rag" and call["error"]
+
+
 def test_rules_fire_before_the_default_route(start, upstream):
     rules = """
     - {name: short, feature: context_tokens, op: "<", value: 300, route: direct}

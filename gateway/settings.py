@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DATA_DIR_ENV = "SELFROUTE_DATA_DIR"
+STORE_URI_ENV = "SELFROUTE_STORE_URI"
 DEFAULT_DATA_DIR = Path.home() / ".selfroute"
 
 
@@ -25,7 +26,7 @@ class Settings:
     long_model: str | None = None  # overrides the policy's long model
     keys_file: Path | None = None
     max_body_bytes: int = 32 * 1024 * 1024
-    vector_store_uri: str | None = None  # None: a LanceDB directory under data_dir
+    vector_store_uri: str | None = field(default_factory=lambda: os.environ.get(STORE_URI_ENV) or None)
 
     @property
     def ledger_path(self) -> Path:
@@ -33,4 +34,5 @@ class Settings:
 
     @property
     def store_uri(self) -> str:
+        """Any LanceDB URI (s3://bucket/path, gs://..., a folder); default: a folder under data_dir."""
         return self.vector_store_uri or str(self.data_dir / "lancedb")

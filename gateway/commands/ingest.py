@@ -13,6 +13,9 @@ def register(subparsers, parents) -> None:
     )
     parser.add_argument("collection", help="collection name (letters, digits, '-', '_', '.')")
     parser.add_argument("paths", nargs="+", type=Path, help="files or folders (recursively)")
+    parser.add_argument("--store-uri", default=None,
+                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
+                             "else DATA_DIR/lancedb)")
     parser.add_argument("--policy", type=Path, default=None, help="policy whose rag settings (chunking, embedding model) apply")
     parser.add_argument("--json", action="store_true", help="print the ingest report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -37,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute ingest: no such file or folder: {', '.join(missing)}")
         return 2
     settings = Settings(data_dir=resolve_data_dir(args.data_dir))
+    if args.store_uri:
+        settings.vector_store_uri = args.store_uri
     rag = policy.rag
     store = DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size), rag)
     report = ingest_paths(store, args.collection, args.paths, show_progress=not args.no_progress)

@@ -7,6 +7,9 @@ from pathlib import Path
 
 def register(subparsers, parents) -> None:
     parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
+    parser.add_argument("--store-uri", default=None,
+                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
+                             "else DATA_DIR/lancedb)")
     parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         long_model=args.long_model,
         keys_file=args.keys_file,
     )
+    if args.store_uri:
+        settings.vector_store_uri = args.store_uri
     try:
         app = create_app(settings)
     except PolicyError as exc:

@@ -1,0 +1,36 @@
+"""`selfroute ingest`: files and folders into a collection, idempotent, into any LanceDB location."""
+from __future__ import annotations
+
+import json
+
+from gateway.cli import main
+from pipelines.embedding import Embedder
+from pipelines.store import DocumentStore
+
+
+def test_ingest_folder_is_idempotent_and_honours_store_uri(tmp_path, capsys):
+    folder = tmp_path / "docs"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "manual.md").write_text("# Pumps\n\n## 1. Start-up\n\nOpen valve V2 before starting the pump.\n")
+    (folder / "sub" / "notes.txt").write_text("The harbour office opens at nine.")
+    (folder / "sub" / "page.html").write_text("<html><body><h1>Fees</h1><p>The fee is 40 euros.</p></body></html>")
+    args = ["ingest", "manuals", str(folder), "--data-dir", str(tmp_path / "data"), "--no-progress", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert sorted(first["added"]) == ["manual.md", "sub/notes.txt", "sub/page.html"]
+    assert main(args) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["added"] == [] and again["chunks_written"] == 0 and len(again["unchanged"]) == 3
+
+    elsewhere = tmp_path / "shared-store"
+    assert main([*args, "--store-uri", str(elsewhere)]) == 0
+    capsys.readouterr()
+    store = DocumentStore(str(elsewhere), Embedder())
+    assert [d.id for d in store.collection("manuals").documents] == ["manual.md", "sub/notes.txt", "sub/page.html"]
+
+
+def test_ingest_rejects_bad_names_and_missing_paths(tmp_path, capsys):
+    assert main(["ingest", "bad name!", str(tmp_path), "--data-dir", str(tmp_path)]) == 2
+    assert "invalid collection name" in capsys.readouterr().out
+    assert main(["ingest", "ok", str(tmp_path / "missing"), "--data-dir", str(tmp_path)]) == 2
+    assert "no such file or folder" in capsys.readouterr().out

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from classifier.model import RouteModel, builtin_model_path, load_model
+from classifier.model import RouteModel
+from gateway.model_files import builtin_model_path, load_model
 from policies.schema import Policy, Route, RuleSpec
 
 BUILTIN_PREFIX = "builtin:"

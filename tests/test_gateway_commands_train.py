@@ -6,7 +6,7 @@ import pytest
 
 from classifier.calibration import long_share
 from classifier.features import FEATURE_NAMES
-from classifier.model import load_model
+from gateway.model_files import load_model
 from gateway.cli import main
 from policies.loader import load_policy, shipped_policy_path
 from tests.routing_fixtures import write_paired_fixture

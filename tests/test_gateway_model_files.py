@@ -4,7 +4,8 @@ import math
 import pytest
 
 from classifier.features import FEATURE_NAMES, DocumentStats, RetrievalSignals, extract_features
-from classifier.model import ModelFileError, RouteModel, builtin_model_path, card_path, load_model, save_model
+from classifier.model import ModelFileError, RouteModel
+from gateway.model_files import builtin_model_path, card_path, load_model, save_model
 from classifier.training import train
 from tests.classifier_fixtures import synthetic_rows
 

@@ -42,7 +42,8 @@ def register(subparsers, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from classifier.model import RouteModel, save_model
+    from classifier.model import RouteModel
+    from gateway.model_files import save_model
     from classifier.training import LABEL_RULE, data_hash, model_card, train
     from gateway.route_dataset import ExampleFileError, RouteInputBuilder, example_label, load_examples
     from gateway.settings import resolve_data_dir

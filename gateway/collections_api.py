@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -12,6 +13,7 @@ from starlette.routing import Route
 from gateway.chat import json_response, read_body
 from gateway.errors import GatewayError
 from gateway.protocol import InlineDocument
+from pipelines.documents import Document
 
 
 class AddDocumentsRequest(BaseModel):
@@ -51,22 +53,37 @@ async def get_collection(request: Request) -> Response:
     return json_response({"object": "collection", **info.to_dict()})
 
 
-async def add_documents(request: Request) -> Response:
-    service = _service(request)
-    raw = await read_body(request, request.app.state.gateway.settings.max_body_bytes)
+def _parse_add_documents(raw: bytes) -> AddDocumentsRequest:
+    if not raw.strip():
+        raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
-        payload = AddDocumentsRequest.model_validate_json(raw)
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise GatewayError(400, "the request body must be a JSON object", code="invalid_type")
+    try:
+        return AddDocumentsRequest.model_validate(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
         raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
-    from pipelines.documents import Document
 
-    documents = [
-        Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, source=d.metadata.get("source"),
-                 metadata=d.metadata)
-        for i, d in enumerate(payload.documents)
-    ]
+
+def _document(item: InlineDocument) -> Document:
+    from pipelines.store import content_hash  # pyarrow and lancedb load with the store, not with the app
+
+    doc = Document(id=item.id or "", text=item.text, title=item.title, source=item.metadata.get("source"),
+                   metadata=item.metadata)
+    # named by content, so documents posted without ids in separate requests never replace each other
+    return doc if item.id else replace(doc, id="doc-" + content_hash(doc)[:12])
+
+
+async def add_documents(request: Request) -> Response:
+    service = _service(request)
+    raw = await read_body(request, request.app.state.gateway.settings.max_body_bytes)
+    payload = _parse_add_documents(raw)
+    documents = [_document(d) for d in payload.documents]
     name = request.path_params["name"]
     try:
         report = await anyio.to_thread.run_sync(service.store.ingest, name, documents)

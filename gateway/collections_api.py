@@ -39,10 +39,10 @@ def _info_or_404(store, name: str):
 
 async def list_collections(request: Request) -> Response:
     store = _service(request).store
-    infos = await anyio.to_thread.run_sync(store.collections)
+    infos = await anyio.to_thread.run_sync(lambda: store.collections(include_inline=False))
     data = [
         {"name": i.name, "object": "collection", "document_count": len(i.documents), "chunk_count": i.chunk_count}
-        for i in infos if not store.is_inline(i.name)
+        for i in infos
     ]
     return json_response({"object": "list", "data": data})
 

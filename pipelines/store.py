@@ -325,8 +325,12 @@ class DocumentStore:
         return collection.startswith(_INLINE_PREFIX)
 
     # -- listing and reading ---------------------------------------------------------------------
-    def collections(self) -> list[CollectionInfo]:
+    def collections(self, include_inline: bool = True) -> list[CollectionInfo]:
+        """Every collection with its documents; include_inline=False leaves inline collections out
+        without reading them (there can be hundreds)."""
         names = sorted(n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS))
+        if not include_inline:
+            names = [n for n in names if not self.is_inline(n)]
         return [info for n in names if (info := self.collection(n)) is not None]
 
     def collection(self, name: str) -> CollectionInfo | None:

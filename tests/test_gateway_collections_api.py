@@ -1,5 +1,5 @@
-"""The collections API on a real gateway (uvicorn, port 0): body errors and default document
-ids — real MiniLM and LanceDB, fake upstream (never called here)."""
+"""The collections API on a real gateway (uvicorn, port 0): body errors, default document ids and
+listing without inline collections — real MiniLM and LanceDB, fake upstream (never called here)."""
 from __future__ import annotations
 
 import httpx
@@ -78,3 +78,17 @@ def test_documents_without_ids_are_named_by_content_and_never_replace_each_other
     info = httpx.get(f"{base}/notes").json()
     assert {d["id"] for d in info["documents"]} == {canteen_id, library_id}
 
+
+def test_listing_skips_inline_collections_without_reading_them(gateway, monkeypatch):
+    base, app = gateway
+    store = app.state.gateway.routing.store
+    assert httpx.post(f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "Valves close clockwise."}]},
+                      timeout=120).status_code == 201
+    inline = store.inline_collection([Document("a", "The vault code is 4417.")])
+    read = []
+    real_collection = store.collection
+    monkeypatch.setattr(store, "collection", lambda name: read.append(name) or real_collection(name))
+
+    listed = httpx.get(base).json()["data"]
+    assert [(c["name"], c["document_count"]) for c in listed] == [("pumps", 1)]
+    assert inline not in read and read == ["pumps"]

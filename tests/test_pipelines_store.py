@@ -140,6 +140,16 @@ def test_inline_collections_are_capped_least_recently_used_first(tmp_path, embed
     assert sum(1 for info in reopened.collections() if reopened.is_inline(info.name)) == 2
 
 
+def test_collections_can_leave_inline_ones_out_without_reading_them(store, monkeypatch):
+    store.ingest("docs", distractor_documents()[:1])
+    inline = store.inline_collection([Document("a", "The vault code is 4417.")])
+    assert [c.name for c in store.collections()] == ["docs", inline]
+    read = []
+    real_collection = store.collection
+    monkeypatch.setattr(store, "collection", lambda name: read.append(name) or real_collection(name))
+    assert [c.name for c in store.collections(include_inline=False)] == ["docs"]
+    assert read == ["docs"]
+
 def test_ingest_paths_and_concurrent_search(store, tmp_path):
     folder = tmp_path / "files"
     folder.mkdir()

@@ -21,6 +21,7 @@ from datetime import timedelta
 import numpy as np
 import pyarrow as pa
 
+from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
@@ -35,7 +36,6 @@ _DOCS, _CHUNKS = "__docs", "__chunks"
 _INLINE_PREFIX = "inline-"
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
 _WRITE_BATCH_CHUNKS = 4096
-_CHUNK_COLUMNS = ["doc_id", "position", "text", "section", "tokens", "start", "end"]
 _KEEP_OLD_VERSIONS = timedelta(minutes=5)
 
 
@@ -265,7 +265,7 @@ class DocumentStore:
             docs_table.delete(f"id IN ({ids})")
         if chunks:
             vectors = self.embedder.embed([c.text for c in chunks])
-            columns = {name: [getattr(c, name) for c in chunks] for name in _CHUNK_COLUMNS}
+            columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
             columns["vector"] = pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
             )
@@ -399,29 +399,7 @@ class DocumentStore:
             raise KeyError(f"no collection named {collection!r}")
         if query_vector is None:
             query_vector = self.embedder.embed([query])[0]
-        depth = max(3 * k, 20)
-        columns = _CHUNK_COLUMNS + ["vector"]
-        vector_hits = (
-            table.search(query_vector, vector_column_name="vector")
-            .distance_type("cosine")
-            .select(columns + ["_distance"])  # naming the score column keeps lance from warning
-            .limit(depth)
-            .to_list()
-        )
-        text_hits = self._text_search(table, query, depth, columns) if self.settings.hybrid else []
-        return fuse_rankings(vector_hits, text_hits, query_vector, k, self.settings.rrf_k)
-
-    @staticmethod
-    def _text_search(table, query: str, depth: int, columns: list[str]) -> list[dict]:
-        # the query parser treats some punctuation as syntax; plain words are what we mean
-        terms = " ".join(re.findall(r"\w+", query))
-        if not terms:
-            return []
-        try:
-            return table.search(terms, query_type="fts").select(columns + ["_score"]).limit(depth).to_list()
-        except Exception as exc:  # e.g. an index not built yet: fall back to vector-only ranking
-            log.warning("full-text search failed on %s: %s", table.name, exc)
-            return []
+        return hybrid_search(table, query, query_vector, k, hybrid=self.settings.hybrid, rrf_k=self.settings.rrf_k)
 
     def neighbours(
         self, collection: str, wanted: dict[str, Iterable[int]], query_vector: np.ndarray | None = None
@@ -436,11 +414,11 @@ class DocumentStore:
         ]
         if table is None or not clauses:
             return []
-        columns = _CHUNK_COLUMNS + (["vector"] if query_vector is not None else [])
+        columns = CHUNK_COLUMNS + (["vector"] if query_vector is not None else [])
         rows = table.search().where(" OR ".join(clauses)).select(columns).limit(None).to_list()
         return [
             (
-                _row_chunk(r),
+                row_chunk(r),
                 None if query_vector is None else float(np.dot(np.asarray(r["vector"], np.float32), query_vector)),
             )
             for r in rows
@@ -466,7 +444,7 @@ class DocumentStore:
         _, table = self._tables(collection)
         if table is None:
             return []
-        query = table.search().select(_CHUNK_COLUMNS + ["vector"]).limit(None)
+        query = table.search().select(CHUNK_COLUMNS + ["vector"]).limit(None)
         if doc_ids is not None:
             ids = sorted(set(doc_ids))
             if not ids:
@@ -474,37 +452,7 @@ class DocumentStore:
             query = query.where(f"doc_id IN ({', '.join(_sql_str(i) for i in ids)})")
         rows = query.to_list()
         rows.sort(key=lambda r: (r["doc_id"], r["position"]))
-        return [(_row_chunk(r), np.asarray(r["vector"], dtype=np.float32)) for r in rows]
-
-
-def _row_chunk(row: dict) -> Chunk:
-    return Chunk(row["doc_id"], row["position"], row["text"], row["section"], row["tokens"], row["start"], row["end"])
-
-
-def fuse_rankings(
-    vector_hits: list[dict], text_hits: list[dict], query_vector: np.ndarray, k: int, rrf_k: int
-) -> list[ScoredChunk]:
-    """Reciprocal rank fusion: score = sum over rankings of 1 / (rrf_k + rank)."""
-    entries: dict[tuple[str, int], dict] = {}
-    for field_name, hits in (("vector_rank", vector_hits), ("text_rank", text_hits)):
-        for rank, row in enumerate(hits, start=1):
-            key = (row["doc_id"], row["position"])
-            entry = entries.setdefault(key, {"row": row, "score": 0.0})
-            if field_name not in entry:
-                entry[field_name] = rank
-                entry["score"] += 1.0 / (rrf_k + rank)
-    ranked = sorted(entries.values(), key=lambda e: (-e["score"], e.get("vector_rank") or 10**9))[:k]
-    return [
-        ScoredChunk(
-            chunk=_row_chunk(e["row"]),
-            score=e["score"],
-            vector_score=float(np.dot(np.asarray(e["row"]["vector"], dtype=np.float32), query_vector)),
-            rank=i,
-            vector_rank=e.get("vector_rank"),
-            text_rank=e.get("text_rank"),
-        )
-        for i, e in enumerate(ranked, start=1)
-    ]
+        return [(row_chunk(r), np.asarray(r["vector"], dtype=np.float32)) for r in rows]
 
 
 def _tick(progress: Callable[[int], None] | None) -> None:

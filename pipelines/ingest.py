@@ -90,12 +90,13 @@ def load_file(path: Path, doc_id: str) -> Document:
     if suffix == ".pdf":
         from pypdf import PdfReader
 
-        reader = PdfReader(str(path))
-        # form feeds between pages: the structure splitter treats them as page breaks
-        text = "\f".join((page.extract_text() or "").strip("\f") for page in reader.pages)
-        meta_title = reader.metadata.title if reader.metadata else None
+        # pages are read lazily from the file: everything is read before it (and the reader) close
+        with open(path, "rb") as file, PdfReader(file) as reader:
+            # form feeds between pages: the structure splitter treats them as page breaks
+            text = "\f".join((page.extract_text() or "").strip("\f") for page in reader.pages)
+            meta_title = reader.metadata.title if reader.metadata else None
+            metadata["pages"] = len(reader.pages)
         title = meta_title.strip() if isinstance(meta_title, str) and meta_title.strip() else None
-        metadata["pages"] = len(reader.pages)
     elif suffix in {".html", ".htm"}:
         parser = _HtmlText()
         parser.feed(_read_text(path))

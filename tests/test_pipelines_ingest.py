@@ -86,6 +86,27 @@ def test_pdf_pages_joined_with_form_feeds(corpus):
     assert "Revenue grew 12 percent." in second
 
 
+def test_pdf_file_and_reader_are_closed_after_loading(corpus, monkeypatch):
+    import pypdf
+
+    readers = []
+
+    class RecordingReader(pypdf.PdfReader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed = False
+            readers.append(self)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    monkeypatch.setattr(pypdf, "PdfReader", RecordingReader)
+    (doc,) = load_documents([corpus / "sub" / "report.pdf"])
+    assert doc.metadata["pages"] == 2 and "Revenue grew 12 percent." in doc.text
+    (reader,) = readers
+    assert reader.closed and reader.stream.closed
+
 def test_missing_path_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         list(load_documents([tmp_path / "nope"]))

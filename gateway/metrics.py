@@ -2,10 +2,13 @@
 
 Each GatewayMetrics owns its registry, so several apps (tests) in one process never collide.
 Labels stay low-cardinality: the request's route, model, status; never key ids or request ids.
+Clients choose model names on pass-through requests, so only the first MAX_MODEL_LABELS distinct
+names get a label of their own; later ones are counted under "other".
 """
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -14,10 +17,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.ledger import RequestRecord
+from gateway.reports import FALLBACK_ROUTE
 
 logger = logging.getLogger(__name__)
 
-FALLBACK_ROUTE = "rag>long"
+MAX_MODEL_LABELS = 64
+OTHER_MODEL = "other"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -26,7 +31,10 @@ def _route(value: str | None) -> str:
 
 
 class GatewayMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None):
+    def __init__(self, registry: CollectorRegistry | None = None, max_model_labels: int = MAX_MODEL_LABELS):
+        self.max_model_labels = max_model_labels
+        self._models: set[str] = set()
+        self._models_lock = threading.Lock()
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter("selfroute_requests", "Requests answered, by route and HTTP status.",
@@ -60,6 +68,16 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def _model(self, name: str) -> str:
+        """The label for a model name: its own for the first max_model_labels names seen, else "other"."""
+        if name in self._models:
+            return name
+        with self._models_lock:  # requests finish on several threads: the cap must hold exactly
+            if name in self._models or len(self._models) < self.max_model_labels:
+                self._models.add(name)
+                return name
+        return OTHER_MODEL
+
     def observe(self, record: RequestRecord) -> None:
         """Count one finished request and its legs (runs on the request's thread: only counter updates)."""
         route = _route(record.route)
@@ -71,14 +89,15 @@ class GatewayMetrics:
         if record.latency_ms is not None:
             self._child(self.request_latency, route).observe(record.latency_ms / 1000)
         for call in record.calls:
-            self._child(self.upstream_calls, route, call.model).inc()
-            self._child(self.tokens, route, call.model, "prompt").inc(call.prompt_tokens)
-            self._child(self.tokens, route, call.model, "completion").inc(call.completion_tokens)
-            self._child(self.cost, route, call.model).inc(max(call.cost_usd, 0.0))
+            model = self._model(call.model)
+            self._child(self.upstream_calls, route, model).inc()
+            self._child(self.tokens, route, model, "prompt").inc(call.prompt_tokens)
+            self._child(self.tokens, route, model, "completion").inc(call.completion_tokens)
+            self._child(self.cost, route, model).inc(max(call.cost_usd, 0.0))
             if call.error:
-                self._child(self.upstream_errors, route, call.model).inc()
+                self._child(self.upstream_errors, route, model).inc()
             if call.latency_ms is not None:
-                self._child(self.upstream_latency, route, call.model).observe(call.latency_ms / 1000)
+                self._child(self.upstream_latency, route, model).observe(call.latency_ms / 1000)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,10 @@
 import re
+from pathlib import Path
 
 from starlette.testclient import TestClient
 
 from gateway.metrics import GatewayMetrics
-from tests.ledger_fixtures import CHEAP, LONG, admin_app, sample_records, write_ledger
+from tests.ledger_fixtures import BASE, CHEAP, LONG, admin_app, call, record, sample_records, write_ledger
 
 
 def sample(text: str, name: str, **labels) -> float:
@@ -67,3 +68,36 @@ def test_separate_instances_do_not_share_counts():
     first, second = GatewayMetrics(), GatewayMetrics()
     first.observe(sample_records()[0])
     assert "selfroute_requests_total{" not in second.render().decode()
+
+
+def model_labels(text: str) -> set[str]:
+    return set(re.findall(r'model="([^"]*)"', text))
+
+
+def test_model_label_values_are_capped_later_names_count_as_other():
+    metrics = GatewayMetrics()
+    # pass-through requests let clients pick any model name: each would be a new time series
+    for n in range(100):
+        metrics.observe(record(f"r{n}", BASE, "direct", [call(f"client-model-{n}", "direct", 10, 2, 0.001)]))
+    metrics.observe(record("again", BASE, "direct", [call("client-model-3", "direct", 10, 2, 0.001)]))
+    text = metrics.render().decode()
+    assert model_labels(text) == {f"client-model-{n}" for n in range(64)} | {"other"}
+    assert sample(text, "selfroute_upstream_calls_total", route="direct", model="client-model-3") == 2
+    assert sample(text, "selfroute_upstream_calls_total", route="direct", model="other") == 36
+    assert sample(text, "selfroute_tokens_total", route="direct", model="other", kind="prompt") == 360
+
+
+def test_model_label_cap_is_configurable():
+    metrics = GatewayMetrics(max_model_labels=1)
+    for rec in sample_records():
+        metrics.observe(rec)
+    text = metrics.render().decode()
+    assert model_labels(text) == {CHEAP, "other"}  # the cheap model is the first one seen
+    assert sample(text, "selfroute_upstream_calls_total", route="long", model="other") == 2
+
+
+def test_fallback_route_is_defined_once():
+    from gateway import metrics, reports
+
+    assert metrics.FALLBACK_ROUTE is reports.FALLBACK_ROUTE
+    assert "FALLBACK_ROUTE =" not in Path(metrics.__file__).read_text()

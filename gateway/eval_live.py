@@ -106,28 +106,28 @@ def run_live(args: argparse.Namespace) -> int:
     docs_dir = args.docs or args.data.parent / "docs"
     rows = [json.loads(line) for line in args.data.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = rows[: args.limit] if args.limit else rows
-    client = openai.OpenAI(base_url=base, api_key=args.api_key or os.environ.get("SELFROUTE_API_KEY") or "none",
-                           max_retries=0, timeout=600)
     results = []
-    for row in tqdm(rows, unit="q", desc="eval live", disable=args.json):
-        document = (docs_dir / f"{row['doc_id']}.txt").read_text(encoding="utf-8")
-        started = time.perf_counter()
-        try:
-            raw = client.chat.completions.with_raw_response.create(
-                model=args.model, messages=[{"role": "user", "content": row["query"]}],
-                max_tokens=args.max_tokens, temperature=0,
-                extra_body={"selfroute": {"documents": [{"id": row["doc_id"], "text": document}]}},
-            )
-            answer = raw.parse().choices[0].message.content or ""
-            request_id, error = raw.headers.get("x-selfroute-request-id"), None
-        except openai.APIError as exc:
-            answer, error = "", str(exc)
-            response = getattr(exc, "response", None)
-            request_id = response.headers.get("x-selfroute-request-id") if response is not None else None
-        result = {"doc_id": row["doc_id"], "query": row["query"][:200], "gt": row.get("gt"), "answer": answer,
-                  "error": error, "request_id": request_id, "seconds": time.perf_counter() - started}
-        result.update(score_answer(answer, str(row.get("gt") or "")))
-        results.append(result)
+    with openai.OpenAI(base_url=base, api_key=args.api_key or os.environ.get("SELFROUTE_API_KEY") or "none",
+                       max_retries=0, timeout=600) as client:
+        for row in tqdm(rows, unit="q", desc="eval live", disable=args.json):
+            document = (docs_dir / f"{row['doc_id']}.txt").read_text(encoding="utf-8")
+            started = time.perf_counter()
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model=args.model, messages=[{"role": "user", "content": row["query"]}],
+                    max_tokens=args.max_tokens, temperature=0,
+                    extra_body={"selfroute": {"documents": [{"id": row["doc_id"], "text": document}]}},
+                )
+                answer = raw.parse().choices[0].message.content or ""
+                request_id, error = raw.headers.get("x-selfroute-request-id"), None
+            except openai.APIError as exc:
+                answer, error = "", str(exc)
+                response = getattr(exc, "response", None)
+                request_id = response.headers.get("x-selfroute-request-id") if response is not None else None
+            result = {"doc_id": row["doc_id"], "query": row["query"][:200], "gt": row.get("gt"), "answer": answer,
+                      "error": error, "request_id": request_id, "seconds": time.perf_counter() - started}
+            result.update(score_answer(answer, str(row.get("gt") or "")))
+            results.append(result)
 
     admin_key = args.admin_key or os.environ.get("SELFROUTE_ADMIN_KEY")
     headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}

@@ -55,3 +55,29 @@ def test_eval_live_scores_answers_and_reads_the_ledger(tmp_path, capsys):
     assert first_run["summary"]["passthrough"]["mean_score"] == 0.5
     [result] = routed["results"]
     assert result["route"] == "long" and result["counterfactual_cost_usd"] > 0
+
+
+def test_eval_live_closes_its_openai_client(tmp_path, monkeypatch, capsys):
+    import openai
+    from starlette.applications import Starlette
+
+    from tests.servers import serve_app
+
+    clients = []
+
+    class RecordingOpenAI(openai.OpenAI):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            clients.append(self)
+
+    monkeypatch.setattr(openai, "OpenAI", RecordingOpenAI)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "d1.txt").write_text("The pump is green.")
+    data = tmp_path / "paired.jsonl"
+    data.write_text(json.dumps({"doc_id": "d1", "query": "What colour is the pump?", "gt": "green"}))
+    with serve_app(Starlette()) as url:  # answers 404 to everything: the question fails, the run goes on
+        assert main(["eval", "live", "--data", str(data), "--base-url", url, "--json"]) == 0
+    [result] = json.loads(capsys.readouterr().out)["results"]
+    assert result["error"] and result["score"] == 0.0
+    [client] = clients
+    assert client.is_closed()

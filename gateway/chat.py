@@ -6,6 +6,7 @@ import logging
 import time
 from typing import Any, AsyncIterator, Callable
 
+import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
@@ -100,13 +101,14 @@ async def open_stream(gateway, config: ModelConfig, body: dict[str, Any]) -> tup
 
 
 Finish = Callable[[dict[str, Any] | None, str | None], None]
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before the stream ended
 
 
 async def stream_response(
     gateway, config: ModelConfig, body: dict[str, Any], entry: RequestLedgerEntry, *, route: str,
     client_wants_usage: bool, headers: dict[str, str] | None = None, finish: Finish | None = None,
 ) -> Response:
-    """Stream one upstream call to the client; `finish(usage, error)` closes the ledger entry at the end."""
+    """Stream one upstream call to the client; `finish(usage, error)` runs before the ledger entry closes."""
     started = time.perf_counter()
     try:
         first, chunks = await open_stream(gateway, config, body)
@@ -114,49 +116,94 @@ async def stream_response(
         entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
         raise
 
-    def finish_call(usage: dict[str, Any] | None, error: str | None) -> None:
+    def finish_call(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
         entry.add_call(config, route, usage, (time.perf_counter() - started) * 1000, error)
         if finish is not None:
             finish(usage, error)
-        entry.finish(200, error)
+        entry.finish(status, error)
 
-    return StreamingResponse(
-        relay_stream(first, chunks, client_wants_usage, finish_call),
-        media_type="text/event-stream",
-        headers={"cache-control": "no-cache", **(headers or {})},
-    )
+    return EventStreamResponse(relay_stream(first, chunks, client_wants_usage, finish_call), headers=headers)
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE that always watches for the client leaving (Starlette only does so for older ASGI servers), so
+    an abandoned stream stops pulling, and paying for, upstream tokens at once instead of at its end."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], headers: dict[str, str] | None = None):
+        super().__init__(content, headers={"cache-control": "no-cache", **(headers or {})})
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the socket went away mid-write
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()
+
+
+def malformed_chunk(exc: Exception) -> GatewayError:
+    return GatewayError(502, f"the upstream sent a malformed stream chunk: {exc}", code="upstream_error")
 
 
 async def relay_stream(
-    first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool, finish: Finish,
+    first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool,
+    finish: Callable[[dict[str, Any] | None, str | None, int], None],
 ) -> AsyncIterator[bytes]:
-    """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for."""
+    """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
+
+    `finish(usage, error, status)` runs exactly once, however the stream ends. The HTTP status was 200
+    when the headers went out; the ledger records how the request really ended (an error's status, or
+    499 when the client left), so failed streams show up as failures in the reports.
+    """
     usage = None
-    error = None
-    completed = False
+    finished = False
+
+    async def end(error: str | None, status: int) -> None:
+        # settle the ledger before the last event goes out: a client that has read [DONE] finds its row
+        nonlocal finished
+        finished = True
+        with anyio.CancelScope(shield=True):  # close the upstream even while being cancelled
+            closer = getattr(chunks, "aclose", None)
+            if closer is not None:
+                await closer()
+        finish(usage, error, status)
+
     try:
         data = first
         while data is not None:
-            found = chunk_usage(data)
+            try:
+                found = chunk_usage(data)
+                forward = found is None or client_wants_usage or bool(json.loads(data).get("choices"))
+            except (ValueError, AttributeError) as exc:
+                raise malformed_chunk(exc) from None
             if found is not None:
                 usage = found
-                if client_wants_usage or json.loads(data).get("choices"):
-                    yield sse_event(data)
-            else:
+            if forward:
                 yield sse_event(data)
             try:
                 data = await chunks.__anext__()
             except StopAsyncIteration:
                 data = None
-        completed = True
+        await end(None, 200)
         yield DONE
     except GatewayError as exc:
-        error = exc.message
-        completed = True
+        await end(exc.message, exc.status)
         yield sse_json(exc.body())
         yield DONE
+    except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut
+        logger.exception("stream relay failed")
+        failure = GatewayError(502, f"upstream stream failed: {type(exc).__name__}: {exc}", code="upstream_error")
+        await end(failure.message, failure.status)
+        yield sse_json(failure.body())
+        yield DONE
     finally:
-        # runs on normal end, on upstream failure and on client disconnect alike
-        if not completed:
-            error = "client disconnected before the stream ended"
-        finish(usage, error)
+        if not finished:
+            await end("client disconnected before the stream ended", CLIENT_CLOSED)

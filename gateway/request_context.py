@@ -91,7 +91,8 @@ class RequestLedgerEntry:
         record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
         record.completion_tokens = sum(c.completion_tokens for c in record.calls)
         record.cost_usd = sum(c.cost_usd for c in record.calls)
-        if record.route == "passthrough" or record.counterfactual_cost_usd == 0 and not record.context_tokens:
+        if record.route == "passthrough" or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
+            # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd
             record.context_tokens = record.context_tokens or record.prompt_tokens
         self._ledger.submit(record)

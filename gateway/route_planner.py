@@ -18,7 +18,7 @@ from gateway.route_inputs import document_stats, document_stats_from_info, retri
 from gateway.router import RouteDecision, Router, rule_label, rule_matches
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.documents import Document
-from pipelines.long_context import LongContextPipeline
+from pipelines.long_context import ContextTooLarge, LongContextPipeline
 from pipelines.messages import count_message_tokens
 from pipelines.question import extract_question
 from pipelines.rag import RagPipeline, Retrieval
@@ -162,6 +162,13 @@ class RoutePlanner:
 
     # -- prompts --------------------------------------------------------------------------------
     def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
+        try:
+            return self._prepare(plan, route)
+        except ContextTooLarge as exc:
+            raise GatewayError(400, f"the question does not fit the {route} route's window: {exc}",
+                               param="messages", code="context_length_exceeded") from None
+
+    def _prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
         if route == "rag":
             return self.rag.prepare(plan.context, plan.retrieval)
         pipeline = self.long if route == "long" else self.direct

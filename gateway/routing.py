@@ -14,12 +14,13 @@ from typing import Any, AsyncIterator
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
-from gateway.chat import json_response, open_stream, relay_stream, stream_response
+from gateway.chat import EventStreamResponse, json_response, malformed_chunk, open_stream, relay_stream, stream_response
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
 from gateway.request_context import RequestLedgerEntry
+from gateway.sse import chunk_usage
 from gateway.settings import Settings
 from pipelines.base import PreparedPrompt
 from pipelines.tokens import count_tokens
@@ -41,10 +42,13 @@ def completion_text(completion: dict[str, Any]) -> str | None:
 
 
 def _chunk_text(data: bytes) -> str:
-    if b'"content"' not in data:
+    if b'"content"' not in data and b'"tool_calls"' not in data:
         return ""
-    choices = json.loads(data).get("choices") or []
-    delta = choices[0].get("delta") or {} if choices else {}
+    try:
+        choices = json.loads(data).get("choices") or []
+        delta = (choices[0].get("delta") or {}) if choices else {}
+    except (ValueError, AttributeError, IndexError) as exc:
+        raise malformed_chunk(exc) from None
     if delta.get("tool_calls"):
         return "(tool call)"
     return delta.get("content") or ""
@@ -180,8 +184,10 @@ class RoutingService:
             while data is not None:
                 held.append(data)
                 text += _chunk_text(data)
-                if b'"usage"' in data:
-                    usage = json.loads(data).get("usage") or usage
+                try:
+                    usage = chunk_usage(data) or usage
+                except (ValueError, AttributeError) as exc:
+                    raise malformed_chunk(exc) from None
                 if len(" ".join(text.split())) > self.detector.head_chars:
                     break  # the opening is settled: later text cannot make it a refusal
                 try:
@@ -190,6 +196,7 @@ class RoutingService:
                     data, ended = None, True
         except GatewayError as exc:  # nothing was sent yet: the client gets a proper status
             entry.add_call(cheap, "rag", usage, (time.perf_counter() - started) * 1000, exc.message)
+            await chunks.aclose()
             raise
         decision = plan.decision
         refused = self.detector.is_unanswerable(text)
@@ -200,20 +207,24 @@ class RoutingService:
             entry.record.provenance = self.planner.provenance(plan, prepared, "rag")
 
             async def held_then_rest() -> AsyncIterator[bytes]:
-                for item in held[1:]:
-                    yield item
-                if not ended:
-                    async for item in chunks:
+                try:
+                    for item in held[1:]:
                         yield item
+                    if not ended:
+                        async for item in chunks:
+                            yield item
+                finally:
+                    await chunks.aclose()  # closing this generator must close the upstream stream too
 
-            def finish_cheap(final_usage, error) -> None:
+            def finish_cheap(final_usage, error, status) -> None:
                 entry.add_call(cheap, "rag", final_usage, (time.perf_counter() - started) * 1000, error)
                 entry.counterfactual(self.policy.long, plan.context_tokens)
-                entry.finish(200, error)
+                entry.finish(status, error)
 
-            return StreamingResponse(
-                relay_stream(held[0] if held else None, held_then_rest(), chat.wants_usage_in_stream, finish_cheap),
-                media_type="text/event-stream", headers={"cache-control": "no-cache", **self._headers(entry)},
+            return EventStreamResponse(
+                relay_stream(held[0] if held else None, held_then_rest(), chat.wants_usage_in_stream,
+                             finish_cheap),
+                headers=self._headers(entry),
             )
         # the refusal never reaches the client: close the cheap stream and answer from the long route
         if not ended:

@@ -181,6 +181,10 @@ def render(question: str, units: list[Unit]) -> str:
     return f"{INSTRUCTIONS}\n\n{blocks or '(no documents)'}\n\nQuestion: {question}"
 
 
+class ContextTooLarge(ValueError):
+    """Not even the instructions and the question fit the window."""
+
+
 def pack_long_context(
     question: str,
     documents: list[Document],
@@ -194,7 +198,9 @@ def pack_long_context(
     reading = {(u.doc_id, u.index): i for i, u in enumerate(units)}
     overhead = count_tokens(render(question, []))
     if overhead > budget_tokens:
-        raise ValueError(f"a budget of {budget_tokens} tokens cannot hold the instructions and question ({overhead})")
+        raise ContextTooLarge(
+            f"a budget of {budget_tokens} tokens cannot hold the instructions and question ({overhead})"
+        )
 
     def needs_scores() -> bool:
         return settings.placement == "edges"

@@ -4,7 +4,9 @@
 - a name containing "refuser": answers "unanswerable";
 - "status-NNN": fails with HTTP NNN and an OpenAI error body;
 - "slow": sleeps 5 s before answering (for timeout tests);
-- a name containing "breaks": a stream that sends one chunk, then drops the connection.
+- a name containing "breaks": a stream that sends one chunk, then drops the connection;
+- a name containing "garbled": a stream whose second event is not JSON;
+- a name containing "dribble": a stream of 40 words, one every 0.25 s.
 Every request body received is kept in `app.state.received`.
 """
 from __future__ import annotations
@@ -64,6 +66,12 @@ async def completions(request: Request):
         yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'role': 'assistant', 'content': ''}, 'finish_reason': None}]})}\n\n"
         if "breaks" in model:
             raise ConnectionAbortedError("fake upstream drops the stream")
+        if "garbled" in model:
+            yield 'data: {"usage": oops not json\n\n'
+        if "dribble" in model:
+            for n in range(40):
+                await asyncio.sleep(0.25)
+                yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': {'content': f'w{n} '}, 'finish_reason': None}]})}\n\n"
         for word in answer.split(" "):
             delta = {"content": word + " "}
             yield f"data: {json.dumps({**chunk, 'choices': [{'index': 0, 'delta': delta, 'finish_reason': None}]})}\n\n"

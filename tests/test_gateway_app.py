@@ -223,3 +223,35 @@ def test_metrics_count_requests_through_the_real_app(gateway):
     assert 'selfroute_requests_total{route="passthrough",status="200"} 1.0' in text
     assert 'selfroute_requests_total{route="unknown",status="400"} 1.0' in text
     assert 'selfroute_tokens_total{kind="prompt",model="gpt-test",route="passthrough"} 1.0' in text
+
+
+def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(gateway):
+    import time
+
+    url, app = gateway
+    started = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
+            "model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        first = next(response.iter_lines())
+        assert first.startswith("data: ")
+    # the upstream would stream for 10 s; the gateway must notice the client left long before that
+    deadline = time.monotonic() + 8
+    rows = []
+    while not rows and time.monotonic() < deadline:
+        rows = ledger_rows(app)
+        time.sleep(0.05)
+    assert rows, "the request never reached the ledger"
+    assert rows[0]["status"] == 499 and "client disconnected" in rows[0]["error"]
+    assert time.monotonic() - started < 8
+
+
+def test_malformed_upstream_chunk_ends_the_stream_with_an_error_event(gateway):
+    url, app = gateway
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
+            "model": "garbled", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: "):])["error"]
+    assert error["code"] == "upstream_error" and "malformed" in error["message"]
+    [row] = ledger_rows(app)
+    assert row["status"] == 502

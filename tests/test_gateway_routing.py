@@ -276,6 +276,14 @@ def test_explain_decides_without_calling_a_model(start, upstream):
     assert ledger_rows(app) == []
 
 
+def test_a_question_too_long_for_the_window_is_a_400(start):
+    url, app = start(rules='[{name: all-long, feature: context_tokens, op: ">=", value: 0, route: long}]')
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(url, "why " * 20000, documents=[{"text": manual()}])
+    assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
+    assert ledger_rows(app)[0]["status"] == 400
+
+
 def test_conflicting_context_is_400(start):
     url, _ = start()
     with pytest.raises(openai.BadRequestError) as caught:

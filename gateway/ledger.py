@@ -11,7 +11,7 @@ import queue
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -147,6 +147,7 @@ class Ledger:
         self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self._thread: threading.Thread | None = None
+        self._closed = False
         conn = connect(self.path)
         try:
             migrate(conn)
@@ -158,6 +159,7 @@ class Ledger:
         self._subscribers.append(callback)
 
     def start(self) -> None:
+        self._closed = False
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="selfroute-ledger", daemon=True)
             self._thread.start()
@@ -168,6 +170,13 @@ class Ledger:
                 callback(record)
             except Exception:  # a metrics bug must never fail a request
                 logger.exception("ledger subscriber failed")
+        if self._closed:  # a stream that ends after shutdown: write it now rather than to a dying thread
+            conn = connect(self.path)
+            try:
+                self._write(conn, [record])
+            finally:
+                conn.close()
+            return
         if self._thread is None:
             self.start()
         self._queue.put(record)
@@ -181,10 +190,35 @@ class Ledger:
         done.wait(timeout)
 
     def close(self) -> None:
+        self._closed = True
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._thread = None
+
+    @property
+    def dead_letter_path(self) -> Path:
+        """Records SQLite would not take (disk full, locked past the timeout) are kept here as JSON lines."""
+        return self.path.with_name(self.path.name + ".failed.jsonl")
+
+    def _write(self, conn: sqlite3.Connection, batch: list[RequestRecord]) -> None:
+        """Write a batch; on failure retry once, then record by record; what still fails is kept in the
+        dead-letter file, so an accepted request is never silently lost."""
+        for attempt in range(2):
+            try:
+                write_records(conn, batch)
+                return
+            except sqlite3.Error:
+                if attempt == 0:
+                    time.sleep(0.5)
+        logger.error("ledger batch of %d records failed twice; writing them one by one", len(batch))
+        for record in batch:
+            try:
+                write_records(conn, [record])
+            except sqlite3.Error as exc:
+                logger.error("ledger write failed for %s (%s): kept in %s", record.id, exc, self.dead_letter_path)
+                with self.dead_letter_path.open("a", encoding="utf-8") as out:
+                    out.write(json.dumps({"error": str(exc), "record": asdict(record)}, default=str) + "\n")
 
     def _run(self) -> None:
         conn = connect(self.path)
@@ -208,10 +242,7 @@ class Ledger:
                     except queue.Empty:
                         break
                 if batch:
-                    try:
-                        write_records(conn, batch)
-                    except Exception:
-                        logger.exception("ledger write failed for %d records", len(batch))
+                    self._write(conn, batch)
                 for marker in markers:
                     marker.done.set()
                 if stop:

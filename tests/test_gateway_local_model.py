@@ -70,3 +70,32 @@ def test_concurrent_requests_queue_on_the_local_model(gateway):
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, range(4)))
     assert all(a.strip() for a in answers)
+
+
+def test_policy_timeout_applies_to_the_local_model_and_frees_it(tmp_path):
+    from policies.loader import parse_policy
+
+    policy = parse_policy("""
+cheap: {model: local/smollm2-135m-instruct, timeout: 0.05}
+long: {model: local/smollm2-135m-instruct-long, timeout: 120}
+routing: {classifier: null}
+""")
+    app = create_app(Settings(data_dir=tmp_path), policy=policy)
+    with serve_app(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(
+                model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "Tell a long story."}],
+                max_tokens=400)
+        assert caught.value.status_code == 504
+        # the stopped generation released the model: the next request is answered
+        answer = client.chat.completions.create(
+            model="local/smollm2-135m-instruct-long", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
+        assert answer.choices[0].message.content.strip()
+
+
+def test_clients_cannot_load_arbitrary_local_files(gateway, tmp_path):
+    url, _ = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=f"local/{tmp_path}/evil.gguf", messages=[{"role": "user", "content": "x"}])

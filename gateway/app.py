@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         ledger.start()
+        threading.Thread(target=prices.warm, name="selfroute-warm-prices", daemon=True).start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
         await routing.startup(gateway)

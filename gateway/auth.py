@@ -57,10 +57,6 @@ class Authenticator:
     def open(self) -> bool:
         return not self._digests
 
-    @property
-    def admin_configured(self) -> bool:
-        return self._admin is not None
-
     def _presented(self, request: Request) -> str | None:
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):

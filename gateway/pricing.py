@@ -41,6 +41,11 @@ class PriceBook:
         self._cost_map = cost_map
         self._cache: dict[tuple, Price] = {}
 
+    def warm(self) -> None:
+        """Import litellm and its cost map now (seconds of CPU), off the event loop, so that the first
+        request for a model without policy prices does not stall every other request."""
+        self._lookup_map("")
+
     def _lookup_map(self, model: str) -> Price | None:
         if self._cost_map is None:
             try:

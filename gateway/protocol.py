@@ -103,26 +103,6 @@ class ChatCompletionRequest(_Open):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class Usage(_Open):
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    total_tokens: int = 0
-
-
-def message_text(content: Any) -> str:
-    """The text of a message's content (a string or a list of content parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        text = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
-        if text:
-            parts.append(text)
-    return "\n".join(parts)
-
-
 def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
     """Validate a request body; bad input becomes a 400 that names the offending parameter.
 

@@ -13,13 +13,13 @@ from typing import Any
 
 from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
 from gateway.errors import GatewayError
-from gateway.protocol import ChatCompletionRequest, message_text
+from gateway.protocol import ChatCompletionRequest
 from gateway.route_inputs import document_stats, document_stats_from_info, retrieval_signals
 from gateway.router import RouteDecision, Router, rule_label, rule_matches
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.documents import Document
 from pipelines.long_context import ContextTooLarge, LongContextPipeline
-from pipelines.messages import count_message_tokens
+from pipelines.messages import content_text, count_message_tokens
 from pipelines.question import extract_question
 from pipelines.rag import RagPipeline, Retrieval
 from pipelines.store import DocumentStore, content_hash
@@ -122,7 +122,7 @@ class RoutePlanner:
     def _last_user_text(messages: list[dict]) -> str:
         for message in reversed(messages):
             if message.get("role") == "user":
-                text = message_text(message.get("content")).strip()
+                text = content_text(message.get("content")).strip()
                 if text:
                     return text
         raise GatewayError(400, "the conversation has no user message with text", param="messages",

@@ -58,7 +58,7 @@ def paired_rows(index: int) -> list[dict]:
          "lc_score": 1.0 if index % 2 else 0.5, "rag_pred": str(120 + index), "lc_pred": str(120 + index)},
         {"query": f"Summarize the overall main idea of the {slug} report.", "rag_score": 0.2, "lc_score": 0.9,
          "rag_pred": "The report is about repairs.", "lc_pred": "A year of upkeep, visitors and accounts."},
-        {"query": f"What is the report about overall, in general terms?", "rag_score": 0.1, "lc_score": 0.8,
+        {"query": "What is the report about overall, in general terms?", "rag_score": 0.1, "lc_score": 0.8,
          "rag_pred": "unanswerable", "lc_pred": "The running of the site over a year."},
     ]
     for row in rows:

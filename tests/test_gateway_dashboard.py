@@ -17,7 +17,7 @@ from gateway import reports
 from gateway.dashboard import histogram_percentiles, latency_histograms, summary
 from gateway.ledger import connect
 from tests.ledger_fixtures import (
-    ADMIN_KEY, BASE, LONG, admin_app, call, record, sample_records, synthetic_records, write_ledger,
+    ADMIN_KEY, BASE, LONG, admin_app, record, sample_records, synthetic_records, write_ledger,
 )
 from tests.servers import serve_app
 

@@ -23,17 +23,17 @@ JSON_HEADERS = {"content-type": "application/json"}
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes",
+                             code="body_too_large")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large")
+        raise too_large
     body = bytearray()
     try:
         async for part in request.stream():
             body += part
             if len(body) > limit:
-                raise GatewayError(
-                    413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large"
-                )
+                raise too_large
     except ClientDisconnect:
         raise GatewayError(400, "client disconnected while sending the body", code="client_disconnected") from None
     return bytes(body)
@@ -84,15 +84,23 @@ async def pass_through(gateway, chat: ChatCompletionRequest, body: dict[str, Any
     if chat.stream:
         return await stream_response(gateway, config, body, entry, route="passthrough",
                                      client_wants_usage=chat.wants_usage_in_stream)
+    completion = await complete_upstream(gateway, entry, config, "passthrough", body)
+    entry.finish(200)
+    return json_response(completion)
+
+
+async def complete_upstream(
+    gateway, entry: RequestLedgerEntry, config: ModelConfig, route: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """One non-streaming upstream call, recorded as a leg of the request whether it succeeds or fails."""
     started = time.perf_counter()
     try:
         completion = await gateway.upstream.complete(config, body)
     except GatewayError as exc:
-        entry.add_call(config, "passthrough", None, (time.perf_counter() - started) * 1000, exc.message)
+        entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
         raise
-    entry.add_call(config, "passthrough", completion.get("usage"), (time.perf_counter() - started) * 1000)
-    entry.finish(200)
-    return json_response(completion)
+    entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
+    return completion
 
 
 async def open_stream(gateway, config: ModelConfig, body: dict[str, Any]) -> tuple[bytes | None, AsyncIterator[bytes]]:

@@ -16,7 +16,9 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.chat import EventStreamResponse, json_response, malformed_chunk, open_stream, relay_stream, stream_response
+from gateway.chat import (
+    EventStreamResponse, complete_upstream, json_response, malformed_chunk, open_stream, relay_stream, stream_response,
+)
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
 from gateway.request_context import RequestLedgerEntry
@@ -146,14 +148,7 @@ class RoutingService:
         self, config: ModelConfig, body: dict[str, Any], prepared: PreparedPrompt, route: str,
         entry: RequestLedgerEntry,
     ) -> dict[str, Any]:
-        started = time.perf_counter()
-        try:
-            completion = await self.gateway.upstream.complete(config, self._body(body, config, prepared))
-        except GatewayError as exc:
-            entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
-            raise
-        entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
-        return completion
+        return await complete_upstream(self.gateway, entry, config, route, self._body(body, config, prepared))
 
     async def _stream(self, chat, body, config, route, plan, prepared, entry) -> Response:
         entry.record.provenance = self.planner.provenance(plan, prepared, route)

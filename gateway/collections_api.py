@@ -1,7 +1,6 @@
 """Document collections over HTTP: list, inspect, add documents, delete a document."""
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import anyio
@@ -12,7 +11,7 @@ from starlette.routing import Route
 
 from gateway.chat import json_response, read_body
 from gateway.errors import GatewayError
-from gateway.protocol import InlineDocument
+from gateway.protocol import InlineDocument, parse_json_object
 from pipelines.documents import Document
 
 
@@ -54,14 +53,7 @@ async def get_collection(request: Request) -> Response:
 
 
 def _parse_add_documents(raw: bytes) -> AddDocumentsRequest:
-    if not raw.strip():
-        raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the request body must be a JSON object", code="invalid_type")
+    body = parse_json_object(raw)
     try:
         return AddDocumentsRequest.model_validate(body)
     except ValidationError as exc:

@@ -103,12 +103,8 @@ class ChatCompletionRequest(_Open):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
-    """Validate a request body; bad input becomes a 400 that names the offending parameter.
-
-    Returns the validated model and the body exactly as the client sent it: the latter is what
-    goes upstream (minus our `selfroute` extension), so unknown fields pass through untouched.
-    """
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object; anything else is a 400 saying what is wrong."""
     if not raw.strip():
         raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
     try:
@@ -117,6 +113,16 @@ def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any
         raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_type")
+    return body
+
+
+def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
+    """Validate a request body; bad input becomes a 400 that names the offending parameter.
+
+    Returns the validated model and the body exactly as the client sent it: the latter is what
+    goes upstream (minus our `selfroute` extension), so unknown fields pass through untouched.
+    """
+    body = parse_json_object(raw)
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:

@@ -1,0 +1,59 @@
+"""Providers that go through litellm (here litellm's custom_openai provider against the fake upstream):
+answers, streams, usage and error mapping through a real gateway."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.fake_upstream import create_fake_upstream
+from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.servers import serve_app
+
+POLICY = """
+name: litellm-test
+cheap: {{model: custom_openai/fake-cheap, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY,
+         input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0}}
+long: {{model: custom_openai/status-429, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY, timeout: 5}}
+routing: {{classifier: null}}
+"""
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    app = create_fake_upstream()
+    with serve_app(app) as url:
+        yield url, app
+
+
+@pytest.fixture()
+def gateway(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-from-env")
+    with running_gateway(tmp_path, make_policy(upstream[0], POLICY)) as (url, app):
+        yield url, app
+
+
+def test_litellm_provider_answers_streams_and_is_priced(gateway, upstream):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    answer = client.chat.completions.create(
+        model="custom_openai/fake-cheap", messages=[{"role": "user", "content": "hello there"}])
+    assert answer.choices[0].message.content == "echo: hello there"
+    assert upstream[1].state.received[-1]["headers"]["authorization"] == "Bearer sk-from-env"
+    chunks = list(client.chat.completions.create(
+        model="custom_openai/fake-cheap", messages=[{"role": "user", "content": "one two"}], stream=True,
+        stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == "echo: one two"
+    plain, streamed = ledger_rows(app)
+    assert (plain["prompt_tokens"], plain["completion_tokens"]) == (2, 3)
+    assert plain["cost_usd"] == pytest.approx(2 * 1e-6 + 3 * 2e-6)
+    assert streamed["stream"] == 1 and streamed["completion_tokens"] > 0
+
+
+def test_litellm_provider_errors_keep_their_status(gateway):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        client.chat.completions.create(
+            model="custom_openai/status-429", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.response.json()["error"]["code"] == "upstream_rate_limited"
+    assert ledger_rows(app)[0]["status"] == 429

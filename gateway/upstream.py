@@ -105,32 +105,31 @@ class DirectOpenAIUpstream:
         url, headers, name = self._endpoint(config)
         payload = json.dumps({**body, "model": name}).encode()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout, sock_read=config.timeout)
-        attempt = 0
-        while True:
+        failure: GatewayError | None = None
+        delay = 0.0
+        for attempt in range(config.max_retries + 1):
+            if attempt and delay:
+                await asyncio.sleep(delay)
             try:
                 response = await self._client().post(url, data=payload, headers=headers, timeout=timeout)
             except asyncio.TimeoutError:
-                if attempt < config.max_retries:
-                    attempt += 1
-                    continue
-                raise GatewayError(
+                failure, delay = GatewayError(
                     504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
-                ) from None
+                ), 0.0  # a timeout has already waited: retry at once
+                continue
             except aiohttp.ClientError as exc:
-                if attempt < config.max_retries:
-                    attempt += 1
-                    await asyncio.sleep(0.2 * attempt)
-                    continue
-                raise upstream_error(None, f"{type(exc).__name__}: {exc}", config.model) from None
-            if response.status >= 400:
-                content = await response.read()
-                response.release()
-                if response.status in RETRY_STATUSES and attempt < config.max_retries:
-                    attempt += 1
-                    await asyncio.sleep(0.2 * attempt)
-                    continue
-                raise upstream_error(response.status, _error_message(content), config.model)
-            return response
+                failure = upstream_error(None, f"{type(exc).__name__}: {exc}", config.model)
+                delay = 0.2 * (attempt + 1)
+                continue
+            if response.status < 400:
+                return response
+            content = await response.read()
+            response.release()
+            failure = upstream_error(response.status, _error_message(content), config.model)
+            if response.status not in RETRY_STATUSES:
+                break
+            delay = 0.2 * (attempt + 1)
+        raise failure
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._send(config, {**body, "stream": False})

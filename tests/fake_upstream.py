@@ -6,7 +6,8 @@
 - "slow": sleeps 5 s before answering (for timeout tests);
 - a name containing "breaks": a stream that sends one chunk, then drops the connection;
 - a name containing "garbled": a stream whose second event is not JSON;
-- a name containing "dribble": a stream of 40 words, one every 0.25 s.
+- a name containing "dribble": a stream of 40 words, one every 0.25 s;
+- a name containing "flaky": every odd-numbered request to it fails with 503.
 Every request body received is kept in `app.state.received`.
 """
 from __future__ import annotations
@@ -44,6 +45,11 @@ async def completions(request: Request):
     body = await request.json()
     request.app.state.received.append({"body": body, "headers": dict(request.headers)})
     model = body["model"]
+    if "flaky" in model:
+        seen = request.app.state.flaky_calls = getattr(request.app.state, "flaky_calls", 0) + 1
+        if seen % 2:
+            return JSONResponse({"error": {"message": "fake upstream is flaky", "type": "x", "param": None,
+                                           "code": None}}, status_code=503)
     if model.startswith("status-"):
         status = int(model.split("-")[1])
         return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,

@@ -255,3 +255,22 @@ def test_malformed_upstream_chunk_ends_the_stream_with_an_error_event(gateway):
     assert error["code"] == "upstream_error" and "malformed" in error["message"]
     [row] = ledger_rows(app)
     assert row["status"] == 502
+
+
+def test_retries_follow_the_policy_and_only_for_retryable_statuses(upstream, tmp_path):
+    base, fake = upstream
+    policy = make_policy(base, """
+name: t
+cheap: {{model: openai/flaky, api_base: "{base}/v1", max_retries: 1}}
+long: {{model: openai/status-400, api_base: "{base}/v1", max_retries: 3}}
+routing: {{classifier: null}}
+""")
+    with running_gateway(tmp_path, policy) as (url, app):
+        before = len(fake.state.received)
+        answer = client(url).chat.completions.create(model="openai/flaky", messages=[{"role": "user", "content": "x"}])
+        assert answer.choices[0].message.content == "echo: x"
+        assert len(fake.state.received) - before == 2  # a 503, then the retry that succeeded
+        before = len(fake.state.received)
+        with pytest.raises(openai.BadRequestError):
+            client(url).chat.completions.create(model="openai/status-400", messages=[{"role": "user", "content": "x"}])
+        assert len(fake.state.received) - before == 1  # a 400 is not retried

@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 # Offline, always: no hub downloads, no remote litellm cost map.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -7,3 +9,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 for name in ("SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_DATA_DIR", "SELFROUTE_STORE_URI", "OPENAI_API_BASE",
              "OPENAI_BASE_URL"):
     os.environ.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """(url, app) of the fake OpenAI-compatible upstream (tests/fake_upstream.py) on loopback."""
+    from tests.fake_upstream import create_fake_upstream
+    from tests.servers import serve_app
+
+    app = create_fake_upstream()
+    with serve_app(app) as url:
+        yield url, app

@@ -8,16 +8,7 @@ import openai
 import pytest
 
 from gateway.auth import Authenticator
-from tests.fake_upstream import create_fake_upstream
 from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
-from tests.servers import serve_app
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    app = create_fake_upstream()
-    with serve_app(app) as url:
-        yield url, app
 
 
 @pytest.fixture()

@@ -11,15 +11,8 @@ from gateway.settings import Settings
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.store import content_hash
-from tests.fake_upstream import create_fake_upstream
 from tests.gateway_fixtures import make_policy
 from tests.servers import serve_app
-
-
-@pytest.fixture(scope="module")
-def upstream_url():
-    with serve_app(create_fake_upstream()) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +21,9 @@ def embedder():
 
 
 @pytest.fixture()
-def gateway(upstream_url, embedder, tmp_path):
+def gateway(upstream, embedder, tmp_path):
     """(collections base url, app) of a gateway sharing the module's embedding model."""
-    policy = make_policy(upstream_url)
+    policy = make_policy(upstream[0])
     settings = Settings(data_dir=tmp_path)
     routing = RoutingService(settings, policy, None, embedder=embedder)
     app = create_app(settings, policy=policy, routing=routing)

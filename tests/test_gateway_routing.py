@@ -10,7 +10,6 @@ from gateway.app import create_app
 from gateway.routing import RoutingService
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.fake_upstream import create_fake_upstream
 from tests.gateway_fixtures import ledger_rows, make_policy
 from tests.servers import serve_app
 
@@ -61,13 +60,6 @@ routing:
 
 def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]"):
     return make_policy(base, POLICY.replace("CHEAP", cheap).replace("RULES", rules.replace("{", "{{").replace("}", "}}")))
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    app = create_fake_upstream()
-    with serve_app(app) as url:
-        yield url, app
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.fake_upstream import create_fake_upstream
 from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
-from tests.servers import serve_app
 
 POLICY = """
 name: litellm-test
@@ -16,13 +14,6 @@ cheap: {{model: custom_openai/fake-cheap, api_base: "{base}/v1", api_key_env: FA
 long: {{model: custom_openai/status-429, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY, timeout: 5}}
 routing: {{classifier: null}}
 """
-
-
-@pytest.fixture(scope="module")
-def upstream():
-    app = create_fake_upstream()
-    with serve_app(app) as url:
-        yield url, app
 
 
 @pytest.fixture()

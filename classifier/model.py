@@ -1,6 +1,6 @@
 """The trained P(cheap route suffices) model: scoring and (de)serialisation. No I/O here.
 
-Models serialise with skops (never pickle) next to a JSON card; gateway.model_files reads and writes
+Models serialise with skops (never pickle) next to a JSON card; gateway.routing.model_files reads and writes
 the files. Loading trusts an explicit list of types, the ones our pipelines are built from; data
 needing anything else is refused.
 """

@@ -147,6 +147,11 @@ def train(
     return TrainingResult(pipeline=pipeline, cv_metrics=metrics, oof_probabilities=[float(p) for p in oof])
 
 
+def document_hash(text: str) -> str:
+    """A training document's identity in a model card (calibrate uses it to skip documents the model saw)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def data_hash(records: list[dict[str, Any]]) -> str:
     """sha256 over the canonical JSON of the training records (order-sensitive)."""
     digest = hashlib.sha256()

@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers.required = True
     parents = [_common_parser()]
     for info in sorted(pkgutil.iter_modules(gateway.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):  # shared helpers, not a subcommand
+            continue
         module = importlib.import_module(f"gateway.commands.{info.name}")
         module.register(subparsers, parents)
     return parser

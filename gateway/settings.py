@@ -20,8 +20,6 @@ def resolve_data_dir(value: str | Path | None = None) -> Path:
 class Settings:
     data_dir: Path = field(default_factory=resolve_data_dir)
     policy_path: Path | None = None  # None: the shipped default policy
-    host: str = "127.0.0.1"
-    port: int = 8000
     cheap_model: str | None = None  # overrides the policy's cheap model
     long_model: str | None = None  # overrides the policy's long model
     keys_file: Path | None = None

@@ -1,8 +1,7 @@
 """What every route's pipeline takes and returns."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from pipelines.chunking import ScoredChunk
 from pipelines.documents import Document
@@ -27,10 +26,3 @@ class PreparedPrompt:
     provenance: dict
     prompt_tokens: int
     retrieval: list[ScoredChunk] | None = None
-    extra: dict = field(default_factory=dict)
-
-
-class Pipeline(Protocol):
-    name: str
-
-    def prepare(self, request: ContextRequest) -> PreparedPrompt: ...

@@ -7,9 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from classifier.features import FEATURE_NAMES
 from pipelines.settings import LongContextSettings, RagSettings
-
-Route = Literal["direct", "rag", "long"]
-COMPARISONS = ("<", "<=", ">", ">=", "==", "!=")
+from policies.routes import Route
 
 
 class _Strict(BaseModel):
@@ -76,7 +74,7 @@ class FallbackSettings(_Strict):
 class RoutingSettings(_Strict):
     rules: list[RuleSpec] = Field(default_factory=list)
     classifier: ClassifierSettings | None = ClassifierSettings()
-    default_route: Route = "long"
+    default_route: Route = Route.LONG
     fallback: FallbackSettings = FallbackSettings()
 
 

@@ -5,7 +5,7 @@ import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 
-from gateway.app import create_app
+from gateway.server.app import create_app
 from gateway.settings import Settings
 from policies.loader import parse_policy
 from tests.servers import serve_app
@@ -44,8 +44,8 @@ def running_gateway(data_dir: Path, policy, **kwargs):
 
 
 def ledger_rows(app, table: str = "requests") -> list[dict]:
-    app.state.ledger.flush()
-    conn = sqlite3.connect(app.state.ledger.path)
+    app.state.gateway.ledger.flush()
+    conn = sqlite3.connect(app.state.gateway.ledger.path)
     conn.row_factory = sqlite3.Row
     try:
         order = "created_at" if table == "requests" else "id"

@@ -5,9 +5,15 @@ from pathlib import Path
 
 from starlette.applications import Starlette
 
-from gateway.auth import Authenticator
-from gateway.errors import GatewayError, handle_gateway_error
-from gateway.ledger import Ledger, RequestRecord, UpstreamCall
+from gateway.errors import GatewayError
+from gateway.ledger.pricing import PriceBook
+from gateway.ledger.writer import Ledger
+from gateway.server.auth import Authenticator
+from gateway.server.errors import handle_gateway_error
+from gateway.server.state import Gateway
+from gateway.settings import Settings
+from policies.loader import load_policy
+from gateway.ledger.records import RequestRecord, UpstreamCall
 
 BASE = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 ADMIN_KEY = "sk-admin-test"
@@ -67,16 +73,22 @@ def write_ledger(path: Path, records: list[RequestRecord]) -> Ledger:
 
 
 def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -> Starlette:
-    """The admin and metrics routes in a bare app with the state attributes create_app sets."""
-    from gateway.admin import admin_routes
-    from gateway.metrics import GatewayMetrics, metrics_route
+    """The admin and metrics routes in a bare app, with a Gateway holding only what they use (no models)."""
+    from gateway.ledger.errors import LedgerError
+    from gateway.server.admin import admin_routes
+    from gateway.server.errors import handle_ledger_error
+    from gateway.server.metrics import GatewayMetrics, metrics_route
 
     app = Starlette(routes=[*admin_routes(), metrics_route()],
-                    exception_handlers={GatewayError: handle_gateway_error})
-    app.state.ledger = ledger
-    app.state.auth = auth or Authenticator([USER_KEY], ADMIN_KEY)
-    app.state.metrics = metrics or GatewayMetrics()
+                    exception_handlers={GatewayError: handle_gateway_error, LedgerError: handle_ledger_error})
+    app.state.gateway = bare_gateway(ledger, auth or Authenticator([USER_KEY], ADMIN_KEY), metrics or GatewayMetrics())
     return app
+
+
+def bare_gateway(ledger: Ledger, auth: Authenticator, metrics) -> Gateway:
+    """A Gateway for endpoints that read only the ledger, auth and metrics: no upstream and no routing."""
+    settings = Settings(data_dir=ledger.path.parent)
+    return Gateway(settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics)
 
 
 def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0) -> list[RequestRecord]:

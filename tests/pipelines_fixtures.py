@@ -6,7 +6,7 @@ from pathlib import Path
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 
-MANUAL_PATH = Path(__file__).parent / "fixtures" / "pipelines" / "manual.md"
+MANUAL_PATH = Path(__file__).parent / "pipelines" / "fixtures" / "manual.md"
 
 TOPICS = [
     ("Orchard", "apple trees need pruning in late winter and the orchard is irrigated twice a week"),

@@ -46,10 +46,10 @@ def _oof_probabilities(path: Path) -> list[float] | None:
 
 
 def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int]:
-    import hashlib
+    from classifier.training import document_hash
 
-    from gateway.route_dataset import RouteInputBuilder, load_examples
-    from gateway.router import load_route_model
+    from gateway.evaluation.examples import RouteInputBuilder, load_examples
+    from gateway.routing.model_files import load_route_model
     from gateway.settings import resolve_data_dir
 
     model = load_route_model(policy, policy_file)
@@ -59,7 +59,7 @@ def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int
     examples = load_examples(args.data, args.docs)
 
     def seen(example) -> bool:
-        return all(hashlib.sha256(d.text.encode("utf-8")).hexdigest()[:16] in trained for d in example.documents)
+        return all(document_hash(d.text) in trained for d in example.documents)
 
     held_out = [e for e in examples if not seen(e)]
     skipped = len(examples) - len(held_out)
@@ -73,7 +73,7 @@ def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int
 
 def run(args: argparse.Namespace) -> int:
     from classifier.calibration import calibrate_threshold, long_share
-    from gateway.policy_edit import set_threshold
+    from policies.edit import set_threshold
     from policies.loader import PolicyError, load_policy, parse_policy
 
     if not 0.0 <= args.target_long_share <= 1.0:

@@ -9,7 +9,7 @@ HEADER = ("group", "requests", "prompt tok", "completion tok", "cost", "always-l
 
 
 def register(subparsers, parents) -> None:
-    from gateway.commands.logs import add_filter_arguments
+    from gateway.commands._common import add_filter_arguments
 
     parser = subparsers.add_parser(
         "costs", parents=parents, help="spend and savings per route, model, policy, key, day or hour",
@@ -36,8 +36,8 @@ def _row(row: dict, by: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway import reports
-    from gateway.commands.logs import print_table, run_report
+    from gateway.ledger import reports
+    from gateway.commands._common import print_table, run_report
 
     def work(conn, filters) -> int:
         report = reports.costs(conn, args.by, filters)

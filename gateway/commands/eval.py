@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from gateway import eval_live
+from gateway.evaluation import live as eval_live
 
 REPLAY_NOTES = """\
 Paired data: JSON lines with doc_id, query, rag_score, lc_score (0..1), rag_pred, lc_pred, and optional
@@ -73,7 +73,7 @@ def register(subparsers, parents) -> None:
 
 
 def run_prepare_leval(args: argparse.Namespace) -> int:
-    from gateway.leval import prepare_leval
+    from gateway.evaluation.leval import prepare_leval
 
     try:
         report = prepare_leval(args.leval_dir, args.out_dir)
@@ -90,10 +90,10 @@ def run_prepare_leval(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     from classifier.training import label_from_scores, out_of_fold_probabilities
-    from gateway.reference_prices import resolve_prices
-    from gateway.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
-    from gateway.replay_report import build_items, format_gap, format_table, plot_curve
-    from gateway.route_dataset import ExampleFileError, RouteInputBuilder, load_examples
+    from gateway.evaluation.prices import resolve_prices
+    from gateway.evaluation.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
+    from gateway.evaluation.report import build_items, format_gap, format_table, plot_curve
+    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
     from policies.loader import PolicyError, load_policy
@@ -133,8 +133,12 @@ def run_replay(args: argparse.Namespace) -> int:
     gap = gap_recovery(items)
     threshold = policy.routing.classifier.threshold if policy.routing.classifier else None
     if args.plot:
-        plot_curve(args.plot, curves, results,
-                   f"Replay: {len(items)} questions, {len(set(groups))} documents ({args.data.name})")
+        try:
+            plot_curve(args.plot, curves, results,
+                       f"Replay: {len(items)} questions, {len(set(groups))} documents ({args.data.name})")
+        except RuntimeError as exc:
+            print(f"selfroute eval replay: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps({
             "questions": len(items), "documents": len(set(groups)), "prices": prices.__dict__,
@@ -156,9 +160,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 
 def run_absent(args: argparse.Namespace) -> int:
-    from gateway.absent_eval import AbsentQuestion, absent_report, load_squad
-    from gateway.route_dataset import RouteInputBuilder
-    from gateway.router import load_route_model
+    from gateway.evaluation.absent import AbsentQuestion, absent_report, load_squad
+    from gateway.evaluation.examples import RouteInputBuilder
+    from gateway.routing.model_files import load_route_model
     from gateway.settings import resolve_data_dir
     from policies.loader import PolicyError, load_policy
 

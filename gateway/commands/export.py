@@ -14,7 +14,7 @@ CSV_EXTRA = ("models", "legs", "provenance")
 
 
 def register(subparsers, parents) -> None:
-    from gateway.commands.logs import add_filter_arguments
+    from gateway.commands._common import add_filter_arguments
 
     parser = subparsers.add_parser("export", parents=parents, help="export ledger requests as CSV or JSON lines")
     parser.add_argument("--format", choices=["csv", "jsonl"], default="jsonl")
@@ -24,7 +24,7 @@ def register(subparsers, parents) -> None:
 
 
 def write_export(items, fmt: str, out) -> int:
-    from gateway.reports import REQUEST_COLUMNS
+    from gateway.ledger.reports import REQUEST_COLUMNS
 
     count = 0
     if fmt == "jsonl":
@@ -43,8 +43,8 @@ def write_export(items, fmt: str, out) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway import reports
-    from gateway.commands.logs import run_report
+    from gateway.ledger import reports
+    from gateway.commands._common import run_report
 
     def work(conn, filters) -> int:
         items = reports.iter_export(conn, filters)

@@ -1,7 +1,4 @@
-"""`selfroute logs`: recent requests from the ledger, filtered, as a table or JSON lines; --follow tails it.
-
-Also holds the ledger filter flags that `costs` and `export` share.
-"""
+"""`selfroute logs`: recent requests from the ledger, filtered, as a table or JSON lines; --follow tails it."""
 from __future__ import annotations
 
 import argparse
@@ -11,53 +8,9 @@ import time
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from gateway.commands._common import add_filter_arguments, print_table, run_report
+
 COLUMNS = ("time (UTC)", "alias", "route", "reason", "models", "tokens", "cost", "latency", "status")
-
-
-def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("filters")
-    group.add_argument("--route", help="direct | rag | long | rag>long | passthrough | none (quote rag>long)")
-    group.add_argument("--key", help="API key id as stored (k_...); a raw key is hashed first")
-    group.add_argument("--policy", help="policy name")
-    group.add_argument("--status", help="HTTP status: 200, 4xx, ok (<400) or error (>=400)")
-    group.add_argument("--since", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d")
-    group.add_argument("--until", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d (exclusive)")
-
-
-def filters_from_args(args: argparse.Namespace):
-    from gateway.reports import Filters
-
-    return Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
-                         status=args.status)
-
-
-def ledger_path(args: argparse.Namespace):
-    from gateway.ledger import LEDGER_FILE
-    from gateway.settings import resolve_data_dir
-
-    return resolve_data_dir(args.data_dir) / LEDGER_FILE
-
-
-def run_report(args: argparse.Namespace, work) -> int:
-    """Open the ledger read-only, run `work(conn, filters)`; GatewayErrors become a message and exit status."""
-    from gateway import reports
-    from gateway.errors import GatewayError
-
-    try:
-        filters = filters_from_args(args)
-        path = ledger_path(args)
-        reports.ensure_schema(path)
-        conn = reports.connect_reader(path)
-    except GatewayError as error:
-        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
-        return 1 if error.status == 404 else 2
-    try:
-        return work(conn, filters)
-    except GatewayError as error:
-        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
-        return 2
-    finally:
-        conn.close()
 
 
 def register(subparsers, parents) -> None:
@@ -92,14 +45,6 @@ def format_row(item: dict) -> list[str]:
     ]
 
 
-def print_table(rows: list[list[str]], header: tuple[str, ...] | None, out: TextIO, right: set[int]) -> None:
-    table = ([list(header)] if header else []) + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))] if table else []
-    for row in table:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
-        out.write("  ".join(cells).rstrip() + "\n")
-
-
 def _emit(items: list[dict], as_json: bool, header: bool, out: TextIO) -> None:
     if as_json:
         for item in items:
@@ -110,7 +55,7 @@ def _emit(items: list[dict], as_json: bool, header: bool, out: TextIO) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway import reports
+    from gateway.ledger import reports
 
     if args.limit < 1 or args.limit > reports.MAX_PAGE:
         print(f"selfroute logs: --limit must be between 1 and {reports.MAX_PAGE}", file=sys.stderr)

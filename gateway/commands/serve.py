@@ -22,15 +22,13 @@ def register(subparsers, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.app import create_app
+    from gateway.server.app import create_app
     from gateway.settings import Settings, resolve_data_dir
     from policies.loader import PolicyError
 
     settings = Settings(
         data_dir=resolve_data_dir(args.data_dir),
         policy_path=args.policy,
-        host=args.host,
-        port=args.port,
         cheap_model=args.cheap_model,
         long_model=args.long_model,
         keys_file=args.keys_file,

@@ -43,9 +43,9 @@ def register(subparsers, parents) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from classifier.model import RouteModel
-    from gateway.model_files import save_model
-    from classifier.training import LABEL_RULE, data_hash, model_card, train
-    from gateway.route_dataset import ExampleFileError, RouteInputBuilder, example_label, load_examples
+    from gateway.routing.model_files import save_model
+    from classifier.training import LABEL_RULE, data_hash, document_hash, model_card, train
+    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, example_label, load_examples
     from gateway.settings import resolve_data_dir
     from policies.loader import PolicyError, load_policy
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
     records = [
-        {"query": e.query, "documents": [[d.id, _sha(d.text)] for d in e.documents], "label": y, "group": e.group}
+        {"query": e.query, "documents": [[d.id, document_hash(d.text)] for d in e.documents], "label": y, "group": e.group}
         for e, y in zip(examples, labels)
     ]
     uses_scores = any(args.label_field not in e.record for e in examples)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "training_examples": len(examples),
             "training_documents": len(set(groups)),
             # lets `selfroute calibrate` skip examples the model was fitted on
-            "training_document_hashes": sorted({_sha(d.text) for e in examples for d in e.documents}),
+            "training_document_hashes": sorted({document_hash(d.text) for e in examples for d in e.documents}),
             "rag_settings": policy.rag.model_dump(mode="json"),
             "policy": str(args.policy) if args.policy else "the shipped default policy",
         },
@@ -123,9 +123,3 @@ def _command(args: argparse.Namespace) -> str:
 
 def _f(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def _sha(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -25,8 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gateway import reports  # noqa: E402
-from gateway.dashboard import summary  # noqa: E402
-from gateway.ledger import Ledger, RequestRecord, UpstreamCall, _migrations, connect, migrate, write_records  # noqa: E402
+from gateway.ledger.summary import summary  # noqa: E402
+from gateway.ledger.writer import Ledger
+from gateway.ledger.records import RequestRecord, UpstreamCall
+from gateway.ledger.database import _migrations, connect, migrate, write_records  # noqa: E402
 
 ROUTES = ["rag", "long", "rag>long", "direct", "passthrough", "none"]
 ROUTE_WEIGHTS = [55, 22, 10, 6, 5, 2]
@@ -114,7 +116,7 @@ def timed(label: str, fn, repeat: int) -> None:
 
 
 def bench_reports(path: Path, repeat: int) -> None:
-    print("report functions (gateway.reports, one read-only connection):")
+    print("report functions (gateway.ledger.reports, one read-only connection):")
     conn = reports.connect_reader(path)
     week = reports.Filters(since=time.time() - 7 * 86400 + 1234.5)  # not hour-aligned: rollup + raw edges
     timed("costs --by day (all time)", lambda: reports.costs(conn, "day"), repeat)
@@ -156,14 +158,15 @@ def bench_http(path: Path, repeat: int, rows: int) -> None:
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
 
-    from gateway.admin import admin_routes
-    from gateway.auth import Authenticator
-    from gateway.errors import GatewayError, handle_gateway_error
+    from gateway.server.admin import admin_routes
+    from gateway.server.auth import Authenticator
+    from gateway.errors import GatewayError
+from gateway.server.errors import handle_gateway_error
 
     print("admin endpoints (Starlette app in process, httpx test client, admin key):")
-    app = Starlette(routes=admin_routes(), exception_handlers={GatewayError: handle_gateway_error})
-    app.state.ledger = Ledger(path)
-    app.state.auth = Authenticator(["sk-user"], "sk-admin")
+    from tests.ledger_fixtures import admin_app
+
+    app = admin_app(Ledger(path), Authenticator(["sk-user"], "sk-admin"))
     headers = {"Authorization": "Bearer sk-admin"}
     with TestClient(app) as client:
         for url in ("/v1/admin/costs?by=day", "/v1/admin/costs?by=model", "/v1/admin/costs?by=hour&since=7d",
@@ -191,7 +194,7 @@ def _records(count: int, seed: int) -> list[RequestRecord]:
 
 
 def bench_writes(path: Path, count: int) -> None:
-    from gateway.metrics import GatewayMetrics
+    from gateway.server.metrics import GatewayMetrics
 
     print(f"write path ({count:,} records):")
     records = _records(count, seed=11)

@@ -70,7 +70,7 @@ def run_gateway(port: int, upstream_port: int, data_dir: str) -> None:
 
     os.environ["OPENAI_API_BASE"] = f"http://127.0.0.1:{upstream_port}/v1"
     os.environ["OPENAI_API_KEY"] = "bench"
-    from gateway.app import create_app
+    from gateway.server.app import create_app
     from gateway.settings import Settings
     from policies.loader import parse_policy
 

@@ -1,0 +1,60 @@
+"""Helpers the ledger commands (logs, costs, export) share. The `_` keeps the CLI from taking it for a subcommand."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("filters")
+    group.add_argument("--route", help="direct | rag | long | rag>long | passthrough | none (quote rag>long)")
+    group.add_argument("--key", help="API key id as stored (k_...); a raw key is hashed first")
+    group.add_argument("--policy", help="policy name")
+    group.add_argument("--status", help="HTTP status: 200, 4xx, ok (<400) or error (>=400)")
+    group.add_argument("--since", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d")
+    group.add_argument("--until", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d (exclusive)")
+
+
+def filters_from_args(args: argparse.Namespace):
+    from gateway.ledger.reports import Filters
+
+    return Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
+                         status=args.status)
+
+
+def ledger_path(args: argparse.Namespace):
+    from gateway.ledger.records import LEDGER_FILE
+    from gateway.settings import resolve_data_dir
+
+    return resolve_data_dir(args.data_dir) / LEDGER_FILE
+
+
+def run_report(args: argparse.Namespace, work) -> int:
+    """Open the ledger read-only, run `work(conn, filters)`; the ledger's errors become a message and exit status."""
+    from gateway.ledger import reports
+    from gateway.ledger.errors import LedgerError, NotFound
+
+    try:
+        filters = filters_from_args(args)
+        path = ledger_path(args)
+        reports.ensure_schema(path)
+        conn = reports.connect_reader(path)
+    except LedgerError as error:
+        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
+        return 1 if isinstance(error, NotFound) else 2
+    try:
+        return work(conn, filters)
+    except LedgerError as error:
+        print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
+        return 2
+    finally:
+        conn.close()
+
+
+def print_table(rows: list[list[str]], header: tuple[str, ...] | None, out: TextIO, right: set[int]) -> None:
+    table = ([list(header)] if header else []) + rows
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))] if table else []
+    for row in table:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        out.write("  ".join(cells).rstrip() + "\n")

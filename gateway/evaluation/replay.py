@@ -1,0 +1,279 @@
+"""Replay routing strategies over recorded answers of both routes: no model is called.
+
+Every question carries the score of the cheap (RAG) answer and of the long-context answer. A
+strategy picks a route per question and takes that route's recorded score; its tokens are our own
+pipelines' prompt sizes on the real documents, its cost those tokens at a price pair.
+
+Choices (documented in `selfroute eval replay --help` too):
+- Fallback (Self-Route): RAG first; when the recorded RAG answer declares itself unanswerable
+  (pipelines.unanswerable with the policy's patterns) the long route runs too. Both legs are paid.
+- "direct" (a rule sending the whole context to the cheap model) has no recorded answer. It is
+  scored with the worse of the two recorded scores, so the router is never credited with quality
+  nobody measured, and it costs the whole context at the cheap price. No fallback after direct.
+- The classifier is scored only on documents it was not fitted on: P(cheap) comes from models
+  retrained per fold, folds grouped by document with a fixed seed.
+- Oracle: the better route per question, RAG on ties (cheaper).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gateway.routing.decision import Router
+from gateway.routing.escalation import check_cheap_answer
+from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
+from policies.schema import Policy
+
+
+@dataclass
+class ReplayItem:
+    doc_id: str
+    group: str
+    query: str
+    rag_score: float
+    lc_score: float
+    rag_refused: bool  # the recorded RAG answer says the passages lack the answer
+    rag_prompt_tokens: int
+    long_prompt_tokens: int
+    direct_prompt_tokens: int
+    rag_output_tokens: int
+    long_output_tokens: int
+    features: dict[str, float]
+    probability: float  # out-of-fold P(cheap route suffices)
+    task: str | None = None
+
+
+@dataclass(frozen=True)
+class Prices:
+    """USD per million tokens."""
+
+    cheap_input: float
+    cheap_output: float
+    long_input: float
+    long_output: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Leg:
+    model: str  # "cheap" | "long"
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    route: str  # rag | long | direct | rag>long (rag then long) | kept-refusal
+    score: float
+    legs: tuple[Leg, ...]
+
+
+def leg_cost(leg: Leg, prices: Prices) -> float:
+    if leg.model == "cheap":
+        return (leg.prompt_tokens * prices.cheap_input + leg.output_tokens * prices.cheap_output) / 1e6
+    return (leg.prompt_tokens * prices.long_input + leg.output_tokens * prices.long_output) / 1e6
+
+
+def _rag(item: ReplayItem) -> Outcome:
+    return Outcome(RAG, item.rag_score, (Leg("cheap", item.rag_prompt_tokens, item.rag_output_tokens),))
+
+
+def _long(item: ReplayItem) -> Outcome:
+    return Outcome(LONG, item.lc_score, (Leg("long", item.long_prompt_tokens, item.long_output_tokens),))
+
+
+def _fallback(item: ReplayItem) -> Outcome:
+    return Outcome(FALLBACK, item.lc_score, _rag(item).legs + _long(item).legs)
+
+
+def _direct(item: ReplayItem) -> Outcome:
+    return Outcome(DIRECT, min(item.rag_score, item.lc_score),
+                   (Leg("cheap", item.direct_prompt_tokens, item.rag_output_tokens),))
+
+
+def self_route(item: ReplayItem) -> Outcome:
+    return _fallback(item) if item.rag_refused else _rag(item)
+
+
+def oracle(item: ReplayItem) -> Outcome:
+    return _rag(item) if item.rag_score >= item.lc_score else _long(item)
+
+
+def router_strategy(router: Router, fallback: bool) -> Callable[[ReplayItem], Outcome]:
+    """The policy's rules and classifier (with the out-of-fold probability); with `fallback`, the cheap
+    answer is checked by gateway.routing.escalation exactly as the live gateway checks it."""
+
+    def choose(item: ReplayItem) -> Outcome:
+        decision = router.decide(item.features, probability=item.probability)
+        if decision.route == LONG:
+            return _long(item)
+        if decision.route == DIRECT:
+            return _direct(item)
+        if not fallback:
+            return _rag(item)
+        verdict = check_cheap_answer(router.policy, decision, item.rag_refused)
+        if verdict.escalate:
+            return _fallback(item)
+        if verdict.outcome == KEPT_REFUSAL:
+            return Outcome(KEPT_REFUSAL, item.rag_score, _rag(item).legs)
+        return _rag(item)
+
+    return choose
+
+
+def with_threshold(policy: Policy, threshold: float) -> Policy:
+    copy = policy.model_copy(deep=True)
+    if copy.routing.classifier is not None:
+        copy.routing.classifier.threshold = float(threshold)
+    return copy
+
+
+def without_rules(policy: Policy) -> Policy:
+    copy = policy.model_copy(deep=True)
+    copy.routing.rules = []
+    return copy
+
+
+def with_keep_refusal(policy: Policy, enabled: bool = True) -> Policy:
+    copy = policy.model_copy(deep=True)
+    copy.routing.fallback.keep_refusal_when_absent = enabled
+    return copy
+
+
+@dataclass
+class StrategyResult:
+    name: str
+    quality: float
+    quality_vs_long_points: float
+    route_shares: dict[str, float]
+    prompt_tokens: int
+    tokens_vs_long: float
+    cost_usd: float
+    cost_vs_long: float
+    per_task: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+def evaluate(name: str, strategy: Callable[[ReplayItem], Outcome], items: list[ReplayItem], prices: Prices,
+             long_tokens: int, long_cost: float, long_quality: float) -> StrategyResult:
+    outcomes = [strategy(item) for item in items]
+    n = len(outcomes)
+    quality = sum(o.score for o in outcomes) / n
+    tokens = sum(leg.prompt_tokens for o in outcomes for leg in o.legs)
+    cost = sum(leg_cost(leg, prices) for o in outcomes for leg in o.legs)
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.route] = counts.get(o.route, 0) + 1
+    per_task: dict[str, list[float]] = {}
+    for item, o in zip(items, outcomes):
+        per_task.setdefault(item.task or "all", []).append(o.score)
+    return StrategyResult(
+        name=name,
+        quality=quality,
+        quality_vs_long_points=100.0 * (quality - long_quality),
+        route_shares={route: count / n for route, count in sorted(counts.items())},
+        prompt_tokens=tokens,
+        tokens_vs_long=tokens / long_tokens if long_tokens else math.nan,
+        cost_usd=cost,
+        cost_vs_long=cost / long_cost if long_cost else math.nan,
+        per_task={t: sum(v) / len(v) for t, v in sorted(per_task.items())},
+    )
+
+
+def baseline_totals(items: list[ReplayItem], prices: Prices) -> tuple[int, float, float]:
+    outcomes = [_long(i) for i in items]
+    return (
+        sum(leg.prompt_tokens for o in outcomes for leg in o.legs),
+        sum(leg_cost(leg, prices) for o in outcomes for leg in o.legs),
+        sum(o.score for o in outcomes) / len(outcomes),
+    )
+
+
+def strategies(policy: Policy) -> list[tuple[str, Callable[[ReplayItem], Outcome]]]:
+    out = [
+        ("always-long", _long),
+        ("always-rag", _rag),
+        ("self-route", self_route),
+        ("rules+classifier", router_strategy(Router(policy), fallback=False)),
+        ("router (rules+classifier+fallback)", router_strategy(Router(policy), fallback=True)),
+    ]
+    if not policy.routing.fallback.keep_refusal_when_absent:
+        out.append(("router + keep-refusal option", router_strategy(Router(with_keep_refusal(policy)), True)))
+    out.append(("oracle", oracle))
+    return out
+
+
+def run_strategies(items: list[ReplayItem], policy: Policy, prices: Prices) -> list[StrategyResult]:
+    long_tokens, long_cost, long_quality = baseline_totals(items, prices)
+    return [evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality) for name, fn in strategies(policy)]
+
+
+# -- threshold sweeps ----------------------------------------------------------------------------
+def threshold_grid(probabilities: list[float], steps: int = 100) -> list[float]:
+    """Thresholds at the probabilities' quantiles (so long shares spread evenly), plus both ends."""
+    ranked = sorted(probabilities)
+    picks = {ranked[min(len(ranked) - 1, round(i * (len(ranked) - 1) / steps))] for i in range(steps + 1)}
+    return sorted(picks | {0.0, min(1.0, math.nextafter(ranked[-1], math.inf))})
+
+
+def sweep(items: list[ReplayItem], policy: Policy, prices: Prices, fallback: bool, steps: int = 100) -> list[dict]:
+    """Quality and cost of the router across classifier thresholds."""
+    long_tokens, long_cost, long_quality = baseline_totals(items, prices)
+    points = []
+    for t in threshold_grid([i.probability for i in items], steps):
+        strategy = router_strategy(Router(with_threshold(policy, t)), fallback)
+        r = evaluate(f"t={t:.4f}", strategy, items, prices, long_tokens, long_cost, long_quality)
+        long_share = r.route_shares.get(LONG, 0.0)
+        points.append({"threshold": t, "quality": r.quality, "cost_vs_long": r.cost_vs_long,
+                       "tokens_vs_long": r.tokens_vs_long, "long_share": long_share})
+    return points
+
+
+@dataclass
+class GapRecovery:
+    """RouteLLM-style summaries of the classifier alone routing between RAG and long."""
+
+    quality_rag: float
+    quality_long: float
+    cpt50: float | None  # share of long calls needed to recover 50% of the RAG-to-long quality gap
+    cpt80: float | None
+    apgr: float | None  # average performance gap recovered over long-call shares 0..1
+    apgr_oracle: float | None  # the same with perfect ordering, for scale (random ordering: 0.5)
+    curve: list[tuple[float, float]]  # (long-call share, PGR)
+
+
+def _pgr_curve(items: list[ReplayItem], order: list[int], q_rag: float, gap: float) -> list[tuple[float, float]]:
+    n = len(items)
+    total = sum(i.rag_score for i in items)
+    curve = [(0.0, (total / n - q_rag) / gap)]
+    for k, index in enumerate(order, start=1):
+        total += items[index].lc_score - items[index].rag_score
+        curve.append((k / n, (total / n - q_rag) / gap))
+    return curve
+
+
+def _area(curve: list[tuple[float, float]]) -> float:
+    return sum((x1 - x0) * (y0 + y1) / 2 for (x0, y0), (x1, y1) in zip(curve, curve[1:]))
+
+
+def gap_recovery(items: list[ReplayItem]) -> GapRecovery:
+    """Route the k least-likely-cheap questions long, for k = 0..n (classifier only: no rules, no
+    fallback), and measure how much of the quality gap between always-RAG and always-long returns."""
+    n = len(items)
+    q_rag = sum(i.rag_score for i in items) / n
+    q_long = sum(i.lc_score for i in items) / n
+    gap = q_long - q_rag
+    if n == 0 or gap <= 0:
+        return GapRecovery(q_rag, q_long, None, None, None, None, [])
+    order = sorted(range(n), key=lambda i: (items[i].probability, i))
+    curve = _pgr_curve(items, order, q_rag, gap)
+    best = sorted(range(n), key=lambda i: (-(items[i].lc_score - items[i].rag_score), i))
+
+    def cpt(target: float) -> float | None:
+        return next((share for share, pgr in curve if pgr >= target - 1e-12), None)
+
+    return GapRecovery(q_rag, q_long, cpt(0.5), cpt(0.8), _area(curve), _area(_pgr_curve(items, best, q_rag, gap)),
+                       curve)

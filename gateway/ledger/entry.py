@@ -1,0 +1,66 @@
+"""One request's ledger entry: its legs, its counterfactual, and exactly one record handed to the ledger."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gateway.ledger.pricing import PriceBook
+from gateway.ledger.records import RequestRecord, UpstreamCall
+from gateway.ledger.writer import Ledger
+from policies.routes import PASSTHROUGH
+from policies.schema import ModelConfig
+
+
+def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
+    if not usage:
+        return 0, 0
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+
+
+class RequestLedgerEntry:
+    """Collects what one request did, then hands one record to the ledger exactly once."""
+
+    def __init__(self, ledger: Ledger, prices: PriceBook, request_id: str, policy: str | None):
+        self._ledger = ledger
+        self._prices = prices
+        self._started = time.perf_counter()
+        self._finished = False
+        self.record = RequestRecord(
+            id=request_id, created_at=time.time(), key_id=None, policy=policy, alias=None, route=None,
+            reason=None, status=0,
+        )
+
+    def add_call(
+        self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
+        error: str | None = None,
+    ) -> UpstreamCall:
+        prompt, completion = usage_tokens(usage)
+        call = UpstreamCall(
+            model=config.model, route=route, prompt_tokens=prompt, completion_tokens=completion,
+            cost_usd=self._prices.price(config).cost(prompt, completion), latency_ms=latency_ms, error=error,
+        )
+        self.record.calls.append(call)
+        return call
+
+    def counterfactual(self, long_config: ModelConfig, context_tokens: int) -> None:
+        """What always-long-context would have cost: the whole context at the long model's price."""
+        completion = sum(c.completion_tokens for c in self.record.calls[-1:])
+        self.record.context_tokens = context_tokens
+        self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(context_tokens, completion)
+
+    def finish(self, status: int, error: str | None = None) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        record = self.record
+        record.status = status
+        record.error = error if error is not None else record.error
+        record.latency_ms = (time.perf_counter() - self._started) * 1000.0
+        record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
+        record.completion_tokens = sum(c.completion_tokens for c in record.calls)
+        record.cost_usd = sum(c.cost_usd for c in record.calls)
+        if record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
+            # nothing was routed (or routing never got as far as sizing the context): no saving to claim
+            record.counterfactual_cost_usd = record.cost_usd
+            record.context_tokens = record.context_tokens or record.prompt_tokens
+        self._ledger.submit(record)

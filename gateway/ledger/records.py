@@ -1,0 +1,63 @@
+"""What the ledger stores: one record per request with its upstream legs. Column names are defined here once."""
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+LEDGER_FILE = "ledger.sqlite3"  # inside the data directory
+
+
+def key_id(key: str) -> str:
+    """The stored identity of an API key: a short sha256 prefix, never the key."""
+    return "k_" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class UpstreamCall:
+    model: str
+    route: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    latency_ms: float | None = None
+    error: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class RequestRecord:
+    id: str
+    created_at: float
+    key_id: str | None
+    policy: str | None
+    alias: str | None
+    route: str | None
+    reason: str | None
+    status: int
+    error: str | None = None
+    stream: bool = False
+    latency_ms: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    context_tokens: int = 0
+    counterfactual_cost_usd: float = 0.0
+    provenance: dict[str, Any] | None = None
+    calls: list[UpstreamCall] = field(default_factory=list)
+
+
+# the columns of the requests and upstream_calls tables, in table order (migration 001)
+REQUEST_COLUMNS = (
+    "id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
+    "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
+    "counterfactual_cost_usd", "provenance",
+)
+CALL_COLUMNS = (
+    "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
+    "latency_ms", "error",
+)
+# what reports list: provenance only on request detail; a leg without its request id
+REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")
+CALL_FIELDS = tuple(c for c in CALL_COLUMNS if c != "request_id")

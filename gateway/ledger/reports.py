@@ -1,0 +1,431 @@
+"""Queries over the cost ledger, shared by the CLI (`logs`, `costs`, `export`) and the admin endpoints.
+
+Aggregates read the daily rollups (migration 003) for whole days, the hourly ones (002) for whole hours
+and the raw rows for the partial hours at the edges of a time range, so a report costs about
+O(days x groups), not O(requests).
+Days and hours are UTC.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from gateway.ledger.errors import InvalidQuery, NotFound
+from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
+from policies.routes import FALLBACK as FALLBACK_ROUTE
+
+GROUPINGS = ("route", "model", "policy", "key", "day", "hour")
+MAX_PAGE = 1000
+
+_RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_STATUS_CLASS = re.compile(r"^([1-5])xx$", re.IGNORECASE)
+
+REQUEST_COLUMNS = REQUEST_FIELDS_STORED  # a request row as listed (provenance only in get_request)
+CALL_COLUMNS = CALL_FIELDS
+
+
+# ---------------------------------------------------------------------------------------------- opening
+
+
+def ensure_schema(path: str | Path) -> None:
+    """Apply pending migrations (the rollups) once, with a writable connection; errors if there is no ledger."""
+    from gateway.ledger.database import connect, migrate
+
+    if not Path(path).exists():
+        raise NotFound(f"no ledger at {path}", code="ledger_not_found")
+    conn = connect(path)
+    try:
+        migrate(conn)
+    except sqlite3.OperationalError:
+        # another process migrated at the same moment: retry once, finding the work done
+        if conn.in_transaction:
+            conn.rollback()
+        migrate(conn)
+    finally:
+        conn.close()
+
+
+def connect_reader(path: str | Path) -> sqlite3.Connection:
+    """A read-only connection: WAL lets it read while the gateway's writer commits."""
+    conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+# ---------------------------------------------------------------------------------------------- filters
+
+
+def parse_time(value: str, *, now: float | None = None) -> float:
+    """Unix seconds from ISO 8601 (date or date-time; naive means UTC), 'now', or a relative age: 30m, 1h, 7d."""
+    now = time.time() if now is None else now
+    text = value.strip()
+    if text.lower() == "now":
+        return now
+    match = _RELATIVE.match(text)
+    if match:
+        return now - float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    try:
+        moment = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        raise InvalidQuery(
+            f"cannot read time {value!r}: use ISO 8601 (2025-01-31, 2025-01-31T12:00:00Z) or an age like 30m, 1h, 7d",
+            param="since/until", code="invalid_time",
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+@dataclass(frozen=True)
+class Filters:
+    since: float | None = None  # inclusive, unix seconds
+    until: float | None = None  # exclusive
+    route: str | None = None
+    key: str | None = None  # a stored key id (k_...)
+    policy: str | None = None
+    status: tuple[int, int] | None = None  # [low, high) status codes
+
+    @classmethod
+    def parse(
+        cls,
+        *,
+        since: str | None = None,
+        until: str | None = None,
+        route: str | None = None,
+        key: str | None = None,
+        policy: str | None = None,
+        status: str | None = None,
+        now: float | None = None,
+    ) -> "Filters":
+        now = time.time() if now is None else now
+        start = parse_time(since, now=now) if since else None
+        end = parse_time(until, now=now) if until else None
+        if start is not None and end is not None and end <= start:
+            raise InvalidQuery("'until' must be after 'since'", param="until", code="invalid_time")
+        return cls(start, end, route or None, _key_id(key) if key else None, policy or None, parse_status(status))
+
+
+def _key_id(value: str) -> str:
+    """A key id as stored; a raw API key is hashed the way the gateway hashes it."""
+    value = value.strip()
+    return value if value.startswith("k_") else key_id(value)
+
+
+def parse_status(value: str | None) -> tuple[int, int] | None:
+    """'200' exactly, '4xx' a class, 'ok' below 400, 'error' 400 and above."""
+    if not value:
+        return None
+    text = value.strip().lower()
+    if text == "ok":
+        return (0, 400)
+    if text == "error":
+        return (400, 1000)
+    if text.isdigit():
+        return (int(text), int(text) + 1)
+    match = _STATUS_CLASS.match(text)
+    if match:
+        low = int(match.group(1)) * 100
+        return (low, low + 100)
+    raise InvalidQuery(f"cannot read status {value!r}: use 200, 4xx, ok or error", param="status",
+                          code="invalid_status")
+
+
+def _where(filters: Filters, cols: dict[str, str]) -> tuple[list[str], list]:
+    """SQL conditions for the dimension filters (not time); `cols` maps route/key/policy/status to columns."""
+    conds: list[str] = []
+    params: list[Any] = []
+    for name, value in (("route", filters.route), ("key", filters.key), ("policy", filters.policy)):
+        if value is not None:
+            conds.append(f"{cols[name]} = ?")
+            params.append(value)
+    if filters.status is not None:
+        conds.append(f"{cols['status']} >= ? AND {cols['status']} < ?")
+        params.extend(filters.status)
+    return conds, params
+
+
+# ---------------------------------------------------------------------------------------------- aggregates
+
+_RAW_REQUEST_DIMS = {"route": "coalesce(route, '')", "policy": "coalesce(policy, '')", "key": "coalesce(key_id, '')",
+                     "status": "status", "day": "CAST(created_at / 86400 AS INTEGER)",
+                     "hour": "CAST(created_at / 3600 AS INTEGER)"}
+_ROLLUP_REQUEST_DIMS = {"route": "route", "policy": "policy", "key": "key_id", "status": "status",
+                        "day": "hour / 24", "hour": "hour"}
+_RAW_REQUEST_SUMS = ("count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
+                     " sum(counterfactual_cost_usd), total(latency_ms), count(latency_ms)")
+_ROLLUP_REQUEST_SUMS = ("sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
+                        " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)")
+REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
+                   "counterfactual_cost_usd", "latency_ms_sum", "latency_count")
+
+_RAW_CALL_DIMS = {"model": "c.model", "route": "coalesce(r.route, '')", "policy": "coalesce(r.policy, '')",
+                  "key": "coalesce(r.key_id, '')", "status": "r.status",
+                  "day": "CAST(r.created_at / 86400 AS INTEGER)", "hour": "CAST(r.created_at / 3600 AS INTEGER)"}
+_RAW_CALL_SUMS = ("count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
+                  " total(c.latency_ms), count(c.latency_ms)")
+_ROLLUP_CALL_SUMS = ("sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
+                     " sum(latency_ms_sum), sum(latency_count)")
+_CALL_FIELDS = ("calls", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms_sum",
+                "latency_count")
+
+
+_INF = 2**62
+
+
+def _split_range(filters: Filters, *, days: bool) -> list[tuple[str, float, float]]:
+    """Cover [since, until) with whole UTC days (daily rollups), whole hours (hourly) and raw rows at the edges."""
+    since = -math.inf if filters.since is None else filters.since
+    until = math.inf if filters.until is None else filters.until
+    h_lo = -_INF if since == -math.inf else math.ceil(since / 3600)
+    h_hi = _INF if until == math.inf else math.floor(until / 3600)
+    if h_lo >= h_hi:
+        return [("raw", since, until)]
+    pieces = []
+    if h_lo != -_INF and since < h_lo * 3600:
+        pieces.append(("raw", since, h_lo * 3600.0))
+    if h_hi != _INF and until > h_hi * 3600:
+        pieces.append(("raw", h_hi * 3600.0, until))
+    d_lo = -_INF if h_lo == -_INF else -(-h_lo // 24)
+    d_hi = _INF if h_hi == _INF else h_hi // 24
+    if not days or d_lo >= d_hi:
+        return [*pieces, ("hour", h_lo, h_hi)]
+    pieces.append(("day", d_lo, d_hi))
+    if h_lo < d_lo * 24:
+        pieces.append(("hour", h_lo, d_lo * 24))
+    if d_hi * 24 < h_hi:
+        pieces.append(("hour", d_hi * 24, h_hi))
+    return pieces
+
+
+_TIERS = {
+    # source: (request table, call table, time column, dims over that source)
+    "day": ("request_rollup_daily", "call_rollup_daily", "day",
+            {**_ROLLUP_REQUEST_DIMS, "day": "day", "hour": None}),
+    "hour": ("request_rollup_hourly", "call_rollup_hourly", "hour", _ROLLUP_REQUEST_DIMS),
+}
+
+
+def aggregate(conn: sqlite3.Connection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
+    """Sums per combination of `dims` (route, policy, key, status, day, hour; and model when `calls`)."""
+    fields = _CALL_FIELDS if calls else REQUEST_FIELDS
+    queries: list[tuple[str, list]] = []
+    for source, lo, hi in _split_range(filters, days="hour" not in dims):
+        if source == "raw":
+            cols = _RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS
+            time_col = "r.created_at" if calls else "created_at"
+            table = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
+            sums = _RAW_CALL_SUMS if calls else _RAW_REQUEST_SUMS
+        else:
+            request_table, call_table, time_col, cols = _TIERS[source]
+            cols = {**cols, "model": "model"}
+            table = call_table if calls else request_table
+            sums = _ROLLUP_CALL_SUMS if calls else _ROLLUP_REQUEST_SUMS
+        conds, params = _where(filters, cols)
+        if lo != -math.inf and lo != -_INF:
+            conds.append(f"{time_col} >= ?")
+            params.append(lo)
+        if hi != math.inf and hi != _INF:
+            conds.append(f"{time_col} < ?")
+            params.append(hi)
+        queries.append((_group_sql(table, [cols[d] for d in dims], sums, conds), params))
+    merged: dict[tuple, dict] = {}
+    for sql, params in queries:
+        for row in conn.execute(sql, params):
+            key = tuple(row[: len(dims)])
+            slot = merged.setdefault(key, dict.fromkeys(fields, 0))
+            for name, value in zip(fields, row[len(dims):]):
+                slot[name] += value or 0
+    count_field = fields[0]
+    return {key: slot for key, slot in merged.items() if slot[count_field] > 0}
+
+
+def _group_sql(source: str, group_exprs: list[str], sums: str, conds: list[str]) -> str:
+    select = ", ".join([*group_exprs, sums])
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    group = f" GROUP BY {', '.join(str(i + 1) for i in range(len(group_exprs)))}" if group_exprs else ""
+    return f"SELECT {select} FROM {source}{where}{group}"
+
+
+def group_label(by: str, value: Any) -> str | None:
+    if by == "day":
+        return datetime.fromtimestamp(int(value) * 86400, timezone.utc).strftime("%Y-%m-%d")
+    if by == "hour":
+        return datetime.fromtimestamp(int(value) * 3600, timezone.utc).strftime("%Y-%m-%dT%H:00Z")
+    return value if value != "" else None
+
+
+def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
+    row: dict[str, Any] = {
+        "group": group,
+        "requests": None if calls else slot["requests"],
+        "calls": slot["calls"] if calls else None,
+        "prompt_tokens": slot["prompt_tokens"],
+        "completion_tokens": slot["completion_tokens"],
+        "total_tokens": slot["prompt_tokens"] + slot["completion_tokens"],
+        "cost_usd": round(slot["cost_usd"], 10),
+        # a leg's model has no always-long counterfactual of its own; savings are per request
+        "counterfactual_cost_usd": None if calls else round(slot["counterfactual_cost_usd"], 10),
+        "saving_usd": None if calls else round(slot["counterfactual_cost_usd"] - slot["cost_usd"], 10),
+        "mean_latency_ms": (slot["latency_ms_sum"] / slot["latency_count"]) if slot["latency_count"] else None,
+    }
+    if calls:
+        row["errors"] = slot["errors"]
+    return row
+
+
+def costs(conn: sqlite3.Connection, by: str, filters: Filters = Filters()) -> dict:
+    """Requests, tokens, cost, always-long counterfactual and saving per group, plus the total."""
+    if by not in GROUPINGS:
+        raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
+                              code="invalid_grouping")
+    calls = by == "model"
+    groups = aggregate(conn, [by], filters, calls=calls)
+    rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
+    if by in ("day", "hour"):
+        rows.sort(key=lambda r: r["group"])
+    else:
+        rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))
+    total = aggregate(conn, [], filters).get((), dict.fromkeys(REQUEST_FIELDS, 0))
+    return {"by": by, "groups": rows, "total": cost_row(None, total, calls=False)}
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def _request_conditions(filters: Filters) -> tuple[list[str], list]:
+    cols = {"route": "route", "key": "key_id", "policy": "policy", "status": "status"}
+    conds, params = _where(filters, cols)
+    if filters.since is not None:
+        conds.append("created_at >= ?")
+        params.append(filters.since)
+    if filters.until is not None:
+        conds.append("created_at < ?")
+        params.append(filters.until)
+    return conds, params
+
+
+def encode_cursor(created_at: float, request_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([created_at, request_id]).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        created_at, request_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return float(created_at), str(request_id)
+    except (ValueError, TypeError, binascii.Error):
+        raise InvalidQuery("cannot read this cursor: pass back next_cursor unchanged", param="cursor",
+                              code="invalid_cursor") from None
+
+
+def row_dict(row: sqlite3.Row) -> dict:
+    item = {name: row[name] for name in REQUEST_COLUMNS}
+    item["stream"] = bool(item["stream"])
+    return item
+
+
+def attach_models(conn: sqlite3.Connection, items: list[dict]) -> None:
+    by_id = {item["id"]: item for item in items}
+    for item in items:
+        item["models"] = []
+    ids = list(by_id)
+    for start in range(0, len(ids), 500):  # stay under SQLite's bound-parameter limit
+        chunk = ids[start:start + 500]
+        sql = (f"SELECT request_id, model FROM upstream_calls WHERE request_id IN ({', '.join('?' * len(chunk))})"
+               " ORDER BY id")
+        for row in conn.execute(sql, chunk):
+            by_id[row[0]]["models"].append(row[1])
+
+
+def list_requests(conn: sqlite3.Connection, filters: Filters = Filters(), *, limit: int = 50,
+                  cursor: str | None = None) -> dict:
+    """Newest first, `limit` a page; `next_cursor` continues after the last one (stable under inserts)."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise InvalidQuery(f"limit must be between 1 and {MAX_PAGE}", param="limit", code="invalid_limit")
+    conds, params = _request_conditions(filters)
+    if cursor:
+        created_at, request_id = decode_cursor(cursor)
+        conds.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        params.extend([created_at, created_at, request_id])
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    sql = (f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where}"
+           " ORDER BY created_at DESC, id DESC LIMIT ?")
+    rows = conn.execute(sql, [*params, limit + 1]).fetchall()
+    items = [row_dict(row) for row in rows[:limit]]
+    attach_models(conn, items)
+    more = len(rows) > limit
+    last = items[-1] if items else None
+    next_cursor = encode_cursor(last["created_at"], last["id"]) if more and last else None
+    return {"object": "list", "data": items, "has_more": more, "next_cursor": next_cursor}
+
+
+def get_request(conn: sqlite3.Connection, request_id: str) -> dict:
+    """One request with its upstream legs and provenance; 404 if unknown."""
+    row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
+                       (request_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no request with id {request_id!r} in the ledger", param="id",
+                           code="request_not_found")
+    item = row_dict(row)
+    item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
+    item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
+    item["calls"] = [dict(zip(CALL_COLUMNS, call)) for call in conn.execute(
+        f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (request_id,))]
+    item["models"] = [call["model"] for call in item["calls"]]
+    return item
+
+
+def requests_after(conn: sqlite3.Connection, after_rowid: int, filters: Filters = Filters(),
+                   *, limit: int = 1000) -> tuple[list[dict], int]:
+    """Rows written after `after_rowid`, in write order (for --follow: a request's row lands when it ends)."""
+    conds, params = _request_conditions(filters)
+    conds.insert(0, "rowid > ?")
+    sql = (f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
+           " ORDER BY rowid LIMIT ?")
+    rows = conn.execute(sql, [after_rowid, *params, limit]).fetchall()
+    items = [row_dict(row) for row in rows]
+    attach_models(conn, items)
+    return items, (rows[-1]["rowid"] if rows else after_rowid)
+
+
+def last_rowid(conn: sqlite3.Connection) -> int:
+    return conn.execute("SELECT coalesce(max(rowid), 0) FROM requests").fetchone()[0]
+
+
+def iter_export(conn: sqlite3.Connection, filters: Filters = Filters(), *, batch: int = 2000) -> Iterator[dict]:
+    """Every matching request, oldest first, with its legs and provenance; streams in batches."""
+    conds, params = _request_conditions(filters)
+    after: tuple[float, str] | None = None
+    while True:
+        page_conds, page_params = list(conds), list(params)
+        if after is not None:
+            page_conds.append("(created_at > ? OR (created_at = ? AND id > ?))")
+            page_params.extend([after[0], after[0], after[1]])
+        where = f" WHERE {' AND '.join(page_conds)}" if page_conds else ""
+        rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests{where}"
+                            " ORDER BY created_at, id LIMIT ?", [*page_params, batch]).fetchall()
+        if not rows:
+            return
+        items = {}
+        for row in rows:
+            item = row_dict(row)
+            item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
+            item["calls"] = []
+            items[item["id"]] = item
+        ids = list(items)
+        for start in range(0, len(ids), 500):
+            chunk = ids[start:start + 500]
+            for call in conn.execute(f"SELECT request_id, {', '.join(CALL_COLUMNS)} FROM upstream_calls"
+                                     f" WHERE request_id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk):
+                items[call[0]]["calls"].append(dict(zip(CALL_COLUMNS, call[1:])))
+        yield from items.values()
+        after = (rows[-1]["created_at"], rows[-1]["id"])

@@ -1,0 +1,82 @@
+"""Upstream calls as legs of a request: each one is recorded in the request's ledger entry, success or failure."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from gateway.errors import GatewayError
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.upstreams.base import Upstream
+from policies.schema import ModelConfig
+
+# finish(usage, error, status): runs exactly once when a stream ends, however it ends
+StreamFinish = Callable[[dict[str, Any] | None, str | None, int], None]
+
+
+@dataclass
+class Completed:
+    """A whole chat.completion, ready to send."""
+
+    completion: dict[str, Any]
+
+
+@dataclass
+class Streamed:
+    """An upstream stream to relay: its first chunk (already received), the rest, and how to settle the ledger."""
+
+    first: bytes | None
+    chunks: AsyncIterator[bytes]
+    client_wants_usage: bool
+    finish: StreamFinish
+
+
+Answer = Completed | Streamed
+
+
+async def complete_upstream(
+    upstream: Upstream, entry: RequestLedgerEntry, config: ModelConfig, route: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """One non-streaming upstream call, recorded as a leg of the request whether it succeeds or fails."""
+    started = time.perf_counter()
+    try:
+        completion = await upstream.complete(config, body)
+    except GatewayError as exc:
+        entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
+        raise
+    entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
+    return completion
+
+
+async def open_stream(
+    upstream: Upstream, config: ModelConfig, body: dict[str, Any]
+) -> tuple[bytes | None, AsyncIterator[bytes]]:
+    """Start an upstream stream and wait for its first chunk, so failures still get a proper status."""
+    upstream_body = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+    chunks = upstream.stream(config, upstream_body).__aiter__()
+    try:
+        first = await chunks.__anext__()
+    except StopAsyncIteration:
+        first = None
+    return first, chunks
+
+
+async def stream_upstream(
+    upstream: Upstream, entry: RequestLedgerEntry, config: ModelConfig, route: str, body: dict[str, Any], *,
+    client_wants_usage: bool, before_finish: Callable[[], None] | None = None,
+) -> Streamed:
+    """Open one upstream stream as a leg of the request; its leg and the request are settled when it ends."""
+    started = time.perf_counter()
+    try:
+        first, chunks = await open_stream(upstream, config, body)
+    except GatewayError as exc:
+        entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
+        raise
+
+    def finish(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
+        entry.add_call(config, route, usage, (time.perf_counter() - started) * 1000, error)
+        if before_finish is not None:
+            before_finish()
+        entry.finish(status, error)
+
+    return Streamed(first, chunks, client_wants_usage, finish)

@@ -1,0 +1,51 @@
+"""The routing decision for a chat body, with token and cost estimates per route, and no LLM call."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gateway.ledger.pricing import PriceBook
+from gateway.protocol import ChatCompletionRequest
+from policies.routes import Route
+from policies.schema import Policy
+
+if TYPE_CHECKING:
+    from gateway.routing.planner import RoutePlan, RoutePlanner
+
+DEFAULT_COMPLETION_ESTIMATE = 256
+
+
+def _estimate(policy: Policy, prices: PriceBook, planner: RoutePlanner, plan: RoutePlan, route: str,
+              completion_tokens: int) -> dict[str, Any]:
+    prepared = planner.prepare(plan, route)
+    config = policy.long if route == Route.LONG else policy.cheap
+    price = prices.price(config)
+    return {
+        "model": config.model,
+        "prompt_tokens": prepared.prompt_tokens,
+        "completion_tokens_estimate": completion_tokens,
+        "cost_usd": price.cost(prepared.prompt_tokens, completion_tokens),
+        "price_source": price.source,
+    }
+
+
+def explain_plan(policy: Policy, prices: PriceBook, planner: RoutePlanner, chat: ChatCompletionRequest,
+                 messages: list[dict], header_collection: str | None) -> dict[str, Any]:
+    plan = planner.plan(chat, messages, header_collection)
+    completion = chat.max_completion_tokens or chat.max_tokens or DEFAULT_COMPLETION_ESTIMATE
+    decision = plan.decision
+    estimates = {route.value: _estimate(policy, prices, planner, plan, route, completion) for route in Route}
+    classifier = policy.routing.classifier
+    return {
+        "object": "route.explanation",
+        "route": decision.route,
+        "reason": decision.reason,
+        "rule": decision.rule,
+        "probability": decision.probability,
+        "threshold": classifier.threshold if classifier else None,
+        "source": plan.source,
+        "question": plan.context.question,
+        "context_tokens": plan.context_tokens,
+        "features": {k: (None if v != v else v) for k, v in decision.features.items()},  # NaN is not JSON
+        "estimates": estimates,
+        "fallback": policy.routing.fallback.model_dump(mode="json"),
+    }

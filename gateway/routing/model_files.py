@@ -1,0 +1,62 @@
+"""Routing model files: a skops file with its JSON card beside it (same name, .json)."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from classifier.model import ModelFileError, RouteModel, model_from_bytes, model_to_bytes
+from policies.schema import Policy
+
+BUILTIN_MODEL = "default.skops"
+BUILTIN_PREFIX = "builtin:"
+
+
+def builtin_model_path() -> Path:
+    """The model shipped in the classifier package (trained on L-Eval; see its card)."""
+    return Path(str(resources.files("classifier").joinpath("models", BUILTIN_MODEL)))
+
+
+def card_path(model_path: str | Path) -> Path:
+    return Path(model_path).with_suffix(".json")
+
+
+def save_model(model: RouteModel, path: str | Path) -> Path:
+    """Write the skops file and its JSON card; returns the card's path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data, card_text = model_to_bytes(model)
+    target.write_bytes(data)
+    card = card_path(target)
+    card.write_text(card_text, encoding="utf-8")
+    return card
+
+
+def load_model(path: str | Path) -> RouteModel:
+    """Load a model saved by save_model (see classifier.model.model_from_bytes for what is refused)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelFileError(f"{file}: model file not found")
+    card = json.loads(card_path(file).read_text(encoding="utf-8")) if card_path(file).is_file() else {}
+    return model_from_bytes(file.read_bytes(), card, source=str(file))
+
+
+def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
+    """'builtin:default' -> the shipped model; other paths are relative to the policy file."""
+    if model_path.startswith(BUILTIN_PREFIX):
+        name = model_path[len(BUILTIN_PREFIX):]
+        if name != "default":
+            raise ValueError(f"unknown builtin model {model_path!r}; the only one is 'builtin:default'")
+        return builtin_model_path()
+    path = Path(model_path).expanduser()
+    if not path.is_absolute() and policy_file is not None:
+        path = Path(policy_file).parent / path
+    return path
+
+
+def load_route_model(policy: Policy, policy_file: Path | None = None) -> RouteModel | None:
+    """The policy's classifier, or None when the policy routes without one."""
+    settings = policy.routing.classifier
+    if settings is None:
+        return None
+    return load_model(resolve_model_path(settings.model_path, policy_file))

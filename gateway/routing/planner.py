@@ -1,0 +1,186 @@
+"""Where a routed request's context comes from, which route it takes, and the prompt for that route.
+
+Synchronous on purpose: embedding, LanceDB and tokenising are CPU or disk work, so the async
+handlers call these methods in worker threads.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
+from gateway.errors import GatewayError
+from gateway.protocol import ChatCompletionRequest
+from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
+from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
+from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.documents import Document
+from pipelines.long_context import ContextTooLarge, LongContextPipeline
+from pipelines.messages import content_text, count_message_tokens
+from pipelines.question import extract_question
+from pipelines.rag import RagPipeline, Retrieval
+from pipelines.store import DocumentStore, content_hash
+from pipelines.tokens import count_tokens
+from policies.routes import LONG, RAG
+from policies.schema import Policy
+
+logger = logging.getLogger(__name__)
+
+PROMPT_DOCUMENT_ID = "prompt"
+STATS_CACHE_SIZE = 256
+
+
+@dataclass
+class RoutePlan:
+    source: str  # "collection" | "documents" | "prompt"
+    context: ContextRequest
+    stats: DocumentStats
+    decision: RouteDecision
+    retrieval: Retrieval | None = None
+    original_messages: list[dict] = field(default_factory=list)
+
+    @property
+    def context_tokens(self) -> int:
+        """What always-long-context would send: the whole context plus the question."""
+        return self.stats.context_tokens + count_tokens(self.context.question)
+
+
+class RoutePlanner:
+    def __init__(self, policy: Policy, store: DocumentStore, router: Router):
+        self.policy = policy
+        self.store = store
+        self.router = router
+        self.rag = RagPipeline(store, policy.rag)
+        self.long = LongContextPipeline(
+            policy.long_context, window_tokens=policy.long.context_window or 128_000, store=store
+        )
+        # "direct" sends the whole context to the cheap model, so it packs for the cheap model's window
+        self.direct = LongContextPipeline(
+            policy.long_context.model_copy(update={"window_tokens": None}),
+            window_tokens=policy.cheap.context_window or 8192, store=store,
+        )
+        # sections and cross-references of a long document take a while to count: asking about the
+        # same attached documents again reuses them, like the embeddings
+        self._stats_cache: OrderedDict[tuple, DocumentStats] = OrderedDict()
+        self._stats_lock = threading.Lock()
+
+    def _document_stats(self, documents: list[Document]) -> DocumentStats:
+        key = tuple((d.id, content_hash(d)) for d in documents)
+        with self._stats_lock:
+            if key in self._stats_cache:
+                self._stats_cache.move_to_end(key)
+                return self._stats_cache[key]
+        stats = document_stats(documents)
+        with self._stats_lock:
+            self._stats_cache[key] = stats
+            while len(self._stats_cache) > STATS_CACHE_SIZE:
+                self._stats_cache.popitem(last=False)
+        return stats
+
+    # -- context --------------------------------------------------------------------------------
+    def resolve_context(
+        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None
+    ) -> tuple[str, ContextRequest, DocumentStats]:
+        options = chat.selfroute
+        collection = (options.collection if options else None) or header_collection
+        if options and options.documents:
+            if collection:
+                raise GatewayError(400, "send either selfroute.documents or a collection, not both",
+                                   param="selfroute", code="conflicting_context")
+            documents = [
+                Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, metadata=d.metadata)
+                for i, d in enumerate(options.documents)
+            ]
+            if len({d.id for d in documents}) != len(documents):
+                raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
+                                   code="duplicate_document_id")
+            question = self._last_user_text(messages)
+            return "documents", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
+        if collection:
+            try:
+                info = self.store.collection(collection)
+            except ValueError as exc:
+                raise GatewayError(400, str(exc), param="selfroute.collection", code="invalid_collection") from None
+            if info is None or not info.documents:
+                raise GatewayError(404, f"collection {collection!r} does not exist or is empty",
+                                   param="selfroute.collection", code="collection_not_found")
+            question = self._last_user_text(messages)
+            return "collection", ContextRequest(question, messages, collection=collection), document_stats_from_info(info)
+        try:
+            question, context_text = extract_question(messages, self.policy.rag.question_marker)
+        except ValueError as exc:
+            raise GatewayError(400, str(exc), param="messages", code="no_user_message") from None
+        if not question:
+            raise GatewayError(400, "the last user message has no text to answer", param="messages",
+                               code="empty_question")
+        documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
+        return "prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
+
+    @staticmethod
+    def _last_user_text(messages: list[dict]) -> str:
+        for message in reversed(messages):
+            if message.get("role") == "user":
+                text = content_text(message.get("content")).strip()
+                if text:
+                    return text
+        raise GatewayError(400, "the conversation has no user message with text", param="messages",
+                           code="no_user_message")
+
+    # -- decision -------------------------------------------------------------------------------
+    def _needs_retrieval(self, features: dict[str, float]) -> bool:
+        """Retrieval is skipped when a rule on query/document features decides before any rule or
+        classifier that would read retrieval features."""
+        for index, rule in enumerate(self.policy.routing.rules):
+            if rule.feature in RETRIEVAL_FEATURES:
+                return True
+            if rule_matches(rule, features):
+                logger.debug("rule %s decides without retrieval", rule_label(rule, index))
+                return False
+        return self.router.model is not None and self.policy.routing.classifier is not None
+
+    def retrieve(self, context: ContextRequest) -> Retrieval:
+        collection, _ = self.rag.collection_for(context)
+        return self.rag.retrieve(collection, context.question)
+
+    def plan(
+        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None
+    ) -> RoutePlan:
+        source, context, stats = self.resolve_context(chat, messages, header_collection)
+        features = extract_features(context.question, stats, None)
+        retrieval = None
+        forced = chat.selfroute.route if chat.selfroute else None
+        if forced is None and self._needs_retrieval(features):
+            retrieval = self.retrieve(context)
+            features = extract_features(context.question, stats, retrieval_signals(retrieval))
+        if forced is not None:
+            decision = RouteDecision(forced, f"forced by selfroute.route={forced}", None, None, features)
+        else:
+            decision = self.router.decide(features)
+        return RoutePlan(source, context, stats, decision, retrieval, messages)
+
+    # -- prompts --------------------------------------------------------------------------------
+    def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
+        try:
+            return self._prepare(plan, route)
+        except ContextTooLarge as exc:
+            raise GatewayError(400, f"the question does not fit the {route} route's window: {exc}",
+                               param="messages", code="context_length_exceeded") from None
+
+    def _prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
+        if route == RAG:
+            return self.rag.prepare(plan.context, plan.retrieval)
+        pipeline = self.long if route == LONG else self.direct
+        if plan.source == "prompt":
+            # the pure drop-in case: when the conversation fits, send it exactly as the client wrote it
+            tokens = count_message_tokens(plan.original_messages)
+            if tokens <= pipeline.budget_tokens:
+                provenance = {"route": route, "source": "prompt", "context_tokens": tokens, "all_fitted": True,
+                              "documents": [{"id": PROMPT_DOCUMENT_ID, "title": "conversation"}]}
+                return PreparedPrompt(plan.original_messages, provenance, tokens)
+        return pipeline.prepare(plan.context)
+
+    def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:
+        return {"source": plan.source, "question": plan.context.question[:500], **prepared.provenance, "route": route}

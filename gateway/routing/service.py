@@ -1,0 +1,236 @@
+"""Answering chat requests: pass-through for plain model names, and for policy aliases plan the route, call
+the model, and let the cheap answer be checked (gateway.routing.escalation) before it is trusted.
+
+Self-Route (Li et al., EMNLP 2024): the cheap route answers first from retrieved passages and is told
+to say "unanswerable" when they do not suffice; such an answer goes to the long route instead, unless
+the policy keeps refusals that the evidence says are right.
+
+This layer returns `Completed` or `Streamed` values (gateway.routing.calls); the server turns them into HTTP.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import anyio
+
+from gateway.errors import GatewayError
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.protocol import ChatCompletionRequest
+from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream, open_stream, stream_upstream
+from gateway.routing.decision import Router
+from gateway.routing.escalation import applies, check_cheap_answer
+from gateway.routing.model_files import load_route_model
+from gateway.settings import Settings
+from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
+from gateway.upstreams.local import is_packaged_local_model
+from pipelines.base import PreparedPrompt
+from pipelines.tokens import count_tokens
+from pipelines.unanswerable import UnanswerableDetector
+from policies.routes import LONG, PASSTHROUGH, RAG
+from policies.schema import ModelConfig, Policy
+
+if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported when the service is built, not with the app
+    from gateway.routing.planner import RoutePlan, RoutePlanner
+    from pipelines.embedding import Embedder
+    from pipelines.store import DocumentStore
+
+logger = logging.getLogger(__name__)
+
+
+def completion_text(completion: dict[str, Any]) -> str | None:
+    choices = completion.get("choices") or []
+    if not choices:
+        return None
+    message = choices[0].get("message") or {}
+    if message.get("tool_calls") or message.get("function_call"):
+        return "(tool call)"  # a tool call is an action, never a refusal
+    return message.get("content")
+
+
+def _chunk_text(data: bytes) -> str:
+    if b'"content"' not in data and b'"tool_calls"' not in data:
+        return ""
+    try:
+        choices = json.loads(data).get("choices") or []
+        delta = (choices[0].get("delta") or {}) if choices else {}
+    except (ValueError, AttributeError, IndexError) as exc:
+        raise malformed_chunk(exc) from None
+    if delta.get("tool_calls"):
+        return "(tool call)"
+    return delta.get("content") or ""
+
+
+def passthrough_config(policy: Policy, model: str) -> ModelConfig:
+    """A model named in the policy keeps its settings (base, key, prices); any other name goes as is,
+    except in-process models: a client may only run the packaged one or those the policy names, never
+    make the gateway load an arbitrary file from its disk."""
+    for config in (policy.cheap, policy.long):
+        if config.model == model:
+            return config
+    if model.startswith("local/") and not is_packaged_local_model(model):
+        raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
+    return ModelConfig(model=model)
+
+
+class RoutingService:
+    """Owns the document store, pipelines and router; answers chat requests."""
+
+    def __init__(self, settings: Settings, policy: Policy, policy_path: Path | None, upstream: Upstream, *,
+                 embedder: Embedder | None = None):
+        self.settings = settings
+        self.policy = policy
+        self.policy_path = policy_path
+        self.upstream = upstream
+        self._embedder = embedder
+        self.store: DocumentStore | None = None
+        self.planner: RoutePlanner | None = None
+        self.detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
+
+    def build(self) -> None:
+        """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
+        from gateway.routing.planner import RoutePlanner
+        from pipelines.embedding import Embedder
+        from pipelines.store import DocumentStore
+
+        rag = self.policy.rag
+        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size)
+        self.store = DocumentStore(self.settings.store_uri, embedder, rag)
+        router = Router(self.policy, load_route_model(self.policy, self.policy_path))
+        self.planner = RoutePlanner(self.policy, self.store, router)
+
+    def ready_planner(self) -> RoutePlanner:
+        if self.planner is None:
+            raise GatewayError(503, "the gateway is still starting", code="not_ready")
+        return self.planner
+
+    # -- pass-through ---------------------------------------------------------------------------
+    async def passthrough(self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> Answer:
+        entry.record.route = PASSTHROUGH
+        entry.record.reason = "model is not a routed alias"
+        config = passthrough_config(self.policy, chat.model)
+        if chat.stream:
+            return await stream_upstream(self.upstream, entry, config, PASSTHROUGH, body,
+                                         client_wants_usage=chat.wants_usage_in_stream)
+        completion = await complete_upstream(self.upstream, entry, config, PASSTHROUGH, body)
+        entry.finish(200)
+        return Completed(completion)
+
+    # -- routed ---------------------------------------------------------------------------------
+    async def route(
+        self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, header_collection: str | None
+    ) -> Answer:
+        planner = self.ready_planner()
+        plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection)
+        decision = plan.decision
+        entry.record.route, entry.record.reason = decision.route, decision.reason
+        route = decision.route
+        prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
+        config = self.policy.long if route == LONG else self.policy.cheap
+        checked = applies(self.policy, decision)
+        if chat.stream:
+            if checked:
+                return await self._stream_checked(chat, body, plan, prepared, entry)
+            return await self._stream(chat, body, config, route, plan, prepared, entry)
+        completion = await self._call(config, body, prepared, route, entry)
+        if checked:
+            verdict = check_cheap_answer(self.policy, decision, self.detector.is_unanswerable(completion_text(completion)))
+            entry.record.reason = verdict.reason(decision)
+            if verdict.escalate:
+                entry.record.route = route = verdict.outcome
+                prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
+                completion = await self._call(self.policy.long, body, prepared, LONG, entry)
+        provenance = planner.provenance(plan, prepared, route)
+        entry.record.provenance = provenance
+        entry.counterfactual(self.policy.long, plan.context_tokens)
+        entry.finish(200)
+        completion["selfroute"] = {
+            "route": route, "reason": entry.record.reason, "rule": decision.rule,
+            "probability": decision.probability, "request_id": entry.record.id, "provenance": provenance,
+        }
+        return Completed(completion)
+
+    @staticmethod
+    def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:
+        return {**body, "model": config.model, "messages": prepared.messages}
+
+    async def _call(
+        self, config: ModelConfig, body: dict[str, Any], prepared: PreparedPrompt, route: str,
+        entry: RequestLedgerEntry,
+    ) -> dict[str, Any]:
+        return await complete_upstream(self.upstream, entry, config, route, self._body(body, config, prepared))
+
+    async def _stream(self, chat, body, config, route, plan: RoutePlan, prepared, entry) -> Streamed:
+        entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
+        return await stream_upstream(
+            self.upstream, entry, config, route, self._body(body, config, prepared),
+            client_wants_usage=chat.wants_usage_in_stream,
+            before_finish=lambda: entry.counterfactual(self.policy.long, plan.context_tokens),
+        )
+
+    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, entry) -> Streamed:
+        """Hold the cheap stream until its opening shows it is not a refusal; on a refusal, stream the long answer."""
+        cheap = self.policy.cheap
+        started = time.perf_counter()
+        try:
+            first, chunks = await open_stream(self.upstream, cheap, self._body(body, cheap, prepared))
+        except GatewayError as exc:
+            entry.add_call(cheap, RAG, None, (time.perf_counter() - started) * 1000, exc.message)
+            raise
+        held: list[bytes] = []
+        text = ""
+        usage = None
+        ended = first is None
+        data = first
+        try:
+            while data is not None:
+                held.append(data)
+                text += _chunk_text(data)
+                try:
+                    usage = chunk_usage(data) or usage
+                except (ValueError, AttributeError) as exc:
+                    raise malformed_chunk(exc) from None
+                if len(" ".join(text.split())) > self.detector.head_chars:
+                    break  # the opening is settled: later text cannot make it a refusal
+                try:
+                    data = await chunks.__anext__()
+                except StopAsyncIteration:
+                    data, ended = None, True
+        except GatewayError as exc:  # nothing was sent yet: the client gets a proper status
+            entry.add_call(cheap, RAG, usage, (time.perf_counter() - started) * 1000, exc.message)
+            await chunks.aclose()
+            raise
+        decision = plan.decision
+        verdict = check_cheap_answer(self.policy, decision, self.detector.is_unanswerable(text))
+        entry.record.reason = verdict.reason(decision)
+        if not verdict.escalate:
+            entry.record.provenance = self.ready_planner().provenance(plan, prepared, RAG)
+
+            async def held_then_rest() -> AsyncIterator[bytes]:
+                try:
+                    for item in held[1:]:
+                        yield item
+                    if not ended:
+                        async for item in chunks:
+                            yield item
+                finally:
+                    await chunks.aclose()  # closing this generator must close the upstream stream too
+
+            def finish_cheap(final_usage, error, status) -> None:
+                entry.add_call(cheap, RAG, final_usage, (time.perf_counter() - started) * 1000, error)
+                entry.counterfactual(self.policy.long, plan.context_tokens)
+                entry.finish(status, error)
+
+            return Streamed(held[0] if held else None, held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
+        # the refusal never reaches the client: close the cheap stream and answer from the long route
+        if not ended:
+            await chunks.aclose()
+        if usage is None:  # cut short before the upstream reported usage: count what was sent and received
+            usage = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(text)}
+        entry.add_call(cheap, RAG, usage, (time.perf_counter() - started) * 1000)
+        entry.record.route = verdict.outcome
+        long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
+        return await self._stream(chat, body, self.policy.long, LONG, plan, long_prepared, entry)

@@ -1,0 +1,116 @@
+"""Admin HTTP endpoints over the ledger (admin key required) and the dashboard page.
+
+GET /v1/admin/requests        filters since, until, route, key, policy, status; limit + cursor pagination
+GET /v1/admin/requests/{id}   one request with its legs and provenance
+GET /v1/admin/costs?by=...    per-group spend, always-long counterfactual and saving
+GET /v1/admin/summary         what the dashboard draws (?window=24h)
+GET /dashboard                the self-contained dashboard page (its data calls need the admin key)
+
+Queries live in gateway.ledger.reports and run in a worker thread, each on its own read-only connection.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from importlib import resources
+from typing import Any, Callable
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from gateway.ledger import summary as dashboard_data
+from gateway.ledger import reports
+from gateway.errors import invalid_request
+from gateway.server.state import gateway_of
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = "24h"
+MAX_WINDOW_S = 90 * 86400
+
+
+def _filters(request: Request) -> reports.Filters:
+    q = request.query_params
+    return reports.Filters.parse(since=q.get("since"), until=q.get("until"), route=q.get("route"), key=q.get("key"),
+                                 policy=q.get("policy"), status=q.get("status"))
+
+
+async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
+    """Check the admin key, then run `work(conn)` off the event loop on a fresh read-only connection."""
+    gateway = gateway_of(request)
+    gateway.auth.check_admin(request)
+    path = gateway.ledger.path
+
+    def run() -> Any:
+        conn = reports.connect_reader(path)
+        try:
+            return work(conn)
+        finally:
+            conn.close()
+
+    return JSONResponse(await run_in_threadpool(run))
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise invalid_request(f"{name} must be an integer", param=name, code=f"invalid_{name}") from None
+
+
+async def list_requests(request: Request) -> Response:
+    filters = _filters(request)
+    limit = _int_param(request, "limit", 50)
+    cursor = request.query_params.get("cursor")
+    return await _query(request, lambda conn: reports.list_requests(conn, filters, limit=limit, cursor=cursor))
+
+
+async def get_request(request: Request) -> Response:
+    request_id = request.path_params["request_id"]
+    return await _query(request, lambda conn: reports.get_request(conn, request_id))
+
+
+async def costs(request: Request) -> Response:
+    filters = _filters(request)
+    by = request.query_params.get("by", "route")
+    if by not in reports.GROUPINGS:  # fail before touching the database
+        raise invalid_request(f"cannot group by {by!r}: use one of {', '.join(reports.GROUPINGS)}", param="by",
+                              code="invalid_grouping")
+    return await _query(request, lambda conn: reports.costs(conn, by, filters))
+
+
+async def summary(request: Request) -> Response:
+    text = request.query_params.get("window", DEFAULT_WINDOW)
+    now = time.time()
+    window = now - reports.parse_time(text, now=now)
+    if not 60 <= window <= MAX_WINDOW_S:
+        raise invalid_request("window must be an age between 1m and 90d, like 1h, 24h or 7d", param="window",
+                              code="invalid_window")
+    top = max(1, min(_int_param(request, "top", 10), 100))
+    return await _query(request, lambda conn: dashboard_data.summary(conn, window=window, now=now, top=top))
+
+
+_page_cache: dict[str, bytes] = {}
+
+
+async def dashboard(request: Request) -> Response:
+    # The page itself holds no data; it asks for the admin key and calls /v1/admin/summary with it.
+    if "page" not in _page_cache:
+        _page_cache["page"] = resources.files("gateway.server").joinpath("static/dashboard.html").read_bytes()
+    return HTMLResponse(_page_cache["page"], headers={"cache-control": "no-cache",
+                                                      "referrer-policy": "no-referrer"})
+
+
+def admin_routes() -> list[Route]:
+    return [
+        Route("/v1/admin/requests", list_requests, methods=["GET"]),
+        Route("/v1/admin/requests/{request_id:path}", get_request, methods=["GET"]),
+        Route("/v1/admin/costs", costs, methods=["GET"]),
+        Route("/v1/admin/summary", summary, methods=["GET"]),
+        Route("/dashboard", dashboard, methods=["GET"]),
+    ]

@@ -1,0 +1,55 @@
+"""POST /v1/chat/completions: authenticate, validate, hand the request to routing, and send its answer."""
+from __future__ import annotations
+
+import logging
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import GatewayError
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.protocol import parse_chat_request
+from gateway.routing.calls import Answer, Completed
+from gateway.server import headers
+from gateway.server.bodies import json_response, read_body
+from gateway.server.errors import error_response
+from gateway.server.state import gateway_of
+from gateway.server.streaming import stream_response
+
+logger = logging.getLogger(__name__)
+
+
+def route_headers(entry: RequestLedgerEntry) -> dict[str, str]:
+    # header values must be latin-1; reasons are ours and ASCII, but be safe
+    reason = (entry.record.reason or "").encode("ascii", "replace").decode()
+    return {headers.ROUTE: entry.record.route or "", headers.REASON: reason}
+
+
+def render(answer: Answer, extra_headers: dict[str, str]) -> Response:
+    if isinstance(answer, Completed):
+        return json_response(answer.completion, headers=extra_headers)
+    return stream_response(answer, headers=extra_headers)
+
+
+async def chat_completions(request: Request) -> Response:
+    gateway = gateway_of(request)
+    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+    try:
+        caller = gateway.auth.check(request)
+        entry.record.key_id = caller.key_id
+        raw = await read_body(request, gateway.settings.max_body_bytes)
+        chat, body = parse_chat_request(raw)
+        entry.record.alias = chat.model
+        entry.record.stream = bool(chat.stream)
+        if chat.model in gateway.policy.aliases:
+            answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
+            return render(answer, route_headers(entry))
+        return render(await gateway.routing.passthrough(chat, body, entry), {})
+    except GatewayError as exc:
+        entry.finish(exc.status, exc.message)
+        return error_response(exc)
+    except Exception as exc:  # logged once here, answered with the envelope, never a traceback
+        logger.exception("chat completion %s failed", entry.record.id)
+        entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_response(GatewayError(500, "internal error in the gateway; see the gateway log",
+                                           code="internal_error"))

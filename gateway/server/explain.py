@@ -1,0 +1,25 @@
+"""POST /v1/route/explain: the routing decision for a chat body, with estimates, and no LLM call."""
+from __future__ import annotations
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.protocol import parse_chat_request
+from gateway.routing.explain import explain_plan
+from gateway.server import headers
+from gateway.server.bodies import json_response, read_body
+from gateway.server.state import gateway_of
+
+
+async def explain_route(request: Request) -> Response:
+    gateway = gateway_of(request)
+    gateway.auth.check(request)
+    raw = await read_body(request, gateway.settings.max_body_bytes)
+    chat, body = parse_chat_request(raw)
+    planner = gateway.routing.ready_planner()
+    result = await anyio.to_thread.run_sync(
+        explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
+        request.headers.get(headers.COLLECTION),
+    )
+    return json_response(result)

@@ -1,0 +1,7 @@
+"""HTTP header names the gateway reads or writes: spelled once here."""
+from __future__ import annotations
+
+REQUEST_ID = "x-selfroute-request-id"  # on every response
+ROUTE = "x-selfroute-route"  # routed answers: direct | rag | long | rag>long
+REASON = "x-selfroute-reason"  # why that route
+COLLECTION = "x-selfroute-collection"  # a request's collection, instead of extra_body selfroute.collection

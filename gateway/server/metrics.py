@@ -1,0 +1,113 @@
+"""Prometheus metrics fed by ledger records: `ledger.subscribe(metrics.observe)`, served at GET /metrics.
+
+Each GatewayMetrics owns its registry, so several apps (tests) in one process never collide.
+Labels stay low-cardinality: the request's route, model, status; never key ids or request ids.
+Clients choose model names on pass-through requests, so only the first MAX_MODEL_LABELS distinct
+names get a label of their own; later ones are counted under "other".
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.ledger.records import RequestRecord
+from policies.routes import FALLBACK as FALLBACK_ROUTE
+
+logger = logging.getLogger(__name__)
+
+MAX_MODEL_LABELS = 64
+OTHER_MODEL = "other"
+LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def _route(value: str | None) -> str:
+    return value or "unknown"
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None, max_model_labels: int = MAX_MODEL_LABELS):
+        self.max_model_labels = max_model_labels
+        self._models: set[str] = set()
+        self._models_lock = threading.Lock()
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("selfroute_requests", "Requests answered, by route and HTTP status.",
+                                ["route", "status"], registry=r)
+        self.request_cost = Counter("selfroute_request_cost_usd", "Cost of requests in USD (all their legs), by route.",
+                                    ["route"], registry=r)
+        self.counterfactual_cost = Counter(
+            "selfroute_counterfactual_cost_usd", "What always-long-context would have cost, in USD, by route.",
+            ["route"], registry=r)
+        self.tokens = Counter("selfroute_tokens", "Upstream tokens by request route, model and kind (prompt|completion).",
+                              ["route", "model", "kind"], registry=r)
+        self.cost = Counter("selfroute_cost_usd", "Upstream cost in USD by request route and model.",
+                            ["route", "model"], registry=r)
+        self.upstream_calls = Counter("selfroute_upstream_calls", "Upstream calls (legs) by request route and model.",
+                                      ["route", "model"], registry=r)
+        self.fallbacks = Counter("selfroute_fallbacks", "Self-Route fallbacks: a RAG answer judged unanswerable, "
+                                 "answered again with long context.", registry=r)
+        self.upstream_errors = Counter("selfroute_upstream_errors", "Upstream calls that failed, by request route and model.",
+                                       ["route", "model"], registry=r)
+        self.request_latency = Histogram("selfroute_request_latency_seconds", "Request latency by route.",
+                                         ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.upstream_latency = Histogram("selfroute_upstream_latency_seconds", "Upstream call latency by request route and model.",
+                                          ["route", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric, *labels: str):
+        # prometheus_client's .labels() validates and locks on every call; observe runs on the request's thread
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def _model(self, name: str) -> str:
+        """The label for a model name: its own for the first max_model_labels names seen, else "other"."""
+        if name in self._models:
+            return name
+        with self._models_lock:  # requests finish on several threads: the cap must hold exactly
+            if name in self._models or len(self._models) < self.max_model_labels:
+                self._models.add(name)
+                return name
+        return OTHER_MODEL
+
+    def observe(self, record: RequestRecord) -> None:
+        """Count one finished request and its legs (runs on the request's thread: only counter updates)."""
+        route = _route(record.route)
+        self._child(self.requests, route, str(record.status)).inc()
+        self._child(self.request_cost, route).inc(max(record.cost_usd, 0.0))
+        self._child(self.counterfactual_cost, route).inc(max(record.counterfactual_cost_usd, 0.0))
+        if record.route == FALLBACK_ROUTE:
+            self.fallbacks.inc()
+        if record.latency_ms is not None:
+            self._child(self.request_latency, route).observe(record.latency_ms / 1000)
+        for call in record.calls:
+            model = self._model(call.model)
+            self._child(self.upstream_calls, route, model).inc()
+            self._child(self.tokens, route, model, "prompt").inc(call.prompt_tokens)
+            self._child(self.tokens, route, model, "completion").inc(call.completion_tokens)
+            self._child(self.cost, route, model).inc(max(call.cost_usd, 0.0))
+            if call.error:
+                self._child(self.upstream_errors, route, model).inc()
+            if call.latency_ms is not None:
+                self._child(self.upstream_latency, route, model).observe(call.latency_ms / 1000)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    # Open like most scrape targets: only aggregate counters, no keys, prompts or request ids.
+    metrics: GatewayMetrics = request.app.state.gateway.metrics
+    return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_route() -> Route:
+    return Route("/metrics", metrics_endpoint, methods=["GET"])

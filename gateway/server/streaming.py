@@ -1,0 +1,103 @@
+"""Relaying an upstream stream to the client as server-sent events."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import AsyncIterator
+
+import anyio
+from starlette.responses import StreamingResponse
+
+from gateway.errors import GatewayError
+from gateway.routing.calls import Streamed, StreamFinish
+from gateway.server.sse import DONE, sse_event, sse_json
+from gateway.upstreams.base import chunk_usage, malformed_chunk
+
+logger = logging.getLogger(__name__)
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before the stream ended
+
+
+class EventStreamResponse(StreamingResponse):
+    """SSE that always watches for the client leaving (Starlette only does so for older ASGI servers), so
+    an abandoned stream stops pulling, and paying for, upstream tokens at once instead of at its end."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], headers: dict[str, str] | None = None):
+        super().__init__(content, headers={"cache-control": "no-cache", **(headers or {})})
+
+    async def __call__(self, scope, receive, send) -> None:
+        async with anyio.create_task_group() as group:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:  # the socket went away mid-write
+                    pass
+                group.cancel_scope.cancel()
+
+            group.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            group.cancel_scope.cancel()
+
+
+def stream_response(streamed: Streamed, headers: dict[str, str] | None = None) -> EventStreamResponse:
+    return EventStreamResponse(
+        relay_stream(streamed.first, streamed.chunks, streamed.client_wants_usage, streamed.finish), headers=headers
+    )
+
+
+async def relay_stream(
+    first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool, finish: StreamFinish,
+) -> AsyncIterator[bytes]:
+    """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
+
+    `finish(usage, error, status)` runs exactly once, however the stream ends. The HTTP status was 200
+    when the headers went out; the ledger records how the request really ended (an error's status, or
+    499 when the client left), so failed streams show up as failures in the reports.
+    """
+    usage = None
+    finished = False
+
+    async def end(error: str | None, status: int) -> None:
+        # settle the ledger before the last event goes out: a client that has read [DONE] finds its row
+        nonlocal finished
+        finished = True
+        with anyio.CancelScope(shield=True):  # close the upstream even while being cancelled
+            closer = getattr(chunks, "aclose", None)
+            if closer is not None:
+                await closer()
+        finish(usage, error, status)
+
+    try:
+        data = first
+        while data is not None:
+            try:
+                found = chunk_usage(data)
+                forward = found is None or client_wants_usage or bool(json.loads(data).get("choices"))
+            except (ValueError, AttributeError) as exc:
+                raise malformed_chunk(exc) from None
+            if found is not None:
+                usage = found
+            if forward:
+                yield sse_event(data)
+            try:
+                data = await chunks.__anext__()
+            except StopAsyncIteration:
+                data = None
+        await end(None, 200)
+        yield DONE
+    except GatewayError as exc:
+        await end(exc.message, exc.status)
+        yield sse_json(exc.body())
+        yield DONE
+    except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut
+        logger.exception("stream relay failed")
+        failure = GatewayError(502, f"upstream stream failed: {type(exc).__name__}: {exc}", code="upstream_error")
+        await end(failure.message, failure.status)
+        yield sse_json(failure.body())
+        yield DONE
+    finally:
+        if not finished:
+            await end("client disconnected before the stream ended", CLIENT_CLOSED)

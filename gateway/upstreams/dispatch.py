@@ -1,0 +1,46 @@
+"""Dispatch on the model string's provider prefix: OpenAI-compatible HTTP upstreams take the direct aiohttp
+path, `local/...` runs the in-process model, and every other provider prefix (anthropic/, gemini/, ollama/,
+...) goes through litellm, which translates the protocol. A bare model name goes to the OpenAI-compatible
+upstream, as it would from the openai client.
+"""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator
+
+from gateway.errors import GatewayError
+from gateway.upstreams.base import Upstream, split_provider
+from gateway.upstreams.direct import DIRECT_PROVIDERS
+from policies.schema import ModelConfig
+
+
+class ProviderUpstream:
+    """Dispatch on the provider prefix of the model string."""
+
+    def __init__(self, direct: Upstream, litellm: Upstream | None = None, local: Upstream | None = None):
+        self.direct = direct
+        self.litellm = litellm
+        self.local = local
+
+    def _pick(self, config: ModelConfig) -> Upstream:
+        provider, _ = split_provider(config.model)
+        if provider == "local":
+            if self.local is None:
+                raise GatewayError(503, "the local model is not available in this gateway", code="local_model_unavailable")
+            return self.local
+        if provider is None or provider in DIRECT_PROVIDERS:
+            # a bare model name means the OpenAI-compatible upstream (OPENAI_API_BASE), as with the openai client
+            return self.direct
+        if self.litellm is None:
+            raise GatewayError(503, f"no upstream for provider {provider!r}", code="provider_unavailable")
+        return self.litellm
+
+    async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._pick(config).complete(config, body)
+
+    def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        return self._pick(config).stream(config, body)
+
+    async def aclose(self) -> None:
+        for part in (self.direct, self.litellm, self.local):
+            if part is not None:
+                await part.aclose()

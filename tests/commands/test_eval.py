@@ -1,0 +1,133 @@
+"""`selfroute eval prepare-leval | replay | absent` on tiny fixtures of our own (real MiniLM + LanceDB)."""
+import json
+
+import pytest
+
+from gateway.cli import main
+from tests.routing_fixtures import write_paired_fixture
+
+STRATEGIES = ["always-long", "always-rag", "self-route", "rules+classifier", "router (rules+classifier+fallback)",
+              "router + keep-refusal option", "oracle"]
+
+
+def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
+    leval = tmp_path / "leval"
+    tasks = leval / "LEval-data" / "Closed-ended-tasks"
+    tasks.mkdir(parents=True)
+    lines = [
+        {"input": "Document zero text.", "instructions": ["Q0a?", "Q0b?"], "outputs": ["a", "b"]},
+        {"input": "Document one text.", "instructions": ["Q1a?"], "outputs": ["c"]},
+    ]
+    (tasks / "quiz.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    paired = [
+        {"task": "quiz", "doc": 0, "question": 1, "query": "Q0b?", "gt": "b", "rag_pred": "b", "lc_pred": "x",
+         "metric": "exam", "rag_score": 1.0, "lc_score": 0.0},
+        {"task": "quiz", "doc": 1, "question": 0, "query": "Q1a?", "gt": "c", "rag_pred": "unanswerable",
+         "lc_pred": "c", "metric": "exam", "rag_score": 0.0, "lc_score": 1.0},
+        {"task": "quiz", "doc": 1, "question": 0, "query": "Different?", "gt": "c", "rag_pred": "c",
+         "lc_pred": "c", "metric": "exam", "rag_score": 1.0, "lc_score": 1.0},
+    ]
+    (leval / "paired_rag_vs_lc.jsonl").write_text("".join(json.dumps(x) + "\n" for x in paired))
+    out = tmp_path / "out"
+    assert main(["eval", "prepare-leval", str(leval), str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "paired.jsonl").read_text().splitlines()]
+    assert [r["doc_id"] for r in rows] == ["quiz-000", "quiz-001", "quiz-001"]
+    assert rows[1] == {"doc_id": "quiz-001", "query": "Q1a?", "rag_score": 0.0, "lc_score": 1.0,
+                       "rag_pred": "unanswerable", "lc_pred": "c", "task": "quiz", "gt": "c", "group": "quiz-001",
+                       "metric": "exam"}
+    assert (out / "docs" / "quiz-000.txt").read_text() == "Document zero text."
+    printed = capsys.readouterr().out
+    assert "3 questions over 2 documents" in printed and "1 queries differ" in printed
+    assert main(["eval", "prepare-leval", str(tmp_path / "missing"), str(out)]) == 2
+
+
+@pytest.fixture(scope="module")
+def replay_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("replay")
+    paired, docs = write_paired_fixture(folder)
+    data_dir = folder / "data"
+    plot = folder / "curve.png"
+    args = ["eval", "replay", "--data", str(paired), "--docs", str(docs), "--folds", "3", "--prices", "reference",
+            "--estimator", "logistic",
+            "--data-dir", str(data_dir), "--log-level", "WARNING"]
+    return {"args": args, "plot": plot, "data_dir": data_dir, "folder": folder}
+
+
+@pytest.mark.slow
+def test_replay_json_has_every_strategy_and_sane_accounting(replay_run, capsys):
+    assert main([*replay_run["args"], "--json", "--plot", str(replay_run["plot"])]) == 0
+    result = json.loads(capsys.readouterr().out)
+    by_name = {s["name"]: s for s in result["strategies"]}
+    assert list(by_name) == STRATEGIES
+    assert by_name["always-long"]["tokens_vs_long"] == 1.0 and by_name["always-long"]["cost_vs_long"] == 1.0
+    assert by_name["always-rag"]["tokens_vs_long"] < 1.0
+    for s in result["strategies"]:
+        assert by_name["oracle"]["quality"] >= s["quality"] - 1e-12
+    # six documents, one refusal each: self-route escalates exactly those
+    assert by_name["self-route"]["route_shares"]["rag>long"] == pytest.approx(6 / 30)
+    assert result["questions"] == 30 and result["documents"] == 6
+    assert "gpt-3.5-turbo" in result["prices"]["source"]
+    gap = result["gap_recovery"]
+    assert gap["quality_long"] > gap["quality_rag"] and 0.0 <= gap["cpt50"] <= 1.0
+    assert replay_run["plot"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curve = result["curves"]["rules+classifier (thresholds)"]
+    assert curve[0]["long_share"] == 0.0 and curve[-1]["long_share"] == 1.0
+
+
+@pytest.mark.slow
+def test_replay_table_output(replay_run, capsys):
+    # second run: routing inputs come from the cache under --data-dir
+    assert main(replay_run["args"]) == 0
+    out = capsys.readouterr().out
+    for name in STRATEGIES:
+        assert f"| {name}" in out
+    assert "APGR" in out and "CPT(50%)" in out and "30 questions over 6 documents" in out
+
+
+SQUAD = {
+    "version": "v2.0",
+    "data": [
+        {
+            "title": "Harbour",
+            "paragraphs": [
+                {"context": "Kestrel Harbour was built in 1871. Its keeper, Ada Quill, kept the tide gauge of copper.",
+                 "qas": [
+                     {"id": "1", "question": "Who kept the tide gauge?", "is_impossible": False,
+                      "answers": [{"text": "Ada Quill", "answer_start": 40}]},
+                     {"id": "2", "question": "What colour was the lighthouse on Mars?", "is_impossible": True,
+                      "answers": []},
+                 ]},
+                {"context": "The harbour received forty ships in its first year, mostly fishing boats.",
+                 "qas": [
+                     {"id": "3", "question": "How many ships came in the first year?", "is_impossible": False,
+                      "answers": [{"text": "forty", "answer_start": 21}]},
+                     {"id": "4", "question": "Which king opened the airport?", "is_impossible": True,
+                      "answers": []},
+                 ]},
+            ],
+        }
+    ],
+}
+
+
+@pytest.mark.slow
+def test_absent_reports_kept_and_escalated_refusals(tmp_path, capsys):
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps(SQUAD))
+    policy = tmp_path / "policy.yaml"
+    from policies.loader import shipped_policy_path
+
+    text = shipped_policy_path().read_text().replace(
+        "  fallback:\n    enabled: true",
+        "  fallback:\n    enabled: true\n    keep_refusal_when_absent: true\n    absent_max_top_score: 0.99\n"
+        "    absent_min_probability: 0.0",
+    )
+    policy.write_text(text)
+    rc = main(["eval", "absent", "--squad", str(squad), "--policy", str(policy), "--json",
+               "--data-dir", str(tmp_path / "data")])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_unanswerable"] == 2 and report["n_answerable"] == 2
+    # thresholds that accept any evidence keep every refusal
+    assert report["kept_unanswerable"] == 2 and report["kept_answerable"] == 2
+    assert set(report["auc_for_absent"]) == {"-top_score", "-term_coverage", "-top_margin", "P(cheap)"}

@@ -1,0 +1,111 @@
+import pytest
+
+from gateway.evaluation.replay import (
+    Prices,
+    ReplayItem,
+    gap_recovery,
+    oracle,
+    router_strategy,
+    run_strategies,
+    self_route,
+    sweep,
+    threshold_grid,
+)
+from gateway.routing.decision import Router
+from policies.schema import Policy
+
+PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
+
+
+def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t"):
+    return ReplayItem(
+        doc_id="d", group="d", query="q", rag_score=rag, lc_score=lc, rag_refused=refused,
+        rag_prompt_tokens=1000, long_prompt_tokens=5000, direct_prompt_tokens=context,
+        rag_output_tokens=10, long_output_tokens=20,
+        features={"context_tokens": context, "cross_ref_count": cross_refs, "top_score": top},
+        probability=p, task=task,
+    )
+
+
+def policy(**fallback) -> Policy:
+    return Policy.model_validate({
+        "cheap": {"model": "a/cheap"}, "long": {"model": "a/long"},
+        "routing": {
+            "rules": [
+                {"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"},
+                {"name": "refs", "feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
+            ],
+            "classifier": {"threshold": 0.5},
+            "fallback": fallback,
+        },
+    })
+
+
+ITEMS = [
+    item(1.0, 1.0, 0.9),
+    item(0.0, 1.0, 0.2),
+    item(0.0, 1.0, 0.8, refused=True),
+    item(1.0, 0.0, 0.7),
+    item(0.5, 0.5, 0.6, context=1000),  # short: direct
+    item(1.0, 1.0, 0.9, cross_refs=30),  # dense references: long
+]
+
+
+def by_name(results):
+    return {r.name: r for r in results}
+
+
+def test_strategies_and_their_accounting():
+    results = by_name(run_strategies(ITEMS, policy(), PRICES))
+    long, rag = results["always-long"], results["always-rag"]
+    assert long.quality == pytest.approx(4.5 / 6) and long.tokens_vs_long == 1.0 and long.cost_vs_long == 1.0
+    assert long.route_shares == {"long": 1.0}
+    assert rag.quality == pytest.approx(3.5 / 6) and rag.tokens_vs_long == pytest.approx(1000 / 5000)
+    # self-route: the refusal escalates; both legs are paid
+    sr = results["self-route"]
+    assert sr.quality == pytest.approx(4.5 / 6)
+    assert sr.prompt_tokens == 6 * 1000 + 5000
+    assert sr.route_shares == pytest.approx({"rag": 5 / 6, "rag>long": 1 / 6})
+    # rules + classifier: direct, long by rule, long by P=0.2, rag for the others; direct scored min(rag, lc)
+    rc = results["rules+classifier"]
+    assert rc.route_shares == pytest.approx({"direct": 1 / 6, "long": 2 / 6, "rag": 3 / 6})
+    assert rc.quality == pytest.approx((1 + 1 + 0 + 1 + 0.5 + 1) / 6)
+    product = results["router (rules+classifier+fallback)"]
+    assert product.quality == pytest.approx((1 + 1 + 1 + 1 + 0.5 + 1) / 6)
+    assert results["oracle"].quality == pytest.approx(5.5 / 6)
+    for r in results.values():
+        assert results["oracle"].quality >= r.quality - 1e-12
+    expected_long_cost = 6 * (5000 * 10 + 20 * 20) / 1e6
+    assert long.cost_usd == pytest.approx(expected_long_cost)
+
+
+def test_keep_refusal_keeps_the_cheap_answer_and_its_single_leg():
+    refusing = [item(0.0, 1.0, 0.8, refused=True, top=0.2)]
+    kept = router_strategy(Router(policy(keep_refusal_when_absent=True, absent_max_top_score=0.3)), True)(refusing[0])
+    assert kept.route == "kept-refusal" and kept.score == 0.0 and len(kept.legs) == 1
+    escalated = router_strategy(Router(policy()), True)(refusing[0])
+    assert escalated.route == "rag>long" and len(escalated.legs) == 2
+    assert self_route(refusing[0]).route == "rag>long"
+    assert oracle(item(0.5, 0.5, 0.1)).route == "rag"  # ties go to the cheaper route
+
+
+def test_threshold_sweep_spans_all_rag_to_all_long():
+    plain = [item(r, l, p) for r, l, p in [(1, 0, 0.9), (0, 1, 0.1), (1, 1, 0.5), (0, 1, 0.3)]]
+    grid = threshold_grid([i.probability for i in plain], steps=10)
+    assert grid[0] == 0.0 and grid[-1] > 0.9
+    points = sweep(plain, policy(), PRICES, fallback=False, steps=10)
+    assert points[0]["long_share"] == 0.0 and points[-1]["long_share"] == 1.0
+    assert points[-1]["cost_vs_long"] == pytest.approx(1.0)
+
+
+def test_gap_recovery_on_a_designed_ranking():
+    # four questions; the two where long wins have the lowest P(cheap): a perfect classifier
+    items = [item(0, 1, 0.1), item(0, 1, 0.2), item(1, 1, 0.8), item(1, 1, 0.9)]
+    gap = gap_recovery(items)
+    assert gap.quality_rag == 0.5 and gap.quality_long == 1.0
+    assert gap.cpt50 == 0.25 and gap.cpt80 == 0.5
+    # PGR curve 0, .5, 1, 1, 1 at shares 0, .25, .5, .75, 1 -> trapezoid area .75
+    assert gap.apgr == pytest.approx(0.75) and gap.apgr_oracle == pytest.approx(0.75)
+    reversed_items = [item(0, 1, 0.9), item(0, 1, 0.8), item(1, 1, 0.1), item(1, 1, 0.2)]
+    assert gap_recovery(reversed_items).apgr == pytest.approx(0.25)  # curve 0, 0, 0, .5, 1
+    assert gap_recovery([item(1, 0, 0.5)]).apgr is None  # no gap to recover

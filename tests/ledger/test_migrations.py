@@ -1,0 +1,98 @@
+"""The ledger schema after every migration, spelled out in full (as simonw/llm's test_migrate.py does):
+a migration that adds, drops or retypes anything must change this file too."""
+from __future__ import annotations
+
+from gateway.ledger.database import connect, migrate
+from gateway.ledger.records import CALL_COLUMNS, REQUEST_COLUMNS
+from gateway.ledger.writer import Ledger
+
+# table -> [(column, declared type, not null, primary-key position)]
+EXPECTED_TABLES = {
+    "call_rollup_daily": [
+        ("day", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
+        ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
+        ("errors", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
+        ("cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0), ("latency_count", "INTEGER", 1, 0),
+    ],
+    "call_rollup_hourly": [
+        ("hour", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
+        ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
+        ("errors", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
+        ("cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0), ("latency_count", "INTEGER", 1, 0),
+    ],
+    "latency_buckets": [("bucket", "INTEGER", 0, 1), ("upper_ms", "REAL", 1, 0)],
+    "latency_rollup_hourly": [
+        ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("bucket", "INTEGER", 1, 3), ("requests", "INTEGER", 1, 0),
+    ],
+    "request_rollup_daily": [
+        ("day", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("policy", "TEXT", 1, 3), ("key_id", "TEXT", 1, 4),
+        ("status", "INTEGER", 1, 5), ("requests", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0),
+        ("completion_tokens", "INTEGER", 1, 0), ("context_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
+        ("counterfactual_cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0),
+        ("latency_count", "INTEGER", 1, 0),
+    ],
+    "request_rollup_hourly": [
+        ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("policy", "TEXT", 1, 3), ("key_id", "TEXT", 1, 4),
+        ("status", "INTEGER", 1, 5), ("requests", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0),
+        ("completion_tokens", "INTEGER", 1, 0), ("context_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
+        ("counterfactual_cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0),
+        ("latency_count", "INTEGER", 1, 0),
+    ],
+    "requests": [
+        ("id", "TEXT", 0, 1), ("created_at", "REAL", 1, 0), ("key_id", "TEXT", 0, 0), ("policy", "TEXT", 0, 0),
+        ("alias", "TEXT", 0, 0), ("route", "TEXT", 0, 0), ("reason", "TEXT", 0, 0), ("status", "INTEGER", 1, 0),
+        ("error", "TEXT", 0, 0), ("stream", "INTEGER", 1, 0), ("latency_ms", "REAL", 0, 0),
+        ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
+        ("context_tokens", "INTEGER", 1, 0), ("counterfactual_cost_usd", "REAL", 1, 0),
+        ("provenance", "TEXT", 0, 0),
+    ],
+    "schema_migrations": [("version", "INTEGER", 0, 1), ("name", "TEXT", 1, 0), ("applied_at", "REAL", 1, 0)],
+    "sqlite_sequence": [("name", "", 0, 0), ("seq", "", 0, 0)],
+    "upstream_calls": [
+        ("id", "INTEGER", 0, 1), ("request_id", "TEXT", 1, 0), ("created_at", "REAL", 1, 0), ("model", "TEXT", 1, 0),
+        ("route", "TEXT", 0, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
+        ("cost_usd", "REAL", 1, 0), ("latency_ms", "REAL", 0, 0), ("error", "TEXT", 0, 0),
+    ],
+}
+EXPECTED_INDEXES = [
+    "requests_created_at", "requests_key_created_at", "requests_policy_created_at", "requests_route_created_at",
+    "requests_status_created_at", "upstream_calls_model_created_at", "upstream_calls_request_id",
+]
+EXPECTED_TRIGGERS = [
+    "call_rollup_daily_insert", "call_rollup_daily_update", "call_rollup_delete", "call_rollup_insert",
+    "latency_rollup_delete", "latency_rollup_insert", "latency_rollup_replace", "request_rollup_daily_insert",
+    "request_rollup_daily_update", "request_rollup_delete", "request_rollup_insert", "request_rollup_replace",
+]
+
+
+def schema(conn) -> tuple[dict, list, list]:
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    columns = {t: [(r[1], r[2], r[3], r[5]) for r in conn.execute(f"PRAGMA table_info({t})")] for t in tables}
+    indexes = sorted(r[0] for r in conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND name NOT LIKE 'sqlite_autoindex%'"))
+    triggers = sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+    return columns, indexes, triggers
+
+
+def test_migrations_build_the_complete_schema(tmp_path):
+    conn = connect(tmp_path / "ledger.sqlite3")
+    applied = migrate(conn)
+    columns, indexes, triggers = schema(conn)
+    assert applied == sorted(applied) and applied[0] == 1
+    assert columns == EXPECTED_TABLES
+    assert indexes == EXPECTED_INDEXES
+    assert triggers == EXPECTED_TRIGGERS
+    assert [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")] == applied
+
+
+def test_migrations_are_applied_once(tmp_path):
+    Ledger(tmp_path / "l.sqlite3").close()
+    conn = connect(tmp_path / "l.sqlite3")
+    before = schema(conn)
+    assert migrate(conn) == []  # a second open applies nothing again
+    assert schema(conn) == before
+
+
+def test_record_columns_are_the_table_columns():
+    assert list(REQUEST_COLUMNS) == [c[0] for c in EXPECTED_TABLES["requests"]]
+    assert list(CALL_COLUMNS) == [c[0] for c in EXPECTED_TABLES["upstream_calls"] if c[0] != "id"]

@@ -1,0 +1,69 @@
+import json
+import math
+
+import pytest
+
+from classifier.features import FEATURE_NAMES, DocumentStats, RetrievalSignals, extract_features
+from classifier.model import ModelFileError, RouteModel
+from gateway.routing.model_files import builtin_model_path, card_path, load_model, save_model
+from classifier.training import train
+from tests.classifier_fixtures import synthetic_rows
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_model(builtin_model_path())
+
+
+def test_shipped_model_loads_scores_and_has_its_card(shipped):
+    stats = DocumentStats(20000, 20000, 1, 12, 3)
+    factoid = extract_features("Who signed the lease?", stats, RetrievalSignals([0.7, 0.6], ["a", "a"], ["lease signed"] * 2))
+    p = shipped.cheap_probability(factoid)
+    assert 0.0 <= p <= 1.0
+    no_retrieval = shipped.cheap_probability(extract_features("Who signed the lease?", stats, None))
+    assert 0.0 <= no_retrieval <= 1.0 and not math.isnan(no_retrieval)
+    card = shipped.card
+    assert card["feature_names"] == FEATURE_NAMES
+    assert card["training_data_hash"].startswith("sha256:")
+    assert card["cv_metrics_grouped_by_document"]["roc_auc"] > 0.5
+    assert card["training_command"].startswith("selfroute train")
+    assert builtin_model_path().stat().st_size < 200_000  # shipped in the wheel: keep it small
+
+
+def test_save_load_round_trip(tmp_path):
+    rows, labels, groups = synthetic_rows(n_docs=8, per_doc=6)
+    result = train(rows, labels, groups, n_splits=3)
+    path = tmp_path / "m.skops"
+    written_card = save_model(RouteModel(result.pipeline, {"feature_names": FEATURE_NAMES, "x": float("nan")}), path)
+    assert written_card == card_path(path) and json.loads(written_card.read_text())["x"] is None
+    loaded = load_model(path)
+    assert loaded.cheap_probabilities(rows[:5]) == pytest.approx(
+        result.pipeline.predict_proba(__import__("numpy").asarray([[r[n] for n in FEATURE_NAMES] for r in rows[:5]]))[:, 1]
+    )
+
+
+def arbitrary_code(x):
+    return x
+
+
+def test_refuses_types_outside_the_trusted_list(tmp_path):
+    import skops.io as sio
+    from sklearn.pipeline import FunctionTransformer, Pipeline
+
+    # a FunctionTransformer wrapping an arbitrary function is exactly what must not load silently
+    pipeline = Pipeline([("f", FunctionTransformer(arbitrary_code))])
+    path = tmp_path / "evil.skops"
+    sio.dump(pipeline, path)
+    with pytest.raises(ModelFileError, match="trusted"):
+        load_model(path)
+
+
+def test_refuses_another_feature_set_and_missing_files(tmp_path):
+    rows, labels, groups = synthetic_rows(n_docs=6, per_doc=6)
+    result = train(rows, labels, groups, n_splits=3)
+    path = tmp_path / "old.skops"
+    save_model(RouteModel(result.pipeline, {"feature_names": FEATURE_NAMES[:-1]}), path)
+    with pytest.raises(ModelFileError, match="different feature set"):
+        load_model(path)
+    with pytest.raises(ModelFileError, match="not found"):
+        load_model(tmp_path / "absent.skops")

@@ -1,0 +1,281 @@
+"""Routed requests end to end: three document sources, route rules, Self-Route fallback (plain and
+streaming), provenance, explain and the collections API — real MiniLM, LanceDB and uvicorn, fake upstream."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from gateway.server.app import create_app
+from gateway.settings import Settings
+from pipelines.embedding import Embedder
+from tests.gateway_fixtures import ledger_rows, make_policy
+from tests.servers import serve_app
+
+PLANTED = "The maintenance password for the Zephyr pump is BLUE-HERON-42."
+FILLER = [
+    "Section {n}. Operating notes {n}\n\nThe pump housing must be inspected every {n} weeks for corrosion. "
+    "Operators record the pressure reading in the log book and compare it with the previous shift. "
+    "Valves are closed clockwise and opened counter-clockwise; never force a valve past its stop.",
+]
+
+
+def manual(sections: int = 30, planted_at: int = 17) -> str:
+    parts = []
+    for n in range(1, sections + 1):
+        text = FILLER[0].format(n=n)
+        if n == planted_at:
+            text += " " + PLANTED
+        parts.append(text)
+    return "\n\n".join(parts)
+
+
+POLICY = """
+name: routing-test
+aliases: [selfroute]
+cheap:
+  model: openai/CHEAP
+  api_base: {base}/v1
+  input_cost_per_mtok: 1.0
+  output_cost_per_mtok: 2.0
+  context_window: 8192
+long:
+  model: openai/fake-long
+  api_base: {base}/v1
+  input_cost_per_mtok: 10.0
+  output_cost_per_mtok: 20.0
+  context_window: 16000
+rag:
+  top_k: 4
+  context_budget_tokens: 400
+routing:
+  rules: RULES
+  classifier: null
+  default_route: rag
+  fallback:
+    enabled: true
+"""
+
+
+def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]"):
+    return make_policy(base, POLICY.replace("CHEAP", cheap).replace("RULES", rules.replace("{", "{{").replace("}", "}}")))
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder()
+
+
+@pytest.fixture()
+def start(upstream, embedder, tmp_path):
+    """start(cheap=..., rules=...) -> (gateway url, app); one gateway per test, sharing the model."""
+    servers = []
+
+    def _start(**kwargs):
+        policy = policy_for(upstream[0], **kwargs)
+        settings = Settings(data_dir=tmp_path)
+        app = create_app(settings, policy=policy, embedder=embedder)
+        server = serve_app(app)
+        url = server.__enter__()
+        servers.append(server)
+        return url, app
+
+    yield _start
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def ask(url: str, question: str, **selfroute):
+    return client(url).chat.completions.with_raw_response.create(
+        model="selfroute", messages=[{"role": "user", "content": question}], extra_body={"selfroute": selfroute}
+    )
+
+
+def test_inline_documents_take_the_rag_route_with_provenance(start, upstream):
+    url, app = start()
+    raw = ask(url, "What is the maintenance password for the Zephyr pump?",
+              documents=[{"id": "pump-manual", "text": manual(), "title": "Pump manual"}])
+    body = raw.http_response.json()
+    assert raw.headers["x-selfroute-route"] == "rag"
+    assert "default route" in raw.headers["x-selfroute-reason"]
+    sent = upstream[1].state.received[-1]["body"]
+    assert sent["model"] == "fake-cheap"
+    prompt = sent["messages"][-1]["content"]
+    assert "BLUE-HERON-42" in prompt and "unanswerable" in prompt
+    assert len(prompt) < len(manual()) / 2  # passages, not the whole manual
+    provenance = body["selfroute"]["provenance"]
+    assert provenance["source"] == "documents"
+    assert [d["id"] for d in provenance["documents"]] == ["pump-manual"]
+    assert any("17" in s for d in provenance["documents"] for s in d["sections"])
+    [row] = ledger_rows(app)
+    assert row["route"] == "rag" and '"pump-manual"' in row["provenance"]
+    # the saving: always-long would have sent the whole manual to the expensive model
+    assert row["counterfactual_cost_usd"] > row["cost_usd"] > 0
+
+
+def test_refusing_cheap_answer_falls_back_to_long(start, upstream):
+    url, app = start(cheap="cheap-refuser")
+    raw = ask(url, "What is the maintenance password for the Zephyr pump?", documents=[{"text": manual()}])
+    completion = raw.parse()
+    assert raw.headers["x-selfroute-route"] == "rag>long"
+    assert completion.choices[0].message.content.startswith("echo:")
+    assert upstream[1].state.received[-1]["body"]["model"] == "fake-long"
+    [row] = ledger_rows(app)
+    calls = ledger_rows(app, "upstream_calls")
+    assert row["route"] == "rag>long"
+    assert [(c["model"], c["route"]) for c in calls] == [("openai/cheap-refuser", "rag"), ("openai/fake-long", "long")]
+    assert row["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
+
+
+def test_streaming_fallback_never_shows_the_refusal(start):
+    url, app = start(cheap="cheap-refuser")
+    with client(url).chat.completions.with_streaming_response.create(
+        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+        stream_options={"include_usage": True}, extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    ) as response:
+        assert response.headers["x-selfroute-route"] == "rag>long"
+        chunks = list(response.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "unanswerable" not in text and text.startswith("echo:")
+    assert chunks[-1].usage is not None
+    assert [c["route"] for c in ledger_rows(app, "upstream_calls")] == ["rag", "long"]
+
+
+def test_streaming_cheap_answer_is_relayed_when_not_a_refusal(start):
+    url, app = start()
+    stream = client(url).chat.completions.create(
+        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text.startswith("echo:")
+    [row] = ledger_rows(app)
+    assert row["route"] == "rag" and row["completion_tokens"] > 0 and row["error"] is None
+
+
+def test_cheap_stream_breaking_before_any_byte_is_sent_is_a_502_with_its_leg_ledgered(start):
+    url, app = start(cheap="cheap-breaks")
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(client(url).chat.completions.create(
+            model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+            extra_body={"selfroute": {"documents": [{"text": manual()}]}}))
+    assert caught.value.status_code == 502
+    [row] = ledger_rows(app)
+    [call] = ledger_rows(app, "upstream_calls")
+    assert row["status"] == 502 and call["route"] == "rag" and call["error"]
+
+
+def test_rules_fire_before_the_default_route(start, upstream):
+    rules = """
+    - {name: short, feature: context_tokens, op: "<", value: 300, route: direct}
+    - {name: refs, feature: cross_ref_count, op: ">=", value: 3, route: long}"""
+    url, app = start(rules=rules)
+    short = ask(url, "What colour is the pump?", documents=[{"text": "The pump is painted green."}])
+    assert short.headers["x-selfroute-route"] == "direct"
+    assert short.headers["x-selfroute-reason"].startswith("rule short: context_tokens=")
+    sent = upstream[1].state.received[-1]["body"]
+    assert sent["model"] == "fake-cheap" and "painted green" in sent["messages"][-1]["content"]
+    referenced = manual() + "\n\nSee Section 4. See Section 5. As defined in Section 6, see Section 7."
+    long = ask(url, "What is the password?", documents=[{"text": referenced}])
+    assert long.headers["x-selfroute-route"] == "long"
+    assert upstream[1].state.received[-1]["body"]["model"] == "fake-long"
+    assert "BLUE-HERON-42" in upstream[1].state.received[-1]["body"]["messages"][-1]["content"]
+
+
+def test_plain_long_prompt_is_routed_with_the_question_after_the_marker(start, upstream, tmp_path):
+    url, app = start()
+    prompt = manual() + "\n\nQuestion: What is the maintenance password for the Zephyr pump?"
+    raw = client(url).chat.completions.with_raw_response.create(
+        model="selfroute", messages=[{"role": "user", "content": prompt}])
+    assert raw.headers["x-selfroute-route"] == "rag"
+    body = raw.http_response.json()
+    assert body["selfroute"]["provenance"]["source"] == "prompt"
+    sent = upstream[1].state.received[-1]["body"]["messages"][-1]["content"]
+    assert "BLUE-HERON-42" in sent and sent.rstrip().endswith("What is the maintenance password for the Zephyr pump?")
+
+
+def test_inline_documents_are_embedded_once(start, embedder, monkeypatch):
+    url, _ = start()
+    calls = []
+    original = embedder.embed
+
+    def counting(texts):
+        calls.append(len(texts))
+        return original(texts)
+
+    monkeypatch.setattr(embedder, "embed", counting)
+    documents = [{"id": "m", "text": manual(sections=12, planted_at=5)}]
+    ask(url, "What is the password?", documents=documents)
+    first = sum(calls)
+    ask(url, "Which valves close clockwise?", documents=documents)
+    assert first > 1  # chunks + question embedded the first time
+    assert sum(calls) - first == 1  # only the new question the second time
+
+
+def test_collections_api_and_collection_requests(start, upstream):
+    url, app = start()
+    base = f"{url}/v1/collections"
+    added = httpx.post(f"{base}/pumps/documents", json={"documents": [
+        {"id": "manual", "text": manual(), "title": "Pump manual"},
+        {"id": "memo", "text": "The canteen opens at nine."}]}, timeout=120)
+    assert added.status_code == 201 and added.json()["added"] == ["manual", "memo"]
+    again = httpx.post(f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "The canteen opens at nine."}]})
+    assert again.status_code == 200 and again.json()["unchanged"] == ["memo"]
+    listed = httpx.get(base).json()["data"]
+    assert [(c["name"], c["document_count"]) for c in listed] == [("pumps", 2)]
+    info = httpx.get(f"{base}/pumps").json()
+    assert {d["id"] for d in info["documents"]} == {"manual", "memo"}
+
+    raw = ask(url, "What is the maintenance password for the Zephyr pump?", collection="pumps")
+    assert raw.headers["x-selfroute-route"] == "rag"
+    assert "BLUE-HERON-42" in upstream[1].state.received[-1]["body"]["messages"][-1]["content"]
+    by_header = client(url).chat.completions.with_raw_response.create(
+        model="selfroute", messages=[{"role": "user", "content": "When does the canteen open?"}],
+        extra_headers={"X-Selfroute-Collection": "pumps"})
+    assert by_header.http_response.json()["selfroute"]["provenance"]["collection"] == "pumps"
+
+    assert httpx.delete(f"{base}/pumps/documents/memo").json()["deleted"] is True
+    assert httpx.delete(f"{base}/pumps/documents/memo").status_code == 404
+    assert httpx.get(f"{base}/nope").status_code == 404
+    bad = httpx.post(f"{base}/bad name!/documents", json={"documents": [{"text": "x"}]})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_collection"
+    with pytest.raises(openai.NotFoundError):
+        ask(url, "anything?", collection="missing")
+
+
+def test_explain_decides_without_calling_a_model(start, upstream):
+    rules = '[{name: short, feature: context_tokens, op: "<", value: 300, route: direct}]'
+    url, app = start(rules=rules)
+    before = len(upstream[1].state.received)
+    response = httpx.post(f"{url}/v1/route/explain", json={
+        "model": "selfroute", "messages": [{"role": "user", "content": "What is the password?"}],
+        "selfroute": {"documents": [{"text": manual()}]}}, timeout=120)
+    assert response.status_code == 200
+    result = response.json()
+    assert result["route"] == "rag" and result["rule"] is None
+    assert result["features"]["context_tokens"] > 300
+    estimates = result["estimates"]
+    assert set(estimates) == {"direct", "rag", "long"}
+    assert estimates["rag"]["prompt_tokens"] < estimates["long"]["prompt_tokens"]
+    assert estimates["long"]["cost_usd"] > estimates["rag"]["cost_usd"]
+    assert len(upstream[1].state.received) == before
+    assert ledger_rows(app) == []
+
+
+def test_a_question_too_long_for_the_window_is_a_400(start):
+    url, app = start(rules='[{name: all-long, feature: context_tokens, op: ">=", value: 0, route: long}]')
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(url, "why " * 20000, documents=[{"text": manual()}])
+    assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
+    assert ledger_rows(app)[0]["status"] == 400
+
+
+def test_conflicting_context_is_400(start):
+    url, _ = start()
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(url, "q?", collection="pumps", documents=[{"text": "x"}])
+    assert caught.value.response.json()["error"]["code"] == "conflicting_context"

@@ -1,0 +1,157 @@
+import asyncio
+import re
+import time
+
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.ledger import reports
+from gateway.server.auth import Authenticator
+from tests.ledger_fixtures import ADMIN_KEY, BASE, CHEAP, LONG, USER_KEY, admin_app, sample_records, write_ledger
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = write_ledger(tmp_path / "ledger.sqlite3", sample_records())
+    yield ledger
+    ledger.close()
+
+
+@pytest.fixture
+def client(ledger):
+    with TestClient(admin_app(ledger)) as client:
+        yield client
+
+
+@pytest.mark.parametrize("path", ["/v1/admin/requests", "/v1/admin/requests/r01", "/v1/admin/costs",
+                                  "/v1/admin/summary"])
+def test_admin_endpoints_need_the_admin_key(client, path):
+    missing = client.get(path)
+    assert missing.status_code == 401
+    assert missing.json()["error"]["type"] == "authentication_error"
+    wrong = client.get(path, headers={"Authorization": "Bearer sk-nobody"})
+    assert wrong.status_code == 401
+    user = client.get(path, headers={"Authorization": f"Bearer {USER_KEY}"})
+    assert user.status_code == 403
+    assert user.json()["error"]["code"] == "admin_key_required"
+    assert client.get(path, headers=ADMIN).status_code == 200
+
+
+def test_admin_endpoints_are_disabled_when_keys_exist_but_no_admin_key(ledger):
+    with TestClient(admin_app(ledger, auth=Authenticator([USER_KEY]))) as client:
+        response = client.get("/v1/admin/costs", headers={"Authorization": f"Bearer {USER_KEY}"})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
+
+
+def test_requests_filters_and_cursor_pagination(client):
+    first = client.get("/v1/admin/requests", params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02"},
+                       headers=ADMIN).json()
+    assert [i["id"] for i in first["data"]] == ["r06", "r05"] and first["has_more"]
+    second = client.get("/v1/admin/requests", params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02",
+                                                      "cursor": first["next_cursor"]}, headers=ADMIN).json()
+    assert [i["id"] for i in second["data"]] == ["r04", "r03"]
+    assert second["data"][0]["models"] == [CHEAP, LONG]
+    fallbacks = client.get("/v1/admin/requests", params={"route": "rag>long"}, headers=ADMIN).json()
+    assert [i["id"] for i in fallbacks["data"]] == ["r09", "r04"] and not fallbacks["has_more"]
+    errors = client.get("/v1/admin/requests", params={"status": "error", "key": "k_bob"}, headers=ADMIN).json()
+    assert [i["id"] for i in errors["data"]] == ["r06"]
+
+
+def test_request_detail_and_unknown_id(client):
+    detail = client.get("/v1/admin/requests/r04", headers=ADMIN).json()
+    assert [c["model"] for c in detail["calls"]] == [CHEAP, LONG]
+    assert detail["route"] == "rag>long" and detail["saving_usd"] == pytest.approx(-0.001)
+    assert client.get("/v1/admin/requests/r01", headers=ADMIN).json()["provenance"]["chunks"][0]["chunk"] == 3
+    missing = client.get("/v1/admin/requests/does-not-exist", headers=ADMIN)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "request_not_found"
+
+
+def test_costs_endpoint_groups_and_rejects_bad_input(client):
+    body = client.get("/v1/admin/costs", params={"by": "day"}, headers=ADMIN).json()
+    assert [g["group"] for g in body["groups"]] == ["2026-01-01", "2026-01-02"]
+    assert body["total"]["saving_usd"] == pytest.approx(0.2833 - 0.1651)
+    routes = client.get("/v1/admin/costs", params={"by": "route", "policy": "strict"}, headers=ADMIN).json()
+    assert {g["group"] for g in routes["groups"]} == {"direct", "rag"}
+    bad_by = client.get("/v1/admin/costs", params={"by": "colour"}, headers=ADMIN)
+    assert bad_by.status_code == 400 and bad_by.json()["error"]["param"] == "by"
+    bad_time = client.get("/v1/admin/costs", params={"since": "last tuesday"}, headers=ADMIN)
+    assert bad_time.status_code == 400 and bad_time.json()["error"]["code"] == "invalid_time"
+    bad_limit = client.get("/v1/admin/requests", params={"limit": "many"}, headers=ADMIN)
+    assert bad_limit.status_code == 400
+
+
+def test_summary_endpoint_and_window_validation(ledger, client):
+    from tests.ledger_fixtures import call, record
+
+    now = time.time()
+    for i, route in enumerate(["rag", "rag", "rag>long", "long"]):
+        ledger.submit(record(f"now{i}", now - 600 * (i + 1), route, [call(CHEAP, route, 10, 1, 0.01)],
+                             counterfactual=0.05))
+    ledger.flush()
+    body = client.get("/v1/admin/summary", params={"window": "1h"}, headers=ADMIN).json()
+    assert body["totals"]["requests"] == 4 and body["bucket"] == "hour"
+    assert body["fallback"]["rate"] == pytest.approx(1 / 3)
+    assert body["totals"]["saving_usd"] == pytest.approx(0.16)
+    assert {m["group"] for m in body["route_mix"]} == {"rag", "long", "rag>long"}
+    assert client.get("/v1/admin/summary", params={"window": "30d"}, headers=ADMIN).json()["bucket"] == "day"
+    assert client.get("/v1/admin/summary", params={"window": "1s"}, headers=ADMIN).status_code == 400
+    assert client.get("/v1/admin/summary", params={"window": "soon"}, headers=ADMIN).status_code == 400
+
+
+def test_queries_run_in_a_worker_thread_not_on_the_event_loop(client, monkeypatch):
+    seen = {}
+    real = reports.costs
+
+    def spy(conn, by, filters):
+        try:
+            asyncio.get_running_loop()
+            seen["on_loop"] = True
+        except RuntimeError:
+            seen["on_loop"] = False
+        return real(conn, by, filters)
+
+    monkeypatch.setattr(reports, "costs", spy)
+    assert client.get("/v1/admin/costs", headers=ADMIN).status_code == 200
+    assert seen == {"on_loop": False}
+
+
+def test_dashboard_page_is_self_contained(client):
+    response = client.get("/dashboard")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert "/v1/admin/summary" in page
+    for external in ("<link", " src=", "@import", "https://", "cdn"):
+        assert external not in page.lower(), external
+    assert not re.search(r"""(?:href\s*=\s*|url\(\s*)["']?(?:https?:)?//""", page)
+    assert page.count("http://") == 1 and "http://www.w3.org/2000/svg" in page  # the SVG namespace, not an asset
+
+
+def test_admin_reads_see_records_written_after_startup(ledger, client):
+    from tests.ledger_fixtures import call, record
+
+    ledger.submit(record("late", BASE + 2 * 86400, "long", [call(LONG, "long", 10, 1, 1.0)], counterfactual=1.0))
+    ledger.flush()
+    assert client.get("/v1/admin/requests/late", headers=ADMIN).status_code == 200
+    body = client.get("/v1/admin/costs", params={"by": "route"}, headers=ADMIN).json()
+    assert body["total"]["requests"] == 11
+
+
+def test_routes_are_mounted_in_the_real_app(tmp_path):
+    import httpx
+
+    from tests.gateway_fixtures import make_policy, running_gateway
+
+    write_ledger(tmp_path / "ledger.sqlite3", sample_records()).close()
+    auth = Authenticator([USER_KEY], ADMIN_KEY)
+    with running_gateway(tmp_path, make_policy("http://127.0.0.1:9"), auth=auth) as (url, app):
+        costs = httpx.get(f"{url}/v1/admin/costs", params={"by": "route"}, headers=ADMIN)
+        assert costs.status_code == 200 and costs.json()["total"]["requests"] == 10
+        assert httpx.get(f"{url}/v1/admin/requests/r04", headers=ADMIN).json()["route"] == "rag>long"
+        assert httpx.get(f"{url}/v1/admin/requests/nope", headers=ADMIN).status_code == 404
+        assert httpx.get(f"{url}/v1/admin/summary",
+                         headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 403
+        assert "/v1/admin/summary" in httpx.get(f"{url}/dashboard").text
+        assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text

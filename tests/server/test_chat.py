@@ -1,0 +1,267 @@
+"""The drop-in proxy: official openai client against a real gateway in front of a fake upstream."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from gateway.server.auth import Authenticator
+from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+
+
+@pytest.fixture()
+def gateway(upstream, tmp_path, monkeypatch):
+    base, _ = upstream
+    monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream-test")
+    with running_gateway(tmp_path, make_policy(base)) as (url, app):
+        yield url, app
+
+
+def client(url: str, key: str = "unused") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def test_plain_pass_through_returns_openai_shape_and_is_ledgered(gateway, upstream):
+    url, app = gateway
+    response = client(url).chat.completions.with_raw_response.create(
+        model="gpt-test", messages=[{"role": "user", "content": "hello there"}]
+    )
+    completion = response.parse()
+    assert completion.choices[0].message.content == "echo: hello there"
+    assert completion.usage.prompt_tokens == 2
+    request_id = response.headers["x-selfroute-request-id"]
+    [row] = ledger_rows(app)
+    assert row["id"] == request_id
+    assert (row["route"], row["status"], row["alias"]) == ("passthrough", 200, "gpt-test")
+    assert (row["prompt_tokens"], row["completion_tokens"]) == (2, 3)
+    [call] = ledger_rows(app, "upstream_calls")
+    assert call["request_id"] == request_id and call["model"] == "gpt-test"
+    # the upstream saw the key from OPENAI_API_KEY, never the client's
+    assert upstream[1].state.received[-1]["headers"]["authorization"] == "Bearer sk-upstream-test"
+
+
+def test_policy_model_is_priced_from_the_policy(gateway):
+    url, app = gateway
+    client(url).chat.completions.create(model="openai/fake-long", messages=[{"role": "user", "content": "a b c"}])
+    [row] = ledger_rows(app)
+    # 3 prompt tokens at $10/M + 4 completion tokens ("echo: a b c") at $20/M
+    assert row["cost_usd"] == pytest.approx(3 * 10e-6 + 4 * 20e-6)
+
+
+def test_unknown_and_openai_fields_pass_upstream(gateway, upstream):
+    url, _ = gateway
+    client(url).chat.completions.create(
+        model="gpt-test",
+        messages=[{"role": "user", "content": "hi", "x_custom_message_field": 7}],
+        temperature=0.3,
+        response_format={"type": "json_object"},
+        tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        extra_body={"vendor_option": {"a": 1}},
+    )
+    sent = upstream[1].state.received[-1]["body"]
+    assert sent["vendor_option"] == {"a": 1}
+    assert sent["temperature"] == 0.3
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["tools"][0]["function"]["name"] == "f"
+    assert sent["messages"][0]["x_custom_message_field"] == 7
+
+
+def test_streaming_with_usage(gateway):
+    url, app = gateway
+    stream = client(url).chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "one two"}], stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip() == "echo: one two"
+    assert chunks[-1].usage.total_tokens == 2 + 3
+    [row] = ledger_rows(app)
+    assert row["stream"] == 1 and row["completion_tokens"] == 3 and row["error"] is None
+
+
+def test_streaming_without_usage_hides_usage_chunk_but_ledgers_tokens(gateway):
+    url, app = gateway
+    chunks = list(client(url).chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "one two"}], stream=True))
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+    [row] = ledger_rows(app)
+    assert row["prompt_tokens"] == 2 and row["completion_tokens"] == 3
+
+
+def test_models_healthz_and_request_id(gateway):
+    url, _ = gateway
+    ids = [m.id for m in client(url).models.list()]
+    assert ids == ["selfroute", "openai/fake-cheap", "openai/fake-long"]
+    health = httpx.get(f"{url}/healthz")
+    assert health.json() == {"status": "ok"}
+    assert health.headers["x-selfroute-request-id"].startswith("req_")
+
+
+def _post(url: str, content: bytes | str, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", content=content,
+                      headers={"content-type": "application/json", **(headers or {})})
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        (b"{not json", None, "invalid_json"),
+        (b"", None, "invalid_json"),
+        (b"[1, 2]", None, "invalid_type"),
+        (json.dumps({"model": "gpt-test"}), "messages", "missing_required_parameter"),
+        (json.dumps({"model": "gpt-test", "messages": []}), "messages", "empty_array"),
+        (json.dumps({"model": "gpt-test", "messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role",
+         "invalid_value"),
+        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": 5}]}), "messages[0].content",
+         "invalid_type"),
+        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+         "temperature", "invalid_type"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}]}), "model", "missing_required_parameter"),
+    ],
+)
+def test_bad_input_gets_openai_400(gateway, body, param, code):
+    url, app = gateway
+    response = _post(url, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+    assert (error["param"], error["code"]) == (param, code)
+    [row] = ledger_rows(app)
+    assert row["status"] == 400 and row["error"] == error["message"]
+
+
+def test_oversized_body_is_413(upstream, tmp_path):
+    with running_gateway(tmp_path, make_policy(upstream[0]), max_body_bytes=1000) as (url, app):
+        response = _post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}))
+        assert response.status_code == 413
+        assert response.json()["error"]["code"] == "body_too_large"
+        assert ledger_rows(app)[0]["status"] == 413
+
+
+@pytest.mark.parametrize(
+    ("model", "status", "code"),
+    [("status-500", 502, "upstream_error"), ("status-400", 400, "upstream_rejected_request"),
+     ("status-429", 429, "upstream_rate_limited"), ("status-401", 502, "upstream_authentication_failed")],
+)
+def test_upstream_errors_are_mapped(gateway, model, status, code):
+    url, app = gateway
+    with pytest.raises(openai.APIStatusError) as caught:
+        client(url).chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == status
+    body = caught.value.response.json()["error"]
+    assert body["code"] == code and "fake upstream says" in body["message"]
+    [row] = ledger_rows(app)
+    [call] = ledger_rows(app, "upstream_calls")
+    assert row["status"] == status and call["error"]
+
+
+def test_upstream_timeout_is_504(upstream, tmp_path):
+    policy = make_policy(upstream[0], """
+name: t
+cheap: {{model: openai/slow, api_base: "{base}/v1", timeout: 0.3}}
+long: {{model: openai/slow2, api_base: "{base}/v1"}}
+routing: {{classifier: null}}
+""")
+    with running_gateway(tmp_path, policy) as (url, app):
+        response = _post(url, json.dumps({"model": "openai/slow", "messages": [{"role": "user", "content": "x"}]}))
+        assert response.status_code == 504
+        assert response.json()["error"]["type"] == "timeout_error"
+        assert ledger_rows(app)[0]["status"] == 504
+
+
+def test_upstream_failure_while_streaming_starts_is_a_status_not_a_broken_stream(gateway):
+    url, _ = gateway
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(client(url).chat.completions.create(
+            model="status-503", messages=[{"role": "user", "content": "x"}], stream=True))
+    assert caught.value.status_code == 502
+
+
+def test_keys_are_required_when_configured(upstream, tmp_path):
+    auth = Authenticator(keys=["sk-good"], admin_key="sk-admin")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=auth) as (url, app):
+        for key, status in (("", 401), ("sk-wrong", 401)):
+            headers = {"authorization": f"Bearer {key}"} if key else {}
+            response = _post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}), headers)
+            assert response.status_code == status
+            assert response.json()["error"]["type"] == "authentication_error"
+        ok = client(url, "sk-good").chat.completions.create(
+            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
+        assert ok.choices[0].message.content == "echo: x"
+        rows = ledger_rows(app)
+        assert [r["status"] for r in rows] == [401, 401, 200]
+        assert rows[-1]["key_id"].startswith("k_") and "sk-good" not in json.dumps(rows)
+
+
+def test_unknown_path_is_openai_404(gateway):
+    url, _ = gateway
+    response = httpx.get(f"{url}/v1/nothing")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found_error"
+
+
+def test_metrics_count_requests_through_the_real_app(gateway):
+    url, app = gateway
+    client(url).chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "x"}])
+    _post(url, b"{broken")
+    text = httpx.get(f"{url}/metrics").text
+    assert 'selfroute_requests_total{route="passthrough",status="200"} 1.0' in text
+    assert 'selfroute_requests_total{route="unknown",status="400"} 1.0' in text
+    assert 'selfroute_tokens_total{kind="prompt",model="gpt-test",route="passthrough"} 1.0' in text
+
+
+def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(gateway):
+    import time
+
+    url, app = gateway
+    started = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
+            "model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        first = next(response.iter_lines())
+        assert first.startswith("data: ")
+    # the upstream would stream for 10 s; the gateway must notice the client left long before that
+    deadline = time.monotonic() + 8
+    rows = []
+    while not rows and time.monotonic() < deadline:
+        rows = ledger_rows(app)
+        time.sleep(0.05)
+    assert rows, "the request never reached the ledger"
+    assert rows[0]["status"] == 499 and "client disconnected" in rows[0]["error"]
+    assert time.monotonic() - started < 8
+
+
+def test_malformed_upstream_chunk_ends_the_stream_with_an_error_event(gateway):
+    url, app = gateway
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
+            "model": "garbled", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2][len("data: "):])["error"]
+    assert error["code"] == "upstream_error" and "malformed" in error["message"]
+    [row] = ledger_rows(app)
+    assert row["status"] == 502
+
+
+def test_retries_follow_the_policy_and_only_for_retryable_statuses(upstream, tmp_path):
+    base, fake = upstream
+    policy = make_policy(base, """
+name: t
+cheap: {{model: openai/flaky, api_base: "{base}/v1", max_retries: 1}}
+long: {{model: openai/status-400, api_base: "{base}/v1", max_retries: 3}}
+routing: {{classifier: null}}
+""")
+    with running_gateway(tmp_path, policy) as (url, app):
+        before = len(fake.state.received)
+        answer = client(url).chat.completions.create(model="openai/flaky", messages=[{"role": "user", "content": "x"}])
+        assert answer.choices[0].message.content == "echo: x"
+        assert len(fake.state.received) - before == 2  # a 503, then the retry that succeeded
+        before = len(fake.state.received)
+        with pytest.raises(openai.BadRequestError):
+            client(url).chat.completions.create(model="openai/status-400", messages=[{"role": "user", "content": "x"}])
+        assert len(fake.state.received) - before == 1  # a 400 is not retried

@@ -1,0 +1,101 @@
+"""End to end through the real embedded default: the shipped policy and SmolLM2-135M in-process."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from gateway.server.app import create_app
+from gateway.settings import Settings
+from tests.gateway_fixtures import ledger_rows
+from tests.servers import serve_app
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    app = create_app(Settings(data_dir=tmp_path_factory.mktemp("local")))  # the shipped default policy
+    with serve_app(app) as url:
+        yield url, app
+
+
+def test_default_policy_answers_from_the_local_model_and_ledgers_it(gateway):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="selfroute", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0,
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.content.strip()
+    assert completion.model == "local/smollm2-135m-instruct"
+    assert raw.headers["x-selfroute-route"] == "direct"  # a short context: the shipped short-context rule
+    row = next(r for r in ledger_rows(app) if r["id"] == raw.headers["x-selfroute-request-id"])
+    assert row["status"] == 200 and row["route"] == "direct"
+    assert row["prompt_tokens"] > 5 and 0 < row["completion_tokens"] <= 24
+    assert row["cost_usd"] == 0.0
+
+
+def test_local_model_streams_with_usage(gateway):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    chunks = list(client.chat.completions.create(
+        model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True},
+    ))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert chunks[-1].usage.completion_tokens > 0
+
+
+def test_local_model_context_overflow_is_a_400(gateway):
+    url, _ = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "word " * 12000}], max_tokens=8)
+    assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_concurrent_requests_queue_on_the_local_model(gateway):
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+    def ask(n: int) -> str:
+        return client.chat.completions.create(
+            model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": f"Count to {n}."}],
+            max_tokens=8, temperature=0,
+        ).choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(ask, range(4)))
+    assert all(a.strip() for a in answers)
+
+
+def test_policy_timeout_applies_to_the_local_model_and_frees_it(tmp_path):
+    from policies.loader import parse_policy
+
+    policy = parse_policy("""
+cheap: {model: local/smollm2-135m-instruct, timeout: 0.05}
+long: {model: local/smollm2-135m-instruct-long, timeout: 120}
+routing: {classifier: null}
+""")
+    app = create_app(Settings(data_dir=tmp_path), policy=policy)
+    with serve_app(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.chat.completions.create(
+                model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "Tell a long story."}],
+                max_tokens=400)
+        assert caught.value.status_code == 504
+        # the stopped generation released the model: the next request is answered
+        answer = client.chat.completions.create(
+            model="local/smollm2-135m-instruct-long", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
+        assert answer.choices[0].message.content.strip()
+
+
+def test_clients_cannot_load_arbitrary_local_files(gateway, tmp_path):
+    url, _ = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=f"local/{tmp_path}/evil.gguf", messages=[{"role": "user", "content": "x"}])

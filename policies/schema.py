@@ -78,6 +78,24 @@ class RoutingSettings(_Strict):
     fallback: FallbackSettings = FallbackSettings()
 
 
+class SecuritySettings(_Strict):
+    injection: Literal["off", "flag", "strip", "block"] = Field(
+        "flag",
+        description="document-injection scan of documents and passages (pipelines.safety.injection): off, flag "
+        "(record findings), strip (remove the matched spans before the model sees them), block (refuse the request)",
+    )
+    grounding: Literal["off", "flag", "drop"] = Field(
+        "off",
+        description="grounding check of answers against the passages sent (pipelines.safety.grounding): off, flag "
+        "(record unsupported sentences), drop (remove them from the answer)",
+    )
+    grounding_threshold: float = Field(
+        0.5, ge=0.0, le=1.0,
+        description="a sentence scoring below this is unsupported (0.6 x max cosine + 0.4 x word overlap, capped at 0.3 "
+        "when it holds a number absent from the passages); 0.5 from tests/benchmarks/bench_grounding.py",
+    )
+
+
 class Policy(_Strict):
     name: str = "default"
     aliases: list[str] = Field(default_factory=lambda: ["selfroute"], min_length=1)
@@ -86,6 +104,7 @@ class Policy(_Strict):
     rag: RagSettings = RagSettings()
     long_context: LongContextSettings = LongContextSettings()
     routing: RoutingSettings = RoutingSettings()
+    security: SecuritySettings = SecuritySettings()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> "Policy":

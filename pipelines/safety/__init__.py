@@ -1,0 +1,1 @@
+"""Defence layers for untrusted document text and generated answers: injection scanning and grounding checks."""

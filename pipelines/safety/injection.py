@@ -1,0 +1,618 @@
+"""Document-injection scanning: named signature and heuristic rules for instruction-like text hidden in documents.
+
+Documents that reach the model (uploaded files, retrieved passages) are untrusted. This module finds text in them
+that tries to talk to the model instead of informing the reader:
+
+* override phrases ("ignore all previous instructions", "disregard the above", "忽略之前的所有指令", "你现在是…"),
+  persona switches, prompt-exfiltration requests, directives addressed to "the AI";
+* role markers and chat-template tokens (``SYSTEM:`` at line start, ``[[system override]]``,
+  ``<|im_start|>system``, ``[INST]``, ``### Instruction:``);
+* hidden text: zero-width, bidi-control and Unicode tag characters, HTML comments containing instructions,
+  markup hidden with CSS (display:none, visibility:hidden, font-size:0, opacity:0, white text) or LaTeX white text,
+  base64 blobs that decode to an override.
+
+Text rules run on a normalised view (NFKC per character, zero-width/bidi/tag characters removed, tag characters
+decoded to ASCII, a few Cyrillic/Greek look-alikes folded to Latin) whose offsets map back to the original, so
+``ig\u200bnore all previous instructions`` or full-width ``ＩＧＮＯＲＥ`` are still caught and findings point at the
+original text. Everything is regular expressions compiled once at import.
+
+    findings = scan(text)            # [] for clean text
+    cleaned = strip(text, findings)  # matched spans removed (hidden characters: the characters themselves)
+
+The gateway's modes (off | flag | strip | block) are applied by :class:`InjectionScanner`.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+import unicodedata
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Literal
+
+Mode = Literal["off", "flag", "strip", "block"]
+
+# --------------------------------------------------------------------------------------------------------------
+# normalisation with an offset map back to the original text
+
+# zero-width and formatting characters that render as nothing
+ZERO_WIDTH = "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u034f\u115f\u1160\u3164\u00ad"
+BIDI_CONTROLS = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u061c"
+_DROP = set(ZERO_WIDTH + BIDI_CONTROLS + "".join(chr(c) for c in range(0xFE00, 0xFE10)))
+
+# Cyrillic and Greek letters that look like Latin ones (the common homoglyph substitutions)
+_CONFUSABLES = {
+    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s", "һ": "h",
+    "ԁ": "d", "ɡ": "g", "ո": "n", "ı": "i",
+    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T", "Х": "X",
+    "І": "I", "Ѕ": "S", "Ј": "J",
+    "ο": "o", "α": "a", "ε": "e", "ι": "i", "ν": "v", "τ": "t", "κ": "k", "ρ": "p",
+    "Α": "A", "Β": "B", "Ε": "E", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X",
+}
+_NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
+_CHAR_CACHE: dict[str, str] = {}
+
+
+def _normalise_char(ch: str) -> str:
+    out = _CHAR_CACHE.get(ch)
+    if out is None:
+        cp = ord(ch)
+        if ch in _DROP:
+            out = ""
+        elif 0xE0020 <= cp <= 0xE007E:  # Unicode tag characters: invisible copies of ASCII ("ASCII smuggling")
+            out = chr(cp - 0xE0000)
+        elif 0xE0000 <= cp <= 0xE007F or 0xE0100 <= cp <= 0xE01EF:
+            out = ""
+        elif ch in _CONFUSABLES:
+            out = _CONFUSABLES[ch]
+        else:
+            out = unicodedata.normalize("NFKC", ch)
+            out = "".join(_CONFUSABLES.get(c, c) for c in out if c not in _DROP)
+        if len(_CHAR_CACHE) < 100_000:
+            _CHAR_CACHE[ch] = out
+    return out
+
+
+class _Normalised:
+    """The normalised text plus a piecewise-constant offset map: original = normalised + delta."""
+
+    __slots__ = ("text", "_starts", "_deltas", "_orig_len")
+
+    def __init__(self, original: str):
+        self._orig_len = len(original)
+        if original.isascii():
+            self.text, self._starts, self._deltas = original, [0], [0]
+            return
+        parts: list[str] = []
+        starts: list[int] = [0]
+        deltas: list[int] = [0]
+        n = 0  # length of the normalised text so far
+        pos = 0
+        for run in _NON_ASCII_RUN.finditer(original):
+            a, b = run.span()
+            if a > pos:  # ASCII stretch, delta continues
+                parts.append(original[pos:a])
+                n += a - pos
+            for i in range(a, b):
+                rep = _normalise_char(original[i])
+                for j in range(len(rep)):
+                    delta = i - (n + j)
+                    if delta != deltas[-1]:
+                        starts.append(n + j)
+                        deltas.append(delta)
+                parts.append(rep)
+                n += len(rep)
+                delta_next = (i + 1) - n
+                if delta_next != deltas[-1]:
+                    starts.append(n)
+                    deltas.append(delta_next)
+            pos = b
+        if pos < len(original):
+            parts.append(original[pos:])
+        self.text = "".join(parts)
+        self._starts, self._deltas = starts, deltas
+
+    def orig_start(self, k: int) -> int:
+        return min(k + self._deltas[bisect_right(self._starts, k) - 1], self._orig_len)
+
+    def orig_end(self, k: int) -> int:
+        if k <= 0:
+            return 0
+        return min(self.orig_start(k - 1) + 1, self._orig_len)
+
+
+def normalise(text: str) -> str:
+    """The view the text rules run on (NFKC per character, invisible characters removed, look-alikes folded)."""
+    return _Normalised(text).text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# findings
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    start: int  # offsets into the original text
+    end: int
+    excerpt: str
+
+    @property
+    def category(self) -> str:
+        return RULE_CATEGORIES.get(self.rule, "other")
+
+    def to_dict(self) -> dict:
+        return {"rule": self.rule, "category": self.category, "start": self.start, "end": self.end,
+                "excerpt": self.excerpt}
+
+
+def _excerpt(text: str, start: int, end: int, limit: int = 120) -> str:
+    raw = text[start:end]
+    out = []
+    for ch in raw:
+        if ch in _DROP or 0xE0000 <= ord(ch) <= 0xE01EF:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+        elif ch in "\r\n\t":
+            out.append(" ")
+        else:
+            out.append(ch)
+    s = "".join(out)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rule building blocks
+
+_LEET = {"a": "[a4@]", "e": "[e3]", "i": "[i1!|l]", "o": "[o0]", "s": "[s5$]", "t": "[t7+]", "l": "[l1|]", "g": "[g9]"}
+
+
+def _leet(word: str) -> str:
+    """A word pattern that also matches common digit/symbol substitutions (1gn0r3)."""
+    return "".join(_LEET.get(c, c) for c in word)  # only letters change; the lists hold regex syntax (?, -?)
+
+
+def _alt(words: Iterable[str], leet: bool = False) -> str:
+    items = sorted(words, key=len, reverse=True)
+    return "(?:" + "|".join(_leet(w) if leet else w for w in items) + ")"
+
+
+# end of the sentence (or line) after a matched directive, so strip removes the payload too
+_TAIL = r"[^\n.!?。！？]{0,300}[.!?。！？]?"
+_TAIL_ZH = r"[^\n。！？!?]{0,200}[。！？!?]?"
+
+_IGNORE_VERBS = _alt(["ignore", "disregard", "forget", "skip", "bypass", "override", "overrule", "discard", "neglect",
+                      "abandon"], leet=True)
+_IGNORE_VERB_PHRASES = r"(?:set\s+aside|throw\s+away|pay\s+no\s+attention\s+to|do\s+not\s+follow|don'?t\s+follow|" \
+                       r"stop\s+following|no\s+longer\s+follow|do\s+not\s+obey|don'?t\s+obey|stop\s+obeying)"
+_DETS = r"(?:(?:[a4@][l1|][l1|]|any|and|every|each|the|your|my|of|these|those|its|our)\s+){0,4}"
+_ADJS = _alt(["previous", "prior", "preceding", "above", "earlier", "foregoing", "former", "initial", "original",
+              "old", "system", "developer", "pre-?set", "past", "safety", "above-?mentioned", "aforementioned",
+              "built-?in", "hidden", "openai", "anthropic"], leet=True)
+_OBJECTS = _alt(["instructions?", "prompts?", "directions?", "directives?", "commands?", "guidelines?", "rules?",
+                 "context", "messages?", "conversation", "constraints?", "restrictions?", "guardrails?", "programming",
+                 "training", "policies", "policy", "text", "inputs?", "tasks?", "settings"], leet=True)
+
+_RULE_SPECS: list[dict] = []
+_T_IGNORE = (r"gn[o0]r|[e3]g[a4@]rd|rg[e3]t|skip|bypass|overr|scard|glect|bandon"
+             r"|set\s+aside|throw\s+away|no\s+attention|t\s+follow|stop\s+follow|longer\s+follow|t\s+obey|stop\s+obey")
+
+
+_TRIGGERS: dict[str, re.Pattern] = {}
+
+
+def _rule(name: str, category: str, pattern: str, flags: int = re.IGNORECASE, target: str = "norm",
+          check: Callable[[re.Match], bool] | None = None, description: str = "", trigger: str | None = None,
+          back: int = 80, words_back: int | None = None, needs: str | None = None) -> None:
+    """Register a rule.
+
+    ``trigger``: a cheap pattern on the lower-cased normalised text that every match contains, at most ``back``
+    characters after the match starts; the full pattern then only runs on windows around trigger hits (Python's
+    ``re`` is slow at trying long case-insensitive alternations at every position). With ``words_back`` the full
+    pattern is only tried at the start of the word holding the hit and the ``words_back`` words before it (for rules
+    whose matches start at a word). ``needs``: "non_ascii" or "cjk": skip the rule when the text has no such character.
+    """
+    if trigger is not None and trigger not in _TRIGGERS:
+        _TRIGGERS[trigger] = re.compile(trigger)
+    _RULE_SPECS.append({"name": name, "category": category, "regex": re.compile(pattern, flags), "target": target,
+                        "check": check, "description": description, "trigger": trigger, "back": back,
+                        "words_back": words_back, "needs": needs})
+
+
+# ---- override phrases (English) ----
+_rule("override_ignore_previous", "override",
+      rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+{_DETS}(?:{_ADJS}(?:\s*(?:and|&|or|,)\s*{_ADJS})?\s+{_OBJECTS}"
+      rf"|(?:all|your|any)\s+(?:of\s+)?(?:your\s+|the\s+)?{_OBJECTS}(?:\s+(?:above|before|so\s+far|given|you\s+(?:were|have\s+been)\s+given))?)\b{_TAIL}",
+      description="ignore/disregard/forget + (all|previous|prior|above|system…) + instructions/prompts/rules…",
+      trigger=_T_IGNORE, words_back=3)
+_rule("override_ignore_above", "override",
+      rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+(?:"
+      r"(?:everything|anything|all)(?:\s+(?:that|which))?(?:\s+(?:was|is|has\s+been|you\s+(?:were|have\s+been|'ve\s+been)))?"
+      r"\s+(?:said|written|told|stated|given|mentioned|above|before|previously|earlier|so\s+far|until\s+now|up\s+to\s+now)"
+      r"|what(?:ever)?\s+(?:you\s+(?:were|have\s+been|'ve\s+been)|was|has\s+been)\s+(?:told|said|given|instructed|written)"
+      r"|(?:(?:the|all\s+the)\s+(?:above|text\s+above|content\s+above|preceding)(?:\s+(?:text|content|message|prompt|instructions?))?"
+      r"|(?:everything|all)\s+(?:above|before\s+this|prior\s+to\s+this))(?=\s*(?:[.,;:!\n]|and\b|then\b|$)))"
+      rf"\b{_TAIL}",
+      description="disregard the above / forget everything you were told", trigger=_T_IGNORE, words_back=3)
+_rule("override_new_instructions", "override",
+      r"(?:\b(?:your|the|my)\s+(?:new|real|actual|true|updated|revised)\s+(?:instructions?|task|role|goal|objective|directive|mission|prompt|orders?)\s+(?:is|are|will\s+be|:)"
+      r"|\bnew\s+(?:system\s+)?(?:instructions?|prompt|directives?|rules?)\s*[:：]"
+      r"|\b(?:updated|revised|overriding|priority|emergency|important)\s+(?:system\s+)?instructions?\s*[:：]"
+      r"|\bfrom\s+now\s+on,?\s+(?:you|u)\s+(?:are|will|must|shall|should|respond|answer|act|only|have\s+to|need\s+to|can)\b"
+      r"|\binstead,?\s+(?:you\s+(?:must|should|will)\s+)?(?:respond|reply|answer|say|output|print|write)\s+(?:only\s+)?(?:with\s+)?(?:the\s+(?:word|phrase|text|string)|exactly|[\"'“]))"
+      rf"{_TAIL}",
+      description="your new instructions are / from now on you … / instead respond with",
+      trigger=r"instruction|task|role|goal|objective|directive|mission|prompt|order|rule|from\s+now|instead", words_back=4)
+_rule("persona_switch", "override",
+      r"(?:\byou\s+are\s+(?:now|no\s+longer)\s+(?:an?\s+|the\s+|my\s+)?(?:(?:unrestricted|unfiltered|uncensored|evil|jailbroken|different|new|rogue|free|malicious)\s+)?"
+      r"(?:AI|assistant|chatbot|bot|model|language\s+model|LLM|DAN|persona|character|hacker|restricted|bound\s+by|required\s+to|in\s+(?:developer|dan|god|debug|admin|jailbreak|unrestricted|sudo)\s+mode)"
+      r"|\b(?:pretend|imagine)\s+(?:to\s+be|you\s+are|that\s+you\s+are|you're)\s+(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|evil|jailbroken|rogue|AI|assistant|chatbot|DAN|language\s+model|different\s+(?:AI|assistant|model))"
+      r"|\b(?:act|behave|respond)\s+as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|jailbroken|evil|rogue|DAN|AI\s+(?:with(?:out)?|that))"
+      r"|\bdo\s+anything\s+now\b"
+      r"|\b(?:enable|activate|enter|switch\s+to)\s+(?:developer|dan|god|jailbreak|unrestricted|sudo|admin|debug)\s+mode"
+      r"|\b(?:developer|dan|god|jailbreak|unrestricted|sudo)\s+mode\s+(?:is\s+)?(?:enabled|activated|on|engaged))"
+      rf"{_TAIL}",
+      description="you are now DAN / pretend you are an unrestricted AI / developer mode enabled",
+      trigger=r"you\s+are\s+(?:now|no)|pretend|imagine|act\s+as|behave\s+as|respond\s+as|anything\s+now|mode", words_back=3)
+_rule("prompt_exfiltration", "override",
+      r"(?:\b(?:reveal|print|show|output|repeat|display|disclose|leak|tell\s+me|give\s+me|send|share|write\s+out|spell\s+out|dump|echo|list|translate)\s+"
+      r"(?:me\s+|us\s+)?(?:(?:all|the|your|any|of|full|entire|complete|exact|verbatim)\s+){0,4}"
+      r"(?:(?:original|hidden|secret|initial|internal|previous|prior|confidential)\s+)*"
+      r"(?:system\s+(?:prompt|message|instructions?)|(?:initial|original|hidden|secret|internal|confidential)\s+(?:prompt|instructions?)|"
+      r"instructions\s+(?:above|you\s+were\s+given)|api[\s_-]?keys?|conversation\s+history|chat\s+history|prompt\s+above)"
+      r"|\bwhat\s+(?:is|was|are|were)\s+your\s+(?:system\s+prompt|initial\s+instructions|original\s+instructions|instructions))"
+      rf"{_TAIL}",
+      description="reveal your system prompt / print the hidden instructions",
+      trigger=r"system|prompt|instruction|api|history", words_back=10)
+_rule("ai_addressed_directive", "override",
+      r"(?:\b(?:note|message|instructions?|attention|notice|important|reminder|directive|memo|hint)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?"
+      r"(?:AI|A\.I\.|AI\s+assistants?|(?:large\s+)?language\s+models?|LLMs?|chatbots?|GPT|ChatGPT|Claude|Gemini|AI\s+models?|AI\s+systems?|AI\s+agents?)\b"
+      r"|\bif\s+you\s+are\s+(?:an?\s+)?(?:AI|LLM|(?:large\s+)?language\s+model|assistant|chatbot|GPT|bot|AI\s+(?:model|system|agent|assistant))\b"
+      r"|\b(?:AI|assistant|LLM|language\s+model|chatbot)s?\s+(?:reading|processing|summari[sz]ing|analy[sz]ing|reviewing)\s+(?:this|these)"
+      r"|\bas\s+an?\s+(?:AI|language\s+model|assistant),?\s+you\s+(?:must|should|will|are\s+required|have\s+to))"
+      rf"{_TAIL}",
+      description="note to the AI / if you are an LLM …",
+      trigger=r"ai\b|a\.i\.|assistant|language\s+model|llm|chatbot|gpt|claude|gemini|bots?\b|agent", words_back=5)
+_rule("conceal_from_user", "override",
+      r"\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)\s+"
+      r"(?:(?:this|these\s+instructions|the\s+instructions|anything\s+about\s+this|it)\s+)?(?:to\s+)?the\s+(?:user|human|reader)\s+"
+      r"(?:that|about|know|of|what)\b"
+      rf"{_TAIL}"
+      r"|\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose)\s+(?:this|these\s+instructions|the\s+instructions)\s+to\s+(?:the\s+)?(?:user|human)\b"
+      rf"{_TAIL}",
+      description="do not tell the user about this",
+      trigger=r"(?:not|n't|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)", words_back=1)
+_rule("attack_payload_marker", "override", r"\b(?:HACKED|PWNED|I\s+have\s+been\s+PWNED|I\s+have\s+been\s+hacked)\b",
+      flags=0, description="canonical payload words of injection tests (upper-case HACKED, PWNED)",
+      trigger=r"hacked|pwned", words_back=3)
+_rule("exfil_markdown_image", "override",
+      r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{0,200}[?&][\w.-]{1,30}=(?:\{|%7B|\[|<|\$)[^)\n]{0,200}\)",
+      description="markdown image whose URL carries a template placeholder (data exfiltration)", trigger=r"!\[", back=0)
+_rule("spaced_letters_override", "override",
+      r"\b(?:i[\W_]{1,3}g[\W_]{1,3}n[\W_]{1,3}o[\W_]{1,3}r[\W_]{1,3}e|d[\W_]{1,3}i[\W_]{1,3}s[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}g[\W_]{1,3}a[\W_]{1,3}r[\W_]{1,3}d)"
+      r"[\W_]{1,5}(?:(?:a[\W_]{1,3}l[\W_]{1,3}l|p[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}v|p[\W_]{1,3}r[\W_]{1,3}i[\W_]{1,3}o[\W_]{1,3}r)|i[\W_]{1,3}n[\W_]{1,3}s[\W_]{1,3}t)"
+      rf"{_TAIL}",
+      description="letter-by-letter 'i g n o r e  a l l …'", trigger=r"[id][^a-z0-9\n]{1,3}[gi][^a-z0-9\n]{1,3}[ns]", back=2)
+
+# ---- override phrases (Chinese, simplified and traditional) ----
+_ZH_VERBS = "(?:忽略|无视|無視|忽视|忽視|忘记|忘記|忘掉|不要理会|不要理會|不要理睬|别理会|別理會|不要遵守|不要遵循|不再遵守|不再遵循|停止遵循|停止遵守|抛弃|拋棄|丢弃|丟棄|放弃|放棄|跳过|跳過|覆盖|覆蓋|取消|撤销|撤銷|清除)"
+_ZH_SCOPE = "(?:之前|以前|先前|此前|上面|上述|以上|前面|前述|原来|原來|原有|原先|所有|全部|一切|系统|系統|开发者|開發者|你的|您的|我的|这些|這些|那些|已有|现有|現有|默认|默認)"
+_ZH_OBJECTS = "(?:指令|指示|提示词|提示詞|提示|说明|說明|规则|規則|要求|设定|設定|命令|内容|內容|对话|對話|限制|约束|約束|安全准则|安全準則|准则|準則|任务|任務|信息|訊息)"
+_rule("override_ignore_previous_zh", "override",
+      rf"{_ZH_VERBS}\s*(?:掉|了)?\s*(?:你|您)?\s*{_ZH_SCOPE}[^。！？\n]{{0,12}}?{_ZH_OBJECTS}{_TAIL_ZH}", flags=0,
+      description="忽略之前的所有指令 / 无视以上规则 …", needs="cjk")
+_rule("persona_switch_zh", "override",
+      r"(?:(?:从现在(?:开始|起)|從現在(?:開始|起)|现在起|現在起|接下来|接下來)[，,\s]*(?:你|您)(?:是|将是|將是|要|必须|必須|只能|只需|扮演|作为|作為|就是|不再)"
+      r"|你现在是|你現在是|你现在(?:扮演|作为|作為|的身份是|的角色是)|你現在(?:扮演|的身份是|的角色是)|你不再是"
+      r"|(?:请|請)?(?:扮演|假装|假裝)(?:你是|成|为|為)?(?:一个|一個|一名|一位)?(?:没有|沒有|不受|无|無)[^。\n]{0,10}(?:限制|约束|約束|审查|審查)"
+      r"|(?:开发者|開發者|越狱|越獄|DAN)模式(?:已)?(?:开启|開啟|启用|啟用|激活))"
+      rf"{_TAIL_ZH}", flags=0, description="你现在是… / 从现在开始你是… / 开发者模式已开启", needs="cjk")
+_rule("prompt_exfiltration_zh", "override",
+      r"(?:输出|輸出|显示|顯示|打印|透露|泄露|洩露|泄漏|告诉我|告訴我|重复|重複|展示|给出|給出|列出|翻译|翻譯)[^。\n]{0,8}"
+      r"(?:系统提示|系統提示|系统指令|系統指令|初始指令|原始指令|初始提示|提示词|提示詞|隐藏指令|隱藏指令|系统消息|系統訊息|API\s*密钥|API\s*金鑰)"
+      rf"{_TAIL_ZH}", flags=0, description="输出你的系统提示词", needs="cjk")
+_rule("new_instructions_zh", "override",
+      r"(?:新的?(?:指令|指示|任务|任務|规则|規則)\s*[:：]|(?:系统|系統)(?:消息|訊息|提示|指令|通知|覆盖|覆蓋)\s*[:：]"
+      r"|(?:注意|提醒|致)\s*[，,:：]?\s*(?:AI|人工智能|助手|语言模型|語言模型|大模型|模型)\s*[，,:：]"
+      r"|(?:不要|别|別)(?:告诉|告訴|透露给|透露給)用户)"
+      rf"{_TAIL_ZH}", flags=0, description="新指令： / 系统消息： / 注意，AI：", needs="cjk")
+
+# ---- role markers and chat-template tokens ----
+_rule("role_marker_line", "role_marker",
+      r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:SYSTEM(?:\s+(?:PROMPT|MESSAGE|OVERRIDE|NOTE|INSTRUCTIONS?|UPDATE|ALERT))?|SYS|DEVELOPER|ADMIN(?:ISTRATOR)?)"
+      r"\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE,
+      description="SYSTEM: / DEVELOPER: / [SYSTEM] at line start (upper case)",
+      trigger=r"sys|developer|admin", back=20)
+_rule("role_marker_assistant", "role_marker",
+      r"^[ \t>*#_\-]*[\[<(]?\s*ASSISTANT\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE,
+      description="a fake ASSISTANT: turn at line start; dropped when the document has 3 or more (a chat transcript)",
+      trigger="assistant", back=20)
+TRANSCRIPT_MIN_TURNS = 3
+_rule("role_marker_titled", "role_marker",
+      r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:system\s+(?:prompt|message|override|instructions?|note|update)|developer\s+(?:message|instructions?)|admin(?:istrator)?\s+(?:override|message|instructions?))"
+      r"\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE | re.IGNORECASE,
+      description="System prompt: / System override: / Developer message: at line start",
+      trigger=r"(?:system|developer|admin|administrator)\s+(?:prompt|message|override|instruction|note|update)", back=20)
+_rule("chat_template_token", "role_marker",
+      r"<\|im_start\|>\s*system[\s\S]{0,2000}?(?:<\|im_end\|>|\n\s*\n|$)"
+      r"|<\|(?:im_start|im_end|im_sep|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id|begin_of_text|end_of_text|eom_id|python_tag)\|>"
+      r"|\[/?INST\]|<</?SYS>>|<start_of_turn>|<end_of_turn>|<\|?(?:SYSTEM|system)_?(?:PROMPT|prompt)?\|?>|</?\s*system(?:[_-]?prompt)?\s*>",
+      flags=0, description="<|im_start|>system, <|eot_id|>, [INST], <<SYS>>, <system> …", trigger=r"<|\[/?inst\]", back=0)
+_rule("bracket_override", "role_marker",
+      r"(?:\[\[|\{\{|<<)\s*[^\]\}>\n]{0,60}?(?:system|admin|override|instruction|developer|jailbreak|prompt|assistant|sudo)[^\]\}>\n]{0,60}(?:\]\]|\}\}|>>)"
+      r"|\[\s*(?:system|admin|developer|sudo|root)(?:[ _-]+(?:override|message|prompt|note|instructions?|command|mode|update))\s*\]"
+      r"|\[(?:SYSTEM|ADMIN|OVERRIDE|SUDO)\]",
+      flags=re.IGNORECASE, description="[[system override]], {{admin instruction}}, [system message], [SYSTEM]",
+      trigger=r"\[\[|\{\{|<<|\[\s*(?:system|admin|developer|sudo|root|override)", back=0)
+_rule("instruction_header", "role_marker",
+      r"^[ \t]*#{1,6}[ \t]*(?:Instructions?|System(?:[ \t]+Prompt)?|New[ \t]+Instructions?|Response|Input)[ \t]*:[^\n]{0,300}"
+      r"|^[ \t]*###[ \t]*(?:Instruction|System|Response|Human|Assistant)[ \t]*$",
+      flags=re.MULTILINE | re.IGNORECASE, description="### Instruction: (Alpaca-style headers)", trigger="#", back=10)
+
+# ---- hidden text ----
+_INSTRUCTIONY = re.compile(
+    r"ignore|disregard|forget|instruction|prompt|\bSYSTEM\b|assistant|\bAI\b|\bLLM|language\s+model|"
+    r"you\s+(?:must|should|are|will|shall|need)|respond|reply|\bHACKED\b|忽略|无视|無視|指令|提示|你现在|你現在",
+    re.IGNORECASE)
+
+
+def _comment_has_instruction(m: re.Match) -> bool:
+    return bool(_INSTRUCTIONY.search(m.group(1)))
+
+
+_rule("html_comment_instruction", "hidden_text", r"<!--([\s\S]{0,3000}?)-->", flags=0, check=_comment_has_instruction,
+      description="HTML comment whose body reads like an instruction", trigger="<!--", back=0)
+
+_HIDDEN_STYLE = re.compile(
+    r"display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0*(?:\.0+)?(?:px|pt|em|rem|%)?\s*(?:;|!|$)|"
+    r"opacity\s*:\s*0*(?:\.0+)?\s*(?:;|!|$)|(?<![-\w])color\s*:\s*(?:white|#fff(?:fff)?\b|rgba?\(\s*255\s*,\s*255\s*,\s*255)|"
+    r"(?:max-)?height\s*:\s*0(?:px)?\s*;[^\"']*overflow\s*:\s*hidden|(?:left|top|text-indent)\s*:\s*-\d{3,}|clip\s*:\s*rect\(\s*0",
+    re.IGNORECASE)
+_NON_WHITE_BACKGROUND = re.compile(r"background(?:-color)?\s*:\s*(?!white|#fff(?:fff)?\b|rgba?\(\s*255\s*,\s*255\s*,\s*255)", re.I)
+
+
+def _hidden_element(m: re.Match) -> bool:
+    style = m.group("style") or ""
+    props = _HIDDEN_STYLE.findall(style)
+    if not props:
+        return False
+    only_white = all(p.lower().lstrip().startswith("color") for p in props)
+    if only_white and _NON_WHITE_BACKGROUND.search(style):  # white text on a dark background is visible
+        return False
+    return True
+
+
+_rule("css_hidden_text", "hidden_text",
+      r"<(?P<tag>[a-zA-Z][\w-]*)\b[^>]{0,300}?\bstyle\s*=\s*(?P<q>[\"'])(?P<style>[^\"']{0,400})(?P=q)[^>]{0,200}>"
+      r"(?:[\s\S]{0,3000}?</(?P=tag)\s*>)?",
+      flags=re.IGNORECASE, check=_hidden_element,
+      description="element styled display:none / visibility:hidden / font-size:0 / opacity:0 / white text")
+_rule("hidden_markup", "hidden_text",
+      r"<font\b[^>]{0,200}?(?:color\s*=\s*[\"']?(?:white|#fff(?:fff)?)\b|size\s*=\s*[\"']?0[\"'\s>])[^>]{0,200}>[\s\S]{0,3000}?</font\s*>"
+      r"|<(?P<htag>[a-zA-Z][\w-]*)\b[^>]{0,200}?\s(?:hidden(?:\s*=\s*[\"'][^\"']*[\"'])?|aria-hidden\s*=\s*[\"']true[\"'][^>]{0,200}?\bclass\s*=\s*[\"'][^\"']*(?:sr-only|visually-hidden)[^\"']*[\"'])[^>]{0,200}>[\s\S]{0,3000}?</(?P=htag)\s*>"
+      r"|\\textcolor\s*\{\s*white\s*\}\s*\{[^{}]{0,3000}\}|\{\s*\\color\s*\{\s*white\s*\}[^{}]{0,3000}\}"
+      r"|\\(?:fontsize\s*\{\s*0(?:\.\d+)?\s*(?:pt)?\s*\}|tiny\s*\\color\{white\})[^\n]{0,300}",
+      flags=re.IGNORECASE, description="<font color=white>, <div hidden>, \\textcolor{white}{…}")
+
+# characters (on the raw text)
+_ZW_CLASS = "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u034f\u115f\u1160\u3164"
+
+
+def _zero_width_is_suspicious(m: re.Match) -> bool:
+    s, e = m.span()
+    run = m.group(0)
+    text = m.string
+    if s == 0 and run == "\ufeff":  # byte-order mark
+        return False
+    if len(run) >= 3:  # runs encode data (zero-width steganography) or pad out a hidden payload
+        return True
+    before = text[s - 1] if s > 0 else ""
+    after = text[e] if e < len(text) else ""
+    # Inside a word it splits a keyword so filters miss it. At a word boundary it is the usual residue of HTML or
+    # PDF conversion (CUAD filings carry dozens), and a joiner/LRM between non-Latin letters or emoji is ordinary
+    # script shaping: neither is flagged.
+    if not (before.isalnum() and after.isalnum()):
+        return False
+    if run in "\u200c\u200d\u200e\u200f" and not (before.isascii() and after.isascii()):
+        return False
+    return True
+
+
+_rule("zero_width_chars", "hidden_chars", f"[{_ZW_CLASS}]+", flags=0, target="raw", check=_zero_width_is_suspicious,
+      description="zero-width / invisible formatting characters", needs="non_ascii")
+_rule("bidi_control", "hidden_chars", "[\u202a-\u202e\u2066-\u2069]+", flags=0, target="raw",
+      description="bidirectional override/embedding/isolate controls (Trojan Source)", needs="non_ascii")
+_rule("unicode_tag_chars", "hidden_chars", "(?<!\U0001F3F4)[\U000E0000-\U000E007F\U000E0100-\U000E01EF]+", flags=0,
+      target="raw", description="Unicode tag / variation-selector-supplement characters (ASCII smuggling)", needs="non_ascii")
+
+
+# ---- encoded payloads ----
+def _base64_override(m: re.Match) -> bool:
+    blob = m.group(0)
+    try:
+        decoded = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=False).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return False
+    if sum(c.isprintable() or c.isspace() for c in decoded) < 0.9 * max(1, len(decoded)):
+        return False
+    return any(spec["category"] == "override" and spec["target"] == "norm" and spec["regex"].search(decoded)
+               for spec in _RULE_SPECS if spec["name"] != "base64_instruction")
+
+
+_rule("base64_instruction", "encoded", r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/])", flags=0,
+      check=_base64_override, description="base64 blob that decodes to an override phrase", trigger=r"[a-z0-9+/]{24}", back=0)
+
+RULES: dict[str, str] = {spec["name"]: spec["description"] for spec in _RULE_SPECS}
+RULE_CATEGORIES: dict[str, str] = {spec["name"]: spec["category"] for spec in _RULE_SPECS}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# API
+
+
+_CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
+_WINDOW_AFTER = 200  # longest phrase after its trigger; the tail past it is recovered by re-matching
+
+
+def _windows(trigger: re.Pattern, lower: str, back: int) -> list[tuple[int, int]]:
+    """Merged [start, end) windows around trigger hits in which the full rule pattern is searched."""
+    out: list[tuple[int, int]] = []
+    for m in trigger.finditer(lower):
+        a, b = max(0, m.start() - back), min(len(lower), m.end() + _WINDOW_AFTER)
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _is_word_char(ch: str) -> bool:
+    return ch.isalnum() or ch in "'’@$|!+"
+
+
+def _word_start_candidates(trigger: re.Pattern, lower: str, words_back: int) -> list[int]:
+    """Start offsets of the word holding each trigger hit and of the ``words_back`` words before it."""
+    out: set[int] = set()
+    for m in trigger.finditer(lower):
+        i = m.start()
+        while i > 0 and _is_word_char(lower[i - 1]):
+            i -= 1
+        out.add(i)
+        for _ in range(words_back):
+            j, limit = i, max(0, i - 12)
+            while j > limit and not _is_word_char(lower[j - 1]):
+                j -= 1
+            if j == i or j == 0 or not _is_word_char(lower[j - 1]):
+                break
+            while j > 0 and _is_word_char(lower[j - 1]):
+                j -= 1
+            out.add(j)
+            i = j
+    return sorted(out)
+
+
+def scan(text: str, rules: Iterable[str] | None = None, disabled: Iterable[str] = ()) -> list[Finding]:
+    """All findings in ``text``, sorted by position. ``rules`` limits to those names; ``disabled`` drops names."""
+    if not text:
+        return []
+    wanted = set(rules) if rules is not None else None
+    skip = set(disabled)
+    norm = _Normalised(text)
+    ntext = norm.text
+    lower = ntext.lower()
+    if len(lower) != len(ntext):  # a few characters change length when lower-cased: no trigger shortcut then
+        lower = None
+    non_ascii = not text.isascii()
+    cjk = non_ascii and _CJK.search(ntext) is not None
+    windows: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    found: set[tuple[str, int, int]] = set()
+    for spec in _RULE_SPECS:
+        name = spec["name"]
+        if name in skip or (wanted is not None and name not in wanted):
+            continue
+        if (spec["needs"] == "non_ascii" and not non_ascii) or (spec["needs"] == "cjk" and not cjk):
+            continue
+        check, regex = spec["check"], spec["regex"]
+        if spec["target"] == "raw":
+            for m in regex.finditer(text):
+                if check is None or check(m):
+                    found.add((name, m.start(), m.end()))
+            continue
+        if spec["trigger"] is not None and lower is not None and spec["words_back"] is not None:
+            key = (spec["trigger"], -1 - spec["words_back"])
+            if key not in windows:
+                windows[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
+            matches = (regex.match(ntext, p) for p in windows[key])
+        elif spec["trigger"] is not None and lower is not None:
+            key = (spec["trigger"], spec["back"])
+            if key not in windows:
+                windows[key] = _windows(_TRIGGERS[spec["trigger"]], lower, spec["back"])
+            # a window cuts the sentence tail short; re-match from the same start on the whole text for the full extent
+            matches = (regex.match(ntext, m.start()) for a, b in windows[key] for m in regex.finditer(ntext, a, b))
+        else:
+            matches = regex.finditer(ntext)
+        for m in matches:
+            if m is None or m.end() == m.start() or (check is not None and not check(m)):
+                continue
+            found.add((name, norm.orig_start(m.start()), norm.orig_end(m.end())))
+    if sum(1 for f in found if f[0] == "role_marker_assistant") >= TRANSCRIPT_MIN_TURNS:
+        found = {f for f in found if f[0] != "role_marker_assistant"}  # a chat transcript, not a forged turn
+    return [Finding(rule, s, e, _excerpt(text, s, e)) for rule, s, e in sorted(found, key=lambda f: (f[1], f[2], f[0]))]
+
+
+def strip(text: str, findings: Iterable[Finding] | None = None) -> str:
+    """``text`` with every finding's span removed (overlapping spans merged); ``findings`` defaults to ``scan(text)``.
+
+    Hidden-character findings span exactly the characters, so removing the span removes the characters; where a removal
+    leaves two spaces or a space before punctuation, one space goes too.
+    """
+    if findings is None:
+        findings = scan(text)
+    spans = sorted((f.start, f.end) for f in findings if f.end > f.start)
+    if not spans:
+        return text
+    merged: list[list[int]] = []
+    for s, e in spans:
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    out: list[str] = []
+    pos = 0
+    for s, e in merged:
+        piece = text[pos:s]
+        nxt = text[e:e + 1]
+        if piece.endswith((" ", "\t")) and (nxt in ("", " ", "\t", "\n") or nxt in ".,;:!?"):
+            piece = piece.rstrip(" \t")
+        out.append(piece)
+        pos = e
+    out.append(text[pos:])
+    return "".join(out)
+
+
+@dataclass
+class ScanResult:
+    mode: str
+    findings: list[Finding] = field(default_factory=list)
+    text: str = ""  # the text to forward: unchanged (off, flag), stripped (strip), or the original (block)
+    blocked: bool = False
+
+    @property
+    def flagged(self) -> bool:
+        return bool(self.findings)
+
+    @property
+    def rules(self) -> list[str]:
+        return sorted({f.rule for f in self.findings})
+
+
+class InjectionScanner:
+    """Applies a mode: off (no scan), flag (report), strip (report and remove spans), block (report; blocked if any).
+
+    ``disabled`` names rules to skip (e.g. ``{"attack_payload_marker"}`` for a corpus about security testing);
+    ``categories`` limits which categories count (override, role_marker, hidden_text, hidden_chars, encoded).
+    """
+
+    def __init__(self, mode: Mode = "flag", disabled: Iterable[str] = (), categories: Iterable[str] | None = None):
+        if mode not in ("off", "flag", "strip", "block"):
+            raise ValueError(f"unknown injection mode {mode!r}")
+        unknown = set(disabled) - set(RULES)
+        if unknown:
+            raise ValueError(f"unknown injection rules: {', '.join(sorted(unknown))}")
+        self.mode = mode
+        self.disabled = frozenset(disabled)
+        self.categories = frozenset(categories) if categories is not None else None
+
+    def scan(self, text: str) -> list[Finding]:
+        findings = scan(text, disabled=self.disabled)
+        if self.categories is not None:
+            findings = [f for f in findings if f.category in self.categories]
+        return findings
+
+    def apply(self, text: str) -> ScanResult:
+        if self.mode == "off":
+            return ScanResult("off", [], text, False)
+        findings = self.scan(text)
+        if self.mode == "strip":
+            return ScanResult("strip", findings, strip(text, findings) if findings else text, False)
+        return ScanResult(self.mode, findings, text, self.mode == "block" and bool(findings))

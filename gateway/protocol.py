@@ -1,12 +1,16 @@
-"""The OpenAI chat-completions protocol as pydantic models.
+"""The OpenAI chat-completions protocol as pydantic models, and the request surface the gateway accepts.
 
-Fields follow the order of the OpenAI API reference. Request models allow extra fields: anything
-a client sends that we do not model is kept and passed upstream, never dropped.
+Fields follow the order of the OpenAI API reference. Request models allow extra fields: anything a client
+sends that we do not model goes to OpenAI-compatible upstreams as a JSON body field, nothing more. What
+a client may never send are the provider-connection and test parameters that litellm (or an SDK) would
+interpret as client options (`api_base`, `api_key`, `mock_response`, ...): those are a 400 naming the
+parameter, so that no request can point the gateway, and the provider key it holds, somewhere else.
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Union
+import re
+from typing import Any, Iterator, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -54,9 +58,34 @@ class SelfrouteOptions(BaseModel):
     route: Literal["direct", "rag", "long"] | None = Field(None, description="force a route (debugging)")
 
 
+MAX_MODEL_CHARS = 256
+# provider/name[:tag][@version]: letters, digits and . _ - : / @ + ; never a URL (litellm reads some as one)
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+\-]*$")
+
+# Parameters that configure the client connection rather than the completion: litellm (and the SDKs) take
+# them as call options. A client never chooses where the gateway connects, with which credentials, or
+# fakes an answer. Prefixes cover the provider families' credential and endpoint options.
+REJECTED_PARAMS = frozenset({
+    "api_base", "base_url", "api_key", "api_version", "api_type", "organization", "project",
+    "custom_llm_provider", "mock_response", "mock_timeout", "mock_tool_calls", "mock_delay",
+    "extra_headers", "extra_query", "extra_body", "headers", "timeout", "request_timeout", "stream_timeout",
+    "num_retries", "max_retries", "retry_policy", "fallbacks", "context_window_fallback_dict",
+    "deployment_id", "model_list", "client", "shared_session", "ssl_verify", "proxy", "proxies",
+    "input_cost_per_token", "output_cost_per_token", "base_model", "custom_prompt_dict", "model_info",
+    "region_name", "tenant_id", "client_id", "client_secret", "azure_ad_token", "azure_ad_token_provider",
+    "api_key_env", "caching", "cache", "callbacks", "logger_fn", "proxy_server_request", "guardrails",
+})
+REJECTED_PREFIXES = ("litellm_", "aws_", "azure_", "vertex_", "vertexai_", "watsonx_", "anthropic_", "gemini_",
+                     "openai_", "s3_", "gcs_", "langfuse_", "langsmith_", "mock_", "input_cost_", "output_cost_")
+
+
+def rejected_param(name: str) -> bool:
+    return name in REJECTED_PARAMS or name.startswith(REJECTED_PREFIXES)
+
+
 class ChatCompletionRequest(_Open):
     messages: list[ChatMessage] = Field(min_length=1)
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     audio: dict[str, Any] | None = None
     frequency_penalty: float | None = None
     function_call: Union[str, dict[str, Any], None] = None
@@ -91,6 +120,13 @@ class ChatCompletionRequest(_Open):
     web_search_options: dict[str, Any] | None = None
     selfroute: SelfrouteOptions | None = None
 
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        if not _MODEL_NAME.match(value) or "://" in value:
+            raise ValueError("a model name is letters, digits and . _ - : / @ + (no spaces, no URL)")
+        return value
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, value: int | None) -> int | None:
@@ -103,17 +139,62 @@ class ChatCompletionRequest(_Open):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+MAX_JSON_DEPTH = 64
+# a lone UTF-16 surrogate can only arrive as a \\u escape or as surrogate bytes (json.loads lets them pass)
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89abcdefABCDEF]|\xed[\xa0-\xbf]")
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object; anything else is a 400 saying what is wrong."""
+    """A request body that must be one JSON object; anything else is a 400 saying what is wrong.
+
+    Also a 400: nesting deeper than MAX_JSON_DEPTH (the parser and every later walk over the body
+    recurse) and strings holding lone surrogates (no upstream, tokenizer or database can encode them).
+    """
     if not raw.strip():
         raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
+    if _nesting_depth(raw) > MAX_JSON_DEPTH:
+        raise GatewayError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
         body = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_type")
+    if _SURROGATE_HINT.search(raw):
+        for path, text in _strings(body, ""):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise GatewayError(400, f"invalid value for '{path}': the text holds a lone UTF-16 surrogate",
+                                   param=path or None, code="invalid_unicode") from None
     return body
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """The deepest bracket nesting, counting only brackets outside strings; cheap next to parsing."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    for token in re.finditer(rb'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', raw):
+        char = token.group()[:1]
+        if char in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key, path)
+            yield from _strings(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _strings(item, f"{path}[{index}]")
 
 
 def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
@@ -123,12 +204,22 @@ def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any
     goes upstream (minus our `selfroute` extension), so unknown fields pass through untouched.
     """
     body = parse_json_object(raw)
+    for name in body:
+        if rejected_param(name):
+            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
+                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise _validation_error(exc) from None
     body.pop("selfroute", None)
     return request, body
+
+
+# What a request may carry to any upstream: the documented OpenAI chat-completion parameters. Paths that
+# pass parameters as call options (litellm) forward only these; `metadata` stays behind there because
+# litellm reads it as its own logging options.
+OPENAI_PARAMS = tuple(name for name in ChatCompletionRequest.model_fields if name != "selfroute")
 
 
 def _validation_error(exc: ValidationError) -> GatewayError:
@@ -148,7 +239,7 @@ def _validation_error(exc: ValidationError) -> GatewayError:
         message = f"missing required parameter: '{param}'"
         code = "missing_required_parameter"
     elif err["type"] == "literal_error" and param.endswith("role"):
-        message = f"invalid value for '{param}': {err['input']!r}; expected one of system, developer, user, assistant, tool, function"
+        message = f"invalid value for '{param}': {repr(err['input'])[:64]}; expected one of system, developer, user, assistant, tool, function"
         code = "invalid_value"
     elif err["type"] == "too_short" and param == "messages":
         message = "'messages' must contain at least one message"

@@ -3,7 +3,8 @@
 Each GatewayMetrics owns its registry, so several apps (tests) in one process never collide.
 Labels stay low-cardinality: the request's route, model, status; never key ids or request ids.
 Clients choose model names on pass-through requests, so only the first MAX_MODEL_LABELS distinct
-names get a label of their own; later ones are counted under "other".
+names get a label of their own; later ones are counted under "other", and a label value is at most
+MAX_LABEL_CHARS long. Requests refused for a missing or wrong key are only counted here, never ledgered.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from policies.routes import FALLBACK as FALLBACK_ROUTE
 logger = logging.getLogger(__name__)
 
 MAX_MODEL_LABELS = 64
+MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -58,6 +60,9 @@ class GatewayMetrics:
                                          ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
         self.upstream_latency = Histogram("selfroute_upstream_latency_seconds", "Upstream call latency by request route and model.",
                                           ["route", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.unauthenticated = Counter("selfroute_unauthenticated_requests",
+                                       "Requests refused for a missing or unknown API key (not ledgered).",
+                                       registry=r)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, metric, *labels: str):
@@ -70,6 +75,7 @@ class GatewayMetrics:
 
     def _model(self, name: str) -> str:
         """The label for a model name: its own for the first max_model_labels names seen, else "other"."""
+        name = name[:MAX_LABEL_CHARS]
         if name in self._models:
             return name
         with self._models_lock:  # requests finish on several threads: the cap must hold exactly

@@ -11,7 +11,7 @@ from starlette.responses import StreamingResponse
 from gateway.errors import GatewayError
 from gateway.routing.calls import Streamed, StreamFinish
 from gateway.server.sse import DONE, sse_event, sse_json
-from gateway.upstreams.base import chunk_usage, malformed_chunk
+from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ async def relay_stream(
         yield DONE
     except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut
         logger.exception("stream relay failed")
-        failure = GatewayError(502, f"upstream stream failed: {type(exc).__name__}: {exc}", code="upstream_error")
+        failure = GatewayError(502, f"upstream stream failed: {type(exc).__name__}: {client_safe(str(exc))}", code="upstream_error")
         await end(failure.message, failure.status)
         yield sse_json(failure.body())
         yield DONE

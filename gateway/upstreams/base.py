@@ -6,6 +6,7 @@ each chat.completion.chunk.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, AsyncIterator, Protocol
 
 from gateway.errors import GatewayError
@@ -24,9 +25,27 @@ def split_provider(model: str) -> tuple[str | None, str]:
     return (provider, name) if sep else (None, model)
 
 
+MAX_UPSTREAM_MESSAGE_CHARS = 300
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+_HOST_PORT = re.compile(r"\b(?:[A-Za-z0-9\-]+\.)*[A-Za-z0-9\-]+:\d{1,5}\b|\[[0-9A-Fa-f:]+\](?::\d+)?")
+_IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b(?:'?,\s*\d{1,5})?")  # with a (host, port) tuple's port
+
+
+def client_safe(message: str) -> str:
+    """An upstream's message as a client may see it: no URLs, hosts, ports or addresses of the gateway's
+    upstreams, printable characters only, and short (raw upstream bodies can be anything)."""
+    text = _URL.sub("<url>", message)
+    text = _HOST_PORT.sub("<host>", text)
+    text = _IP.sub("<address>", text)
+    text = "".join(c if c.isprintable() else " " for c in text)
+    if len(text) > MAX_UPSTREAM_MESSAGE_CHARS:
+        text = text[:MAX_UPSTREAM_MESSAGE_CHARS] + "..."
+    return text
+
+
 def upstream_error(status: int | None, message: str, model: str) -> GatewayError:
     """Map an upstream failure to the status the client should see."""
-    text = f"upstream model {model!r} failed: {message}"
+    text = f"upstream model {model!r} failed: {client_safe(message)}"
     if status is None:
         return GatewayError(502, text, code="upstream_unreachable")
     if status in (400, 404, 413, 422):

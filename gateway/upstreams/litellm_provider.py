@@ -1,12 +1,19 @@
-"""Upstream calls through litellm, for providers that need protocol translation (anthropic, gemini, ollama, ...)."""
+"""Upstream calls through litellm, for providers that need protocol translation (anthropic, gemini, ollama, ...).
+
+litellm takes every keyword as a call option, connection settings included (`api_base`, `api_key`,
+`mock_response`, ...), so a request body is never spread into it: only the documented OpenAI parameters
+(gateway.protocol.OPENAI_PARAMS) go, and the connection comes from the policy's ModelConfig alone.
+"""
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 from typing import Any, AsyncIterator
 
 from gateway.errors import GatewayError
+from gateway.protocol import OPENAI_PARAMS
 from gateway.upstreams.base import upstream_error
 from policies.schema import ModelConfig
 
@@ -30,9 +37,41 @@ def _map_exception(exc: Exception, model: str) -> GatewayError:
     return upstream_error(status if isinstance(status, int) else None, message, model)
 
 
+# litellm reads `metadata` as its own logging options; the model comes from the config
+FORWARDED_PARAMS = tuple(name for name in OPENAI_PARAMS if name not in ("model", "metadata"))
+# litellm downloads remote images and files itself for providers that want them inline: the gateway would
+# fetch any URL a client names. Inline data: URLs are fine.
+_REMOTE_URL = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def _check_no_remote_urls(messages: Any) -> None:
+    for m, message in enumerate(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, dict) else None
+        for p, part in enumerate(content if isinstance(content, list) else []):
+            if isinstance(part, dict) and part.get("type") != "text":
+                for value in _string_values(part):
+                    if _REMOTE_URL.match(value):
+                        raise GatewayError(
+                            400, "this provider is reached through the gateway, which does not fetch URLs for it: "
+                            "send the content inline as a data: URL", param=f"messages[{m}].content[{p}]",
+                            code="remote_url_not_supported")
+
+
+def _string_values(value: Any):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _string_values(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _string_values(item)
+
+
 class LiteLLMUpstream:
     def _kwargs(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
-        kwargs = {k: v for k, v in body.items() if k != "model"}
+        _check_no_remote_urls(body.get("messages"))
+        kwargs = {k: body[k] for k in FORWARDED_PARAMS if k in body}
         kwargs.update(model=config.model, timeout=config.timeout, num_retries=config.max_retries)
         if config.api_base:
             kwargs["api_base"] = config.api_base

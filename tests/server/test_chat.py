@@ -122,6 +122,13 @@ def _post(url: str, content: bytes | str, headers: dict | None = None) -> httpx.
         (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
          "temperature", "invalid_type"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}]}), "model", "missing_required_parameter"),
+        (b'{"model": "gpt-test", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, "invalid_json"),
+        (b'{"model": "gpt-test", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content",
+         "invalid_unicode"),
+        (json.dumps({"model": "m" * 20_000, "messages": [{"role": "user", "content": "x"}]}), "model",
+         "invalid_value"),
+        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "api_base": "http://x"}),
+         "api_base", "unsupported_parameter"),
     ],
 )
 def test_bad_input_gets_openai_400(gateway, body, param, code):

@@ -102,3 +102,15 @@ def test_fallback_route_is_defined_once():
 
     assert metrics.FALLBACK_ROUTE is reports.FALLBACK_ROUTE
     assert "FALLBACK_ROUTE =" not in Path(metrics.__file__).read_text()
+
+
+def test_model_label_values_are_capped_in_length():
+    from gateway.ledger.records import RequestRecord, UpstreamCall
+    from gateway.server.metrics import MAX_LABEL_CHARS, GatewayMetrics
+
+    metrics = GatewayMetrics()
+    record = RequestRecord(id="r", created_at=0, key_id=None, policy=None, alias=None, route="passthrough",
+                           reason=None, status=200, calls=[UpstreamCall(model="m" * 10_000, route="passthrough")])
+    metrics.observe(record)
+    text = metrics.render().decode()
+    assert "m" * MAX_LABEL_CHARS in text and "m" * (MAX_LABEL_CHARS + 1) not in text

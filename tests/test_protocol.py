@@ -1,0 +1,82 @@
+"""The request surface: what a chat body may carry, and the JSON it must be."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.errors import GatewayError
+from gateway.protocol import (MAX_MODEL_CHARS, OPENAI_PARAMS, parse_chat_request, parse_json_object,
+                              rejected_param)
+from gateway.upstreams.litellm_provider import FORWARDED_PARAMS
+
+
+def _chat(**extra) -> bytes:
+    return json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+def _error(raw: bytes) -> GatewayError:
+    with pytest.raises(GatewayError) as caught:
+        parse_chat_request(raw)
+    return caught.value
+
+
+@pytest.mark.parametrize("depth", [65, 1000, 5000, 100_000])
+def test_deep_nesting_is_a_400(depth):
+    raw = b'{"model": "m", "messages": [], "x": ' + b"[" * depth + b"]" * depth + b"}"
+    error = _error(raw)
+    assert (error.status, error.code) == (400, "invalid_json")
+
+
+def test_nesting_within_the_limit_and_brackets_in_strings_are_fine():
+    deep = {"a": [[[[[[[[{"b": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["}]]]]]]]]}
+    assert parse_json_object(json.dumps(deep).encode()) == deep
+
+
+@pytest.mark.parametrize("text", ["\\ud800", "abc \\udfff", "\\ud83d x"])
+def test_lone_surrogates_are_a_400_naming_the_field(text):
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "' + text.encode() + b'"}]}'
+    error = _error(raw)
+    assert (error.status, error.code, error.param) == (400, "invalid_unicode", "messages[0].content")
+
+
+def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
+    assert _error(b'{"model": "m", "messages": [], "x": "\xed\xa0\x80"}').code == "invalid_unicode"
+    chat, _ = parse_chat_request(_chat(messages=[{"role": "user", "content": "\ud83d\ude00"}]))
+    assert chat.messages[0].content == "\U0001F600"
+
+
+@pytest.mark.parametrize("model", ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "http://h:1/v1", "openai/x://y",
+                                   "-flag", "m\u00e9"])
+def test_model_names_are_capped_and_plain(model):
+    error = _error(_chat(model=model))
+    assert (error.status, error.param) == (400, "model")
+    assert len(error.message) < 200
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", "anthropic/claude-3-5-sonnet-20241022", "ollama/llama3:8b",
+                                   "hosted_vllm/meta-llama/Llama-3.1-8B", "bedrock/anthropic.claude-v2:1",
+                                   "x" * MAX_MODEL_CHARS])
+def test_real_model_names_pass(model):
+    chat, _ = parse_chat_request(_chat(model=model))
+    assert chat.model == model
+
+
+@pytest.mark.parametrize("name", ["api_base", "base_url", "api_key", "api_version", "custom_llm_provider",
+                                  "mock_response", "extra_headers", "headers", "timeout", "num_retries",
+                                  "litellm_logging_obj", "aws_region_name", "vertex_credentials", "azure_ad_token"])
+def test_connection_parameters_are_rejected_by_name(name):
+    error = _error(_chat(**{name: "x"}))
+    assert (error.status, error.type, error.param, error.code) == (400, "invalid_request_error", name,
+                                                                  "unsupported_parameter")
+
+
+def test_openai_parameters_are_never_rejected_and_litellm_gets_only_them():
+    assert not any(rejected_param(name) for name in OPENAI_PARAMS)
+    assert set(FORWARDED_PARAMS) <= set(OPENAI_PARAMS) and "model" not in FORWARDED_PARAMS
+    assert "metadata" not in FORWARDED_PARAMS  # litellm's own logging options under that name
+
+
+def test_a_huge_bad_role_is_not_echoed():
+    error = _error(_chat(messages=[{"role": "w" * 100_000, "content": "x"}]))
+    assert error.status == 400 and len(error.message) < 300

@@ -35,8 +35,10 @@ class GatewayError(Exception):
         type: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
+        self.headers = headers  # sent with the error response (e.g. Retry-After)
         self.status = status
         self.message = message
         self.type = type or _TYPE_FOR_STATUS.get(status, "api_error")

@@ -16,6 +16,24 @@ def resolve_data_dir(value: str | Path | None = None) -> Path:
     return Path(chosen).expanduser()
 
 
+def private_dir(path: Path) -> Path:
+    """Create a directory only its owner can enter (0700), or make an existing one so: it holds the ledger,
+    with the questions clients asked, and the documents they sent."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create a file only its owner can read (0600) if it does not exist yet. SQLite gives its -wal and -shm
+    files the database file's permissions."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o600)
+    return path
+
+
 @dataclass
 class Settings:
     data_dir: Path = field(default_factory=resolve_data_dir)

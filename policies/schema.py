@@ -96,6 +96,13 @@ class SecuritySettings(_Strict):
     )
 
 
+class PassthroughSettings(_Strict):
+    allow: list[str] | None = Field(
+        None, description="fnmatch patterns of the model names any key may use by pass-through; "
+        "null (the default): any model name; []: none, only the routed aliases"
+    )
+
+
 class Policy(_Strict):
     name: str = "default"
     aliases: list[str] = Field(default_factory=lambda: ["selfroute"], min_length=1)
@@ -105,6 +112,7 @@ class Policy(_Strict):
     long_context: LongContextSettings = LongContextSettings()
     routing: RoutingSettings = RoutingSettings()
     security: SecuritySettings = SecuritySettings()
+    passthrough: PassthroughSettings = PassthroughSettings()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> "Policy":

@@ -88,7 +88,10 @@ def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -
 def bare_gateway(ledger: Ledger, auth: Authenticator, metrics) -> Gateway:
     """A Gateway for endpoints that read only the ledger, auth and metrics: no upstream and no routing."""
     settings = Settings(data_dir=ledger.path.parent)
-    return Gateway(settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics)
+    from gateway.ledger.keys import KeyStore
+
+    return Gateway(settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics,
+                   KeyStore(ledger.path))
 
 
 def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0) -> list[RequestRecord]:

@@ -9,7 +9,7 @@ from typing import TextIO
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("filters")
     group.add_argument("--route", help="direct | rag | long | rag>long | passthrough | none (quote rag>long)")
-    group.add_argument("--key", help="API key id as stored (k_...); a raw key is hashed first")
+    group.add_argument("--key", help="a named key's name, or a key id as stored (k_...); a raw key is hashed first")
     group.add_argument("--policy", help="policy name")
     group.add_argument("--status", help="HTTP status: 200, 4xx, ok (<400) or error (>=400)")
     group.add_argument("--since", help="ISO date/time (UTC if no zone) or an age: 30m, 1h, 7d")
@@ -17,10 +17,22 @@ def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def filters_from_args(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from gateway.ledger.keys import KeyStore
     from gateway.ledger.reports import Filters
 
-    return Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
-                         status=args.status)
+    filters = Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
+                            status=args.status)
+    path = ledger_path(args)
+    if args.key and path.exists():  # a named key is recorded by its name, not a hash
+        store = KeyStore(path)
+        try:
+            if store.exists(args.key.strip()):
+                filters = replace(filters, key=args.key.strip())
+        finally:
+            store.close()
+    return filters
 
 
 def ledger_path(args: argparse.Namespace):

@@ -17,6 +17,7 @@ from typing import Callable
 
 from gateway.ledger.database import connect, migrate, write_records
 from gateway.ledger.records import RequestRecord
+from gateway.settings import private_file
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ class Ledger:
 
     def __init__(self, path: str | Path, *, batch_size: int = 256):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_file(self.path)
         self._batch_size = batch_size
         self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
         self._subscribers: list[Callable[[RequestRecord], None]] = []

@@ -30,6 +30,9 @@ from policies.schema import Policy
 logger = logging.getLogger(__name__)
 
 PROMPT_DOCUMENT_ID = "prompt"
+# attached documents carry their key's id in their metadata, so their inline collection (named by content)
+# and cached statistics are per key; metadata never reaches a prompt
+INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
 
 
@@ -91,7 +94,8 @@ class RoutePlanner:
                 raise GatewayError(400, "send either selfroute.documents or a collection, not both",
                                    param="selfroute", code="conflicting_context")
             documents = [
-                Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, metadata=d.metadata)
+                Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title,
+                         metadata={**d.metadata, INLINE_SCOPE: chat.key_scope} if chat.key_scope else d.metadata)
                 for i, d in enumerate(options.documents)
             ]
             if len({d.id for d in documents}) != len(documents):

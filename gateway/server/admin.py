@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from importlib import resources
 from typing import Any, Callable
 
@@ -31,10 +32,29 @@ DEFAULT_WINDOW = "24h"
 MAX_WINDOW_S = 90 * 86400
 
 
+MAX_PARAM_CHARS = 200
+
+
+def _param(request: Request, name: str) -> str | None:
+    """A query parameter, refused when it is too long to be a real value (never echoed whole)."""
+    value = request.query_params.get(name)
+    if value is not None and len(value) > MAX_PARAM_CHARS:
+        raise invalid_request(f"{name} is longer than {MAX_PARAM_CHARS} characters", param=name, code=f"invalid_{name}")
+    return value
+
+
 def _filters(request: Request) -> reports.Filters:
-    q = request.query_params
-    return reports.Filters.parse(since=q.get("since"), until=q.get("until"), route=q.get("route"), key=q.get("key"),
-                                 policy=q.get("policy"), status=q.get("status"))
+    status = _param(request, "status")
+    if status is not None and status.strip().isdigit() and not 100 <= int(status) <= 999:
+        raise invalid_request("status must be an HTTP status between 100 and 999, a class like 4xx, ok or error",
+                              param="status", code="invalid_status")
+    key = _param(request, "key")
+    filters = reports.Filters.parse(since=_param(request, "since"), until=_param(request, "until"),
+                                    route=_param(request, "route"), key=key, policy=_param(request, "policy"),
+                                    status=status)
+    if key and gateway_of(request).keys.exists(key.strip()):  # a named key is recorded by its name
+        filters = replace(filters, key=key.strip())
+    return filters
 
 
 async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
@@ -54,19 +74,22 @@ async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
-    value = request.query_params.get(name)
+    value = _param(request, name)
     if value is None:
         return default
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise invalid_request(f"{name} must be an integer", param=name, code=f"invalid_{name}") from None
+    if abs(number) > 2**31:
+        raise invalid_request(f"{name} is out of range", param=name, code=f"invalid_{name}")
+    return number
 
 
 async def list_requests(request: Request) -> Response:
     filters = _filters(request)
     limit = _int_param(request, "limit", 50)
-    cursor = request.query_params.get("cursor")
+    cursor = _param(request, "cursor")
     return await _query(request, lambda conn: reports.list_requests(conn, filters, limit=limit, cursor=cursor))
 
 
@@ -77,7 +100,7 @@ async def get_request(request: Request) -> Response:
 
 async def costs(request: Request) -> Response:
     filters = _filters(request)
-    by = request.query_params.get("by", "route")
+    by = _param(request, "by") or "route"
     if by not in reports.GROUPINGS:  # fail before touching the database
         raise invalid_request(f"cannot group by {by!r}: use one of {', '.join(reports.GROUPINGS)}", param="by",
                               code="invalid_grouping")
@@ -85,7 +108,7 @@ async def costs(request: Request) -> Response:
 
 
 async def summary(request: Request) -> Response:
-    text = request.query_params.get("window", DEFAULT_WINDOW)
+    text = _param(request, "window") or DEFAULT_WINDOW
     now = time.time()
     window = now - reports.parse_time(text, now=now)
     if not 60 <= window <= MAX_WINDOW_S:

@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.errors import LedgerError
+from gateway.ledger.keys import KeyStore
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
@@ -28,10 +29,12 @@ from gateway.server.errors import (
     handle_gateway_error, handle_http_exception, handle_ledger_error, handle_unexpected_error,
 )
 from gateway.server.explain import explain_route
+from gateway.server.keys import key_routes
+from gateway.server.limits import model_usable
 from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.middleware import RequestIdMiddleware
 from gateway.server.state import Gateway, gateway_of
-from gateway.settings import Settings
+from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
 from policies.loader import load_policy
 from policies.schema import Policy
@@ -69,12 +72,13 @@ async def healthz(request: Request) -> Response:
 
 async def list_models(request: Request) -> Response:
     gateway = gateway_of(request)
-    gateway.auth.check(request)
+    caller = gateway.auth.check(request)
     policy = gateway.policy
     data = [{"id": alias, "object": "model", "created": 0, "owned_by": "selfroute"} for alias in policy.aliases]
     for config in {policy.cheap.model: policy.cheap, policy.long.model: policy.long}.values():
         provider = config.model.partition("/")[0] if "/" in config.model else "openai"
         data.append({"id": config.model, "object": "model", "created": 0, "owned_by": provider})
+    data = [m for m in data if model_usable(policy, caller, m["id"])]  # only what this key may call
     return json_response({"object": "list", "data": data})
 
 
@@ -94,14 +98,17 @@ def create_app(
     if policy is None:
         policy, policy_path = load_policy(settings.policy_path)
     policy = apply_model_overrides(policy, settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.data_dir)
     ledger = ledger or Ledger(settings.ledger_path)
+    keys = KeyStore(ledger.path)
     auth = auth or Authenticator.from_environment(settings.keys_file)
+    if auth.store is None:
+        auth.store = keys
     upstream = upstream or default_upstream()
     prices = prices or PriceBook()
     routing = RoutingService(settings, policy, policy_path, upstream, embedder=embedder)
     metrics = metrics or GatewayMetrics()
-    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics)
+    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys)
     ledger.subscribe(metrics.observe)
 
     @contextlib.asynccontextmanager
@@ -116,6 +123,7 @@ def create_app(
         finally:
             await upstream.aclose()
             ledger.close()
+            keys.close()
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
@@ -124,6 +132,7 @@ def create_app(
         *collection_routes(),
         Route("/v1/route/explain", explain_route, methods=["POST"]),
         *admin_routes(),
+        *key_routes(),
         metrics_route(),
     ]
     app = Starlette(

@@ -1,22 +1,32 @@
-"""API keys: from an environment variable or a keys file; kept and logged only as hashes."""
+"""API keys: named keys from the ledger database (gateway.ledger.keys), keys from an environment variable
+or a keys file, and the admin key. Keys are kept and logged only as hashes.
+
+A named key is looked up in the database at most every CACHE_S seconds per process, so a key revoked by
+`selfroute keys revoke` in another process stops working within that time (at once in this process).
+"""
 from __future__ import annotations
 
 import hashlib
 import hmac
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.ledger.keys import KEY_PREFIX, KeyStore, NamedKey
 from gateway.ledger.records import key_id
 
 logger = logging.getLogger(__name__)
 
 KEYS_ENV = "SELFROUTE_API_KEYS"  # comma-separated
 ADMIN_KEY_ENV = "SELFROUTE_ADMIN_KEY"
+CACHE_S = 2.0
+MAX_KEY_CHARS = 512
 
 
 def _digest(key: str) -> bytes:
@@ -25,8 +35,10 @@ def _digest(key: str) -> bytes:
 
 @dataclass(frozen=True)
 class Caller:
-    key_id: str | None  # None when the gateway is open
+    key_id: str | None  # None when the gateway is open; a named key's name; else k_<sha256 prefix>
     admin: bool
+    key: NamedKey | None = None  # the named key, with its limits and grants
+    open: bool = False  # the gateway has no keys at all: every caller may do everything
 
 
 def read_keys_file(path: str | Path) -> list[str]:
@@ -36,22 +48,41 @@ def read_keys_file(path: str | Path) -> list[str]:
 
 
 class Authenticator:
-    def __init__(self, keys: list[str] | None = None, admin_key: str | None = None):
+    def __init__(self, keys: list[str] | None = None, admin_key: str | None = None, store: KeyStore | None = None):
         self._digests = {_digest(k): key_id(k) for k in (keys or [])}
         self._admin = _digest(admin_key) if admin_key else None
         if self._admin is not None:
             self._digests.setdefault(self._admin, key_id(admin_key or ""))
+        self.store = store
+        self._lock = threading.Lock()
+        self._named: dict[bytes, tuple[float, NamedKey | None]] = {}
+        self._any_named: tuple[float, bool] = (0.0, False)
 
     @classmethod
-    def from_environment(cls, keys_file: str | Path | None = None) -> "Authenticator":
+    def from_environment(cls, keys_file: str | Path | None = None, store: KeyStore | None = None) -> "Authenticator":
         keys = [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
         if keys_file:
             keys += read_keys_file(keys_file)
-        return cls(keys, os.environ.get(ADMIN_KEY_ENV) or None)
+        return cls(keys, os.environ.get(ADMIN_KEY_ENV) or None, store)
+
+    def forget(self) -> None:
+        """Drop cached lookups (after a key was created or revoked in this process)."""
+        with self._lock:
+            self._named.clear()
+            self._any_named = (0.0, False)
+
+    def _has_named_keys(self) -> bool:
+        if self.store is None:
+            return False
+        checked, found = self._any_named
+        if time.monotonic() - checked > CACHE_S:
+            found = self.store.any_active()
+            self._any_named = (time.monotonic(), found)
+        return found
 
     @property
     def open(self) -> bool:
-        return not self._digests
+        return not self._digests and not self._has_named_keys()
 
     def _presented(self, request: Request) -> str | None:
         header = request.headers.get("authorization", "")
@@ -66,13 +97,34 @@ class Authenticator:
                 return kid
         return None
 
+    def _named_key(self, presented: str) -> NamedKey | None:
+        if self.store is None or not presented.startswith(KEY_PREFIX):
+            return None
+        digest = _digest(presented)
+        cached = self._named.get(digest)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] <= CACHE_S:
+            named = cached[1]
+        else:
+            named = self.store.lookup(presented)
+            with self._lock:
+                if len(self._named) > 10_000:  # a flood of random keys must not grow this without bound
+                    self._named.clear()
+                self._named[digest] = (now, named)
+        return named if named is not None and named.active() else None
+
     def check(self, request: Request) -> Caller:
         """The caller of an API endpoint; raises 401 for a missing or unknown key."""
         presented = self._presented(request)
+        if presented is not None and len(presented) > MAX_KEY_CHARS:
+            raise GatewayError(401, "incorrect API key provided", code="invalid_api_key")
         if self.open:
-            return Caller(key_id(presented) if presented else None, admin=False)
+            return Caller(key_id(presented) if presented else None, admin=False, open=True)
         if not presented:
             raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
+        named = self._named_key(presented)
+        if named is not None:
+            return Caller(named.name, admin=False, key=named)
         kid = self._match(presented)
         if kid is None:
             raise GatewayError(401, "incorrect API key provided", code="invalid_api_key")
@@ -83,7 +135,7 @@ class Authenticator:
         """Admin endpoints need the admin key; with no admin key configured they are open only if the gateway is."""
         if self._admin is None:
             if self.open:
-                return Caller(None, admin=True)
+                return Caller(None, admin=True, open=True)
             raise GatewayError(403, f"admin endpoints are disabled: set {ADMIN_KEY_ENV}", code="admin_disabled")
         caller = self.check(request)
         if not caller.admin:

@@ -12,7 +12,9 @@ from gateway.protocol import parse_chat_request
 from gateway.routing.calls import Answer, Completed
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
+from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.errors import error_response
+from gateway.server.limits import admit
 from gateway.server.state import gateway_of
 from gateway.server.streaming import stream_response
 
@@ -33,14 +35,21 @@ def render(answer: Answer, extra_headers: dict[str, str]) -> Response:
 
 async def chat_completions(request: Request) -> Response:
     gateway = gateway_of(request)
-    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
     try:
         caller = gateway.auth.check(request)
-        entry.record.key_id = caller.key_id
+    except GatewayError as exc:  # refused before it touches the ledger: anyone can send these, cheaply
+        gateway.metrics.unauthenticated.inc()
+        return error_response(exc)
+    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+    entry.record.key_id = caller.key_id
+    try:
         raw = await read_body(request, gateway.settings.max_body_bytes)
         chat, body = parse_chat_request(raw)
         entry.record.alias = chat.model
         entry.record.stream = bool(chat.stream)
+        chat.scope_to(caller.key_id)
+        await admit(gateway.policy, gateway.keys, caller, chat.model)
+        check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:
             answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
             return render(answer, route_headers(entry))

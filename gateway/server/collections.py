@@ -1,4 +1,11 @@
-"""Document collections over HTTP: list, inspect, add documents, delete a document."""
+"""Document collections over HTTP: list, inspect, add documents, delete a document; and who may see which.
+
+A collection belongs to the key that created it (collection_owners in the ledger database); a named key
+also sees the collections granted to it (`keys create --collections`). Collections nobody owns (ingested
+with `selfroute ingest`) are the operator's: the admin key and the env/file keys see them, named keys only
+by grant. To every other key a collection it may not see answers exactly as an absent one: 404. Attached
+documents' inline collections are never reachable by name. An open gateway (no keys) has one tenant.
+"""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,9 +17,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
-from gateway.protocol import InlineDocument, parse_json_object
+from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
+from gateway.server import headers
+from gateway.server.auth import Caller
 from gateway.server.bodies import json_response, read_body
-from gateway.server.state import gateway_of
+from gateway.server.state import Gateway, gateway_of
 from pipelines.documents import Document
 
 
@@ -21,11 +30,40 @@ class AddDocumentsRequest(BaseModel):
     documents: list[InlineDocument] = Field(min_length=1)
 
 
-def _store(request: Request):
-    """The document store, for an authenticated caller."""
+def may_see(gateway: Gateway, caller: Caller, name: str, owners: dict[str, str] | None = None) -> bool:
+    """Whether this caller may see (and so query, write and delete in) a collection."""
+    if caller.open or caller.admin:
+        return True
+    if gateway.store.is_inline(name):
+        return False
+    owner = owners.get(name) if owners is not None else gateway.keys.collection_owner(name)
+    if owner is not None and owner == caller.key_id:
+        return True
+    if caller.key is not None:
+        return name in caller.key.collections
+    return owner is None
+
+
+def requested_collection(chat: ChatCompletionRequest, request: Request) -> str | None:
+    return (chat.selfroute.collection if chat.selfroute else None) or request.headers.get(headers.COLLECTION)
+
+
+def check_collection_access(gateway: Gateway, caller: Caller, name: str | None) -> None:
+    """A chat or explain request naming a collection this caller may not see: the planner's own 404."""
+    if name and not may_see(gateway, caller, name):
+        raise GatewayError(404, f"collection {name[:128]!r} does not exist or is empty",
+                           param="selfroute.collection", code="collection_not_found")
+
+
+def _not_found(name: str) -> GatewayError:
+    return GatewayError(404, f"collection {name[:128]!r} does not exist", code="collection_not_found")
+
+
+def _caller_and_store(request: Request):
+    """The caller and the document store, for an authenticated caller."""
     gateway = gateway_of(request)
-    gateway.auth.check(request)
-    return gateway.store
+    caller = gateway.auth.check(request)
+    return gateway, caller, gateway.store
 
 
 def _info_or_404(store, name: str):
@@ -34,13 +72,24 @@ def _info_or_404(store, name: str):
     except ValueError as exc:
         raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
     if info is None:
-        raise GatewayError(404, f"collection {name!r} does not exist", code="collection_not_found")
+        raise _not_found(name)
     return info
 
 
+def _visible_info_or_404(gateway: Gateway, caller: Caller, name: str):
+    if not may_see(gateway, caller, name):
+        raise _not_found(name)
+    return _info_or_404(gateway.store, name)
+
+
 async def list_collections(request: Request) -> Response:
-    store = _store(request)
-    infos = await anyio.to_thread.run_sync(lambda: store.collections(include_inline=False))
+    gateway, caller, store = _caller_and_store(request)
+
+    def visible():
+        owners = gateway.keys.collection_owners()
+        return [i for i in store.collections(include_inline=False) if may_see(gateway, caller, i.name, owners)]
+
+    infos = await anyio.to_thread.run_sync(visible)
     data = [
         {"name": i.name, "object": "collection", "document_count": len(i.documents), "chunk_count": i.chunk_count}
         for i in infos
@@ -49,8 +98,8 @@ async def list_collections(request: Request) -> Response:
 
 
 async def get_collection(request: Request) -> Response:
-    store = _store(request)
-    info = await anyio.to_thread.run_sync(_info_or_404, store, request.path_params["name"])
+    gateway, caller, _ = _caller_and_store(request)
+    info = await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, request.path_params["name"])
     return json_response({"object": "collection", **info.to_dict()})
 
 
@@ -73,12 +122,28 @@ def _document(item: InlineDocument) -> Document:
     return doc if item.id else replace(doc, id="doc-" + content_hash(doc)[:12])
 
 
+def _claim_for_writing(gateway: Gateway, caller: Caller, name: str) -> None:
+    """A caller may write to a collection it may see; a new collection becomes the caller's."""
+    try:
+        exists = gateway.store.collection(name) is not None
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
+    if exists or gateway.keys.collection_owner(name) is not None:
+        if not may_see(gateway, caller, name):
+            raise _not_found(name)
+    elif caller.key_id is not None and not caller.open and not caller.admin:
+        # two keys creating the same name at once: the first claim wins, the other sees an absent collection
+        if gateway.keys.claim_collection(name, caller.key_id) != caller.key_id:
+            raise _not_found(name)
+
+
 async def add_documents(request: Request) -> Response:
-    store = _store(request)
-    raw = await read_body(request, gateway_of(request).settings.max_body_bytes)
+    gateway, caller, store = _caller_and_store(request)
+    raw = await read_body(request, gateway.settings.max_body_bytes)
     payload = _parse_add_documents(raw)
     documents = [_document(d) for d in payload.documents]
     name = request.path_params["name"]
+    await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
     try:
         report = await anyio.to_thread.run_sync(store.ingest, name, documents)
     except ValueError as exc:
@@ -87,9 +152,9 @@ async def add_documents(request: Request) -> Response:
 
 
 async def delete_document(request: Request) -> Response:
-    store = _store(request)
+    gateway, caller, store = _caller_and_store(request)
     name, doc_id = request.path_params["name"], request.path_params["doc_id"]
-    await anyio.to_thread.run_sync(_info_or_404, store, name)
+    await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, name)
     deleted = await anyio.to_thread.run_sync(store.delete_document, name, doc_id)
     if not deleted:
         raise GatewayError(404, f"document {doc_id!r} is not in collection {name!r}", code="document_not_found")

@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 
 def error_response(error: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=extra_headers)
+    return JSONResponse(error.body(), status_code=error.status, headers={**(error.headers or {}), **(extra_headers or {})})
 
 
 def from_ledger_error(exc: LedgerError) -> GatewayError:

@@ -9,14 +9,17 @@ from gateway.protocol import parse_chat_request
 from gateway.routing.explain import explain_plan
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
+from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.state import gateway_of
 
 
 async def explain_route(request: Request) -> Response:
     gateway = gateway_of(request)
-    gateway.auth.check(request)
+    caller = gateway.auth.check(request)
     raw = await read_body(request, gateway.settings.max_body_bytes)
     chat, body = parse_chat_request(raw)
+    chat.scope_to(caller.key_id)
+    check_collection_access(gateway, caller, requested_collection(chat, request))
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],

@@ -7,6 +7,7 @@ from pathlib import Path
 from starlette.requests import Request
 
 from gateway.errors import GatewayError
+from gateway.ledger.keys import KeyStore
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
@@ -28,6 +29,7 @@ class Gateway:
     prices: PriceBook
     routing: RoutingService
     metrics: GatewayMetrics
+    keys: KeyStore  # named keys, their spend and rate windows, and who owns which collection
 
     @property
     def store(self):

@@ -8,6 +8,12 @@ from gateway.ledger.writer import Ledger
 
 # table -> [(column, declared type, not null, primary-key position)]
 EXPECTED_TABLES = {
+    "api_keys": [
+        ("name", "TEXT", 0, 1), ("prefix", "TEXT", 1, 0), ("salt", "TEXT", 1, 0), ("hash", "TEXT", 1, 0),
+        ("models", "TEXT", 0, 0), ("collections", "TEXT", 0, 0), ("budget_usd", "REAL", 0, 0),
+        ("rpm", "INTEGER", 0, 0), ("tpm", "INTEGER", 0, 0), ("created_at", "REAL", 1, 0),
+        ("expires_at", "REAL", 0, 0), ("revoked_at", "REAL", 0, 0),
+    ],
     "call_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
         ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
@@ -20,10 +26,12 @@ EXPECTED_TABLES = {
         ("errors", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0), ("latency_count", "INTEGER", 1, 0),
     ],
+    "collection_owners": [("collection", "TEXT", 0, 1), ("owner", "TEXT", 1, 0), ("created_at", "REAL", 1, 0)],
     "latency_buckets": [("bucket", "INTEGER", 0, 1), ("upper_ms", "REAL", 1, 0)],
     "latency_rollup_hourly": [
         ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("bucket", "INTEGER", 1, 3), ("requests", "INTEGER", 1, 0),
     ],
+    "rate_windows": [("key_id", "TEXT", 1, 1), ("minute", "INTEGER", 1, 2), ("requests", "INTEGER", 1, 0)],
     "request_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("policy", "TEXT", 1, 3), ("key_id", "TEXT", 1, 4),
         ("status", "INTEGER", 1, 5), ("requests", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0),
@@ -55,7 +63,7 @@ EXPECTED_TABLES = {
     ],
 }
 EXPECTED_INDEXES = [
-    "requests_created_at", "requests_key_created_at", "requests_policy_created_at", "requests_route_created_at",
+    "api_keys_prefix", "requests_created_at", "requests_key_created_at", "requests_policy_created_at", "requests_route_created_at",
     "requests_status_created_at", "upstream_calls_model_created_at", "upstream_calls_request_id",
 ]
 EXPECTED_TRIGGERS = [

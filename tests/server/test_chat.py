@@ -202,8 +202,12 @@ def test_keys_are_required_when_configured(upstream, tmp_path):
             model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
         assert ok.choices[0].message.content == "echo: x"
         rows = ledger_rows(app)
-        assert [r["status"] for r in rows] == [401, 401, 200]
+        # refused keys never reach the ledger: anyone can send them; a metric counts them instead
+        assert [r["status"] for r in rows] == [200]
         assert rows[-1]["key_id"].startswith("k_") and "sk-good" not in json.dumps(rows)
+        metrics = httpx.get(f"{url}/metrics").text
+        assert "selfroute_unauthenticated_requests_total 2.0" in metrics
+        assert "sk-good" not in metrics and "sk-wrong" not in metrics
 
 
 def test_unknown_path_is_openai_404(gateway):

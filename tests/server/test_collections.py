@@ -83,3 +83,137 @@ def test_listing_skips_inline_collections_without_reading_them(gateway, monkeypa
     listed = httpx.get(base).json()["data"]
     assert [(c["name"], c["document_count"]) for c in listed] == [("pumps", 1)]
     assert inline not in read and read == ["pumps"]
+
+
+# -- per-key collections ----------------------------------------------------------------------------------
+ADMIN = "sk-admin-collections"
+CONTRACT = "The supplier shall deliver the pumps within 30 days. Governing law: the laws of Norway apply."
+
+
+@pytest.fixture()
+def tenants(upstream, embedder, tmp_path, monkeypatch):
+    """A gateway with an admin key and named keys: alice, bob, and carol (granted alice's collection)."""
+    from gateway.server.auth import Authenticator
+
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=embedder,
+                     auth=Authenticator(admin_key=ADMIN))
+    with serve_app(app) as url:
+        keys = app.state.gateway.keys
+        secrets = {name: keys.create(name, **extra)[1] for name, extra in
+                   [("alice", {}), ("bob", {}), ("carol", {"collections": ["contracts"]})]}
+        secrets["admin"] = ADMIN
+        response = httpx.post(f"{url}/v1/collections/contracts/documents", timeout=120, headers=_auth(secrets["alice"]),
+                              json={"documents": [{"id": "supply", "text": CONTRACT}]})
+        assert response.status_code == 201
+        yield url, app, secrets
+
+
+def _auth(key: str) -> dict:
+    return {"authorization": f"Bearer {key}"}
+
+
+def _chat(url: str, key: str, route: str, collection: str, by_header: bool = False) -> httpx.Response:
+    body = {"model": "selfroute", "messages": [{"role": "user", "content": "Which law governs the contract?"}],
+            "selfroute": {"route": route}}
+    headers = _auth(key)
+    if by_header:
+        headers["x-selfroute-collection"] = collection
+    else:
+        body["selfroute"]["collection"] = collection
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def _requests(url: str, key: str, name: str) -> dict[str, httpx.Response]:
+    """One request to every endpoint that names a collection."""
+    headers = _auth(key)
+    explain = {"model": "selfroute", "messages": [{"role": "user", "content": "Which law?"}],
+               "selfroute": {"collection": name}}
+    return {
+        "get": httpx.get(f"{url}/v1/collections/{name}", headers=headers),
+        "chat rag": _chat(url, key, "rag", name),
+        "chat long": _chat(url, key, "long", name),
+        "chat header": _chat(url, key, "rag", name, by_header=True),
+        "explain": httpx.post(f"{url}/v1/route/explain", json=explain, headers=headers, timeout=120),
+        "delete": httpx.delete(f"{url}/v1/collections/{name}/documents/supply", headers=headers),
+        "write": httpx.post(f"{url}/v1/collections/{name}/documents", headers=headers, timeout=120,
+                            json={"documents": [{"id": "bob-note", "text": "Bob was here."}]}),
+    }
+
+
+def _listed(url: str, key: str) -> list[str]:
+    return [c["name"] for c in httpx.get(f"{url}/v1/collections", headers=_auth(key)).json()["data"]]
+
+
+def test_another_keys_collection_is_indistinguishable_from_an_absent_one(tenants):
+    url, app, keys = tenants
+    assert _listed(url, keys["bob"]) == []
+    forbidden = _requests(url, keys["bob"], "contracts")
+    absent = _requests(url, keys["bob"], "nothing-here")
+    for endpoint, response in forbidden.items():
+        assert response.status_code == 404, endpoint
+        missing = absent[endpoint]
+        if endpoint != "write":  # writing to an absent name creates it
+            assert response.json() == {"error": {**missing.json()["error"],
+                                                 "message": missing.json()["error"]["message"].replace(
+                                                     "nothing-here", "contracts")}}, endpoint
+    # nothing of bob's reached alice's collection, and alice's document is still there
+    info = httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"])).json()
+    assert [d["id"] for d in info["documents"]] == ["supply"]
+
+
+def test_the_owner_a_granted_key_and_the_admin_key_see_the_collection(tenants):
+    url, app, keys = tenants
+    for who in ("alice", "carol", "admin"):
+        assert "contracts" in _listed(url, keys[who]), who
+        assert httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys[who])).status_code == 200
+        for route in ("rag", "long"):
+            response = _chat(url, keys[who], route, "contracts")
+            assert response.status_code == 200, (who, route, response.text)
+            assert response.json()["selfroute"]["provenance"]["source"] == "collection"
+    written = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["carol"]), timeout=120,
+                         json={"documents": [{"id": "annex", "text": "Annex A lists the pump models."}]})
+    assert written.status_code == 201  # a grant shares the collection, writing included
+    deleted = httpx.delete(f"{url}/v1/collections/contracts/documents/annex", headers=_auth(keys["alice"]))
+    assert deleted.status_code == 200
+
+
+def test_a_name_another_key_created_cannot_be_taken_over(tenants):
+    url, app, keys = tenants
+    created = httpx.post(f"{url}/v1/collections/bobs/documents", headers=_auth(keys["bob"]), timeout=120,
+                         json={"documents": [{"id": "b", "text": "Bob's private notes."}]})
+    assert created.status_code == 201
+    assert _listed(url, keys["bob"]) == ["bobs"]
+    assert sorted(_listed(url, keys["admin"])) == ["bobs", "contracts"]
+    taken = httpx.post(f"{url}/v1/collections/bobs/documents", headers=_auth(keys["alice"]), timeout=120,
+                       json={"documents": [{"id": "b", "text": "Alice overwrites."}]})
+    assert taken.status_code == 404
+    assert app.state.gateway.keys.collection_owners()["bobs"] == "bob"
+
+
+def test_inline_collections_of_attached_documents_are_not_reachable_by_name(tenants):
+    url, app, keys = tenants
+    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
+            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]}}
+    assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys["alice"]),
+                      timeout=120).status_code == 200
+    store = app.state.gateway.store
+    [name] = [c.name for c in store.collections() if store.is_inline(c.name)]
+    for who in ("alice", "bob"):
+        assert _chat(url, keys[who], "rag", name).status_code == 404
+        assert httpx.get(f"{url}/v1/collections/{name}", headers=_auth(keys[who])).status_code == 404
+
+
+def test_attached_documents_are_cached_per_key(tenants):
+    url, app, keys = tenants
+    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
+            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]}}
+    store = app.state.gateway.store
+
+    def inline() -> set[str]:
+        return {c.name for c in store.collections() if store.is_inline(c.name)}
+
+    for who, expected in (("alice", 1), ("alice", 1), ("bob", 2)):
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys[who]), timeout=120)
+        assert response.status_code == 200
+        assert len(inline()) == expected, who  # alice's second request reuses hers; bob gets his own

@@ -1,0 +1,260 @@
+"""Named API keys in the ledger database: create, list, revoke, look up. A key is shown once, at creation;
+the database keeps a random salt and HMAC-SHA256(salt, key), plus the key's first characters so that a
+presented key finds its row without trying every hash.
+
+A named key's ledger id (requests.key_id) is its name, so the ledger and its reports show names and a
+key's spend is what the ledger recorded under that name. Names are never reused, revoked ones included.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.ledger.database import connect, migrate
+from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
+from gateway.settings import private_file
+
+KEY_PREFIX = "sr-"
+PREFIX_CHARS = 12  # "sr-" and 9 random characters: ~54 bits, enough to find one row
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_COLUMNS = ("name", "prefix", "salt", "hash", "models", "collections", "budget_usd", "rpm", "tpm", "created_at",
+            "expires_at", "revoked_at")
+
+
+_AGE = re.compile(r"^\s*(\d{1,6})\s*([mhdw])\s*$", re.IGNORECASE)
+_AGE_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def expiry_time(age: str, now: float | None = None) -> float:
+    """Unix seconds `age` from now: 30m, 12h, 30d, 8w."""
+    match = _AGE.match(age or "")
+    if not match or int(match.group(1)) == 0:
+        raise InvalidQuery(f"cannot read expiry {str(age)[:40]!r}: use an age such as 30m, 12h, 30d or 8w",
+                           param="expires", code="invalid_expires")
+    return (time.time() if now is None else now) + int(match.group(1)) * _AGE_SECONDS[match.group(2).lower()]
+
+
+class KeyConflict(LedgerError):
+    """A key of that name exists (or existed: names are never reused)."""
+
+
+@dataclass(frozen=True)
+class NamedKey:
+    name: str
+    prefix: str
+    models: tuple[str, ...] | None  # fnmatch patterns; None: any model
+    collections: tuple[str, ...]  # collections granted beyond those the key creates
+    budget_usd: float | None
+    rpm: int | None
+    tpm: int | None
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+
+    def active(self, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def to_dict(self, spend_usd: float | None = None) -> dict:
+        item = {"name": self.name, "object": "api_key", "prefix": self.prefix,
+                "models": list(self.models) if self.models is not None else None,
+                "collections": list(self.collections), "budget_usd": self.budget_usd, "rpm": self.rpm,
+                "tpm": self.tpm, "created_at": self.created_at, "expires_at": self.expires_at,
+                "revoked_at": self.revoked_at, "active": self.active()}
+        if spend_usd is not None:
+            item["spend_usd"] = spend_usd
+        return item
+
+
+def _hash(salt: str, key: str) -> str:
+    return hmac.new(bytes.fromhex(salt), key.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _row_key(row: sqlite3.Row) -> NamedKey:
+    models = json.loads(row["models"]) if row["models"] is not None else None
+    return NamedKey(
+        name=row["name"], prefix=row["prefix"], models=tuple(models) if models is not None else None,
+        collections=tuple(json.loads(row["collections"] or "[]")), budget_usd=row["budget_usd"], rpm=row["rpm"],
+        tpm=row["tpm"], created_at=row["created_at"], expires_at=row["expires_at"], revoked_at=row["revoked_at"],
+    )
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name) or name.startswith("k_"):
+        raise InvalidQuery(f"invalid key name {name[:80]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "
+                           "starting with 'k_', which marks keys from the environment)", param="name",
+                           code="invalid_key_name")
+    return name
+
+
+def _positive(value, name: str, kind=float):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value > 1e12:
+        raise InvalidQuery(f"{name} must be a positive number", param=name, code=f"invalid_{name}")
+    return kind(value)
+
+
+class KeyStore:
+    """The api_keys table of one ledger database; safe to share between threads."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            conn = connect(private_file(self.path))
+            migrate(conn)
+            self._conn = conn
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def create(self, name: str, *, models: list[str] | None = None, collections: list[str] | None = None,
+               budget_usd: float | None = None, rpm: int | None = None, tpm: int | None = None,
+               expires_at: float | None = None) -> tuple[NamedKey, str]:
+        """A new key: returns its record and the key itself, which is never available again."""
+        validate_name(name)
+        for field, values in (("models", models), ("collections", collections)):
+            if values is not None and not all(isinstance(v, str) and 0 < len(v) <= 256 for v in values):
+                raise InvalidQuery(f"{field} must be a list of names", param=field, code=f"invalid_{field}")
+        budget_usd = _positive(budget_usd, "budget_usd")
+        rpm, tpm = _positive(rpm, "rpm", int), _positive(tpm, "tpm", int)
+        now = time.time()
+        if expires_at is not None and expires_at <= now:
+            raise InvalidQuery("expires must be in the future", param="expires", code="invalid_expires")
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        salt = secrets.token_hex(16)
+        row = (name, secret[:PREFIX_CHARS], salt, _hash(salt, secret),
+               json.dumps(list(models)) if models is not None else None, json.dumps(list(collections or [])),
+               budget_usd, rpm, tpm, now, expires_at, None)
+        with self._lock:
+            try:
+                with self._db() as conn:
+                    conn.execute(f"INSERT INTO api_keys ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(row))})",
+                                 row)
+            except sqlite3.IntegrityError:
+                raise KeyConflict(f"a key named {name!r} exists or existed; names are never reused", param="name",
+                                  code="key_exists") from None
+        return self.get(name), secret
+
+    def get(self, name: str) -> NamedKey:
+        with self._lock:
+            row = self._db().execute("SELECT * FROM api_keys WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFound(f"no key named {name[:80]!r}", param="name", code="key_not_found")
+        return _row_key(row)
+
+    def exists(self, name: str) -> bool:
+        with self._lock:
+            return self._db().execute("SELECT 1 FROM api_keys WHERE name = ?", (name,)).fetchone() is not None
+
+    def list(self) -> list[NamedKey]:
+        with self._lock:
+            rows = self._db().execute("SELECT * FROM api_keys ORDER BY created_at").fetchall()
+        return [_row_key(r) for r in rows]
+
+    def revoke(self, name: str) -> NamedKey:
+        with self._lock, self._db() as conn:
+            cursor = conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
+                                  (time.time(), name))
+        if cursor.rowcount == 0:
+            self.get(name)  # raises NotFound for a name never created; a revoked key stays revoked
+        return self.get(name)
+
+    def lookup(self, presented: str) -> NamedKey | None:
+        """The active key this secret belongs to, or None (unknown, revoked or expired)."""
+        if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
+            return None
+        with self._lock:
+            rows = self._db().execute("SELECT * FROM api_keys WHERE prefix = ?",
+                                      (presented[:PREFIX_CHARS],)).fetchall()
+        for row in rows:
+            if hmac.compare_digest(row["hash"], _hash(row["salt"], presented)):
+                key = _row_key(row)
+                return key if key.active() else None
+        return None
+
+    def any_active(self) -> bool:
+        with self._lock:
+            row = self._db().execute(
+                "SELECT 1 FROM api_keys WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?) LIMIT 1",
+                (time.time(),)).fetchone()
+        return row is not None
+
+    def spend(self, names: list[str] | None = None) -> dict[str, float]:
+        """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""
+        with self._lock:
+            if names is None:
+                rows = self._db().execute(
+                    "SELECT d.key_id, sum(d.cost_usd) FROM request_rollup_daily d JOIN api_keys k ON k.name = d.key_id"
+                    " GROUP BY d.key_id").fetchall()
+            else:
+                marks = ", ".join("?" * len(names))
+                rows = self._db().execute(
+                    f"SELECT key_id, sum(cost_usd) FROM request_rollup_daily WHERE key_id IN ({marks})"
+                    " GROUP BY key_id", names).fetchall() if names else []
+        return {row[0]: float(row[1] or 0.0) for row in rows}
+
+    def count_request(self, key_id: str, now: float | None = None) -> tuple[int, float]:
+        """Count one admitted request in the key's current minute, shared by every process on this database:
+        returns the minute's count including this one, and the seconds until the next minute."""
+        now = time.time() if now is None else now
+        minute = int(now // 60)
+        with self._lock, self._db() as conn:
+            conn.execute("DELETE FROM rate_windows WHERE key_id = ? AND minute < ?", (key_id, minute))
+            count = conn.execute(
+                "INSERT INTO rate_windows (key_id, minute, requests) VALUES (?, ?, 1) ON CONFLICT (key_id, minute)"
+                " DO UPDATE SET requests = requests + 1 RETURNING requests", (key_id, minute)).fetchone()[0]
+        return int(count), (minute + 1) * 60 - now
+
+    def uncount_request(self, key_id: str, now: float | None = None) -> None:
+        """Take back a request counted by count_request that was refused after all."""
+        minute = int((time.time() if now is None else now) // 60)
+        with self._lock, self._db() as conn:
+            conn.execute("UPDATE rate_windows SET requests = requests - 1 WHERE key_id = ? AND minute = ?",
+                         (key_id, minute))
+
+    def tokens_since(self, key_id: str, since: float) -> tuple[int, float]:
+        """Tokens the ledger recorded for a key since a moment (the TPM window), and when the oldest of those
+        requests started."""
+        with self._lock:
+            row = self._db().execute(
+                "SELECT total(prompt_tokens + completion_tokens), min(created_at) FROM requests"
+                " WHERE key_id = ? AND created_at >= ?", (key_id, since)).fetchone()
+        return int(row[0] or 0), float(row[1] if row[1] is not None else since)
+
+    # -- collection ownership -------------------------------------------------------------------
+    def collection_owner(self, collection: str) -> str | None:
+        with self._lock:
+            row = self._db().execute("SELECT owner FROM collection_owners WHERE collection = ?",
+                                     (collection,)).fetchone()
+        return row[0] if row else None
+
+    def claim_collection(self, collection: str, owner: str) -> str:
+        """Make `owner` the owner of a collection nobody owns yet; returns the owner it has now."""
+        with self._lock, self._db() as conn:
+            conn.execute("INSERT INTO collection_owners (collection, owner, created_at) VALUES (?, ?, ?)"
+                         " ON CONFLICT (collection) DO NOTHING", (collection, owner, time.time()))
+            return conn.execute("SELECT owner FROM collection_owners WHERE collection = ?",
+                                (collection,)).fetchone()[0]
+
+    def collection_owners(self) -> dict[str, str]:
+        with self._lock:
+            rows = self._db().execute("SELECT collection, owner FROM collection_owners").fetchall()
+        return {row[0]: row[1] for row in rows}

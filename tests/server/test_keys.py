@@ -1,0 +1,94 @@
+"""Named keys over the admin API on a real gateway: create (the key shown once), list with spend, revoke."""
+from __future__ import annotations
+
+import json
+import stat
+
+import httpx
+import pytest
+
+from gateway.server.auth import Authenticator
+from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+
+ADMIN = "sk-admin-keys"
+
+
+@pytest.fixture()
+def gateway(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path / "data", make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        yield url, app
+
+
+def _admin(method: str, url: str, **kwargs) -> httpx.Response:
+    return httpx.request(method, url, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30, **kwargs)
+
+
+def _ask(url: str, key: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b c"}]})
+
+
+def test_create_use_list_and_revoke_a_key(gateway):
+    url, app = gateway
+    created = _admin("POST", f"{url}/v1/admin/keys", json={"name": "alice", "models": ["openai/*"], "rpm": 100,
+                                                            "budget_usd": 5, "expires": "30d"})
+    assert created.status_code == 201
+    key = created.json()["key"]
+    assert key.startswith(created.json()["prefix"]) and created.json()["models"] == ["openai/*"]
+    assert _ask(url, key).status_code == 200
+    [row] = ledger_rows(app)
+    assert row["key_id"] == "alice"  # the ledger shows the key's name
+
+    listed = _admin("GET", f"{url}/v1/admin/keys").json()["data"]
+    assert [(k["name"], k["active"], k["rpm"]) for k in listed] == [("alice", True, 100)]
+    assert listed[0]["spend_usd"] == pytest.approx(row["cost_usd"]) and "key" not in listed[0]
+    costs = _admin("GET", f"{url}/v1/admin/costs", params={"by": "key"}).json()
+    assert [g["group"] for g in costs["groups"]] == ["alice"]
+    assert _admin("GET", f"{url}/v1/admin/requests", params={"key": "alice"}).json()["data"][0]["id"] == row["id"]
+
+    assert _admin("DELETE", f"{url}/v1/admin/keys/alice").json()["active"] is False
+    assert _ask(url, key).status_code == 401  # revoked in this process: at once
+    assert _admin("DELETE", f"{url}/v1/admin/keys/nobody").status_code == 404
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"name": "k_x"}, 400, "name"), ({"name": "ok", "rpm": -1}, 400, "rpm"), ({"name": "ok", "expires": "soon"}, 400,
+     "expires"), ({"name": "ok", "extra": 1}, 400, "extra"), ({}, 400, "name"),
+])
+def test_bad_key_requests_are_400(gateway, body, status, param):
+    url, _ = gateway
+    response = _admin("POST", f"{url}/v1/admin/keys", json=body)
+    assert response.status_code == status and response.json()["error"]["param"] == param
+
+
+def test_names_are_never_reused_and_only_the_admin_key_manages_keys(gateway):
+    url, _ = gateway
+    first = _admin("POST", f"{url}/v1/admin/keys", json={"name": "bob"}).json()["key"]
+    assert _admin("POST", f"{url}/v1/admin/keys", json={"name": "bob"}).status_code == 409
+    for method in ("GET", "POST"):
+        response = httpx.request(method, f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {first}"},
+                                 json={"name": "mallory"})
+        assert response.status_code == 403
+    assert httpx.get(f"{url}/v1/admin/keys").status_code == 401
+
+
+def test_no_key_in_clear_in_the_database_logs_or_metrics(gateway, caplog):
+    url, app = gateway
+    key = _admin("POST", f"{url}/v1/admin/keys", json={"name": "carol"}).json()["key"]
+    _ask(url, key)
+    _ask(url, key + "-wrong")
+    ledger_rows(app)
+    data_dir = app.state.gateway.settings.data_dir
+    for path in data_dir.iterdir():
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+    assert key not in httpx.get(f"{url}/metrics").text
+    assert key not in caplog.text
+
+
+def test_the_data_directory_and_ledger_are_private(gateway):
+    url, app = gateway
+    data_dir = app.state.gateway.settings.data_dir
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(app.state.gateway.ledger.path.stat().st_mode) == 0o600

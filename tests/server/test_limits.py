@@ -1,0 +1,109 @@
+"""Per-key limits on a real gateway with two named keys: model allow-lists (403), budgets and rate limits
+(429 with Retry-After), shared by two gateway processes' worth of apps on one data directory; and the
+policy's pass-through allow-list for everyone."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from gateway.ledger.keys import KeyStore
+from gateway.server.auth import Authenticator
+from tests.gateway_fixtures import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
+
+ADMIN = "sk-admin-test"
+
+
+def _ask(url: str, key: str, model: str = "openai/fake-cheap", text: str = "a b c") -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": text}]})
+
+
+@pytest.fixture()
+def keys(tmp_path):
+    store = KeyStore(tmp_path / "ledger.sqlite3")
+    yield store
+    store.close()
+
+
+@pytest.fixture()
+def gateway(upstream, tmp_path, keys, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        yield url, app
+
+
+def test_model_allow_list_is_403_and_aliases_count(gateway, keys):
+    url, _ = gateway
+    _, cheap_only = keys.create("cheap-only", models=["openai/fake-*"])
+    _, routed_only = keys.create("routed-only", models=["selfroute"])
+    assert _ask(url, cheap_only).status_code == 200
+    for key, model in [(cheap_only, "gpt-test"), (cheap_only, "selfroute"), (routed_only, "openai/fake-cheap")]:
+        response = _ask(url, key, model)
+        assert response.status_code == 403, model
+        assert response.json()["error"]["code"] == "model_not_allowed"
+    assert _ask(url, routed_only, "selfroute").status_code == 200
+    listed = openai.OpenAI(base_url=f"{url}/v1", api_key=routed_only).models.list()
+    assert [m.id for m in listed.data] == ["selfroute"]
+
+
+def test_budget_is_429_once_the_ledger_records_it_spent(gateway, keys):
+    url, app = gateway
+    _, small = keys.create("small", budget_usd=0.00001)  # one request costs $0.000011 at the policy's prices
+    _, other = keys.create("other", budget_usd=1.0)
+    assert _ask(url, small).status_code == 200
+    ledger_rows(app)  # flush: spend is what the ledger recorded
+    refused = _ask(url, small)
+    assert refused.status_code == 429
+    assert refused.json()["error"] == {"message": refused.json()["error"]["message"], "type": "rate_limit_error",
+                                       "param": None, "code": "budget_exceeded"}
+    assert _ask(url, other).status_code == 200  # the other key's budget is its own
+    assert keys.spend(["small"])["small"] == pytest.approx(0.000011)
+
+
+def test_rpm_is_429_with_retry_after_across_two_apps_on_one_database(gateway, keys, upstream, tmp_path):
+    url, _ = gateway
+    _, limited = keys.create("limited", rpm=3)
+    _, free = keys.create("free")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url2, _):
+        statuses = [_ask(u, limited).status_code for u in (url, url2, url)]
+        refused = _ask(url2, limited)
+    assert statuses == [200, 200, 200]
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert _ask(url, free).status_code == 200
+
+
+def test_tpm_is_429_with_retry_after(gateway, keys):
+    url, app = gateway
+    _, limited = keys.create("tokens", tpm=5)
+    assert _ask(url, limited).status_code == 200  # 3 prompt + 4 completion tokens
+    ledger_rows(app)
+    refused = _ask(url, limited)
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+
+def test_env_keys_and_the_admin_key_keep_working_beside_named_keys(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    auth = Authenticator(keys=["sk-env"], admin_key=ADMIN)
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=auth) as (url, app):
+        _, named = app.state.gateway.keys.create("named")
+        assert [_ask(url, k).status_code for k in ("sk-env", ADMIN, named)] == [200, 200, 200]
+        assert _ask(url, "sk-wrong").status_code == 401
+        assert [r["key_id"] for r in ledger_rows(app)][-1] == "named"
+
+
+PASSTHROUGH_POLICY = POLICY_TEMPLATE + """
+passthrough:
+  allow: ["openai/*"]
+"""
+
+
+def test_policy_passthrough_allow_list_holds_for_everyone(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path, make_policy(upstream[0], PASSTHROUGH_POLICY)) as (url, _):
+        refused = _ask(url, "any", "gpt-test")
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+        assert _ask(url, "any", "openai/fake-cheap").status_code == 200
+        assert _ask(url, "any", "selfroute").status_code == 200

@@ -25,6 +25,7 @@ class RequestLedgerEntry:
         self._prices = prices
         self._started = time.perf_counter()
         self._finished = False
+        self.flags: list[dict[str, Any]] = []  # security findings, kept in the record's provenance
         self.record = RequestRecord(
             id=request_id, created_at=time.time(), key_id=None, policy=policy, alias=None, route=None,
             reason=None, status=0,
@@ -56,6 +57,8 @@ class RequestLedgerEntry:
         record.status = status
         record.error = error if error is not None else record.error
         record.latency_ms = (time.perf_counter() - self._started) * 1000.0
+        if self.flags:
+            record.provenance = {**(record.provenance or {}), "flags": self.flags}
         record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
         record.completion_tokens = sum(c.completion_tokens for c in record.calls)
         record.cost_usd = sum(c.cost_usd for c in record.calls)

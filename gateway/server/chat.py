@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 
+import anyio
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -14,6 +16,7 @@ from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.errors import error_response
+from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.limits import admit
 from gateway.server.state import gateway_of
 from gateway.server.streaming import stream_response
@@ -51,8 +54,13 @@ async def chat_completions(request: Request) -> Response:
         await admit(gateway.policy, gateway.keys, caller, chat.model)
         check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:
+            documents = chat.selfroute.documents if chat.selfroute else None
+            entry.flags = await anyio.to_thread.run_sync(
+                screen_documents, gateway.policy.security.injection, documents, "selfroute.documents")
             answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
-            return render(answer, route_headers(entry))
+            if entry.flags and isinstance(answer, Completed):
+                answer.completion.setdefault("selfroute", {})["flags"] = entry.flags
+            return render(answer, {**route_headers(entry), **flag_headers(entry.flags)})
         return render(await gateway.routing.passthrough(chat, body, entry), {})
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)

@@ -21,6 +21,7 @@ from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_o
 from gateway.server import headers
 from gateway.server.auth import Caller
 from gateway.server.bodies import json_response, read_body
+from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.state import Gateway, gateway_of
 from pipelines.documents import Document
 
@@ -141,6 +142,8 @@ async def add_documents(request: Request) -> Response:
     gateway, caller, store = _caller_and_store(request)
     raw = await read_body(request, gateway.settings.max_body_bytes)
     payload = _parse_add_documents(raw)
+    found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
+                                           "documents")
     documents = [_document(d) for d in payload.documents]
     name = request.path_params["name"]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
@@ -148,7 +151,8 @@ async def add_documents(request: Request) -> Response:
         report = await anyio.to_thread.run_sync(store.ingest, name, documents)
     except ValueError as exc:
         raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
-    return json_response({"object": "ingest_report", **report.to_dict()}, status=201 if report.added else 200)
+    body = {"object": "ingest_report", **report.to_dict(), **({"flags": found} if found else {})}
+    return json_response(body, status=201 if report.added else 200, headers=flag_headers(found))
 
 
 async def delete_document(request: Request) -> Response:

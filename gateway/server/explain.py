@@ -10,6 +10,7 @@ from gateway.routing.explain import explain_plan
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
+from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.state import gateway_of
 
 
@@ -19,10 +20,14 @@ async def explain_route(request: Request) -> Response:
     raw = await read_body(request, gateway.settings.max_body_bytes)
     chat, body = parse_chat_request(raw)
     chat.scope_to(caller.key_id)
+    found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection,
+                                           chat.selfroute.documents if chat.selfroute else None, "selfroute.documents")
     check_collection_access(gateway, caller, requested_collection(chat, request))
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
         request.headers.get(headers.COLLECTION),
     )
-    return json_response(result)
+    if found:
+        result["flags"] = found
+    return json_response(result, headers=flag_headers(found))

@@ -4,4 +4,5 @@ from __future__ import annotations
 REQUEST_ID = "x-selfroute-request-id"  # on every response
 ROUTE = "x-selfroute-route"  # routed answers: direct | rag | long | rag>long
 REASON = "x-selfroute-reason"  # why that route
+FLAGS = "x-selfroute-flags"  # routed answers and ingest reports whose documents a security check flagged
 COLLECTION = "x-selfroute-collection"  # a request's collection, instead of extra_body selfroute.collection

@@ -1,0 +1,47 @@
+"""The policy's document-injection mode (security.injection) applied where documents enter: documents attached
+to a routed request, and documents posted to a collection. The rules live in pipelines.safety.injection.
+
+flag: the request goes on; its findings are reported (x-selfroute-flags: injection, `selfroute.flags` in the body,
+and `flags` in the ledger's provenance). strip: the matched spans are removed before anything is embedded or sent,
+and reported. block: 400 document_injection naming the document and the rules.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.protocol import InlineDocument
+from gateway.server import headers
+
+INJECTION_FLAG = "injection"
+MAX_FINDINGS_PER_DOCUMENT = 20
+
+
+def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str) -> list[dict[str, Any]]:
+    """Apply `mode` to documents in place (strip rewrites their text); returns what was found, per document.
+    CPU work over the whole text: call it in a worker thread."""
+    if mode == "off" or not documents:
+        return []
+    from pipelines.safety.injection import InjectionScanner  # the rules compile on first use, not with the app
+
+    scanner = InjectionScanner(mode)  # type: ignore[arg-type]
+    found = []
+    for index, document in enumerate(documents):
+        result = scanner.apply(document.text)
+        if not result.findings:
+            continue
+        name = document.id or f"{param}[{index}]"
+        if result.blocked:
+            raise GatewayError(400, f"document {name[:128]!r} holds instruction-like text the policy blocks "
+                               f"(rules: {', '.join(result.rules)})", param=f"{param}[{index}]",
+                               code="document_injection")
+        if mode == "strip":
+            document.text = result.text if result.text.strip() else "(removed)"
+        found.append({"document": name, "action": "stripped" if mode == "strip" else "flagged",
+                      "rules": result.rules,
+                      "findings": [f.to_dict() for f in result.findings[:MAX_FINDINGS_PER_DOCUMENT]]})
+    return found
+
+
+def flag_headers(found: list[dict[str, Any]]) -> dict[str, str]:
+    return {headers.FLAGS: INJECTION_FLAG} if found else {}

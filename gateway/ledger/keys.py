@@ -110,6 +110,10 @@ class KeyStore:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
+        # lookups run on the event loop: their own connection, so they never queue behind a write that
+        # waits for the ledger writer's lock (WAL readers do not wait for writers)
+        self._read_lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
 
     def _db(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -119,11 +123,19 @@ class KeyStore:
             self._conn = conn
         return self._conn
 
+    def _read_db(self) -> sqlite3.Connection:
+        if self._reader is None:
+            with self._lock:
+                self._db()  # the schema exists before the first read
+            self._reader = connect(self.path)
+        return self._reader
+
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        with self._read_lock, self._lock:  # the order _read_db takes them in
+            for conn in (self._conn, self._reader):
+                if conn is not None:
+                    conn.close()
+            self._conn = self._reader = None
 
     def create(self, name: str, *, models: list[str] | None = None, collections: list[str] | None = None,
                budget_usd: float | None = None, rpm: int | None = None, tpm: int | None = None,
@@ -181,9 +193,9 @@ class KeyStore:
         """The active key this secret belongs to, or None (unknown, revoked or expired)."""
         if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
             return None
-        with self._lock:
-            rows = self._db().execute("SELECT * FROM api_keys WHERE prefix = ?",
-                                      (presented[:PREFIX_CHARS],)).fetchall()
+        with self._read_lock:
+            rows = self._read_db().execute("SELECT * FROM api_keys WHERE prefix = ?",
+                                           (presented[:PREFIX_CHARS],)).fetchall()
         for row in rows:
             if hmac.compare_digest(row["hash"], _hash(row["salt"], presented)):
                 key = _row_key(row)
@@ -191,8 +203,8 @@ class KeyStore:
         return None
 
     def any_active(self) -> bool:
-        with self._lock:
-            row = self._db().execute(
+        with self._read_lock:
+            row = self._read_db().execute(
                 "SELECT 1 FROM api_keys WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?) LIMIT 1",
                 (time.time(),)).fetchone()
         return row is not None

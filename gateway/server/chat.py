@@ -55,8 +55,9 @@ async def chat_completions(request: Request) -> Response:
         check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:
             documents = chat.selfroute.documents if chat.selfroute else None
-            entry.flags = await anyio.to_thread.run_sync(
-                screen_documents, gateway.policy.security.injection, documents, "selfroute.documents")
+            if documents:
+                entry.flags = await anyio.to_thread.run_sync(
+                    screen_documents, gateway.policy.security.injection, documents, "selfroute.documents")
             answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
             if entry.flags and isinstance(answer, Completed):
                 answer.completion.setdefault("selfroute", {})["flags"] = entry.flags

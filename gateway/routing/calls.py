@@ -19,6 +19,7 @@ class Completed:
     """A whole chat.completion, ready to send."""
 
     completion: dict[str, Any]
+    sent: list[dict] | None = None  # routed answers: the messages the answer was produced from (grounding check)
 
 
 @dataclass

@@ -151,7 +151,7 @@ class RoutingService:
             "route": route, "reason": entry.record.reason, "rule": decision.rule,
             "probability": decision.probability, "request_id": entry.record.id, "provenance": provenance,
         }
-        return Completed(completion)
+        return Completed(completion, sent=prepared.messages)
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.errors import error_response
+from gateway.server.grounding import check_answer
 from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.limits import admit
 from gateway.server.state import gateway_of
@@ -59,9 +60,16 @@ async def chat_completions(request: Request) -> Response:
                 entry.flags = await anyio.to_thread.run_sync(
                     screen_documents, gateway.policy.security.injection, documents, "selfroute.documents")
             answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
-            if entry.flags and isinstance(answer, Completed):
-                answer.completion.setdefault("selfroute", {})["flags"] = entry.flags
-            return render(answer, {**route_headers(entry), **flag_headers(entry.flags)})
+            extra = {**route_headers(entry), **flag_headers(entry.flags)}
+            if isinstance(answer, Completed):
+                if entry.flags:
+                    answer.completion.setdefault("selfroute", {})["flags"] = entry.flags
+                security = gateway.policy.security
+                if security.grounding != "off":
+                    extra |= await anyio.to_thread.run_sync(
+                        check_answer, security.grounding, security.grounding_threshold,
+                        gateway.store.embedder.embed, answer.completion, answer.sent)
+            return render(answer, extra)
         return render(await gateway.routing.passthrough(chat, body, entry), {})
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)

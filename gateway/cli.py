@@ -10,26 +10,39 @@ import sys
 
 import gateway.commands
 
+DATA_DIR_HELP = "where the ledger, vector store and caches live (default: $SELFROUTE_DATA_DIR, else ~/.selfroute)"
 
-def _common_parser() -> argparse.ArgumentParser:
+
+def _common_parser(*, defaults: bool) -> argparse.ArgumentParser:
+    """--data-dir and --log-level. The top-level parser holds the defaults; subcommands SUPPRESS theirs, so a value
+    given before the subcommand (`selfroute --data-dir X logs`) is not overwritten by a subcommand's default."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--data-dir",
-        default=None,
-        help="where the ledger, vector store and caches live (default: $SELFROUTE_DATA_DIR, else ~/.selfroute)",
-    )
-    common.add_argument("--log-level", default=os.environ.get("SELFROUTE_LOG_LEVEL", "INFO"))
+    common.add_argument("--data-dir", default=None if defaults else argparse.SUPPRESS, help=DATA_DIR_HELP)
+    common.add_argument("--log-level", default=os.environ.get("SELFROUTE_LOG_LEVEL", "INFO") if defaults
+                        else argparse.SUPPRESS, help="DEBUG, INFO, WARNING or ERROR (default: $SELFROUTE_LOG_LEVEL, else INFO)")
     return common
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return package_version("selfroute")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="selfroute",
         description="Hybrid routing gateway: cheap RAG or long context per request, with Self-Route fallback.",
+        parents=[_common_parser(defaults=True)],
     )
+    parser.add_argument("--version", action="version", version=f"selfroute {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
-    parents = [_common_parser()]
+    parents = [_common_parser(defaults=False)]
     for info in sorted(pkgutil.iter_modules(gateway.commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):  # shared helpers, not a subcommand
             continue
@@ -45,6 +58,17 @@ def configure_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def _quiet_broken_pipe() -> int:
+    """The reader went away (`selfroute export | head`): what is still buffered has nowhere to go. Point stdout
+    at /dev/null so the interpreter's final flush does not raise again, and exit like a program killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+        pass
+    return 141
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_environment()
     args = build_parser().parse_args(argv)
@@ -52,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,16 +55,25 @@ class Embedder:
     def max_seq_length(self) -> int:
         return int(self.model.max_seq_length)
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """progress(n), when given, is called after each batch of n texts, so a caller can show steady progress."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        with self._lock:
-            model = self._load()
-            vectors = model.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+        texts = list(texts)
+        # one encode call per progress step: a few batches at a time, so a report comes every second or so
+        step = len(texts) if progress is None else self.batch_size * 4
+        parts = []
+        for start in range(0, len(texts), step):
+            with self._lock:
+                model = self._load()
+                parts.append(model.encode(
+                    texts[start:start + step],
+                    batch_size=self.batch_size,
+                    convert_to_numpy=True,
+                    normalize_embeddings=True,
+                    show_progress_bar=False,
+                ))
+            if progress is not None:
+                progress(len(texts[start:start + step]))
+        vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -1,8 +1,10 @@
-"""Loading files into Documents (.txt, .md, .pdf, .html) and ingesting them with a progress bar."""
+"""Loading files into Documents (.txt, .md, .pdf, .html, and files without an extension as text) and ingesting
+them with a progress bar counted in chunks."""
 from __future__ import annotations
 
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -11,7 +13,8 @@ from pipelines.documents import Document
 
 log = logging.getLogger(__name__)
 
-SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".pdf", ".html", ".htm"}
+SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".pdf", ".html", ".htm", ""}  # "": README, LICENSE, ... as text
+_BINARY_PROBE_BYTES = 8192
 _BLOCK_TAGS = {
     "p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
     "blockquote", "pre", "dd", "dt", "hr", "main", "nav", "aside", "figure", "figcaption",
@@ -83,10 +86,15 @@ def _markdown_title(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _looks_binary(path: Path) -> bool:
+    with open(path, "rb") as file:
+        return b"\0" in file.read(_BINARY_PROBE_BYTES)
+
+
 def load_file(path: Path, doc_id: str) -> Document:
     suffix = path.suffix.lower()
     title: str | None = None
-    metadata: dict = {"format": suffix.lstrip(".")}
+    metadata: dict = {"format": suffix.lstrip(".") or "text"}
     if suffix == ".pdf":
         from pypdf import PdfReader
 
@@ -104,6 +112,8 @@ def load_file(path: Path, doc_id: str) -> Document:
         text = parser.text()
         title = parser.title or parser.first_h1
     else:
+        if suffix not in {".txt", ".md", ".markdown"} and _looks_binary(path):  # no extension, or an unknown one
+            raise ValueError("not a text file (it has NUL bytes)")
         text = _read_text(path)
         if suffix in {".md", ".markdown"}:
             title = _markdown_title(text)
@@ -116,21 +126,29 @@ def _candidates(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str]]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for file in sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED_SUFFIXES):
-                yield file, file.relative_to(path).as_posix()
+            files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
+            skipped = Counter(p.suffix.lower() for p in files if p.suffix.lower() not in SUPPORTED_SUFFIXES)
+            if skipped:  # said once per folder, never silently
+                log.warning("%s: skipping %d files of unsupported types (%s)", path, sum(skipped.values()),
+                            ", ".join(f"{suffix} x{n}" for suffix, n in skipped.most_common()))
+            for file in files:
+                if file.suffix.lower() in SUPPORTED_SUFFIXES:
+                    yield file, file.relative_to(path).as_posix()
         elif path.is_file():
             yield path, path.name
         else:
             raise FileNotFoundError(f"no such file or folder: {path}")
 
 
-def count_files(paths: Iterable[str | Path]) -> int:
-    return sum(1 for _ in _candidates(paths))
+def _hidden(relative: Path) -> bool:
+    """.git/, .DS_Store and the like: tool state, not documents."""
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def load_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
-    """Documents from files and folders (recursively). Unsupported files in folders are skipped; a
-    file named directly with an unsupported suffix is read as text. Ids stay the same across runs."""
+    """Documents from files and folders (recursively). Files without an extension are read as text unless they
+    are binary; other unsupported files in folders are skipped with one warning per folder; a file named
+    directly with an unsupported suffix is read as text. Ids stay the same across runs."""
     seen: set[str] = set()
     for file, doc_id in _candidates(paths):
         if doc_id in seen:
@@ -149,10 +167,17 @@ def load_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
 
 
 def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progress: bool = True):
-    """Load and ingest files into a collection of `store` (a DocumentStore); returns its IngestReport."""
-    from tqdm import tqdm
+    """Load and ingest files into a collection of `store` (a DocumentStore); returns its IngestReport.
 
-    paths = list(paths)
-    total = count_files(paths)
-    with tqdm(total=total, unit="doc", desc=f"ingest {collection}", disable=not show_progress) as bar:
-        return store.ingest(collection, load_documents(paths), progress=bar.update)
+    The bar counts chunks embedded (the slow part), its total growing as documents are chunked; log lines
+    are written above the bar instead of through it."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with logging_redirect_tqdm(), tqdm(total=0, unit="chunk", desc=f"ingest {collection}",
+                                       disable=not show_progress) as bar:
+        def planned(n: int) -> None:
+            bar.total += n
+            bar.refresh()
+
+        return store.ingest(collection, load_documents(paths), progress=bar.update, planned=planned)

@@ -188,9 +188,11 @@ class DocumentStore:
         collection: str,
         docs: Iterable[Document],
         progress: Callable[[int], None] | None = None,
+        planned: Callable[[int], None] | None = None,
     ) -> IngestReport:
         """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
-        progress(n) is called with the number of documents just handled."""
+        Progress is counted in chunks, the slow part: planned(n) when n more chunks are to be embedded,
+        progress(n) when n chunks have been embedded."""
         validate_collection_name(collection)
         started = time.perf_counter()
         report = IngestReport(collection)
@@ -204,13 +206,11 @@ class DocumentStore:
             for doc in docs:
                 if doc.id in seen:
                     log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
-                    _tick(progress)
                     continue
                 seen.add(doc.id)
                 digest = content_hash(doc)
                 if known.get(doc.id) == digest:
                     report.unchanged.append(doc.id)
-                    _tick(progress)
                     continue
                 (report.updated if doc.id in known else report.added).append(doc.id)
                 if doc.id in known:
@@ -218,12 +218,15 @@ class DocumentStore:
                 chunks = chunk_document(doc, self.settings.chunking)
                 pending_docs.append(self._doc_row(doc, digest, len(chunks)))
                 pending_chunks.extend(chunks)
+                if planned is not None:
+                    planned(len(chunks))
                 if len(pending_chunks) >= _WRITE_BATCH_CHUNKS:
-                    report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced)
+                    report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks,
+                                                         replaced, progress)
                     pending_docs, pending_chunks, replaced = [], [], []
-                _tick(progress)
             if pending_docs or replaced:
-                report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced)
+                report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced,
+                                                     progress)
             if report.added or report.updated:
                 self._refresh_indexes(chunks_table)
         report.seconds = time.perf_counter() - started
@@ -256,7 +259,8 @@ class DocumentStore:
             "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
         }
 
-    def _flush(self, docs_table, chunks_table, doc_rows: list[dict], chunks: list[Chunk], replaced: list[str]) -> int:
+    def _flush(self, docs_table, chunks_table, doc_rows: list[dict], chunks: list[Chunk], replaced: list[str],
+               progress: Callable[[int], None] | None = None) -> int:
         """Embed and write one batch. Chunks go in before their document row, so a document row only
         exists once its chunks do; replaced documents lose their old rows first."""
         for i in range(0, len(replaced), 500):
@@ -264,7 +268,7 @@ class DocumentStore:
             chunks_table.delete(f"doc_id IN ({ids})")
             docs_table.delete(f"id IN ({ids})")
         if chunks:
-            vectors = self.embedder.embed([c.text for c in chunks])
+            vectors = self.embedder.embed([c.text for c in chunks], progress=progress)
             columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
             columns["vector"] = pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
@@ -454,7 +458,3 @@ class DocumentStore:
         rows.sort(key=lambda r: (r["doc_id"], r["position"]))
         return [(row_chunk(r), np.asarray(r["vector"], dtype=np.float32)) for r in rows]
 
-
-def _tick(progress: Callable[[int], None] | None) -> None:
-    if progress is not None:
-        progress(1)

@@ -41,10 +41,10 @@ class CountingEmbedder(Embedder):
         self.texts_embedded = 0
         self.calls = 0
 
-    def embed(self, texts):
+    def embed(self, texts, progress=None):
         self.calls += 1
         self.texts_embedded += len(texts)
-        return self._inner.embed(texts)
+        return self._inner.embed(texts, progress=progress)
 
     @property
     def dimension(self) -> int:

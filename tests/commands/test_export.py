@@ -2,6 +2,7 @@ import csv
 import json
 
 import pytest
+from datetime import datetime
 
 from gateway.cli import main
 from tests.ledger_fixtures import sample_records, write_ledger
@@ -37,7 +38,8 @@ def test_csv_export_round_trips_the_request_columns(data_dir, capsys):
     assert [row["id"] for row in rows] == ["r07", "r08", "r09", "r10"]
     for row in rows:
         rec = originals[row["id"]]
-        assert float(row["created_at"]) == rec.created_at
+        assert datetime.fromisoformat(row["created_at"]).timestamp() == pytest.approx(rec.created_at, abs=1e-3)
+        assert row["created_at"].endswith("Z") and "provenance" not in row
         assert float(row["cost_usd"]) == rec.cost_usd
         assert int(row["prompt_tokens"]) == rec.prompt_tokens
         assert row["route"] == (rec.route or "")
@@ -48,3 +50,12 @@ def test_csv_export_round_trips_the_request_columns(data_dir, capsys):
 def test_export_honours_filters(data_dir, capsys):
     assert main(["export", "--data-dir", str(data_dir), "--route", "long"]) == 0
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == ["r03", "r07"]
+
+
+def test_csv_provenance_only_on_request(data_dir, capsys):
+    with_provenance = [r for r in sample_records() if r.provenance]
+    assert with_provenance, "the sample ledger needs a request with provenance"
+    assert main(["export", "--data-dir", str(data_dir), "--format", "csv", "--with-provenance"]) == 0
+    rows = {row["id"]: row for row in csv.DictReader(capsys.readouterr().out.splitlines())}
+    for rec in with_provenance:
+        assert json.loads(rows[rec.id]["provenance"]) == rec.provenance

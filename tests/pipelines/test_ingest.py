@@ -69,6 +69,21 @@ def test_folder_loaded_recursively_with_stable_ids(corpus):
     assert {k: v.text for k, v in again.items()} == {k: v.text for k, v in docs.items()}
 
 
+def test_files_without_an_extension_are_text_and_skipped_files_are_reported(corpus, caplog):
+    (corpus / "README").write_text("Read me first: valves open clockwise.", encoding="utf-8")
+    (corpus / "blob").write_bytes(b"ELF\x00\x01\x02")
+    (corpus / ".git").mkdir()
+    (corpus / ".git" / "HEAD").write_text("ref: refs/heads/main")
+    with caplog.at_level("WARNING", logger="pipelines.ingest"):
+        docs = {d.id: d for d in load_documents([corpus])}
+    assert docs["README"].text == "Read me first: valves open clockwise." and docs["README"].title == "README"
+    assert docs["README"].metadata["format"] == "text"
+    assert "blob" not in docs and ".git/HEAD" not in docs
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("skipping 1 files of unsupported types (.bin x1)" in m for m in messages), messages
+    assert any("blob" in m and "not a text file" in m for m in messages), messages
+
+
 def test_html_text_and_headings(corpus):
     (doc,) = load_documents([corpus / "sub" / "deeper" / "guide.html"])
     assert doc.id == "guide.html" and doc.title == "Widget Guide"

@@ -162,3 +162,17 @@ def test_ingest_paths_and_concurrent_search(store, tmp_path):
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(lambda q: store.search("files", q, 2)[0].chunk.text, questions))
     assert all("nine" in r for r in results[0::2]) and all("18 centimetres" in r for r in results[1::2])
+
+
+def test_ingest_progress_counts_chunks_as_they_are_embedded(tmp_path, base_embedder):
+    small_batches = Embedder(base_embedder.model_path, batch_size=2)
+    small_batches._model = base_embedder.model  # the same loaded model, smaller batches
+    store = DocumentStore(str(tmp_path / "db"), small_batches, SETTINGS)
+    docs = [manual_document(), *distractor_documents()]
+    planned, done = [], []
+    report = store.ingest("docs", docs, progress=done.append, planned=planned.append)
+    assert sum(planned) == sum(done) == report.chunks_written > 8
+    assert len(done) > 1 and max(done) <= 8  # steady steps of batch_size x 4, not one jump at the end
+    planned, done = [], []
+    store.ingest("docs", docs, progress=done.append, planned=planned.append)
+    assert planned == [] and done == []  # unchanged documents: nothing to embed

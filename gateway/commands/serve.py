@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 
@@ -22,6 +23,7 @@ def register(subparsers, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gateway.routing.model_files import check_policy_files
     from gateway.server.app import create_app
     from gateway.settings import Settings, resolve_data_dir
     from policies.loader import PolicyError
@@ -38,7 +40,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = create_app(settings)
     except PolicyError as exc:
-        print(f"selfroute: {exc}")
+        print(f"selfroute serve: invalid policy: {exc}", file=sys.stderr)
+        return 2
+    gateway = app.state.gateway
+    # the files the policy names load at start-up, inside uvicorn: a missing one would end in a traceback there
+    problems = check_policy_files(gateway.policy, gateway.policy_path)
+    for problem in problems:
+        print(f"selfroute serve: invalid policy: {gateway.policy_path or 'default'}: {problem}", file=sys.stderr)
+    if problems:
         return 2
     print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=str(args.log_level).lower(), access_log=False)

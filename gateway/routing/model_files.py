@@ -6,6 +6,7 @@ from importlib import resources
 from pathlib import Path
 
 from classifier.model import ModelFileError, RouteModel, model_from_bytes, model_to_bytes
+from gateway.upstreams.local import is_packaged_local_model
 from policies.schema import Policy
 
 BUILTIN_MODEL = "default.skops"
@@ -60,3 +61,23 @@ def load_route_model(policy: Policy, policy_file: Path | None = None) -> RouteMo
     if settings is None:
         return None
     return load_model(resolve_model_path(settings.model_path, policy_file))
+
+
+def check_policy_files(policy: Policy, policy_file: Path | None = None) -> list[str]:
+    """Every file the policy names, opened the way the gateway will open it: the classifier (loaded, so an
+    untrusted or mismatched model is caught too), a custom embedding model folder, and local .gguf models.
+    Returns one line per problem; empty when the gateway can start with this policy."""
+    problems = []
+    try:
+        load_route_model(policy, policy_file)
+    except (ModelFileError, ValueError, OSError) as exc:
+        problems.append(f"routing.classifier.model_path: {exc}")
+    embedding = policy.rag.embedding_model
+    if embedding is not None and not Path(embedding).expanduser().is_dir():
+        problems.append(f"rag.embedding_model: {embedding}: no such model folder")
+    for role, config in (("cheap", policy.cheap), ("long", policy.long)):
+        if config.model.startswith("local/") and not is_packaged_local_model(config.model):
+            path = Path(config.model.partition("/")[2]).expanduser()
+            if path.suffix != ".gguf" or not path.is_file():
+                problems.append(f"{role}.model: {config.model}: no such .gguf file")
+    return problems

@@ -53,6 +53,6 @@ def test_policy_check_command(tmp_path, capsys):
     assert ": valid" in out and "chunk_tokens: 200" in out  # defaults are filled in
     bad = tmp_path / "bad.yaml"
     bad.write_text("cheap: {model: a}\nlong: {model: b, timeout: zero}\n")
-    assert main(["policy", "check", str(bad)]) == 1
+    assert main(["policy", "check", str(bad)]) == 2
     err = capsys.readouterr().err
     assert f"{bad}:2: long.timeout" in err

@@ -13,6 +13,22 @@ import gateway.commands
 DATA_DIR_HELP = "where the ledger, vector store and caches live (default: $SELFROUTE_DATA_DIR, else ~/.selfroute)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command's parser reads options and positionals in any order (`ingest NAME --no-progress PATH`, even when
+    NAME and PATH are optional); a parser with subcommands parses as argparse always does."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls back into parse_known_args
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _common_parser(*, defaults: bool) -> argparse.ArgumentParser:
     """--data-dir and --log-level. The top-level parser holds the defaults; subcommands SUPPRESS theirs, so a value
     given before the subcommand (`selfroute --data-dir X logs`) is not overwritten by a subcommand's default."""
@@ -40,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[_common_parser(defaults=True)],
     )
     parser.add_argument("--version", action="version", version=f"selfroute {version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     parents = [_common_parser(defaults=False)]
     for info in sorted(pkgutil.iter_modules(gateway.commands.__path__), key=lambda m: m.name):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TextIO
 
 
@@ -70,3 +71,25 @@ def print_table(rows: list[list[str]], header: tuple[str, ...] | None, out: Text
     for row in table:
         cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
         out.write("  ".join(cells).rstrip() + "\n")
+
+
+def add_store_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store-uri", default=None,
+                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
+                             "else DATA_DIR/lancedb)")
+    parser.add_argument("--policy", type=Path, default=None,
+                        help="policy whose rag settings (chunking, embedding model) apply (default: the shipped one)")
+
+
+def open_store(args: argparse.Namespace, policy):
+    """The document store the gateway would use with these --data-dir/--store-uri flags (the embedding model
+    loads only when something is embedded)."""
+    from gateway.settings import Settings, resolve_data_dir
+    from pipelines.embedding import Embedder
+    from pipelines.store import DocumentStore
+
+    settings = Settings(data_dir=resolve_data_dir(args.data_dir))
+    if args.store_uri:
+        settings.vector_store_uri = args.store_uri
+    rag = policy.rag
+    return DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size), rag)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+from gateway.commands._common import add_store_arguments, open_store
 
 
 def register(subparsers, parents) -> None:
@@ -11,39 +14,41 @@ def register(subparsers, parents) -> None:
         "ingest", parents=parents,
         help="ingest .txt/.md/.pdf/.html files or folders into a collection (unchanged files are skipped)",
     )
-    parser.add_argument("collection", help="collection name (letters, digits, '-', '_', '.')")
-    parser.add_argument("paths", nargs="+", type=Path, help="files or folders (recursively)")
-    parser.add_argument("--store-uri", default=None,
-                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
-                             "else DATA_DIR/lancedb)")
-    parser.add_argument("--policy", type=Path, default=None, help="policy whose rag settings (chunking, embedding model) apply")
+    parser.add_argument("collection", nargs="?", help="collection name (letters, digits, '-', '_', '.'); "
+                                                      "with --sample, default 'harbour'")
+    parser.add_argument("paths", nargs="*", type=Path, help="files or folders (recursively)")
+    parser.add_argument("--sample", action="store_true",
+                        help="ingest the sample shipped with selfroute: three short documents of a fictional harbour "
+                             "(a berth lease, a pump-station manual, a safety code) that refer to each other")
+    add_store_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the ingest report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.settings import Settings, resolve_data_dir
-    from pipelines.embedding import Embedder
     from pipelines.ingest import ingest_paths
-    from pipelines.store import DocumentStore, validate_collection_name
+    from pipelines.samples import SAMPLE_COLLECTION, sample_path
+    from pipelines.store import validate_collection_name
     from policies.loader import PolicyError, load_policy
 
+    if args.sample:
+        args.collection = args.collection or SAMPLE_COLLECTION
+        args.paths = [*args.paths, sample_path()]
+    if not args.collection or not args.paths:
+        print("selfroute ingest: give a COLLECTION and at least one PATH, or --sample", file=sys.stderr)
+        return 2
     try:
         policy, _ = load_policy(args.policy)
         validate_collection_name(args.collection)
     except (PolicyError, ValueError) as exc:
-        print(f"selfroute ingest: {exc}")
+        print(f"selfroute ingest: {exc}", file=sys.stderr)
         return 2
     missing = [str(p) for p in args.paths if not p.exists()]
     if missing:
-        print(f"selfroute ingest: no such file or folder: {', '.join(missing)}")
+        print(f"selfroute ingest: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
-    settings = Settings(data_dir=resolve_data_dir(args.data_dir))
-    if args.store_uri:
-        settings.vector_store_uri = args.store_uri
-    rag = policy.rag
-    store = DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size), rag)
+    store = open_store(args, policy)
     report = ingest_paths(store, args.collection, args.paths, show_progress=not args.no_progress)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))

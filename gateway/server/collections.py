@@ -1,4 +1,4 @@
-"""Document collections over HTTP: list, inspect, add documents, delete a document; and who may see which.
+"""Document collections over HTTP: list, inspect, add documents, delete a document or a whole collection; and who may see which.
 
 A collection belongs to the key that created it (collection_owners in the ledger database); a named key
 also sees the collections granted to it (`keys create --collections`). Collections nobody owns (ingested
@@ -165,10 +165,21 @@ async def delete_document(request: Request) -> Response:
     return json_response({"id": doc_id, "object": "document", "collection": name, "deleted": True})
 
 
+async def delete_collection(request: Request) -> Response:
+    gateway, caller, store = _caller_and_store(request)
+    name = request.path_params["name"]
+    # the owner keeps the name (collection_owners), so another key cannot take it over by re-creating it
+    info = await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, name)
+    await anyio.to_thread.run_sync(store.delete_collection, name)
+    return json_response({"id": name, "object": "collection", "deleted": True,
+                          "document_count": len(info.documents), "chunk_count": info.chunk_count})
+
+
 def collection_routes() -> list[Route]:
     return [
         Route("/v1/collections", list_collections, methods=["GET"]),
         Route("/v1/collections/{name}", get_collection, methods=["GET"]),
+        Route("/v1/collections/{name}", delete_collection, methods=["DELETE"]),
         Route("/v1/collections/{name}/documents", add_documents, methods=["POST"]),
         Route("/v1/collections/{name}/documents/{doc_id:path}", delete_document, methods=["DELETE"]),
     ]

@@ -31,6 +31,20 @@ def test_ingest_folder_is_idempotent_and_honours_store_uri(tmp_path, capsys):
 
 def test_ingest_rejects_bad_names_and_missing_paths(tmp_path, capsys):
     assert main(["ingest", "bad name!", str(tmp_path), "--data-dir", str(tmp_path)]) == 2
-    assert "invalid collection name" in capsys.readouterr().out
+    assert "invalid collection name" in capsys.readouterr().err
     assert main(["ingest", "ok", str(tmp_path / "missing"), "--data-dir", str(tmp_path)]) == 2
-    assert "no such file or folder" in capsys.readouterr().out
+    assert "no such file or folder" in capsys.readouterr().err
+    assert main(["ingest", "ok", "--data-dir", str(tmp_path)]) == 2
+    assert "--sample" in capsys.readouterr().err
+
+
+def test_ingest_the_packaged_sample_with_progress_in_chunks(tmp_path, capsys):
+    assert main(["ingest", "--sample", "--data-dir", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("harbour: 3 added, 0 updated, 0 unchanged")
+    chunks = int(captured.out.split(", ")[3].split()[0])
+    assert chunks > 3 and f"{chunks}/{chunks}" in captured.err and "chunk" in captured.err  # the bar counts chunks
+    store = DocumentStore(str(tmp_path / "lancedb"), Embedder())
+    info = store.collection("harbour")
+    assert [d.id for d in info.documents] == ["berth-lease.md", "pump-station-manual.md", "safety-code.md"]
+    assert all(d.cross_refs > 0 and len(d.sections) >= 6 for d in info.documents)

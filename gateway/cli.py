@@ -9,6 +9,7 @@ import pkgutil
 import sys
 
 import gateway.commands
+from gateway.settings import package_version
 
 DATA_DIR_HELP = "where the ledger, vector store and caches live (default: $SELFROUTE_DATA_DIR, else ~/.selfroute)"
 
@@ -39,23 +40,13 @@ def _common_parser(*, defaults: bool) -> argparse.ArgumentParser:
     return common
 
 
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as package_version
-
-    try:
-        return package_version("selfroute")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown (not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="selfroute",
         description="Hybrid routing gateway: cheap RAG or long context per request, with Self-Route fallback.",
         parents=[_common_parser(defaults=True)],
     )
-    parser.add_argument("--version", action="version", version=f"selfroute {version()}")
+    parser.add_argument("--version", action="version", version=f"selfroute {package_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     parents = [_common_parser(defaults=False)]

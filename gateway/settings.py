@@ -10,6 +10,16 @@ STORE_URI_ENV = "SELFROUTE_STORE_URI"
 DEFAULT_DATA_DIR = Path.home() / ".selfroute"
 
 
+def package_version() -> str:
+    """The installed selfroute's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("selfroute")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def resolve_data_dir(value: str | Path | None = None) -> Path:
     """--data-dir, else $SELFROUTE_DATA_DIR, else ~/.selfroute."""
     chosen = value or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR

@@ -268,7 +268,8 @@ class DocumentStore:
             chunks_table.delete(f"doc_id IN ({ids})")
             docs_table.delete(f"id IN ({ids})")
         if chunks:
-            vectors = self.embedder.embed([c.text for c in chunks], progress=progress)
+            texts = [c.text for c in chunks]
+            vectors = self.embedder.embed(texts) if progress is None else self.embedder.embed(texts, progress=progress)
             columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
             columns["vector"] = pa.FixedSizeListArray.from_arrays(
                 pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]

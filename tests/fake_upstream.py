@@ -8,6 +8,7 @@
 - a name containing "garbled": a stream whose second event is not JSON;
 - a name containing "dribble": a stream of 40 words, one every 0.25 s;
 - a name containing "flaky": every odd-numbered request to it fails with 503.
+POST /v1/embeddings answers [characters, words, 1.0] per input text ("status-NNN" fails the same way).
 Every request body received is kept in `app.state.received`.
 """
 from __future__ import annotations
@@ -89,7 +90,25 @@ async def completions(request: Request):
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+async def embeddings(request: Request):
+    body = await request.json()
+    request.app.state.received.append({"body": body, "headers": dict(request.headers)})
+    model = body["model"]
+    if model.startswith("status-"):
+        status = int(model.split("-")[1])
+        return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,
+                                       "code": None}}, status_code=status)
+    texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
+    words = sum(len(t.split()) for t in texts)
+    return JSONResponse({
+        "object": "list", "model": model, "usage": {"prompt_tokens": words, "total_tokens": words},
+        "data": [{"object": "embedding", "index": i, "embedding": [float(len(t)), float(len(t.split())), 1.0]}
+                 for i, t in enumerate(texts)],
+    })
+
+
 def create_fake_upstream() -> Starlette:
-    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])])
+    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
+                            Route("/v1/embeddings", embeddings, methods=["POST"])])
     app.state.received = []
     return app

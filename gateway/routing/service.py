@@ -88,6 +88,7 @@ class RoutingService:
         self._embedder = embedder
         self.store: DocumentStore | None = None
         self.planner: RoutePlanner | None = None
+        self.build_error: str | None = None  # why build() failed, for the readiness probe and 503 answers
         self.detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
 
     def build(self) -> None:
@@ -104,6 +105,8 @@ class RoutingService:
 
     def ready_planner(self) -> RoutePlanner:
         if self.planner is None:
+            if self.build_error is not None:
+                raise GatewayError(503, f"the gateway could not load its models: {self.build_error}", code="not_ready")
             raise GatewayError(503, "the gateway is still starting", code="not_ready")
         return self.planner
 

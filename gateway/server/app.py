@@ -5,13 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
@@ -22,18 +20,20 @@ from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
 from gateway.server.admin import admin_routes
 from gateway.server.auth import Authenticator
-from gateway.server.bodies import json_response
 from gateway.server.chat import chat_completions
 from gateway.server.collections import collection_routes
 from gateway.server.errors import (
     handle_gateway_error, handle_http_exception, handle_ledger_error, handle_unexpected_error,
 )
+from gateway.server.embeddings import embeddings_route
 from gateway.server.explain import explain_route
+from gateway.server.health import health_routes
 from gateway.server.keys import key_routes
-from gateway.server.limits import model_usable
 from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.middleware import RequestIdMiddleware
-from gateway.server.state import Gateway, gateway_of
+from gateway.server.models import model_routes
+from gateway.server.openapi import openapi_route
+from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
 from policies.loader import load_policy
@@ -66,20 +66,16 @@ def default_upstream() -> Upstream:
     return ProviderUpstream(DirectOpenAIUpstream(), LiteLLMUpstream(), LocalModelUpstream())
 
 
-async def healthz(request: Request) -> Response:
-    return json_response({"status": "ok"})
-
-
-async def list_models(request: Request) -> Response:
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)
-    policy = gateway.policy
-    data = [{"id": alias, "object": "model", "created": 0, "owned_by": "selfroute"} for alias in policy.aliases]
-    for config in {policy.cheap.model: policy.cheap, policy.long.model: policy.long}.values():
-        provider = config.model.partition("/")[0] if "/" in config.model else "openai"
-        data.append({"id": config.model, "object": "model", "created": 0, "owned_by": provider})
-    data = [m for m in data if model_usable(policy, caller, m["id"])]  # only what this key may call
-    return json_response({"object": "list", "data": data})
+def _build_in_background(routing: RoutingService) -> None:
+    started = time.perf_counter()
+    try:
+        routing.build()
+    except Exception as exc:  # kept for /health/readiness and the 503 answers; the process stays up to say so
+        routing.build_error = f"{type(exc).__name__}: {exc}"
+        logger.exception("loading the embedding model, store or routing classifier failed")
+        return
+    logger.info("ready: embedding model, document store and routing classifier loaded in %.1fs",
+                time.perf_counter() - started)
 
 
 def create_app(
@@ -117,7 +113,8 @@ def create_app(
         threading.Thread(target=prices.warm, name="selfroute-warm-prices", daemon=True).start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
-        await anyio.to_thread.run_sync(routing.build)
+        # models and stores load after the server listens: liveness answers at once, readiness when they are in
+        threading.Thread(target=_build_in_background, args=(routing,), name="selfroute-build", daemon=True).start()
         try:
             yield
         finally:
@@ -126,14 +123,17 @@ def create_app(
             keys.close()
 
     routes = [
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/v1/models", list_models, methods=["GET"]),
+        *health_routes(),
+        *model_routes(),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),  # clients configured without /v1
+        embeddings_route(),
         *collection_routes(),
         Route("/v1/route/explain", explain_route, methods=["POST"]),
         *admin_routes(),
         *key_routes(),
         metrics_route(),
+        openapi_route(),
     ]
     app = Starlette(
         routes=routes,

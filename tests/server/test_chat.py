@@ -96,7 +96,7 @@ def test_streaming_without_usage_hides_usage_chunk_but_ledgers_tokens(gateway):
 def test_models_healthz_and_request_id(gateway):
     url, _ = gateway
     ids = [m.id for m in client(url).models.list()]
-    assert ids == ["selfroute", "openai/fake-cheap", "openai/fake-long"]
+    assert ids == ["selfroute", "openai/fake-cheap", "openai/fake-long", "local/all-minilm-l6-v2"]
     health = httpx.get(f"{url}/healthz")
     assert health.json() == {"status": "ok"}
     assert health.headers["x-selfroute-request-id"].startswith("req_")

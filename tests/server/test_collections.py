@@ -217,3 +217,30 @@ def test_attached_documents_are_cached_per_key(tenants):
         response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys[who]), timeout=120)
         assert response.status_code == 200
         assert len(inline()) == expected, who  # alice's second request reuses hers; bob gets his own
+
+
+def test_delete_a_whole_collection(gateway):
+    base, _ = gateway
+    assert httpx.post(f"{base}/drop-me/documents", json={"documents": [{"id": "a", "text": "Valves close clockwise."},
+                                                                      {"id": "b", "text": "Pumps start slowly."}]},
+                      timeout=120).status_code == 201
+    deleted = httpx.delete(f"{base}/drop-me")
+    assert deleted.status_code == 200
+    assert deleted.json() == {"id": "drop-me", "object": "collection", "deleted": True, "document_count": 2,
+                              "chunk_count": 2}
+    assert httpx.get(f"{base}/drop-me").status_code == 404
+    again = httpx.delete(f"{base}/drop-me")
+    assert again.status_code == 404 and again.json()["error"]["code"] == "collection_not_found"
+    assert httpx.delete(f"{base}/bad name!").json()["error"]["code"] == "invalid_collection"
+
+
+def test_only_those_who_see_a_collection_can_delete_it(tenants):
+    url, app, keys = tenants
+    refused = httpx.delete(f"{url}/v1/collections/contracts", headers=_auth(keys["bob"]))
+    absent = httpx.delete(f"{url}/v1/collections/nothing-here", headers=_auth(keys["bob"]))
+    assert refused.status_code == absent.status_code == 404
+    assert refused.json()["error"]["code"] == absent.json()["error"]["code"] == "collection_not_found"
+    assert httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"])).status_code == 200
+    deleted = httpx.delete(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"]))
+    assert deleted.status_code == 200 and deleted.json()["document_count"] == 1
+    assert _listed(url, keys["admin"]) == []

@@ -1,0 +1,166 @@
+"""POST /v1/embeddings: the gateway's own embedding model (the one it retrieves with, e.g.
+`local/all-minilm-l6-v2`) answers in-process; other model names go to the OpenAI-compatible upstream."""
+from __future__ import annotations
+
+import base64
+import logging
+import time
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import anyio
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.errors import GatewayError
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.protocol import parse_json_object
+from gateway.server.bodies import json_response, read_body
+from gateway.server.limits import admit
+from gateway.server.state import gateway_of
+from policies.routes import PASSTHROUGH
+from policies.schema import ModelConfig, Policy
+
+logger = logging.getLogger(__name__)
+
+PACKAGED_EMBEDDING_MODEL = "local/all-minilm-l6-v2"
+
+
+class EmbeddingsRequest(BaseModel):
+    """OpenAI's embeddings request; unknown fields go upstream as sent."""
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: Union[list[float], str] = Field(description="floats, or base64 of little-endian float32")
+
+
+class EmbeddingsUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingsUsage
+
+
+def local_embedding_model(policy: Policy) -> str:
+    """The name clients use for the gateway's own embedding model."""
+    path = policy.rag.embedding_model
+    return PACKAGED_EMBEDDING_MODEL if path is None else "local/" + Path(path).name.lower()
+
+
+def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
+    body = parse_json_object(raw)
+    try:
+        request = EmbeddingsRequest.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = str(err["loc"][0]) if err["loc"] else None
+        raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
+    if request.input == [] or request.input == "":
+        raise GatewayError(400, "'input' must not be empty", param="input", code="invalid_value")
+    return request, body
+
+
+def _texts(request: EmbeddingsRequest) -> list[str]:
+    items = [request.input] if isinstance(request.input, str) else request.input
+    if any(not isinstance(item, str) for item in items):
+        raise GatewayError(400, f"{request.model} takes text input; token arrays belong to another tokenizer",
+                           param="input", code="unsupported_parameter")
+    return items
+
+
+def _embed_local(embedder, texts: list[str]) -> tuple[np.ndarray, int]:
+    vectors = embedder.embed(texts)
+    model = embedder.model
+    # the tokens the model actually read: its own tokenizer, truncated where the model truncates
+    ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
+    return vectors, sum(len(i) for i in ids)
+
+
+def _encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str:
+    if encoding_format == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestLedgerEntry) -> dict[str, Any]:
+    texts = _texts(request)
+    embedder = gateway.store.embedder  # 503 until the store (and its model) is loaded
+    started = time.perf_counter()
+    vectors, tokens = await anyio.to_thread.run_sync(_embed_local, embedder, texts)
+    if request.dimensions is not None and request.dimensions != vectors.shape[1]:
+        raise GatewayError(400, f"{name} has {vectors.shape[1]} dimensions and cannot shorten them",
+                           param="dimensions", code="unsupported_parameter")
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    entry.add_call(ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0), PASSTHROUGH, usage,
+                   (time.perf_counter() - started) * 1000.0)
+    data = [Embedding(index=i, embedding=_encode(v, request.encoding_format)) for i, v in enumerate(vectors)]
+    return EmbeddingsResponse(data=data, model=name, usage=EmbeddingsUsage(**usage)).model_dump()
+
+
+async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> dict:
+    from gateway.routing.service import passthrough_config
+    from gateway.upstreams.embeddings import passes_through, upstream_embeddings
+
+    if not passes_through(request.model):
+        raise GatewayError(400, f"embeddings for {request.model!r} are not offered: use {PACKAGED_EMBEDDING_MODEL} "
+                                "or an OpenAI-compatible model", param="model", code="model_not_found")
+    config = passthrough_config(gateway.policy, request.model)
+    started = time.perf_counter()
+    try:
+        answer = await upstream_embeddings(config, body)
+    except GatewayError as exc:
+        entry.add_call(config, PASSTHROUGH, None, (time.perf_counter() - started) * 1000.0, error=exc.message)
+        raise
+    usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None
+    entry.add_call(config, PASSTHROUGH, usage, (time.perf_counter() - started) * 1000.0)
+    return answer
+
+
+async def create_embeddings(request: Request) -> Response:
+    gateway = gateway_of(request)
+    try:
+        caller = gateway.auth.check(request)
+    except GatewayError:  # refused before it touches the ledger, as chat does
+        gateway.metrics.unauthenticated.inc()
+        raise
+    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+    entry.record.route, entry.record.reason = PASSTHROUGH, "embeddings"
+    entry.record.key_id = caller.key_id
+    try:
+        embeddings, body = _parse(await read_body(request, gateway.settings.max_body_bytes))
+        entry.record.alias = embeddings.model
+        # the embedding model is a model like any other: the policy's pass-through list, the key's models and limits
+        await admit(gateway.policy, gateway.keys, caller, embeddings.model)
+        name = local_embedding_model(gateway.policy)
+        if embeddings.model == name:
+            answer = await _local(gateway, embeddings, name, entry)
+        else:
+            answer = await _upstream(gateway, embeddings, body, entry)
+    except GatewayError as exc:
+        entry.finish(exc.status, exc.message)
+        raise
+    except Exception as exc:
+        entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+        raise
+    entry.finish(200)
+    return json_response(answer)
+
+
+def embeddings_route() -> Route:
+    return Route("/v1/embeddings", create_embeddings, methods=["POST"])

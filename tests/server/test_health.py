@@ -1,0 +1,67 @@
+"""/health/liveness answers as soon as the server listens; /health/readiness is 503 until the embedding model,
+store and classifier are loaded, and says why when loading failed."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from gateway.server.app import create_app
+from gateway.settings import Settings
+from pipelines.embedding import Embedder
+from tests.gateway_fixtures import make_policy
+from tests.servers import serve_app
+
+
+class SlowEmbedder(Embedder):
+    """Holds start-up until the test lets it go."""
+
+    def __init__(self, release: threading.Event):
+        super().__init__()
+        self.release = release
+
+    @property
+    def dimension(self) -> int:
+        return 384
+
+
+def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
+    release = threading.Event()
+    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=SlowEmbedder(release))
+    routing = app.state.gateway.routing
+    real_build = routing.build
+    monkeypatch.setattr(routing, "build", lambda: (release.wait(30), real_build()))
+    with serve_app(app, wait_ready=False) as url:
+        assert httpx.get(f"{url}/health/liveness").json() == {"status": "ok"}
+        starting = httpx.get(f"{url}/health/readiness")
+        assert starting.status_code == 503 and starting.json() == {"status": "starting"}
+        routed = httpx.post(f"{url}/v1/chat/completions", json={"model": "selfroute",
+                                                                "messages": [{"role": "user", "content": "hi"}]})
+        assert routed.status_code == 503 and routed.json()["error"]["code"] == "not_ready"
+        release.set()
+        for _ in range(3000):
+            ready = httpx.get(f"{url}/health/readiness")
+            if ready.status_code == 200:
+                break
+        assert ready.json() == {"status": "ready"}
+
+
+def test_readiness_reports_a_failed_start(upstream, tmp_path, monkeypatch):
+    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]))
+    routing = app.state.gateway.routing
+
+    def broken():
+        raise FileNotFoundError("no classifier at /nowhere.skops")
+
+    monkeypatch.setattr(routing, "build", broken)
+    with serve_app(app, wait_ready=False) as url:
+        for _ in range(3000):
+            failed = httpx.get(f"{url}/health/readiness")
+            if failed.json()["status"] != "starting":
+                break
+        assert failed.status_code == 503 and failed.json()["status"] == "failed"
+        assert "/nowhere.skops" in failed.json()["error"]
+        assert httpx.get(f"{url}/health/liveness").status_code == 200
+        routed = httpx.post(f"{url}/v1/route/explain", json={"model": "selfroute",
+                                                             "messages": [{"role": "user", "content": "hi"}]})
+        assert routed.status_code == 503 and "/nowhere.skops" in routed.json()["error"]["message"]

@@ -10,14 +10,14 @@ from typing import Any, Literal, Union
 
 import anyio
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.protocol import parse_json_object
+from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, rejected_param
 from gateway.server.bodies import json_response, read_body
 from gateway.server.limits import admit
 from gateway.server.state import gateway_of
@@ -32,11 +32,13 @@ PACKAGED_EMBEDDING_MODEL = "local/all-minilm-l6-v2"
 class EmbeddingsRequest(BaseModel):
     """OpenAI's embeddings request; unknown fields go upstream as sent."""
     model_config = ConfigDict(extra="allow")
-    model: str = Field(min_length=1)
+    model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
+
+    _model_name = field_validator("model")(ChatCompletionRequest._model_name.__func__)
 
 
 class Embedding(BaseModel):
@@ -65,6 +67,10 @@ def local_embedding_model(policy: Policy) -> str:
 
 def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
     body = parse_json_object(raw)
+    for name in body:  # the same closed surface as chat: nothing in a request chooses where the gateway connects
+        if rejected_param(name):
+            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
+                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
     try:
         request = EmbeddingsRequest.model_validate(body)
     except ValidationError as exc:

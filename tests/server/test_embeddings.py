@@ -72,6 +72,9 @@ def test_upstream_errors_keep_their_status(gateway):
     ({"model": "local/all-minilm-l6-v2", "input": "x", "dimensions": 64}, "dimensions", "unsupported_parameter"),
     ({"model": "local/all-minilm-l6-v2", "input": "x", "encoding_format": "hex"}, "encoding_format", "invalid_value"),
     ({"model": "anthropic/claude-3-5-sonnet", "input": "x"}, "model", "model_not_found"),
+    ({"model": "http://evil.example/v1", "input": "x"}, "model", "invalid_value"),
+    ({"model": "text-embedding-3-small", "input": "x", "api_base": "http://evil.example"}, "api_base",
+     "unsupported_parameter"),
 ])
 def test_bad_requests_are_openai_400s(gateway, body, param, code):
     url, _ = gateway

@@ -202,11 +202,11 @@ class KeyStore:
                 return key if key.active() else None
         return None
 
-    def any_active(self) -> bool:
+    def any_keys(self) -> bool:
+        """Whether a named key was ever created: revoked and expired ones count, so revoking the last key
+        never opens a gateway to everyone."""
         with self._read_lock:
-            row = self._read_db().execute(
-                "SELECT 1 FROM api_keys WHERE revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?) LIMIT 1",
-                (time.time(),)).fetchone()
+            row = self._read_db().execute("SELECT 1 FROM api_keys LIMIT 1").fetchone()
         return row is not None
 
     def spend(self, names: list[str] | None = None) -> dict[str, float]:

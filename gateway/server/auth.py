@@ -76,7 +76,7 @@ class Authenticator:
             return False
         checked, found = self._any_named
         if time.monotonic() - checked > CACHE_S:
-            found = self.store.any_active()
+            found = self.store.any_keys()
             self._any_named = (time.monotonic(), found)
         return found
 

@@ -92,3 +92,16 @@ def test_the_data_directory_and_ledger_are_private(gateway):
     data_dir = app.state.gateway.settings.data_dir
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE(app.state.gateway.ledger.path.stat().st_mode) == 0o600
+
+
+def test_a_gateway_with_only_named_keys_stays_closed_when_they_are_revoked(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+        assert _ask(url, "anything").status_code == 200  # no keys at all: open
+        keys = app.state.gateway.keys
+        _, secret = keys.create("only")
+        app.state.gateway.auth.forget()
+        assert _ask(url, "anything").status_code == 401 and _ask(url, secret).status_code == 200
+        keys.revoke("only")
+        app.state.gateway.auth.forget()
+        assert _ask(url, "anything").status_code == 401 and _ask(url, secret).status_code == 401

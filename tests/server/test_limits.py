@@ -3,6 +3,8 @@
 policy's pass-through allow-list for everyone."""
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -63,11 +65,15 @@ def test_budget_is_429_once_the_ledger_records_it_spent(gateway, keys):
 
 def test_rpm_is_429_with_retry_after_across_two_apps_on_one_database(gateway, keys, upstream, tmp_path):
     url, _ = gateway
-    _, limited = keys.create("limited", rpm=3)
     _, free = keys.create("free")
     with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url2, _):
-        statuses = [_ask(u, limited).status_code for u in (url, url2, url)]
-        refused = _ask(url2, limited)
+        for attempt in range(2):  # requests per calendar minute: start again if a minute ended mid-test
+            _, limited = keys.create(f"limited-{attempt}", rpm=3)
+            started = time.time()
+            statuses = [_ask(u, limited).status_code for u in (url, url2, url)]
+            refused = _ask(url2, limited)
+            if started // 60 == time.time() // 60:
+                break
     assert statuses == [200, 200, 200]
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(refused.headers["retry-after"]) <= 60

@@ -24,6 +24,10 @@ def from_ledger_error(exc: LedgerError) -> GatewayError:
 
 async def handle_gateway_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, GatewayError)
+    if exc.status == 401:  # a missing or wrong key on any endpoint: counted, never ledgered
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.unauthenticated.inc()
     return error_response(exc, _request_id_header(request))
 
 

@@ -71,6 +71,8 @@ def test_names_are_never_reused_and_only_the_admin_key_manages_keys(gateway):
                                  json={"name": "mallory"})
         assert response.status_code == 403
     assert httpx.get(f"{url}/v1/admin/keys").status_code == 401
+    assert httpx.get(f"{url}/v1/collections").status_code == 401
+    assert "selfroute_unauthenticated_requests_total 2.0" in httpx.get(f"{url}/metrics").text
 
 
 def test_no_key_in_clear_in_the_database_logs_or_metrics(gateway, caplog):

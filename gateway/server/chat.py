@@ -17,9 +17,9 @@ from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.errors import error_response
 from gateway.server.grounding import check_answer
-from gateway.server.injection import flag_headers, screen_documents
+from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.limits import admit
-from gateway.server.state import gateway_of
+from gateway.server.state import Gateway, gateway_of
 from gateway.server.streaming import stream_response
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,20 @@ def render(answer: Answer, extra_headers: dict[str, str]) -> Response:
     if isinstance(answer, Completed):
         return json_response(answer.completion, headers=extra_headers)
     return stream_response(answer, headers=extra_headers)
+
+
+async def security_notes(gateway: Gateway, answer: Answer, flags: list[dict]) -> dict[str, str]:
+    """The injection findings and, when the policy asks, the grounding check, on a routed answer: headers to
+    add; a whole answer also carries them in its `selfroute` object (and loses dropped sentences)."""
+    notes = flag_headers(flags)
+    if isinstance(answer, Completed):
+        if flags:
+            answer.completion.setdefault("selfroute", {})["flags"] = flags
+        security = gateway.policy.security
+        if security.grounding != "off":
+            notes |= await anyio.to_thread.run_sync(check_answer, security.grounding, security.grounding_threshold,
+                                                    gateway.store.embedder.embed, answer.completion, answer.sent)
+    return notes
 
 
 async def chat_completions(request: Request) -> Response:
@@ -55,21 +69,9 @@ async def chat_completions(request: Request) -> Response:
         await admit(gateway.policy, gateway.keys, caller, chat.model)
         check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:
-            documents = chat.selfroute.documents if chat.selfroute else None
-            if documents:
-                entry.flags = await anyio.to_thread.run_sync(
-                    screen_documents, gateway.policy.security.injection, documents, "selfroute.documents")
+            entry.flags = await screen_attached(gateway.policy, chat)
             answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
-            extra = {**route_headers(entry), **flag_headers(entry.flags)}
-            if isinstance(answer, Completed):
-                if entry.flags:
-                    answer.completion.setdefault("selfroute", {})["flags"] = entry.flags
-                security = gateway.policy.security
-                if security.grounding != "off":
-                    extra |= await anyio.to_thread.run_sync(
-                        check_answer, security.grounding, security.grounding_threshold,
-                        gateway.store.embedder.embed, answer.completion, answer.sent)
-            return render(answer, extra)
+            return render(answer, {**route_headers(entry), **await security_notes(gateway, answer, entry.flags)})
         return render(await gateway.routing.passthrough(chat, body, entry), {})
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)

@@ -10,7 +10,7 @@ from gateway.routing.explain import explain_plan
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
-from gateway.server.injection import flag_headers, screen_documents
+from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.state import gateway_of
 
 
@@ -20,8 +20,7 @@ async def explain_route(request: Request) -> Response:
     raw = await read_body(request, gateway.settings.max_body_bytes)
     chat, body = parse_chat_request(raw)
     chat.scope_to(caller.key_id)
-    found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection,
-                                           chat.selfroute.documents if chat.selfroute else None, "selfroute.documents")
+    found = await screen_attached(gateway.policy, chat)
     check_collection_access(gateway, caller, requested_collection(chat, request))
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
+
 from gateway.errors import GatewayError
-from gateway.protocol import InlineDocument
+from gateway.protocol import ChatCompletionRequest, InlineDocument
 from gateway.server import headers
+from policies.schema import Policy
 
 INJECTION_FLAG = "injection"
 MAX_FINDINGS_PER_DOCUMENT = 20
@@ -45,3 +48,12 @@ def screen_documents(mode: str, documents: list[InlineDocument] | None, param: s
 
 def flag_headers(found: list[dict[str, Any]]) -> dict[str, str]:
     return {headers.FLAGS: INJECTION_FLAG} if found else {}
+
+
+async def screen_attached(policy: Policy, chat: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The documents attached to a routed request, screened off the event loop (nothing to do without any)."""
+    documents = chat.selfroute.documents if chat.selfroute else None
+    if not documents or policy.security.injection == "off":
+        return []
+    return await anyio.to_thread.run_sync(screen_documents, policy.security.injection, documents,
+                                          "selfroute.documents")

@@ -136,6 +136,7 @@ def _requests(url: str, key: str, name: str) -> dict[str, httpx.Response]:
         "chat header": _chat(url, key, "rag", name, by_header=True),
         "explain": httpx.post(f"{url}/v1/route/explain", json=explain, headers=headers, timeout=120),
         "delete": httpx.delete(f"{url}/v1/collections/{name}/documents/supply", headers=headers),
+        "delete collection": httpx.delete(f"{url}/v1/collections/{name}", headers=headers),
         "write": httpx.post(f"{url}/v1/collections/{name}/documents", headers=headers, timeout=120,
                             json={"documents": [{"id": "bob-note", "text": "Bob was here."}]}),
     }

@@ -140,11 +140,7 @@ async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], e
 
 async def create_embeddings(request: Request) -> Response:
     gateway = gateway_of(request)
-    try:
-        caller = gateway.auth.check(request)
-    except GatewayError:  # refused before it touches the ledger, as chat does
-        gateway.metrics.unauthenticated.inc()
-        raise
+    caller = gateway.auth.check(request)  # a refused key is counted by the error handler, never ledgered
     entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
     entry.record.route, entry.record.reason = PASSTHROUGH, "embeddings"
     entry.record.key_id = caller.key_id

@@ -82,3 +82,16 @@ def test_bad_requests_are_openai_400s(gateway, body, param, code):
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert (error["param"], error["code"]) == (param, code)
+
+
+def test_a_refused_key_is_counted_once_and_not_ledgered(upstream, embedder, tmp_path):
+    from gateway.server.auth import Authenticator
+
+    with running_gateway(tmp_path, make_policy(upstream[0]), embedder=embedder,
+                         auth=Authenticator(["sk-good"])) as (url, app):
+        before = app.state.gateway.metrics.unauthenticated._value.get()
+        bad = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-bad", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.embeddings.create(model="local/all-minilm-l6-v2", input="x")
+        assert app.state.gateway.metrics.unauthenticated._value.get() == before + 1
+        assert ledger_rows(app) == []

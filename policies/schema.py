@@ -71,11 +71,26 @@ class FallbackSettings(_Strict):
     )
 
 
+class VerifierSettings(_Strict):
+    model_path: str = Field(
+        "builtin:verifier", description="'builtin:verifier' or a verifier .skops path, relative to the policy file"
+    )
+    threshold: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="escalate the cheap answer when the verifier's P(good) < threshold; null: the model card's threshold",
+    )
+    threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
+
+
 class RoutingSettings(_Strict):
     rules: list[RuleSpec] = Field(default_factory=list)
     classifier: ClassifierSettings | None = ClassifierSettings()
     default_route: Route = Route.LONG
     fallback: FallbackSettings = FallbackSettings()
+    verifier: VerifierSettings | None = Field(
+        None, description="check cheap answers with the learned verifier (gateway.routing.escalation); "
+        "null: escalate only answers that say they are unanswerable (Self-Route's literal rule)",
+    )
 
 
 class SecuritySettings(_Strict):

@@ -2,6 +2,7 @@
 
 - any name: answers "echo: <last user text>" (first 80 chars), usage from word counts;
 - a name containing "refuser": answers "unanswerable";
+- a name containing "scripted": answers `app.state.scripted` (a test sets it);
 - "status-NNN": fails with HTTP NNN and an OpenAI error body;
 - "slow": sleeps 5 s before answering (for timeout tests);
 - a name containing "breaks": a stream that sends one chunk, then drops the connection;
@@ -57,7 +58,7 @@ async def completions(request: Request):
                                        "code": None}}, status_code=status)
     if model == "slow":
         await asyncio.sleep(5)
-    answer = answer_for(body)
+    answer = request.app.state.scripted if "scripted" in model else answer_for(body)
     usage = usage_for(body, answer)
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
     if not body.get("stream"):
@@ -111,4 +112,5 @@ def create_fake_upstream() -> Starlette:
     app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
                             Route("/v1/embeddings", embeddings, methods=["POST"])])
     app.state.received = []
+    app.state.scripted = ""
     return app

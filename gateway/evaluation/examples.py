@@ -138,6 +138,7 @@ class RouteInputBuilder:
         # no embedder: over-long documents are cut by BM25 ranking; only the token count is used here
         self.long = LongContextPipeline(policy.long_context, window_tokens=self.window)
         self._stats: dict[tuple[str, ...], Any] = {}
+        self._indexes: dict[tuple[str, ...], Any] = {}
         self._cache_path = Path(cache_dir) / CACHE_FILE if cache_dir else None
         self._cache = self._read_cache()
 
@@ -158,7 +159,7 @@ class RouteInputBuilder:
 
         # refusal patterns and the question marker do not change retrieval: left out of the key
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude={"unanswerable_patterns", "question_marker"})
-        settings = (retrieval_settings if part == "retrieval"
+        settings = (retrieval_settings if part in ("retrieval", "passages")
                     else [self.policy.long_context.model_dump(mode="json"), self.window])
         payload = [CACHE_VERSION, part, example.query, [(d.id, content_hash(d)) for d in example.documents], settings]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
@@ -204,6 +205,24 @@ class RouteInputBuilder:
             "rag_prompt_tokens": int(rag_prompt.prompt_tokens),
             "direct_prompt_tokens": int(stats.context_tokens + count_tokens(example.query)),
         }
+
+    def passages(self, example: Example) -> list[str]:
+        """The texts of the passages the RAG route places in the cheap prompt (what the answer verifier reads),
+        cached like the other retrieval-side values."""
+        def compute() -> list[str]:
+            retrieval = self.rag.retrieve(self.store.inline_collection(example.documents), example.query)
+            return [p.text for p in retrieval.passages]
+
+        return self._cached(self._key(example, "passages"), compute)
+
+    def document_index(self, example: Example):
+        """The example's documents' term index (classifier.answer_features.document_index), as the gateway builds it."""
+        from classifier.answer_features import document_index
+
+        ids = tuple(example.doc_ids)
+        if ids not in self._indexes:
+            self._indexes[ids] = document_index("\n\n".join(d.text for d in example.documents))
+        return self._indexes[ids]
 
     def _long_prompt_tokens(self, example: Example) -> int:
         return int(self.long.prepare(self._request(example)).prompt_tokens)

@@ -7,6 +7,10 @@ pipelines' prompt sizes on the real documents, its cost those tokens at a price 
 Choices (documented in `selfroute eval replay --help` too):
 - Fallback (Self-Route): RAG first; when the recorded RAG answer declares itself unanswerable
   (pipelines.unanswerable with the policy's patterns) the long route runs too. Both legs are paid.
+- Verifier: RAG first; when the verifier's P(good) of the recorded RAG answer is below the threshold
+  the long route runs too (both legs paid); a refusal it trusts stands. The decision is
+  gateway.routing.escalation's, the one the live gateway applies; P(good) comes from the item (out of
+  fold, or a given verifier model's score).
 - "direct" (a rule sending the whole context to the cheap model) has no recorded answer. It is
   scored with the worse of the two recorded scores, so the router is never credited with quality
   nobody measured, and it costs the whole context at the cheap price. No fallback after direct.
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gateway.routing.decision import Router
-from gateway.routing.escalation import check_cheap_answer
+from gateway.routing.escalation import CheapAnswerCheck
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
 from policies.schema import Policy
 
@@ -42,6 +46,7 @@ class ReplayItem:
     features: dict[str, float]
     probability: float  # out-of-fold P(cheap route suffices)
     task: str | None = None
+    verifier_score: float | None = None  # the verifier's P(good) of the recorded RAG answer (out of fold, or a model's)
 
 
 @dataclass(frozen=True)
@@ -100,19 +105,22 @@ def oracle(item: ReplayItem) -> Outcome:
     return _rag(item) if item.rag_score >= item.lc_score else _long(item)
 
 
-def router_strategy(router: Router, fallback: bool) -> Callable[[ReplayItem], Outcome]:
+def router_strategy(router: Router, fallback: bool, check: CheapAnswerCheck | None = None
+                    ) -> Callable[[ReplayItem], Outcome]:
     """The policy's rules and classifier (with the out-of-fold probability); with `fallback`, the cheap
-    answer is checked by gateway.routing.escalation exactly as the live gateway checks it."""
+    answer is checked by gateway.routing.escalation exactly as the live gateway checks it (with the
+    policy's verifier when it has one: the item's verifier_score is its P(good))."""
+    check = check or CheapAnswerCheck(router.policy)
 
     def choose(item: ReplayItem) -> Outcome:
         decision = router.decide(item.features, probability=item.probability)
         if decision.route == LONG:
             return _long(item)
         if decision.route == DIRECT:
-            return _direct(item)
+            return _direct(item)  # no recorded direct answer: nothing to check
         if not fallback:
             return _rag(item)
-        verdict = check_cheap_answer(router.policy, decision, item.rag_refused)
+        verdict = check.verdict(decision, item.rag_refused, item.verifier_score)
         if verdict.escalate:
             return _fallback(item)
         if verdict.outcome == KEPT_REFUSAL:
@@ -126,6 +134,31 @@ def with_threshold(policy: Policy, threshold: float) -> Policy:
     copy = policy.model_copy(deep=True)
     if copy.routing.classifier is not None:
         copy.routing.classifier.threshold = float(threshold)
+    return copy
+
+
+def with_verifier(policy: Policy, threshold: float) -> Policy:
+    """The policy checking cheap answers with a verifier at this threshold."""
+    from policies.schema import VerifierSettings
+
+    copy = policy.model_copy(deep=True)
+    settings = copy.routing.verifier or VerifierSettings()
+    copy.routing.verifier = settings.model_copy(update={"threshold": float(threshold)})
+    return copy
+
+
+def without_verifier(policy: Policy) -> Policy:
+    copy = policy.model_copy(deep=True)
+    copy.routing.verifier = None
+    return copy
+
+
+def without_pre_route(policy: Policy) -> Policy:
+    """Every question to the cheap route first (no rules, no classifier); its answer is still checked."""
+    copy = policy.model_copy(deep=True)
+    copy.routing.rules = []
+    copy.routing.classifier = None
+    copy.routing.default_route = RAG
     return copy
 
 
@@ -192,23 +225,32 @@ def baseline_totals(items: list[ReplayItem], prices: Prices) -> tuple[int, float
     )
 
 
-def strategies(policy: Policy) -> list[tuple[str, Callable[[ReplayItem], Outcome]]]:
+def strategies(policy: Policy, verifier_threshold: float | None = None) -> list[tuple[str, Callable[[ReplayItem], Outcome]]]:
+    """The replay's strategies. With `verifier_threshold` (the items carry verifier scores), the verifier's
+    strategies too: the cheap route always first then the verifier, and the pre-route with the verifier."""
+    literal = without_verifier(policy)
     out = [
         ("always-long", _long),
         ("always-rag", _rag),
         ("self-route", self_route),
-        ("rules+classifier", router_strategy(Router(policy), fallback=False)),
-        ("router (rules+classifier+fallback)", router_strategy(Router(policy), fallback=True)),
+        ("rules+classifier", router_strategy(Router(literal), fallback=False)),
+        ("router (rules+classifier+fallback)", router_strategy(Router(literal), fallback=True)),
     ]
     if not policy.routing.fallback.keep_refusal_when_absent:
-        out.append(("router + keep-refusal option", router_strategy(Router(with_keep_refusal(policy)), True)))
+        out.append(("router + keep-refusal option", router_strategy(Router(with_keep_refusal(literal)), True)))
+    if verifier_threshold is not None:
+        verified = with_verifier(policy, verifier_threshold)
+        out.append(("verifier only (rag, then verifier)", router_strategy(Router(without_pre_route(verified)), True)))
+        out.append(("rules+classifier+verifier", router_strategy(Router(verified), fallback=True)))
     out.append(("oracle", oracle))
     return out
 
 
-def run_strategies(items: list[ReplayItem], policy: Policy, prices: Prices) -> list[StrategyResult]:
+def run_strategies(items: list[ReplayItem], policy: Policy, prices: Prices,
+                   verifier_threshold: float | None = None) -> list[StrategyResult]:
     long_tokens, long_cost, long_quality = baseline_totals(items, prices)
-    return [evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality) for name, fn in strategies(policy)]
+    return [evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality)
+            for name, fn in strategies(policy, verifier_threshold)]
 
 
 # -- threshold sweeps ----------------------------------------------------------------------------

@@ -9,11 +9,13 @@ from gateway.evaluation.replay import GapRecovery, ReplayItem, StrategyResult
 log = logging.getLogger(__name__)
 
 
-def build_items(examples, inputs, probabilities, detector) -> list[ReplayItem]:
+def build_items(examples, inputs, probabilities, detector, verifier_scores=None) -> list[ReplayItem]:
+    """verifier_scores: the verifier's P(good) of each recorded RAG answer, when a verifier is replayed."""
     from pipelines.tokens import count_tokens
 
     items = []
-    for example, inp, p in zip(examples, inputs, probabilities):
+    verifier_scores = verifier_scores if verifier_scores is not None else [None] * len(examples)
+    for example, inp, p, v in zip(examples, inputs, probabilities, verifier_scores):
         record = example.record
         rag_pred, lc_pred = record.get("rag_pred"), record.get("lc_pred")
         items.append(
@@ -33,6 +35,7 @@ def build_items(examples, inputs, probabilities, detector) -> list[ReplayItem]:
                 features=inp.features,
                 probability=float(p),
                 task=record.get("task"),
+                verifier_score=None if v is None else float(v),
             )
         )
     return items

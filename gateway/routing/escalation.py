@@ -1,45 +1,132 @@
-"""Self-Route's second step, written once: after the cheap route answered, keep its answer or escalate.
+"""The check of the cheap answer, written once: after the cheap model answered, keep its answer or escalate.
 
-The live path (plain and streaming) and the offline replay both call `check_cheap_answer`, so the replay
-measures exactly the rule the gateway applies.
+Two rules, chosen by the policy:
+- without a verifier (routing.verifier: null): Self-Route's literal rule, an answer that says it is
+  unanswerable goes to the long route (unless the keep-refusal option lets it stand);
+- with a verifier: a learned model (classifier.verifier) scores P(the cheap answer is good enough) from
+  the question, the cheap answer, the passages sent, the document and the pre-route P(cheap)
+  (classifier.answer_features); below the threshold the answer is escalated, at or above it the answer
+  stands, a refusal too ("the documents do not say" can be the right answer).
+
+The live path (plain and streaming, rag and direct answers) and the offline replay
+(gateway.evaluation.replay) all call `CheapAnswerCheck.verdict`, so the replay measures exactly the rule
+the gateway applies.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 from gateway.routing.decision import RouteDecision, missing
-from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
+from pipelines.unanswerable import UnanswerableDetector
+from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import FallbackSettings, Policy
+
+if TYPE_CHECKING:
+    from classifier.verifier import VerifierModel
 
 REFUSAL_KEPT = "refusal kept: evidence says the answer is absent"
 ESCALATED = "cheap answer was unanswerable, fell back to long"
+# the routes whose answer comes from the cheap model, and so is checked
+CHECKED_ROUTES = (RAG, DIRECT)
+
+# (content terms, term bigrams, numbers) of a document: classifier.answer_features.document_index
+DocumentIndex = tuple[set, set, set]
 
 
 @dataclass(frozen=True)
 class Verdict:
     escalate: bool  # answer again on the long route
-    outcome: str  # RAG (answer accepted), KEPT_REFUSAL (a refusal let stand) or FALLBACK (escalated)
+    outcome: str  # the decision's route (answer accepted), KEPT_REFUSAL (a refusal let stand) or FALLBACK
     note: str | None = None  # appended to the decision's reason
+    score: float | None = None  # the verifier's P(good), when it scored the answer
 
     def reason(self, decision: RouteDecision) -> str:
         return f"{decision.reason}; {self.note}" if self.note else decision.reason
 
 
-ACCEPTED = Verdict(False, RAG)
+@dataclass(frozen=True)
+class CheapAnswer:
+    """What the verifier reads about one cheap answer."""
+
+    text: str | None  # the whole reply
+    query: str = ""  # the question as the cheap model saw it (multiple-choice options included)
+    passages: Sequence[str] = ()  # the passages placed in the prompt (direct: the context sent)
+    document: DocumentIndex | None = None  # the whole document's index; None when unavailable (a collection)
+    logprobs: list[float] | None = None
 
 
-def applies(policy: Policy, decision: RouteDecision) -> bool:
-    """Whether the cheap answer of this decision is checked at all (it is held back while streaming if so)."""
-    return decision.route == RAG and policy.routing.fallback.enabled
+class CheapAnswerCheck:
+    """The policy's check of cheap answers, with its verifier loaded once (gateway.routing.model_files)."""
 
+    def __init__(self, policy: Policy, verifier: VerifierModel | None = None):
+        self.policy = policy
+        self.verifier = verifier if policy.routing.verifier is not None else None
+        self.detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
 
-def check_cheap_answer(policy: Policy, decision: RouteDecision, refused: bool) -> Verdict:
-    """`refused`: the cheap answer says the passages lack the answer (pipelines.unanswerable)."""
-    if not applies(policy, decision) or not refused:
-        return ACCEPTED
-    if keep_refusal(policy.routing.fallback, decision):
-        return Verdict(False, KEPT_REFUSAL, REFUSAL_KEPT)
-    return Verdict(True, FALLBACK, ESCALATED)
+    @property
+    def threshold(self) -> float | None:
+        """Escalate when P(good) < this; the policy's value, else the verifier card's."""
+        settings = self.policy.routing.verifier
+        if settings is None:
+            return None
+        if settings.threshold is not None:
+            return settings.threshold
+        return self.verifier.threshold if self.verifier is not None else None
+
+    @property
+    def reads_whole_answer(self) -> bool:
+        """The verifier reads the whole answer, so a stream is held until it ends; the literal rule reads
+        only the opening (pipelines.unanswerable)."""
+        return self.verifier is not None
+
+    def applies(self, decision: RouteDecision) -> bool:
+        """Whether the cheap answer of this decision is checked at all (it is held back while streaming if so)."""
+        return decision.route in CHECKED_ROUTES and self.policy.routing.fallback.enabled
+
+    @staticmethod
+    def features(answer: CheapAnswer, pre_route_probability: float | None) -> dict[str, float]:
+        """The verifier's inputs (classifier.answer_features), computed the same way live and in the replay."""
+        from classifier.answer_features import answer_features
+
+        terms, bigrams, numbers = answer.document if answer.document is not None else (None, None, None)
+        return answer_features(
+            answer.query, answer.text, list(answer.passages), None, answer.logprobs, pre_route_probability,
+            document_terms_set=terms, document_bigrams=bigrams, document_numbers=numbers,
+        )
+
+    def score(self, answer: CheapAnswer, pre_route_probability: float | None = None) -> float | None:
+        """The verifier's P(the cheap answer is good enough); None without a verifier."""
+        if self.verifier is None:
+            return None
+        return self.verifier.score(self.features(answer, pre_route_probability))
+
+    def check(self, decision: RouteDecision, answer: CheapAnswer) -> Verdict:
+        """The live path: refusal cue and verifier score of this answer, then `verdict`."""
+        if not self.applies(decision):
+            return Verdict(False, decision.route)
+        return self.verdict(decision, self.detector.is_unanswerable(answer.text),
+                            self.score(answer, decision.probability))
+
+    def verdict(self, decision: RouteDecision, refused: bool, score: float | None) -> Verdict:
+        """The rule itself. `refused`: the answer says the passages lack the answer; `score`: the verifier's
+        P(good), or None for the literal rule. The replay calls this with recorded answers' values."""
+        if not self.applies(decision):
+            return Verdict(False, decision.route)
+        threshold = self.threshold
+        if score is None or threshold is None:
+            if not refused:
+                return Verdict(False, decision.route)
+            if keep_refusal(self.policy.routing.fallback, decision):
+                return Verdict(False, KEPT_REFUSAL, REFUSAL_KEPT)
+            return Verdict(True, FALLBACK, ESCALATED)
+        if score < threshold:
+            return Verdict(True, FALLBACK, f"verifier: P(good)={score:.2f} < {threshold:.2f}, escalated to long",
+                           score)
+        if refused:
+            return Verdict(False, KEPT_REFUSAL, f"verifier: P(good)={score:.2f} >= {threshold:.2f}, refusal kept",
+                           score)
+        return Verdict(False, decision.route, f"verifier: P(good)={score:.2f} >= {threshold:.2f}", score)
 
 
 def keep_refusal(fallback: FallbackSettings, decision: RouteDecision) -> bool:

@@ -4,18 +4,24 @@ from __future__ import annotations
 import json
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from classifier.model import ModelFileError, RouteModel, model_from_bytes, model_to_bytes
 from gateway.upstreams.local import is_packaged_local_model
 from policies.schema import Policy
 
+if TYPE_CHECKING:  # sklearn and skops load with the verifier, not with this module
+    from classifier.verifier import VerifierModel
+
 BUILTIN_MODEL = "default.skops"
 BUILTIN_PREFIX = "builtin:"
+# the files shipped in classifier/models/, by their builtin: name
+BUILTIN_FILES = {"default": BUILTIN_MODEL, "verifier": "verifier.skops"}
 
 
-def builtin_model_path() -> Path:
-    """The model shipped in the classifier package (trained on L-Eval; see its card)."""
-    return Path(str(resources.files("classifier").joinpath("models", BUILTIN_MODEL)))
+def builtin_model_path(name: str = "default") -> Path:
+    """A model shipped in the classifier package (trained on L-Eval; see its card)."""
+    return Path(str(resources.files("classifier").joinpath("models", BUILTIN_FILES[name])))
 
 
 def card_path(model_path: str | Path) -> Path:
@@ -43,12 +49,13 @@ def load_model(path: str | Path) -> RouteModel:
 
 
 def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
-    """'builtin:default' -> the shipped model; other paths are relative to the policy file."""
+    """'builtin:default' / 'builtin:verifier' -> the shipped models; other paths are relative to the policy file."""
     if model_path.startswith(BUILTIN_PREFIX):
         name = model_path[len(BUILTIN_PREFIX):]
-        if name != "default":
-            raise ValueError(f"unknown builtin model {model_path!r}; the only one is 'builtin:default'")
-        return builtin_model_path()
+        if name not in BUILTIN_FILES:
+            known = ", ".join(f"'{BUILTIN_PREFIX}{n}'" for n in BUILTIN_FILES)
+            raise ValueError(f"unknown builtin model {model_path!r}; the shipped ones are {known}")
+        return builtin_model_path(name)
     path = Path(model_path).expanduser()
     if not path.is_absolute() and policy_file is not None:
         path = Path(policy_file).parent / path
@@ -72,6 +79,10 @@ def check_policy_files(policy: Policy, policy_file: Path | None = None) -> list[
         load_route_model(policy, policy_file)
     except (ModelFileError, ValueError, OSError) as exc:
         problems.append(f"routing.classifier.model_path: {exc}")
+    try:
+        load_verifier_model(policy, policy_file)
+    except (ModelFileError, ValueError, OSError) as exc:
+        problems.append(f"routing.verifier.model_path: {exc}")
     embedding = policy.rag.embedding_model
     if embedding is not None and not Path(embedding).expanduser().is_dir():
         problems.append(f"rag.embedding_model: {embedding}: no such model folder")
@@ -81,3 +92,38 @@ def check_policy_files(policy: Policy, policy_file: Path | None = None) -> list[
             if path.suffix != ".gguf" or not path.is_file():
                 problems.append(f"{role}.model: {config.model}: no such .gguf file")
     return problems
+
+
+def save_verifier(model: VerifierModel, path: str | Path) -> Path:
+    """Write the verifier's skops file and its JSON card (feature names, threshold); returns the card's path."""
+    from classifier.verifier import verifier_to_bytes
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data, card_text = verifier_to_bytes(model)
+    target.write_bytes(data)
+    card = card_path(target)
+    card.write_text(card_text, encoding="utf-8")
+    return card
+
+
+def load_verifier(path: str | Path) -> VerifierModel:
+    """Load a verifier saved by save_verifier (classifier.verifier.verifier_from_bytes says what is refused)."""
+    from classifier.verifier import verifier_from_bytes
+
+    file = Path(path)
+    if not file.is_file():
+        raise ModelFileError(f"{file}: verifier file not found")
+    card = json.loads(card_path(file).read_text(encoding="utf-8")) if card_path(file).is_file() else {}
+    return verifier_from_bytes(file.read_bytes(), card, source=str(file))
+
+
+def load_verifier_model(policy: Policy, policy_file: Path | None = None) -> VerifierModel | None:
+    """The policy's answer verifier, or None when the policy keeps the literal-refusal rule."""
+    settings = policy.routing.verifier
+    if settings is None:
+        return None
+    model = load_verifier(resolve_model_path(settings.model_path, policy_file))
+    if settings.threshold is None and model.threshold is None:
+        raise ModelFileError(f"{model.source}: the verifier's card has no threshold; set routing.verifier.threshold")
+    return model

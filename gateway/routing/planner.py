@@ -16,6 +16,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
 from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
+from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.documents import Document
 from pipelines.long_context import ContextTooLarge, LongContextPipeline
@@ -34,6 +35,8 @@ PROMPT_DOCUMENT_ID = "prompt"
 # and cached statistics are per key; metadata never reaches a prompt
 INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
+# document term indexes for the answer verifier: larger than the statistics, so fewer are kept
+INDEX_CACHE_SIZE = 32
 
 
 @dataclass
@@ -68,20 +71,30 @@ class RoutePlanner:
         # sections and cross-references of a long document take a while to count: asking about the
         # same attached documents again reuses them, like the embeddings
         self._stats_cache: OrderedDict[tuple, DocumentStats] = OrderedDict()
+        self._index_cache: OrderedDict[tuple, DocumentIndex] = OrderedDict()
         self._stats_lock = threading.Lock()
 
-    def _document_stats(self, documents: list[Document]) -> DocumentStats:
+    def _cached(self, cache: OrderedDict, size: int, documents: list[Document], compute):
         key = tuple((d.id, content_hash(d)) for d in documents)
         with self._stats_lock:
-            if key in self._stats_cache:
-                self._stats_cache.move_to_end(key)
-                return self._stats_cache[key]
-        stats = document_stats(documents)
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        value = compute(documents)
         with self._stats_lock:
-            self._stats_cache[key] = stats
-            while len(self._stats_cache) > STATS_CACHE_SIZE:
-                self._stats_cache.popitem(last=False)
-        return stats
+            cache[key] = value
+            while len(cache) > size:
+                cache.popitem(last=False)
+        return value
+
+    def _document_stats(self, documents: list[Document]) -> DocumentStats:
+        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, document_stats)
+
+    def _document_index(self, documents: list[Document]) -> DocumentIndex:
+        from classifier.answer_features import document_index
+
+        return self._cached(self._index_cache, INDEX_CACHE_SIZE, documents,
+                            lambda docs: document_index("\n\n".join(d.text for d in docs)))
 
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
@@ -175,6 +188,8 @@ class RoutePlanner:
 
     def _prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
         if route == RAG:
+            if plan.retrieval is None:  # kept on the plan: the answer check reads the passages sent
+                plan.retrieval = self.retrieve(plan.context)
             return self.rag.prepare(plan.context, plan.retrieval)
         pipeline = self.long if route == LONG else self.direct
         if plan.source == "prompt":
@@ -185,6 +200,18 @@ class RoutePlanner:
                               "documents": [{"id": PROMPT_DOCUMENT_ID, "title": "conversation"}]}
                 return PreparedPrompt(plan.original_messages, provenance, tokens)
         return pipeline.prepare(plan.context)
+
+    def cheap_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> CheapAnswer:
+        """The cheap answer with what it was produced from, for the answer check (gateway.routing.escalation).
+        The document index is computed once per attached content and cached; a stored collection has none
+        (its document-side features are left missing)."""
+        if route == RAG:
+            passages = [p.text for p in plan.retrieval.passages] if plan.retrieval is not None else []
+        else:  # direct: the whole context went to the cheap model
+            passages = [content_text(m.get("content")) for m in prepared.messages]
+        documents = plan.context.documents
+        index = self._document_index(documents) if documents else None
+        return CheapAnswer(text, plan.context.question, passages, index)
 
     def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:
         return {"source": plan.source, "question": plan.context.question[:500], **prepared.provenance, "route": route}

@@ -1,9 +1,9 @@
 """Answering chat requests: pass-through for plain model names, and for policy aliases plan the route, call
 the model, and let the cheap answer be checked (gateway.routing.escalation) before it is trusted.
 
-Self-Route (Li et al., EMNLP 2024): the cheap route answers first from retrieved passages and is told
-to say "unanswerable" when they do not suffice; such an answer goes to the long route instead, unless
-the policy keeps refusals that the evidence says are right.
+Self-Route (Li et al., EMNLP 2024): the cheap route answers first from retrieved passages; its answer
+(and a direct answer of the cheap model) goes through gateway.routing.escalation, which escalates it to
+the long route when the policy's verifier doubts it, or, without a verifier, when it says "unanswerable".
 
 This layer returns `Completed` or `Streamed` values (gateway.routing.calls); the server turns them into HTTP.
 """
@@ -22,15 +22,14 @@ from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream, open_stream, stream_upstream
 from gateway.routing.decision import Router
-from gateway.routing.escalation import applies, check_cheap_answer
-from gateway.routing.model_files import load_route_model
+from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
+from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
 from pipelines.base import PreparedPrompt
 from pipelines.tokens import count_tokens
-from pipelines.unanswerable import UnanswerableDetector
-from policies.routes import LONG, PASSTHROUGH, RAG
+from policies.routes import LONG, PASSTHROUGH
 from policies.schema import ModelConfig, Policy
 
 if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported when the service is built, not with the app
@@ -89,7 +88,7 @@ class RoutingService:
         self.store: DocumentStore | None = None
         self.planner: RoutePlanner | None = None
         self.build_error: str | None = None  # why build() failed, for the readiness probe and 503 answers
-        self.detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
+        self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
 
     def build(self) -> None:
         """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
@@ -101,6 +100,7 @@ class RoutingService:
         embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size)
         self.store = DocumentStore(self.settings.store_uri, embedder, rag)
         router = Router(self.policy, load_route_model(self.policy, self.policy_path))
+        self.check = CheapAnswerCheck(self.policy, load_verifier_model(self.policy, self.policy_path))
         self.planner = RoutePlanner(self.policy, self.store, router)
 
     def ready_planner(self) -> RoutePlanner:
@@ -133,14 +133,14 @@ class RoutingService:
         route = decision.route
         prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
         config = self.policy.long if route == LONG else self.policy.cheap
-        checked = applies(self.policy, decision)
+        checked = self.check.applies(decision)
         if chat.stream:
             if checked:
-                return await self._stream_checked(chat, body, plan, prepared, entry)
+                return await self._stream_checked(chat, body, plan, prepared, route, entry)
             return await self._stream(chat, body, config, route, plan, prepared, entry)
         completion = await self._call(config, body, prepared, route, entry)
         if checked:
-            verdict = check_cheap_answer(self.policy, decision, self.detector.is_unanswerable(completion_text(completion)))
+            verdict = await self._verdict(plan, prepared, route, completion_text(completion))
             entry.record.reason = verdict.reason(decision)
             if verdict.escalate:
                 entry.record.route = route = verdict.outcome
@@ -155,6 +155,17 @@ class RoutingService:
             "probability": decision.probability, "request_id": entry.record.id, "provenance": provenance,
         }
         return Completed(completion, sent=prepared.messages)
+
+    async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> Verdict:
+        """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
+        so they are computed in a worker thread, the literal rule needs no thread hop."""
+        if not self.check.reads_whole_answer:
+            return self.check.check(plan.decision, CheapAnswer(text))
+
+        def verify() -> Verdict:
+            return self.check.check(plan.decision, self.ready_planner().cheap_answer(plan, prepared, route, text))
+
+        return await anyio.to_thread.run_sync(verify)
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:
@@ -174,14 +185,15 @@ class RoutingService:
             before_finish=lambda: entry.counterfactual(self.policy.long, plan.context_tokens),
         )
 
-    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, entry) -> Streamed:
-        """Hold the cheap stream until its opening shows it is not a refusal; on a refusal, stream the long answer."""
+    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, route: str, entry) -> Streamed:
+        """Hold the cheap stream until the check can decide: its opening for the literal rule, the whole answer
+        for the verifier. Then relay it, or close it and stream the long answer instead."""
         cheap = self.policy.cheap
         started = time.perf_counter()
         try:
             first, chunks = await open_stream(self.upstream, cheap, self._body(body, cheap, prepared))
         except GatewayError as exc:
-            entry.add_call(cheap, RAG, None, (time.perf_counter() - started) * 1000, exc.message)
+            entry.add_call(cheap, route, None, (time.perf_counter() - started) * 1000, exc.message)
             raise
         held: list[bytes] = []
         text = ""
@@ -196,21 +208,21 @@ class RoutingService:
                     usage = chunk_usage(data) or usage
                 except (ValueError, AttributeError) as exc:
                     raise malformed_chunk(exc) from None
-                if len(" ".join(text.split())) > self.detector.head_chars:
+                if not self.check.reads_whole_answer and len(" ".join(text.split())) > self.check.detector.head_chars:
                     break  # the opening is settled: later text cannot make it a refusal
                 try:
                     data = await chunks.__anext__()
                 except StopAsyncIteration:
                     data, ended = None, True
         except GatewayError as exc:  # nothing was sent yet: the client gets a proper status
-            entry.add_call(cheap, RAG, usage, (time.perf_counter() - started) * 1000, exc.message)
+            entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000, exc.message)
             await chunks.aclose()
             raise
         decision = plan.decision
-        verdict = check_cheap_answer(self.policy, decision, self.detector.is_unanswerable(text))
+        verdict = await self._verdict(plan, prepared, route, text)
         entry.record.reason = verdict.reason(decision)
         if not verdict.escalate:
-            entry.record.provenance = self.ready_planner().provenance(plan, prepared, RAG)
+            entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
 
             async def held_then_rest() -> AsyncIterator[bytes]:
                 try:
@@ -223,7 +235,7 @@ class RoutingService:
                     await chunks.aclose()  # closing this generator must close the upstream stream too
 
             def finish_cheap(final_usage, error, status) -> None:
-                entry.add_call(cheap, RAG, final_usage, (time.perf_counter() - started) * 1000, error)
+                entry.add_call(cheap, route, final_usage, (time.perf_counter() - started) * 1000, error)
                 entry.counterfactual(self.policy.long, plan.context_tokens)
                 entry.finish(status, error)
 
@@ -233,7 +245,7 @@ class RoutingService:
             await chunks.aclose()
         if usage is None:  # cut short before the upstream reported usage: count what was sent and received
             usage = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(text)}
-        entry.add_call(cheap, RAG, usage, (time.perf_counter() - started) * 1000)
+        entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000)
         entry.record.route = verdict.outcome
         long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
         return await self._stream(chat, body, self.policy.long, LONG, plan, long_prepared, entry)

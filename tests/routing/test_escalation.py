@@ -1,9 +1,40 @@
 import math
 
+import numpy as np
+import pytest
+
+from classifier.verifier import train_verifier
 from gateway.routing.decision import Router
-from gateway.routing.escalation import ESCALATED, REFUSAL_KEPT, check_cheap_answer, keep_refusal
-from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
-from tests.routing.test_decision import FixedModel, make_policy
+from gateway.routing.escalation import (
+    ESCALATED, REFUSAL_KEPT, CheapAnswer, CheapAnswerCheck, keep_refusal,
+)
+from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
+from policies.schema import Policy
+from tests.routing.test_decision import MODELS, FixedModel, make_policy
+
+
+def toy_verifier():
+    """Trusts answers whose new words are in the passages, and refusals; doubts the rest."""
+    rng = np.random.default_rng(0)
+    rows, labels = [], []
+    for _ in range(400):
+        support, refusal = float(rng.uniform()), float(rng.uniform() < 0.2)
+        rows.append({"ans_support_passages": support, "ans_refusal": refusal})
+        labels.append(int(support > 0.5 or refusal == 1.0))
+    groups = [f"d{i % 10}" for i in range(len(rows))]
+    return train_verifier(rows, labels, groups, feature_names=["ans_support_passages", "ans_refusal"],
+                          n_splits=3, escalation_share=0.3).model
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    return toy_verifier()
+
+
+def verified_policy(threshold=0.5, **routing) -> Policy:
+    return Policy.model_validate({**MODELS, "routing": {
+        "classifier": None, "default_route": "rag", "verifier": {"model_path": "unused.skops", "threshold": threshold},
+        **routing}})
 
 
 def test_keep_refusal_needs_the_option_and_both_pieces_of_evidence():
@@ -21,22 +52,75 @@ def test_keep_refusal_needs_the_option_and_both_pieces_of_evidence():
     assert keep_refusal(fallback, router.decide({"top_score": math.nan})) is False  # no retrieval evidence
 
 
-def test_only_a_refused_rag_answer_escalates():
+def test_literal_rule_only_a_refused_cheap_answer_escalates():
     policy = make_policy(threshold=0.5)
+    check = CheapAnswerCheck(policy)
+    assert not check.reads_whole_answer
     rag = Router(policy, FixedModel(0.9)).decide({"top_score": 0.8})
     assert rag.route == RAG
-    assert check_cheap_answer(policy, rag, refused=False).outcome == RAG
-    verdict = check_cheap_answer(policy, rag, refused=True)
-    assert verdict.escalate and verdict.outcome == FALLBACK
+    assert check.check(rag, CheapAnswer("The pump is green.")).outcome == RAG
+    verdict = check.check(rag, CheapAnswer("unanswerable"))
+    assert verdict.escalate and verdict.outcome == FALLBACK and verdict.score is None
     assert verdict.reason(rag) == f"{rag.reason}; {ESCALATED}"
     long = Router(policy, FixedModel(0.1)).decide({"top_score": 0.8})
-    assert not check_cheap_answer(policy, long, refused=True).escalate  # the long answer is never escalated
+    assert not check.check(long, CheapAnswer("unanswerable")).escalate  # the long answer is never escalated
     disabled = make_policy(enabled=False)
-    assert not check_cheap_answer(disabled, Router(disabled, FixedModel(0.9)).decide({}), refused=True).escalate
+    assert not CheapAnswerCheck(disabled).check(Router(disabled, FixedModel(0.9)).decide({}),
+                                                CheapAnswer("unanswerable")).escalate
+
+
+def test_direct_answers_are_checked_too():
+    policy = make_policy(rules=[{"feature": "context_tokens", "op": "<", "value": 100, "route": "direct"}])
+    decision = Router(policy, FixedModel(0.9)).decide({"context_tokens": 50})
+    assert decision.route == DIRECT
+    check = CheapAnswerCheck(policy)
+    assert check.check(decision, CheapAnswer("unanswerable")).escalate
+    assert check.check(decision, CheapAnswer("green")).outcome == DIRECT
 
 
 def test_a_kept_refusal_is_not_escalated_and_says_why():
     policy = make_policy(keep_refusal_when_absent=True, absent_max_top_score=0.35)
     decision = Router(policy, FixedModel(0.9)).decide({"top_score": 0.1})
-    verdict = check_cheap_answer(policy, decision, refused=True)
+    verdict = CheapAnswerCheck(policy).check(decision, CheapAnswer("unanswerable"))
     assert not verdict.escalate and verdict.outcome == KEPT_REFUSAL and verdict.note == REFUSAL_KEPT
+
+
+def test_verifier_escalates_doubted_answers_and_lets_trusted_refusals_stand(verifier):
+    policy = verified_policy(threshold=0.5)
+    check = CheapAnswerCheck(policy, verifier)
+    assert check.reads_whole_answer and check.threshold == 0.5
+    decision = Router(policy).decide({})
+    passages = ["The maintenance password for the Zephyr pump is BLUE-HERON-42."]
+    grounded = CheapAnswer("It is BLUE-HERON-42.", "What is the password?", passages)
+    invented = CheapAnswer("It is PURPLE-GIRAFFE-99, printed on the lid.", "What is the password?", passages)
+    refusal = CheapAnswer("unanswerable", "What is the password?", passages)
+    accepted = check.check(decision, grounded)
+    assert not accepted.escalate and accepted.outcome == RAG and accepted.score >= 0.5
+    assert accepted.note.startswith("verifier: P(good)=")
+    escalated = check.check(decision, invented)
+    assert escalated.escalate and escalated.outcome == FALLBACK and escalated.score < 0.5
+    assert f"P(good)={escalated.score:.2f} < 0.50" in escalated.reason(decision)
+    kept = check.check(decision, refusal)
+    assert not kept.escalate and kept.outcome == KEPT_REFUSAL and "refusal kept" in kept.note
+    # the same answers under the literal rule: only the refusal escalates
+    literal = CheapAnswerCheck(make_policy(classifier=False, default="rag"))
+    assert [literal.check(decision, a).escalate for a in (grounded, invented, refusal)] == [False, False, True]
+
+
+def test_threshold_from_the_policy_else_the_card(verifier):
+    assert CheapAnswerCheck(verified_policy(threshold=0.7), verifier).threshold == 0.7
+    from_card = CheapAnswerCheck(verified_policy(threshold=None), verifier)
+    assert from_card.threshold == pytest.approx(verifier.threshold)
+    # a verifier given to a policy without routing.verifier is not used
+    assert CheapAnswerCheck(make_policy(), verifier).verifier is None
+
+
+def test_the_verdict_is_a_pure_function_of_refusal_and_score(verifier):
+    check = CheapAnswerCheck(verified_policy(threshold=0.4), verifier)
+    decision = Router(check.policy).decide({})
+    assert check.verdict(decision, False, 0.39).escalate
+    assert not check.verdict(decision, False, 0.40).escalate
+    assert check.verdict(decision, True, 0.9).outcome == KEPT_REFUSAL
+    assert check.verdict(decision, True, None).escalate  # no score: the literal rule
+    long = Router(verified_policy(default_route="long")).decide({})
+    assert long.route == LONG and not check.verdict(long, True, 0.0).escalate

@@ -10,6 +10,7 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from tests.gateway_fixtures import ledger_rows, make_policy
+from tests.routing.test_escalation import toy_verifier
 from tests.servers import serve_app
 
 PLANTED = "The maintenance password for the Zephyr pump is BLUE-HERON-42."
@@ -57,8 +58,11 @@ routing:
 """
 
 
-def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]"):
-    return make_policy(base, POLICY.replace("CHEAP", cheap).replace("RULES", rules.replace("{", "{{").replace("}", "}}")))
+def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]", verifier: str | None = None):
+    template = POLICY.replace("CHEAP", cheap).replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
+    if verifier is not None:
+        template += f"  verifier:\n    model_path: {verifier}\n    threshold: {VERIFIER_THRESHOLD}\n"
+    return make_policy(base, template)
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +276,94 @@ def test_a_question_too_long_for_the_window_is_a_400(start):
         ask(url, "why " * 20000, documents=[{"text": manual()}])
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
     assert ledger_rows(app)[0]["status"] == 400
+
+
+VERIFIER_THRESHOLD = 0.5
+QUESTION = "What is the maintenance password for the Zephyr pump?"
+# one shared set of cheap answers: (answer, escalated?, refusal kept?) under the toy verifier
+CHEAP_ANSWERS = [
+    ("The maintenance password is BLUE-HERON-42.", False, False),  # grounded in the passages
+    ("It is PURPLE-GIRAFFE-99, printed on the lid.", True, False),  # words found nowhere: escalate
+    ("unanswerable", False, True),  # the toy verifier trusts refusals: it stands
+]
+
+
+@pytest.fixture(scope="module")
+def verifier_file(tmp_path_factory):
+    from gateway.routing.model_files import save_verifier
+
+    path = tmp_path_factory.mktemp("verifier") / "toy.skops"
+    save_verifier(toy_verifier(), path)
+    return path
+
+
+def _score(reason: str) -> float:
+    return float(reason.split("P(good)=")[1][:4])
+
+
+def _replay_verdict(policy, verifier_file, embedder, tmp_path, answer: str):
+    """The same cheap answer through the replay: builder inputs, verifier features and the shared check."""
+    from gateway.evaluation.examples import Example, RouteInputBuilder
+    from gateway.evaluation.replay import ReplayItem, router_strategy
+    from gateway.evaluation.verification import answer_rows, cheap_answers
+    from gateway.routing.decision import Router
+    from gateway.routing.escalation import CheapAnswerCheck
+    from gateway.routing.model_files import load_verifier
+    from pipelines.documents import Document
+
+    example = Example(QUESTION, [Document(id="doc-1", text=manual())], "doc-1",
+                      {"rag_pred": answer, "rag_score": 1.0, "lc_score": 0.0})
+    builder = RouteInputBuilder(policy, tmp_path / "replay-lancedb", window_tokens=16000, embedder=embedder)
+    inputs = builder.inputs(example)
+    check = CheapAnswerCheck(policy, load_verifier(verifier_file))
+    [score] = check.verifier.scores(answer_rows(cheap_answers(builder, [example])))
+    item = ReplayItem("doc-1", "doc-1", QUESTION, 1.0, 0.0, check.detector.is_unanswerable(answer),
+                      inputs.rag_prompt_tokens, inputs.long_prompt_tokens, inputs.direct_prompt_tokens, 5, 5,
+                      inputs.features, 0.9, verifier_score=score)
+    return router_strategy(Router(policy), True, check)(item), score
+
+
+@pytest.mark.parametrize("answer, escalated, kept", CHEAP_ANSWERS)
+def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
+        start, upstream, embedder, verifier_file, tmp_path, answer, escalated, kept):
+    upstream[1].state.scripted = answer
+    documents = [{"text": manual()}]
+    url, app = start(cheap="cheap-scripted", verifier=str(verifier_file))
+    plain = ask(url, QUESTION, documents=documents)
+    with client(url).chat.completions.with_streaming_response.create(
+        model="selfroute", messages=[{"role": "user", "content": QUESTION}], stream=True,
+        extra_body={"selfroute": {"documents": documents}},
+    ) as response:
+        streamed_headers = response.headers
+        text = "".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices)
+    want = "rag>long" if escalated else "rag"
+    assert plain.headers["x-selfroute-route"] == streamed_headers["x-selfroute-route"] == want
+    score = _score(plain.headers["x-selfroute-reason"])
+    assert _score(streamed_headers["x-selfroute-reason"]) == score
+    assert ("refusal kept" in plain.headers["x-selfroute-reason"]) is kept
+    # the client sees the cheap answer whole, or only the long one
+    assert (text.strip() == answer) is (not escalated)
+    assert text.startswith("echo:") is escalated
+    assert [r["route"] for r in ledger_rows(app)] == [want, want]
+
+    direct_url, _ = start(cheap="cheap-scripted", verifier=str(verifier_file),
+                          rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]')
+    direct = ask(direct_url, QUESTION, documents=documents)
+    assert direct.headers["x-selfroute-route"] == ("rag>long" if escalated else "direct")
+    assert ("refusal kept" in direct.headers["x-selfroute-reason"]) is kept
+
+    outcome, replay_score = _replay_verdict(app.state.gateway.routing.policy, verifier_file, embedder, tmp_path, answer)
+    assert round(replay_score, 2) == pytest.approx(score)
+    assert outcome.route == ("rag>long" if escalated else "kept-refusal" if kept else "rag")
+
+
+def test_without_a_verifier_a_direct_refusal_escalates(start, upstream):
+    url, app = start(cheap="cheap-refuser",
+                     rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]')
+    raw = ask(url, QUESTION, documents=[{"text": manual()}])
+    assert raw.headers["x-selfroute-route"] == "rag>long"
+    assert raw.parse().choices[0].message.content.startswith("echo:")
+    assert [c["route"] for c in ledger_rows(app, "upstream_calls")] == ["direct", "long"]
 
 
 def test_conflicting_context_is_400(start):

@@ -88,15 +88,16 @@ def _fit_predict(estimator: Estimator, seed: int, x_train, y_train, x_test):
 
 def out_of_fold_probabilities(
     rows: list[dict[str, float]], labels, groups, estimator: Estimator = DEFAULT_ESTIMATOR,
-    n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED,
+    n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED, splits=None,
 ):
-    """P(cheap) for every example from a model that never saw its document."""
+    """P(cheap) for every example from a model that never saw its document (or, with `splits`, from the
+    model of the split that holds it out, e.g. leave one task out)."""
     import numpy as np
 
     x = feature_matrix(rows)
     y = np.asarray(labels, dtype=int)
     oof = np.zeros(len(y), dtype=float)
-    for train_idx, test_idx in grouped_folds(y, groups, n_splits, seed):
+    for train_idx, test_idx in (splits if splits is not None else grouped_folds(y, groups, n_splits, seed)):
         oof[test_idx] = _fit_predict(estimator, seed, x[train_idx], y[train_idx], x[test_idx])
     return oof
 

@@ -1,8 +1,8 @@
-"""Write the calibrated classifier threshold into a policy YAML, keeping its comments and layout.
+"""Write a calibrated threshold into a policy YAML, keeping its comments and layout.
 
 The edit is made on the lines of the file: the `threshold:` and `threshold_source:` values under
-routing.classifier are replaced (or added under that block). Only when the policy has no block-style
-routing.classifier mapping is the file re-dumped, which loses comments; the caller is told.
+routing.classifier (or routing.verifier) are replaced (or added under that block). Only when the policy
+has no block-style mapping there is the file re-dumped, which loses comments; the caller is told.
 """
 from __future__ import annotations
 
@@ -22,18 +22,18 @@ def _scalar(value) -> str:
     return json.dumps(value) if isinstance(value, str) else repr(float(value))
 
 
-def set_threshold(text: str, threshold: float, source: str) -> tuple[str, bool]:
-    """The policy text with routing.classifier.threshold and threshold_source set.
-    Returns (text, comments_kept)."""
+def set_threshold(text: str, threshold: float, source: str, section: str = "classifier") -> tuple[str, bool]:
+    """The policy text with routing.<section>.threshold and threshold_source set (section: classifier or
+    verifier). Returns (text, comments_kept)."""
     root = yaml.compose(text)
     routing = _mapping_item(root, "routing")
-    classifier = _mapping_item(routing[1] if routing else None, "classifier")
+    classifier = _mapping_item(routing[1] if routing else None, section)
     block = classifier[1] if classifier else None
     if not isinstance(block, yaml.MappingNode) or block.flow_style or not block.value:
         data = yaml.safe_load(text) or {}
-        settings = data.setdefault("routing", {}).get("classifier") or {}
+        settings = data.setdefault("routing", {}).get(section) or {}
         settings.update(threshold=float(threshold), threshold_source=source)
-        data["routing"]["classifier"] = settings
+        data["routing"][section] = settings
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True), False
 
     lines = text.splitlines(keepends=True)

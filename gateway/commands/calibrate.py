@@ -1,7 +1,15 @@
-"""`selfroute calibrate`: set the classifier threshold so a target share of requests goes long.
+"""`selfroute calibrate`: set the routing thresholds from a target.
 
-The probabilities must come from data the model was not fitted on, or the share drifts in use (a
-model is more confident on its own training examples). Two sources qualify:
+--target-long-share S sets the classifier threshold so a share S of requests goes long.
+--max-cost-share X / --min-quality-delta D set the classifier threshold and the verifier threshold
+together, replaying paired answers (lines with rag_pred, rag_score, lc_score and --docs): the setting
+with the best replay quality whose cost is at most X of always-long's, or the cheapest setting whose
+quality is at least always-long's + D points. Every score is out of fold (--protocol grouped: k folds by
+document; loto: leave one task out), the same as `selfroute eval replay`; the chosen setting's replay
+figures are printed and written into the policy's threshold_source.
+
+For --target-long-share the probabilities must come from data the model was not fitted on, or the share
+drifts in use (a model is more confident on its own training examples). Two sources qualify:
 - out-of-fold predictions: lines with `p_cheap`, as written by `selfroute train --oof-out` (every
   probability there comes from a fold model that never saw that example's document);
 - held-out examples (query + documents, as for train): scored with the policy's model. Examples whose
@@ -26,9 +34,25 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--data", required=True, type=Path,
                         help="out-of-fold predictions (lines with p_cheap) or held-out examples (JSON lines)")
     parser.add_argument("--docs", type=Path, default=None, help="folder of <doc_id>.txt for held-out examples")
-    parser.add_argument("--target-long-share", required=True, type=float, help="share routed long, 0..1")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--target-long-share", type=float, help="share routed long, 0..1 (classifier threshold)")
+    target.add_argument("--max-cost-share", type=float,
+                        help="best replay quality with cost <= this share of always-long (both thresholds)")
+    target.add_argument("--min-quality-delta", type=float,
+                        help="cheapest setting with replay quality >= always-long + this many points, e.g. 1.0 "
+                             "(both thresholds)")
     parser.add_argument("--policy", required=True, type=Path, help="policy YAML to update in place")
     parser.add_argument("--dry-run", action="store_true", help="print the threshold, do not write the policy")
+    replay = parser.add_argument_group("replay targets (--max-cost-share, --min-quality-delta)")
+    replay.add_argument("--protocol", choices=["grouped", "loto"], default="grouped",
+                        help="out-of-fold scores: grouped = k folds by document, loto = leave one task out")
+    replay.add_argument("--folds", type=int, default=5)
+    replay.add_argument("--seed", type=int, default=0)
+    replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting")
+    replay.add_argument("--window-tokens", type=int, default=None, help="long route window (16385 for L-Eval)")
+    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto")
+    replay.add_argument("--fixed-classifier", action="store_true",
+                        help="keep the policy's classifier threshold; tune only the verifier's")
     parser.set_defaults(func=run)
 
 
@@ -72,6 +96,8 @@ def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.target_long_share is None:
+        return run_replay_target(args)
     from classifier.calibration import calibrate_threshold, long_share
     from policies.edit import set_threshold
     from policies.loader import PolicyError, load_policy, parse_policy
@@ -112,4 +138,76 @@ def run(args: argparse.Namespace) -> int:
     policy_file.write_text(updated, encoding="utf-8")
     note = "" if comments_kept else " (rewritten: routing.classifier was not a block mapping, comments lost)"
     print(f"wrote routing.classifier.threshold to {policy_file}{note}")
+    return 0
+
+
+def run_replay_target(args: argparse.Namespace) -> int:
+    from classifier.model import ModelFileError
+    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
+    from gateway.evaluation.prices import resolve_prices
+    from gateway.evaluation.report import build_items
+    from gateway.evaluation.tradeoff import choose
+    from gateway.evaluation.verification import replay_scores
+    from gateway.settings import resolve_data_dir
+    from pipelines.unanswerable import UnanswerableDetector
+    from policies.edit import set_threshold
+    from policies.loader import PolicyError, load_policy, parse_policy
+
+    if args.max_cost_share is not None and not 0.0 < args.max_cost_share:
+        print("selfroute calibrate: --max-cost-share must be above 0", file=sys.stderr)
+        return 2
+    try:
+        policy, policy_file = load_policy(args.policy)
+        examples = load_examples(args.data, args.docs)
+        for e in examples:
+            if not all(k in e.record for k in ("rag_pred", "rag_score", "lc_score")):
+                raise ExampleFileError(f"{args.data}: a replay target needs rag_pred, rag_score and lc_score on "
+                                       "every line")
+        prices = resolve_prices(policy, args.prices)
+        data_dir = resolve_data_dir(args.data_dir)
+        builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
+                                    cache_dir=data_dir / "cache")
+        inputs = builder.all_inputs(examples, progress=False)
+        probabilities, scores, _ = replay_scores(policy, policy_file, examples, inputs, builder,
+                                                 protocol=args.protocol, estimator=args.estimator, folds=args.folds,
+                                                 seed=args.seed, verifier_threshold=0.5)
+        items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns),
+                            scores)
+        pick = choose(items, policy, prices, max_cost_share=args.max_cost_share,
+                      min_quality_delta=args.min_quality_delta, tune_pre_route=not args.fixed_classifier)
+    except (PolicyError, ExampleFileError, ModelFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"selfroute calibrate: {exc}", file=sys.stderr)
+        return 2
+    target = (f"cost <= {args.max_cost_share:g} of always-long" if args.max_cost_share is not None
+              else f"quality >= always-long {args.min_quality_delta:+g} points")
+    protocol = "leave-one-task-out" if args.protocol == "loto" else f"grouped {args.folds}-fold"
+    figures = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+               f"{pick.long_share:.1%} long or escalated")
+    source = f"calibrate: {target} on the {protocol} replay of {len(items)} answers in {args.data.name}: {figures}"
+    verifier_on = scores is not None
+    print(("" if pick.met else "target not met; the closest setting: ")
+          + (f"classifier threshold {pick.pre_threshold:.4f}" if pick.pre_threshold is not None else "no classifier")
+          + (f", verifier threshold {pick.verifier_threshold:.4f}" if verifier_on else ", no verifier")
+          + f": {figures} ({protocol} replay)")
+    if not pick.met:
+        print("the policy is left as it was", file=sys.stderr)
+        return 1
+    if args.dry_run:
+        return 0
+    text = policy_file.read_text(encoding="utf-8")
+    comments_kept = True
+    if pick.pre_threshold is not None and not args.fixed_classifier:
+        text, kept = set_threshold(text, pick.pre_threshold, source, "classifier")
+        comments_kept &= kept
+    if verifier_on:
+        text, kept = set_threshold(text, pick.verifier_threshold, source, "verifier")
+        comments_kept &= kept
+    try:
+        parse_policy(text, str(policy_file))  # never write a policy that would not load
+    except PolicyError as exc:
+        print(f"selfroute calibrate: the edited policy would not load: {exc}", file=sys.stderr)
+        return 1
+    policy_file.write_text(text, encoding="utf-8")
+    note = "" if comments_kept else " (rewritten: a routing block was not a block mapping, comments lost)"
+    print(f"wrote the thresholds to {policy_file}{note}")
     return 0

@@ -20,7 +20,13 @@ task, gt, group; documents are DIR/<doc_id>.txt. Strategies take the recorded sc
 Fallback: RAG first, then long when the recorded RAG answer declares itself unanswerable (policy patterns);
 both legs are paid. A rule's "direct" route has no recorded answer: it is scored with the worse of the two
 recorded scores and costs the whole context at the cheap price. The classifier is scored only on documents
-it was not trained on: P(cheap) comes from models retrained per fold (grouped by document, fixed seed).
+it was not trained on: P(cheap) comes from models retrained per fold (--protocol grouped: k folds by
+document, fixed seed; loto: leave one task out), unless --model gives a trained model, replayed as is.
+The verifier (--verifier FILE, or the policy's routing.verifier refitted per fold like the classifier)
+scores each recorded RAG answer from the passages our retrieval sends and the document's terms; a
+strategy escalates a RAG answer whose P(good) is below the verifier threshold (--verifier-threshold,
+else the policy's, else the model card's), both legs paid. "verifier only": every question RAG first,
+then the verifier; "rules+classifier+verifier": the policy's pre-route, then the verifier.
 Tokens: our RAG pipeline's prompt (instructions, retrieved passages, question) and our long pipeline's
 prompt (documents packed into the long window); output tokens are the recorded answers'.
 """
@@ -56,6 +62,16 @@ def register(subparsers, parents) -> None:
     replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting",
                         help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model")
     replay.add_argument("--folds", type=int, default=5)
+    replay.add_argument("--protocol", choices=["grouped", "loto"], default="grouped",
+                        help="out-of-fold refits: grouped = k folds by document; loto = leave one task out "
+                             "(lines' `task`): train on the other tasks, score this one")
+    replay.add_argument("--model", type=Path, default=None,
+                        help="a trained route model (.skops) replayed as is, without refitting")
+    replay.add_argument("--verifier", type=Path, default=None,
+                        help="a trained verifier (.skops) replayed as is, without refitting (default: the policy's "
+                             "routing.verifier refitted per fold; none: no verifier strategies)")
+    replay.add_argument("--verifier-threshold", type=float, default=None,
+                        help="escalate below this P(good) (default: the policy's, else the verifier card's)")
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--json", action="store_true", help="print the results as JSON")
     replay.add_argument("--plot", type=Path, default=None, help="write the cost-quality curve (PNG)")
@@ -89,17 +105,20 @@ def run_prepare_leval(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    from classifier.training import label_from_scores, out_of_fold_probabilities
+    from classifier.model import ModelFileError
+    from classifier.training import label_from_scores
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
-    from gateway.evaluation.report import build_items, format_gap, format_table, plot_curve
+    from gateway.evaluation.replay import without_verifier
+    from gateway.evaluation.report import build_items, format_gap, format_per_task, format_table, plot_curve
+    from gateway.evaluation.verification import replay_scores
     from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
     from policies.loader import PolicyError, load_policy
 
     try:
-        policy, _ = load_policy(args.policy)
+        policy, policy_file = load_policy(args.policy)
         if args.threshold is not None:
             policy = with_threshold(policy, args.threshold)
         examples = load_examples(args.data, args.docs)
@@ -117,14 +136,17 @@ def run_replay(args: argparse.Namespace) -> int:
     labels = [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples]
     groups = [e.group for e in examples]
     try:
-        probabilities = out_of_fold_probabilities([i.features for i in inputs], labels, groups,
-                                                  args.estimator, args.folds, args.seed)
-    except ValueError as exc:
+        probabilities, verifier_scores, verifier_threshold = replay_scores(
+            policy, policy_file, examples, inputs, builder, protocol=args.protocol, estimator=args.estimator,
+            folds=args.folds, seed=args.seed, model=args.model, verifier_file=args.verifier,
+            verifier_threshold=args.verifier_threshold, progress=not args.json)
+    except (ValueError, ModelFileError, OSError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
     detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
-    items = build_items(examples, inputs, probabilities, detector)
-    results = run_strategies(items, policy, prices)
+    items = build_items(examples, inputs, probabilities, detector, verifier_scores)
+    results = run_strategies(items, policy, prices, verifier_threshold)
+    policy = without_verifier(policy)  # the threshold curves below are the pre-route's
     curves = {
         "classifier alone (thresholds)": sweep(items, without_rules(policy), prices, fallback=False),
         "rules+classifier (thresholds)": sweep(items, policy, prices, fallback=False),
@@ -142,18 +164,29 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({
             "questions": len(items), "documents": len(set(groups)), "prices": prices.__dict__,
-            "window_tokens": builder.window, "threshold": threshold,
+            "window_tokens": builder.window, "threshold": threshold, "verifier_threshold": verifier_threshold,
+            "protocol": args.protocol, "model": str(args.model) if args.model else None,
+            "verifier": str(args.verifier) if args.verifier else None,
             "strategies": [r.to_dict() for r in results],
             "gap_recovery": {k: v for k, v in gap.__dict__.items() if k != "curve"},
             "curves": curves, "plot": str(args.plot) if args.plot else None,
         }, indent=2, default=float))
         return 0
+    source = (f"from {args.model}" if args.model else
+              f"out-of-fold ({'leave one task out' if args.protocol == 'loto' else f'{args.folds} folds by document'}, "
+              f"seed {args.seed})")
+    verifier_source = (f"{args.verifier}" if args.verifier else "the policy's, refitted out of fold like P(cheap)"
+                       if verifier_threshold is not None else "none")
     print(f"{len(items)} questions over {len(set(groups))} documents; long window {builder.window} tokens; "
-          f"classifier threshold {threshold}; P(cheap) out-of-fold ({args.folds} folds by document, seed {args.seed})")
+          f"classifier threshold {threshold}; P(cheap) {source}; verifier {verifier_source}"
+          + (f", threshold {verifier_threshold:.4f}" if verifier_threshold is not None else ""))
     print(f"prices (USD per million tokens): cheap {prices.cheap_input:g} in / {prices.cheap_output:g} out, "
           f"long {prices.long_input:g} in / {prices.long_output:g} out ({prices.source})")
     print(format_table(results))
     print(format_gap(gap))
+    if any(i.task for i in items):
+        print("\nPer task (quality; share answered or escalated long):")
+        print(format_per_task(results, items))
     if args.plot:
         print(f"wrote {args.plot}")
     return 0

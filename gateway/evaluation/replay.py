@@ -185,6 +185,7 @@ class StrategyResult:
     cost_usd: float
     cost_vs_long: float
     per_task: dict[str, float] = field(default_factory=dict)
+    per_task_long: dict[str, float] = field(default_factory=dict)  # share answered long (directly or escalated)
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -201,8 +202,10 @@ def evaluate(name: str, strategy: Callable[[ReplayItem], Outcome], items: list[R
     for o in outcomes:
         counts[o.route] = counts.get(o.route, 0) + 1
     per_task: dict[str, list[float]] = {}
+    per_task_long: dict[str, list[float]] = {}
     for item, o in zip(items, outcomes):
         per_task.setdefault(item.task or "all", []).append(o.score)
+        per_task_long.setdefault(item.task or "all", []).append(float(o.route in (LONG, FALLBACK)))
     return StrategyResult(
         name=name,
         quality=quality,
@@ -213,6 +216,7 @@ def evaluate(name: str, strategy: Callable[[ReplayItem], Outcome], items: list[R
         cost_usd=cost,
         cost_vs_long=cost / long_cost if long_cost else math.nan,
         per_task={t: sum(v) / len(v) for t, v in sorted(per_task.items())},
+        per_task_long={t: sum(v) / len(v) for t, v in sorted(per_task_long.items())},
     )
 
 

@@ -58,6 +58,19 @@ def format_table(results: list[StrategyResult]) -> str:
     return "\n".join(lines)
 
 
+def format_per_task(results: list[StrategyResult], items: list[ReplayItem]) -> str:
+    """One row per task, one column per strategy: quality (share answered long, directly or escalated)."""
+    tasks = sorted({i.task or "all" for i in items})
+    counts = {t: sum(1 for i in items if (i.task or "all") == t) for t in tasks}
+    head = ["task", "n", *[r.name for r in results]]
+    rows = [head] + [[t, str(counts[t]), *[f"{r.per_task[t]:.3f} ({100 * r.per_task_long[t]:.0f}%)" for r in results]]
+                     for t in tasks]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 def format_gap(gap: GapRecovery) -> str:
     def pct(value):
         return "not reached" if value is None else f"{100 * value:.1f}% long calls"

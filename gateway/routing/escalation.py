@@ -80,9 +80,11 @@ class CheapAnswerCheck:
         only the opening (pipelines.unanswerable)."""
         return self.verifier is not None
 
-    def applies(self, decision: RouteDecision) -> bool:
-        """Whether the cheap answer of this decision is checked at all (it is held back while streaming if so)."""
-        return decision.route in CHECKED_ROUTES and self.policy.routing.fallback.enabled
+    def applies(self, decision: RouteDecision, has_document: bool = True) -> bool:
+        """Whether the cheap answer of this decision is checked at all (it is held back while streaming if so).
+        A plain chat with no document (the conversation is only the question) is not: there is nothing the
+        answer could be grounded in, and nothing a long read would add."""
+        return decision.route in CHECKED_ROUTES and self.policy.routing.fallback.enabled and has_document
 
     @staticmethod
     def features(answer: CheapAnswer, pre_route_probability: float | None) -> dict[str, float]:

@@ -49,6 +49,11 @@ class RoutePlan:
     original_messages: list[dict] = field(default_factory=list)
 
     @property
+    def has_document(self) -> bool:
+        """False for a plain chat whose conversation is only the question (no context to answer from)."""
+        return not (self.source == "prompt" and all(d.text == self.context.question for d in self.context.documents or []))
+
+    @property
     def context_tokens(self) -> int:
         """What always-long-context would send: the whole context plus the question."""
         return self.stats.context_tokens + count_tokens(self.context.question)

@@ -133,7 +133,7 @@ class RoutingService:
         route = decision.route
         prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
         config = self.policy.long if route == LONG else self.policy.cheap
-        checked = self.check.applies(decision)
+        checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             if checked:
                 return await self._stream_checked(chat, body, plan, prepared, route, entry)

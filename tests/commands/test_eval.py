@@ -7,7 +7,8 @@ from gateway.cli import main
 from tests.routing_fixtures import write_paired_fixture
 
 STRATEGIES = ["always-long", "always-rag", "self-route", "rules+classifier", "router (rules+classifier+fallback)",
-              "router + keep-refusal option", "oracle"]
+              "router + keep-refusal option", "verifier only (rag, then verifier)", "rules+classifier+verifier",
+              "oracle"]
 
 
 def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
@@ -82,6 +83,40 @@ def test_replay_table_output(replay_run, capsys):
     for name in STRATEGIES:
         assert f"| {name}" in out
     assert "APGR" in out and "CPT(50%)" in out and "30 questions over 6 documents" in out
+    assert "Per task" in out and "| synthetic" in out
+    assert "verifier the policy's, refitted out of fold" in out
+
+
+@pytest.mark.slow
+def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, capsys):
+    from tests.commands.test_train import two_task_fixture
+
+    paired = two_task_fixture(replay_run["folder"])
+    verifier = replay_run["folder"] / "verifier.skops"
+    common = ["--docs", str(replay_run["folder"] / "docs"), "--data-dir", str(replay_run["data_dir"]),
+              "--prices", "reference", "--log-level", "WARNING"]
+    assert main(["train", "--verifier", "--data", str(paired), "--out", str(verifier), "--estimator", "logistic",
+                 "--folds", "3", *common]) == 0
+    card_threshold = json.loads(verifier.with_suffix(".json").read_text())["threshold"]
+    capsys.readouterr()
+    model = "classifier/models/default.skops"
+    policy = replay_run["folder"] / "no-threshold.yaml"
+    from policies.loader import shipped_policy_path
+
+    policy.write_text(shipped_policy_path().read_text().replace("    threshold: 0.4823\n", ""))
+    assert main(["eval", "replay", "--data", str(paired), "--model", model, "--verifier", str(verifier),
+                 "--policy", str(policy), "--protocol", "loto", "--json", *common]) == 0
+    result = json.loads(capsys.readouterr().out)
+    by_name = {s["name"]: s for s in result["strategies"]}
+    assert result["verifier_threshold"] == pytest.approx(card_threshold)  # the card's: the policy names none
+    assert result["model"] == model and result["protocol"] == "loto"
+    only = by_name["verifier only (rag, then verifier)"]
+    assert set(only["route_shares"]) <= {"rag", "rag>long", "kept-refusal"}
+    assert set(only["per_task"]) == {"even", "odd"}
+    # one task alone cannot be left out
+    assert main(["eval", "replay", "--data", str(replay_run["folder"] / "paired.jsonl"), "--protocol", "loto",
+                 *common]) == 2
+    assert "at least two tasks" in capsys.readouterr().err
 
 
 SQUAD = {

@@ -14,6 +14,17 @@ from tests.routing_fixtures import write_paired_fixture
 pytestmark = pytest.mark.slow
 
 
+def two_task_fixture(folder):
+    """The paired fixture with two tasks (even and odd documents), for leave-one-task-out."""
+    paired, _ = write_paired_fixture(folder)
+    rows = [json.loads(line) for line in paired.read_text().splitlines()]
+    for r in rows:
+        r["task"] = "even" if sorted({x["doc_id"] for x in rows}).index(r["doc_id"]) % 2 == 0 else "odd"
+    out = folder / "paired-two-tasks.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """Train once for the module on five of the six documents; the sixth is held out."""
@@ -91,3 +102,59 @@ def test_calibrate_on_examples_skips_the_training_documents(trained, tmp_path, c
     out = capsys.readouterr().out
     assert rc == 0 and "skipped 25 examples" in out and "of 5 requests go long" in out
     assert policy_file.read_text() == text  # dry run: untouched
+
+
+@pytest.fixture(scope="module")
+def verifier_trained(trained):
+    paired = two_task_fixture(trained["folder"])
+    out = trained["folder"] / "verifier.skops"
+    common = ["--docs", str(trained["docs"]), "--data-dir", str(trained["data_dir"]), "--prices", "reference",
+              "--log-level", "WARNING"]
+    rc = main(["train", "--verifier", "--data", str(paired), "--out", str(out), "--estimator", "logistic",
+               "--folds", "3", "--max-cost-share", "0.6", *common])
+    assert rc == 0
+    return {"paired": paired, "model": out, "common": common}
+
+
+def test_train_verifier_writes_the_verifier_with_its_cost_capped_threshold(verifier_trained, capsys):
+    from classifier.answer_features import ANSWER_FEATURE_NAMES
+    from gateway.routing.model_files import load_verifier
+
+    card = json.loads(verifier_trained["model"].with_suffix(".json").read_text())
+    assert card["feature_names"] == [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]
+    assert 0.0 <= card["threshold"] <= 1.0
+    assert "cost <= 0.6 of always-long on leave-one-task-out" in card["threshold_source"]
+    assert card["training_examples"] == 30 and card["training_tasks"] == ["even", "odd"]
+    assert card["training_command"].startswith("selfroute train --data ") and "--verifier" in card["training_command"]
+    verifier = load_verifier(verifier_trained["model"])
+    # the refusals and the wrong summaries are the answers it doubts most
+    from tests.routing.test_escalation import CheapAnswer, CheapAnswerCheck
+
+    good = CheapAnswerCheck.features(CheapAnswer("Ada Quill0", "Who is the keeper of Kestrel Harbour?",
+                                                 ["The keeper of Kestrel Harbour is Ada Quill0."]), None)
+    refusal = CheapAnswerCheck.features(CheapAnswer("unanswerable", "What is the report about overall?",
+                                                    ["The keeper of Kestrel Harbour is Ada Quill0."]), None)
+    assert verifier.score(good) > verifier.score(refusal)
+
+
+def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained, tmp_path, capsys):
+    policy_file = tmp_path / "policy.yaml"
+    shutil.copy(shipped_policy_path(), policy_file)
+    before = policy_file.read_text()
+    args = ["calibrate", "--data", str(verifier_trained["paired"]), "--policy", str(policy_file), "--estimator",
+            "logistic", "--folds", "3", *verifier_trained["common"]]
+    assert main([*args, "--max-cost-share", "0.5"]) == 0
+    out = capsys.readouterr().out
+    policy, _ = load_policy(policy_file)
+    assert policy.routing.verifier.threshold_source.startswith("calibrate: cost <= 0.5 of always-long on the grouped")
+    assert policy.routing.classifier.threshold_source == policy.routing.verifier.threshold_source
+    assert "verifier threshold" in out and before.splitlines()[0] in policy_file.read_text()
+    cost = float(out.split(" of its cost")[0].rsplit(" at ", 1)[1])
+    assert cost <= 0.5
+    # the cheapest setting at least 20 points above always-long: none on this data; the policy stays
+    written = policy_file.read_text()
+    assert main([*args, "--min-quality-delta", "20", "--protocol", "loto"]) == 1
+    assert "target not met" in capsys.readouterr().out and policy_file.read_text() == written
+    # at or above always-long: met, and the verifier escalates the answers it doubts
+    assert main([*args, "--min-quality-delta", "0", "--dry-run"]) == 0
+    assert "+" in capsys.readouterr().out and policy_file.read_text() == written

@@ -67,3 +67,45 @@ def test_refuses_another_feature_set_and_missing_files(tmp_path):
         load_model(path)
     with pytest.raises(ModelFileError, match="not found"):
         load_model(tmp_path / "absent.skops")
+
+
+def test_shipped_verifier_loads_with_its_card_and_threshold():
+    from classifier.answer_features import ANSWER_FEATURE_NAMES, answer_features
+    from gateway.routing.model_files import load_verifier, load_verifier_model, resolve_model_path
+    from policies.loader import load_policy
+
+    path = resolve_model_path("builtin:verifier", None)
+    assert path == builtin_model_path("verifier") and path.stat().st_size < 200_000
+    verifier = load_verifier(path)
+    assert verifier.feature_names == [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]
+    assert 0.0 < verifier.threshold < 1.0 and verifier.card["training_examples"] == 1328
+    assert "leave-one-task-out" in verifier.card["threshold_source"]
+    passages = ["The maintenance password for the Zephyr pump is BLUE-HERON-42."]
+    grounded = answer_features("What is the password?", "BLUE-HERON-42", passages, passages[0])
+    assert 0.0 <= verifier.score(grounded) <= 1.0
+    policy, policy_file = load_policy()  # the default policy checks answers with it
+    assert load_verifier_model(policy, policy_file).source == str(path)
+    with pytest.raises(ValueError, match="builtin:verifier"):
+        resolve_model_path("builtin:nope", None)
+
+
+def test_verifier_save_load_round_trip_and_a_card_without_threshold(tmp_path):
+    from gateway.routing.model_files import load_verifier, load_verifier_model, save_verifier
+    from policies.schema import Policy
+    from tests.routing.test_escalation import toy_verifier
+
+    model = toy_verifier()
+    path = tmp_path / "v.skops"
+    assert save_verifier(model, path) == card_path(path)
+    loaded = load_verifier(path)
+    row = {"ans_support_passages": 0.9, "ans_refusal": 0.0}
+    assert loaded.score(row) == pytest.approx(model.score(row)) and loaded.threshold == pytest.approx(model.threshold)
+    card = json.loads(card_path(path).read_text())
+    del card["threshold"]
+    card_path(path).write_text(json.dumps(card))
+    policy = Policy.model_validate({"cheap": {"model": "a/c"}, "long": {"model": "a/l"},
+                                    "routing": {"verifier": {"model_path": str(path)}}})
+    with pytest.raises(ModelFileError, match="no threshold"):
+        load_verifier_model(policy)
+    with pytest.raises(ModelFileError, match="not found"):
+        load_verifier(tmp_path / "absent.skops")

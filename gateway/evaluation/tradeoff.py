@@ -1,0 +1,121 @@
+"""Cost-quality choices over replay items: the thresholds that meet a cost cap or a quality target.
+
+Used by `selfroute train --verifier` (the verifier threshold written into its card), `selfroute calibrate`
+(the pre-route and verifier thresholds together) and `selfroute eval replay --protocol` (thresholds
+chosen on training folds). Each candidate setting is scored as the replay scores it
+(gateway.evaluation.replay): the route per question comes from the policy's Router with the item's
+out-of-fold P(cheap); a cheap (rag) answer whose verifier P(good) is below the verifier threshold is
+escalated (gateway.routing.escalation's rule: both legs paid, the long answer's score); `direct` has no
+recorded answer and is scored min(rag, long), at the cheap price of the whole context.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from gateway.evaluation.replay import Prices, ReplayItem, with_threshold, without_verifier
+from gateway.routing.decision import Router
+from policies.routes import DIRECT, LONG
+from policies.schema import Policy
+
+
+@dataclass
+class Choice:
+    """One setting and what the replay gives it."""
+
+    pre_threshold: float | None  # classifier threshold (None: the policy has no classifier)
+    verifier_threshold: float
+    quality: float
+    quality_vs_long_points: float
+    cost_vs_long: float
+    long_share: float  # routed long or escalated
+    met: bool = True  # False: no setting met the target; this is the closest one
+    points: list[dict] = field(default_factory=list)  # every setting tried (the cost-quality cloud)
+
+
+class Table:
+    """Per-item scores and leg costs, so thresholds can be swept without re-running the strategies."""
+
+    def __init__(self, items: Sequence[ReplayItem], prices: Prices):
+        import numpy as np
+
+        self.items = list(items)
+        self.rag = np.array([i.rag_score for i in items], float)
+        self.lc = np.array([i.lc_score for i in items], float)
+        self.rag_cost = np.array([(i.rag_prompt_tokens * prices.cheap_input + i.rag_output_tokens * prices.cheap_output)
+                                  / 1e6 for i in items])
+        self.long_cost = np.array([(i.long_prompt_tokens * prices.long_input + i.long_output_tokens * prices.long_output)
+                                   / 1e6 for i in items])
+        self.direct_cost = np.array([(i.direct_prompt_tokens * prices.cheap_input
+                                      + i.rag_output_tokens * prices.cheap_output) / 1e6 for i in items])
+        scores = [i.verifier_score for i in items]
+        self.scores = np.array([math.nan if s is None else s for s in scores], float)
+
+    def routes(self, policy: Policy) -> list[str]:
+        router = Router(without_verifier(policy))
+        return [router.decide(i.features, probability=i.probability).route for i in self.items]
+
+    def outcome(self, routes, verifier_threshold: float | None, idx=None) -> dict[str, float]:
+        """Quality and cost share (of always-long) over items idx, with escalation below verifier_threshold."""
+        import numpy as np
+
+        idx = np.arange(len(self.items)) if idx is None else np.asarray(idx)
+        r = np.asarray(routes, dtype=object)[idx]
+        long, direct = r == LONG, r == DIRECT
+        rag = ~long & ~direct
+        escalate = rag & (self.scores[idx] < verifier_threshold) if verifier_threshold is not None else rag & False
+        score = np.where(long | escalate, self.lc[idx], np.where(direct, np.minimum(self.rag[idx], self.lc[idx]),
+                                                                self.rag[idx]))
+        cost = np.where(long, self.long_cost[idx], np.where(direct, self.direct_cost[idx],
+                                                           self.rag_cost[idx] + escalate * self.long_cost[idx]))
+        long_q, long_c = float(self.lc[idx].mean()), float(self.long_cost[idx].sum())
+        return {"quality": float(score.mean()), "quality_vs_long_points": 100 * (float(score.mean()) - long_q),
+                "cost_vs_long": float(cost.sum()) / long_c if long_c else math.nan,
+                "long_share": float(np.mean(long | escalate))}
+
+
+def quantile_grid(values: Sequence[float], steps: int) -> list[float]:
+    """Thresholds at the values' quantiles, plus both ends (0: never below; past the largest: always below)."""
+    import numpy as np
+
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], float)
+    if len(v) == 0:
+        return [0.0]
+    picks = set(np.quantile(v, np.linspace(0, 1, steps + 1)).tolist())
+    return sorted(picks | {0.0, math.nextafter(float(v.max()), math.inf)})
+
+
+def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_cost_share: float | None = None,
+           min_quality_delta: float | None = None, tune_pre_route: bool = True, steps: int = 40,
+           idx=None) -> Choice:
+    """The setting (classifier threshold, verifier threshold) that meets the target on these items:
+    - max_cost_share X: the best quality whose cost share of always-long is <= X (ties: the cheaper);
+    - min_quality_delta D (points): the cheapest whose quality >= always-long + D.
+    The classifier threshold is swept only when the policy has a classifier and tune_pre_route is set.
+    When nothing meets the target, the closest setting comes back with met=False."""
+    if (max_cost_share is None) == (min_quality_delta is None):
+        raise ValueError("give exactly one of max_cost_share and min_quality_delta")
+    table = Table(items, prices)
+    chosen_items = table.items if idx is None else [table.items[i] for i in idx]
+    classifier = policy.routing.classifier
+    if classifier is not None and tune_pre_route:
+        pre_grid = quantile_grid([i.probability for i in chosen_items], min(steps, 30))
+    else:
+        pre_grid = [classifier.threshold if classifier is not None else None]
+    verifier_grid = quantile_grid([i.verifier_score for i in chosen_items], steps)
+    points = []
+    for t1 in pre_grid:
+        routes = table.routes(with_threshold(policy, t1) if t1 is not None else policy)
+        for t2 in verifier_grid:
+            points.append({"pre_threshold": t1, "verifier_threshold": t2, **table.outcome(routes, t2, idx)})
+    if max_cost_share is not None:
+        feasible = [p for p in points if p["cost_vs_long"] <= max_cost_share + 1e-12]
+        pick = (max(feasible, key=lambda p: (p["quality"], -p["cost_vs_long"])) if feasible
+                else min(points, key=lambda p: p["cost_vs_long"]))
+    else:
+        feasible = [p for p in points if p["quality_vs_long_points"] >= min_quality_delta - 1e-9]
+        pick = (min(feasible, key=lambda p: (p["cost_vs_long"], -p["quality"])) if feasible
+                else max(points, key=lambda p: p["quality"]))
+    return Choice(pick["pre_threshold"], pick["verifier_threshold"], pick["quality"], pick["quality_vs_long_points"],
+                  pick["cost_vs_long"], pick["long_share"], bool(feasible), points)

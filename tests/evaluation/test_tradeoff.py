@@ -1,0 +1,69 @@
+import pytest
+
+from gateway.evaluation.replay import (
+    ReplayItem, Router, evaluate, baseline_totals, router_strategy, with_threshold, with_verifier,
+    without_pre_route,
+)
+from gateway.evaluation.tradeoff import Table, choose, quantile_grid
+from tests.evaluation.test_replay import PRICES, policy
+
+
+def item(rag, lc, p, v, task="t"):
+    return ReplayItem(
+        doc_id="d", group="d", query="q", rag_score=rag, lc_score=lc, rag_refused=False,
+        rag_prompt_tokens=1000, long_prompt_tokens=5000, direct_prompt_tokens=4000,
+        rag_output_tokens=10, long_output_tokens=20,
+        features={"context_tokens": 4000, "cross_ref_count": 0, "top_score": 0.6},
+        probability=p, task=task, verifier_score=v,
+    )
+
+
+# the verifier ranks the bad cheap answers lowest; P(cheap) is uninformative
+ITEMS = [
+    item(1.0, 1.0, 0.9, 0.9), item(1.0, 0.0, 0.9, 0.8), item(1.0, 1.0, 0.9, 0.7),
+    item(0.0, 1.0, 0.9, 0.2), item(0.0, 1.0, 0.9, 0.1), item(0.5, 0.5, 0.9, 0.6),
+]
+
+
+def test_the_table_scores_a_setting_as_the_replay_does():
+    pol = with_verifier(policy(), 0.5)
+    table = Table(ITEMS, PRICES)
+    fast = table.outcome(table.routes(pol), 0.5)
+    long_tokens, long_cost, long_quality = baseline_totals(ITEMS, PRICES)
+    slow = evaluate("x", router_strategy(Router(pol), True), ITEMS, PRICES, long_tokens, long_cost, long_quality)
+    assert fast["quality"] == pytest.approx(slow.quality)
+    assert fast["cost_vs_long"] == pytest.approx(slow.cost_vs_long)
+
+
+def test_max_cost_share_picks_the_best_quality_under_the_cap():
+    pick = choose(ITEMS, without_pre_route(policy()), PRICES, max_cost_share=0.5, tune_pre_route=False)
+    # escalating the two answers the verifier doubts recovers both; escalating more only costs more
+    assert pick.met and 0.2 < pick.verifier_threshold <= 0.6
+    assert pick.quality == pytest.approx(5.5 / 6) and pick.long_share == pytest.approx(2 / 6)
+    assert pick.cost_vs_long == pytest.approx((6 * 0.00102 + 2 * 0.0504) / (6 * 0.0504))
+    # a cap too tight for any escalation: nothing escalated
+    tight = choose(ITEMS, without_pre_route(policy()), PRICES, max_cost_share=0.01, tune_pre_route=False)
+    assert not tight.met and tight.long_share == 0.0
+
+
+def test_min_quality_delta_picks_the_cheapest_setting_that_beats_long():
+    long_quality = sum(i.lc_score for i in ITEMS) / len(ITEMS)
+    pick = choose(ITEMS, without_pre_route(policy()), PRICES, min_quality_delta=10.0, tune_pre_route=False)
+    assert pick.met and pick.quality - long_quality >= 0.10 - 1e-9
+    cheaper = [p for p in pick.points if p["cost_vs_long"] < pick.cost_vs_long - 1e-12]
+    assert all(p["quality_vs_long_points"] < 10.0 for p in cheaper)
+    impossible = choose(ITEMS, without_pre_route(policy()), PRICES, min_quality_delta=90.0, tune_pre_route=False)
+    assert not impossible.met
+
+
+def test_both_thresholds_are_tuned_together_when_the_policy_has_a_classifier():
+    items = [item(0.0, 1.0, 0.1, 0.9), *ITEMS[:3]]  # a bad cheap answer the verifier trusts, but P(cheap) flags
+    pick = choose(items, with_threshold(policy(), 0.5), PRICES, max_cost_share=0.6)
+    assert pick.pre_threshold is not None and pick.quality == pytest.approx(1.0 * 3 / 4 + 0.25 * 1.0)
+    with pytest.raises(ValueError):
+        choose(items, policy(), PRICES)
+
+
+def test_quantile_grid_covers_both_ends():
+    grid = quantile_grid([0.2, 0.4, 0.6], 4)
+    assert grid[0] == 0.0 and grid[-1] > 0.6 and 0.4 in grid

@@ -7,6 +7,7 @@ from pathlib import Path
 
 DATA_DIR_ENV = "SELFROUTE_DATA_DIR"
 STORE_URI_ENV = "SELFROUTE_STORE_URI"
+LEDGER_URL_ENV = "SELFROUTE_LEDGER_URL"
 DEFAULT_DATA_DIR = Path.home() / ".selfroute"
 
 
@@ -18,6 +19,11 @@ def package_version() -> str:
         return version("selfroute")
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "unknown (not installed)"
+
+
+def resolve_ledger_url(value: str | None = None) -> str | None:
+    """--ledger-url, else $SELFROUTE_LEDGER_URL, else None (the SQLite file in the data directory)."""
+    return value or os.environ.get(LEDGER_URL_ENV) or None
 
 
 def resolve_data_dir(value: str | Path | None = None) -> Path:
@@ -53,10 +59,16 @@ class Settings:
     keys_file: Path | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     vector_store_uri: str | None = field(default_factory=lambda: os.environ.get(STORE_URI_ENV) or None)
+    ledger_url: str | None = field(default_factory=resolve_ledger_url)  # a SQLite path or postgresql://...
 
     @property
     def ledger_path(self) -> Path:
         return self.data_dir / "ledger.sqlite3"
+
+    @property
+    def ledger_location(self) -> str | Path:
+        """Where the ledger lives: a postgresql:// URL shared by replicas, or a SQLite file (default)."""
+        return self.ledger_url or self.ledger_path
 
     @property
     def store_uri(self) -> str:

@@ -64,8 +64,11 @@ def sample_records() -> list[RequestRecord]:
     ]
 
 
-def write_ledger(path: Path, records: list[RequestRecord]) -> Ledger:
-    ledger = Ledger(path)
+def write_ledger(location: Path | str, records: list[RequestRecord], dead_letter_dir: Path | None = None) -> Ledger:
+    """A ledger at `location` (a SQLite path or a postgresql:// URL) holding `records`, flushed."""
+    if dead_letter_dir is None and isinstance(location, Path):
+        dead_letter_dir = location.parent
+    ledger = Ledger(location, dead_letter_dir=dead_letter_dir)
     for rec in records:
         ledger.submit(rec)
     ledger.flush()
@@ -87,11 +90,11 @@ def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -
 
 def bare_gateway(ledger: Ledger, auth: Authenticator, metrics) -> Gateway:
     """A Gateway for endpoints that read only the ledger, auth and metrics: no upstream and no routing."""
-    settings = Settings(data_dir=ledger.path.parent)
+    settings = Settings(data_dir=ledger.dead_letter_path.parent)
     from gateway.ledger.keys import KeyStore
 
     return Gateway(settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics,
-                   KeyStore(ledger.path))
+                   KeyStore(ledger.location))
 
 
 def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0) -> list[RequestRecord]:

@@ -7,7 +7,14 @@ from pathlib import Path
 from typing import TextIO
 
 
+def add_ledger_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ledger-url", default=None,
+                        help="the cost ledger: a SQLite file path or postgresql://user:pass@host/db "
+                             "(default: $SELFROUTE_LEDGER_URL, else DATA_DIR/ledger.sqlite3)")
+
+
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    add_ledger_argument(parser)  # every command that filters the ledger reads it
     group = parser.add_argument_group("filters")
     group.add_argument("--route", help="direct | rag | long | rag>long | passthrough | none (quote rag>long)")
     group.add_argument("--key", help="a named key's name, or a key id as stored (k_...); a raw key is hashed first")
@@ -25,9 +32,9 @@ def filters_from_args(args: argparse.Namespace):
 
     filters = Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
                             status=args.status)
-    path = ledger_path(args)
-    if args.key and path.exists():  # a named key is recorded by its name, not a hash
-        store = KeyStore(path)
+    location = ledger_location(args)
+    if args.key and ledger_exists(location):  # a named key is recorded by its name, not a hash
+        store = KeyStore(location)
         try:
             if store.exists(args.key.strip()):
                 filters = replace(filters, key=args.key.strip())
@@ -36,11 +43,20 @@ def filters_from_args(args: argparse.Namespace):
     return filters
 
 
-def ledger_path(args: argparse.Namespace):
-    from gateway.ledger.records import LEDGER_FILE
-    from gateway.settings import resolve_data_dir
+def ledger_exists(location) -> bool:
+    from pathlib import Path
 
-    return resolve_data_dir(args.data_dir) / LEDGER_FILE
+    from gateway.ledger.dialect import is_postgres
+
+    return is_postgres(location) or Path(location).exists()
+
+
+def ledger_location(args: argparse.Namespace):
+    """--ledger-url, else $SELFROUTE_LEDGER_URL, else the SQLite file in the data directory."""
+    from gateway.ledger.records import LEDGER_FILE
+    from gateway.settings import resolve_data_dir, resolve_ledger_url
+
+    return resolve_ledger_url(getattr(args, "ledger_url", None)) or resolve_data_dir(args.data_dir) / LEDGER_FILE
 
 
 def run_report(args: argparse.Namespace, work) -> int:
@@ -50,9 +66,9 @@ def run_report(args: argparse.Namespace, work) -> int:
 
     try:
         filters = filters_from_args(args)
-        path = ledger_path(args)
-        reports.ensure_schema(path)
-        conn = reports.connect_reader(path)
+        location = ledger_location(args)
+        reports.ensure_schema(location)
+        conn = reports.connect_reader(location)
     except LedgerError as error:
         print(f"selfroute {args.command}: {error.message}", file=sys.stderr)
         return 1 if isinstance(error, NotFound) else 2

@@ -1,4 +1,5 @@
-"""`selfroute keys create|list|revoke`: named API keys in the ledger database of the data directory."""
+"""`selfroute keys create|list|revoke`: named API keys in the ledger database (the data directory's SQLite file,
+or the --ledger-url / $SELFROUTE_LEDGER_URL PostgreSQL that replicas share)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,10 @@ def register(subparsers, parents) -> None:
                     "Keys are stored as salted HMAC-SHA256 hashes: `create` prints the key once, on its last line.")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
+    from gateway.commands._common import add_ledger_argument
+
     create = actions.add_parser("create", parents=parents, help="create a key and print it once")
+    add_ledger_argument(create)
     create.add_argument("name", help="1-64 letters, digits, '.', '_' or '-'; recorded in the ledger as the key")
     create.add_argument("--models", nargs="+", metavar="PATTERN",
                         help="model names or fnmatch patterns the key may use (aliases count); default: any")
@@ -28,17 +32,19 @@ def register(subparsers, parents) -> None:
     create.set_defaults(func=run_create)
     listing = actions.add_parser("list", parents=parents, help="every key with its limits and spend so far")
     listing.add_argument("--json", action="store_true")
+    add_ledger_argument(listing)
     listing.set_defaults(func=run_list)
     revoke = actions.add_parser("revoke", parents=parents, help="revoke a key (its name is never reused)")
     revoke.add_argument("name")
+    add_ledger_argument(revoke)
     revoke.set_defaults(func=run_revoke)
 
 
 def _store(args: argparse.Namespace):
-    from gateway.commands._common import ledger_path
+    from gateway.commands._common import ledger_location
     from gateway.ledger.keys import KeyStore
 
-    return KeyStore(ledger_path(args))
+    return KeyStore(ledger_location(args))
 
 
 def _fail(args: argparse.Namespace, error) -> int:

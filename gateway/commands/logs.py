@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     def work(conn, filters) -> int:
-        start_rowid = reports.last_rowid(conn)
+        start = reports.follow_position(conn)
         page = reports.list_requests(conn, filters, limit=args.limit)
         items = list(reversed(page["data"]))
         _emit(items, args.json, header=True, out=sys.stdout)
@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
             print("no requests match", file=sys.stderr)
         if not args.follow:
             return 0
-        after = start_rowid
+        after = start
         try:
             while True:
                 time.sleep(args.interval)
-                # rowid order is write order: a request's row lands when it finishes, whatever its created_at
+                # write order, not created_at order: a request's row lands when it finishes
                 new, after = reports.requests_after(conn, after, filters)
                 _emit(new, args.json, header=False, out=sys.stdout)
         except KeyboardInterrupt:

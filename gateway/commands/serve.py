@@ -7,10 +7,13 @@ from pathlib import Path
 
 
 def register(subparsers, parents) -> None:
+    from gateway.commands._common import add_ledger_argument
+
     parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
     parser.add_argument("--store-uri", default=None,
                         help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
                              "else DATA_DIR/lancedb)")
+    add_ledger_argument(parser)
     parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
@@ -37,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.store_uri:
         settings.vector_store_uri = args.store_uri
+    if args.ledger_url:
+        settings.ledger_url = args.ledger_url
     try:
         app = create_app(settings)
     except PolicyError as exc:

@@ -1,4 +1,8 @@
-"""The ledger database: connections and the numbered, append-only migrations (migrations/sqlite/NNN_*.sql)."""
+"""The ledger database: connections and the numbered, append-only migrations (migrations/<dialect>/NNN_*.sql).
+
+A ledger location is a SQLite file path (the default) or a `postgresql://` URL; each engine has its own set of
+migrations with the same numbers and the same effect (tests/test_engines.py compares them).
+"""
 from __future__ import annotations
 
 import json
@@ -6,12 +10,19 @@ import sqlite3
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
+from gateway.ledger.dialect import (
+    POSTGRESQL, SQLITE, Dialect, PostgresConnection, connect_postgres, dialect_of, is_postgres,
+)
 from gateway.ledger.records import CALL_COLUMNS, REQUEST_COLUMNS, RequestRecord
 
+# any constant: the advisory lock that makes two replicas starting at once migrate one after the other
+_MIGRATION_LOCK = 7_235_911
 
-def _migrations() -> list[tuple[int, str, str]]:
-    folder = resources.files("gateway.ledger").joinpath("migrations", "sqlite")
+
+def _migrations(dialect: Dialect = SQLITE) -> list[tuple[int, str, str]]:
+    folder = resources.files("gateway.ledger").joinpath("migrations", dialect.migrations)
     found = []
     for entry in folder.iterdir():
         name = entry.name
@@ -20,8 +31,11 @@ def _migrations() -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), timeout=30, check_same_thread=False)
+def connect(location: str | Path) -> Any:
+    """A writable connection: sqlite3's for a path, a PostgresConnection for a postgresql:// URL."""
+    if is_postgres(location):
+        return connect_postgres(str(location))
+    conn = sqlite3.connect(str(location), timeout=30, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
@@ -29,8 +43,10 @@ def connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
-def migrate(conn: sqlite3.Connection) -> list[int]:
+def migrate(conn: Any) -> list[int]:
     """Apply the migrations not yet applied, in order; returns the versions applied now."""
+    if dialect_of(conn) is POSTGRESQL:
+        return _migrate_postgres(conn)
     conn.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
         " applied_at REAL NOT NULL)"
@@ -48,6 +64,22 @@ def migrate(conn: sqlite3.Connection) -> list[int]:
         applied.append(version)
     return applied
 
+
+def _migrate_postgres(conn: PostgresConnection) -> list[int]:
+    applied = []
+    with conn:  # one transaction under a lock: a second replica waits, then finds the work done
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                     " applied_at double precision NOT NULL)")
+        done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
+        for version, name, sql in _migrations(POSTGRESQL):
+            if version in done:
+                continue
+            conn.script(sql)  # the whole file in one execute, without parameters: several statements are fine
+            conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                         (version, name, time.time()))
+            applied.append(version)
+    return applied
 
 
 
@@ -67,8 +99,33 @@ def _call_rows(record: RequestRecord) -> list[tuple]:
     ]
 
 
-def write_records(conn: sqlite3.Connection, records: list[RequestRecord]) -> None:
-    """Insert a batch of records in one transaction."""
+_UPSERT_REQUEST = (
+    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})"
+    f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REQUEST_COLUMNS if c != 'id')}"
+)
+
+
+def _rollup_order(record: RequestRecord) -> tuple:
+    # writers on several replicas lock rollup rows in the same order, which makes deadlocks rare (retried anyway)
+    return (int(record.created_at // 86400), record.route or "", record.policy or "", record.key_id or "",
+            record.status, int(record.created_at // 3600), record.id)
+
+
+def write_records(conn: Any, records: list[RequestRecord]) -> None:
+    """Insert a batch of records in one transaction; a record re-submitted under the same id replaces the old."""
+    records = list({r.id: r for r in records}.values())  # the last version of an id wins within a batch too
+    if dialect_of(conn) is POSTGRESQL:
+        records.sort(key=_rollup_order)
+        with conn:
+            # legs first (their delete trigger reads the request's dimensions), then an upsert whose UPDATE
+            # trigger moves the request's rollup contribution, then the new legs
+            conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
+            conn.executemany(_UPSERT_REQUEST, [_request_row(r) for r in records])
+            conn.executemany(
+                f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
+                [row for r in records for row in _call_rows(r)],
+            )
+        return
     with conn:
         # a re-submitted record replaces its request row; its legs must be replaced too, not duplicated
         conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])

@@ -12,13 +12,13 @@ import hmac
 import json
 import re
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ledger.database import connect, migrate
+from gateway.ledger.dialect import LedgerConnection, connect_postgres, integrity_error_types, is_postgres
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
 from gateway.settings import private_file
 
@@ -78,7 +78,7 @@ def _hash(salt: str, key: str) -> str:
     return hmac.new(bytes.fromhex(salt), key.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def _row_key(row: sqlite3.Row) -> NamedKey:
+def _row_key(row) -> NamedKey:
     models = json.loads(row["models"]) if row["models"] is not None else None
     return NamedKey(
         name=row["name"], prefix=row["prefix"], models=tuple(models) if models is not None else None,
@@ -104,30 +104,42 @@ def _positive(value, name: str, kind=float):
 
 
 class KeyStore:
-    """The api_keys table of one ledger database; safe to share between threads."""
+    """The api_keys table of one ledger database (a SQLite file or a postgresql:// URL shared by replicas); safe to
+    share between threads."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, location: str | Path):
+        self.location: str | Path = location if is_postgres(location) else Path(location)
         self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | None = None
+        self._conn: LedgerConnection | None = None
         # lookups run on the event loop: their own connection, so they never queue behind a write that
         # waits for the ledger writer's lock (WAL readers do not wait for writers)
         self._read_lock = threading.Lock()
-        self._reader: sqlite3.Connection | None = None
+        self._reader: LedgerConnection | None = None
 
-    def _db(self) -> sqlite3.Connection:
+    def _db(self) -> LedgerConnection:
+        if self._conn is not None and getattr(self._conn, "broken", False):
+            self._conn.close()  # PostgreSQL restarted or failed over: connect again
+            self._conn = None
         if self._conn is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            conn = connect(private_file(self.path))
+            if is_postgres(self.location):
+                # autocommit: a lone SELECT does not leave a transaction open; `with conn:` blocks are transactions
+                conn = connect_postgres(str(self.location), autocommit=True)
+            else:
+                self.location.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                conn = connect(private_file(self.location))
             migrate(conn)
             self._conn = conn
         return self._conn
 
-    def _read_db(self) -> sqlite3.Connection:
+    def _read_db(self) -> LedgerConnection:
+        if self._reader is not None and getattr(self._reader, "broken", False):
+            self._reader.close()
+            self._reader = None
         if self._reader is None:
             with self._lock:
                 self._db()  # the schema exists before the first read
-            self._reader = connect(self.path)
+            self._reader = (connect_postgres(str(self.location), autocommit=True) if is_postgres(self.location)
+                            else connect(self.location))
         return self._reader
 
     def close(self) -> None:
@@ -160,7 +172,7 @@ class KeyStore:
                 with self._db() as conn:
                     conn.execute(f"INSERT INTO api_keys ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(row))})",
                                  row)
-            except sqlite3.IntegrityError:
+            except integrity_error_types():
                 raise KeyConflict(f"a key named {name!r} exists or existed; names are never reused", param="name",
                                   code="key_exists") from None
         return self.get(name), secret
@@ -247,7 +259,7 @@ class KeyStore:
         requests started."""
         with self._lock:
             row = self._db().execute(
-                "SELECT total(prompt_tokens + completion_tokens), min(created_at) FROM requests"
+                "SELECT coalesce(sum(prompt_tokens + completion_tokens), 0), min(created_at) FROM requests"
                 " WHERE key_id = ? AND created_at >= ?", (key_id, since)).fetchone()
         return int(row[0] or 0), float(row[1] if row[1] is not None else since)
 

@@ -3,7 +3,7 @@
 Aggregates read the daily rollups (migration 003) for whole days, the hourly ones (002) for whole hours
 and the raw rows for the partial hours at the edges of a time range, so a report costs about
 O(days x groups), not O(requests).
-Days and hours are UTC.
+Days and hours are UTC. The same queries run on SQLite and PostgreSQL (gateway.ledger.dialect).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from gateway.ledger.dialect import POSTGRESQL, LedgerConnection, connect_postgres, dialect_of, is_postgres
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import FALLBACK as FALLBACK_ROUTE
@@ -37,13 +38,23 @@ CALL_COLUMNS = CALL_FIELDS
 # ---------------------------------------------------------------------------------------------- opening
 
 
-def ensure_schema(path: str | Path) -> None:
+def ensure_schema(location: str | Path) -> None:
     """Apply pending migrations (the rollups) once, with a writable connection; errors if there is no ledger."""
     from gateway.ledger.database import connect, migrate
 
-    if not Path(path).exists():
-        raise NotFound(f"no ledger at {path}", code="ledger_not_found")
-    conn = connect(path)
+    if is_postgres(location):
+        try:
+            conn = connect(location)
+        except Exception as exc:  # psycopg.OperationalError: unreachable, unknown database, refused login
+            raise NotFound(f"cannot reach the ledger database: {exc}".strip(), code="ledger_not_found") from None
+        try:
+            migrate(conn)  # serialised by an advisory lock: no race to retry
+        finally:
+            conn.close()
+        return
+    if not Path(location).exists():
+        raise NotFound(f"no ledger at {location}", code="ledger_not_found")
+    conn = connect(location)
     try:
         migrate(conn)
     except sqlite3.OperationalError:
@@ -55,9 +66,14 @@ def ensure_schema(path: str | Path) -> None:
         conn.close()
 
 
-def connect_reader(path: str | Path) -> sqlite3.Connection:
-    """A read-only connection: WAL lets it read while the gateway's writer commits."""
-    conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+def connect_reader(location: str | Path) -> LedgerConnection:
+    """A read-only connection. SQLite: WAL lets it read while the gateway's writer commits. PostgreSQL: an
+    autocommit session, so each query sees what every replica has committed so far."""
+    if is_postgres(location):
+        conn = connect_postgres(str(location), autocommit=True)
+        conn.execute("SET default_transaction_read_only = on")
+        return conn
+    conn = sqlite3.connect(f"file:{Path(location).resolve()}?mode=ro", uri=True, timeout=30, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     return conn
 
@@ -157,12 +173,11 @@ def _where(filters: Filters, cols: dict[str, str]) -> tuple[list[str], list]:
 # ---------------------------------------------------------------------------------------------- aggregates
 
 _RAW_REQUEST_DIMS = {"route": "coalesce(route, '')", "policy": "coalesce(policy, '')", "key": "coalesce(key_id, '')",
-                     "status": "status", "day": "CAST(created_at / 86400 AS INTEGER)",
-                     "hour": "CAST(created_at / 3600 AS INTEGER)"}
+                     "status": "status", "day": "{day(created_at)}", "hour": "{hour(created_at)}"}
 _ROLLUP_REQUEST_DIMS = {"route": "route", "policy": "policy", "key": "key_id", "status": "status",
                         "day": "hour / 24", "hour": "hour"}
 _RAW_REQUEST_SUMS = ("count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
-                     " sum(counterfactual_cost_usd), total(latency_ms), count(latency_ms)")
+                     " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms)")
 _ROLLUP_REQUEST_SUMS = ("sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
                         " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)")
 REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
@@ -170,9 +185,9 @@ REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tok
 
 _RAW_CALL_DIMS = {"model": "c.model", "route": "coalesce(r.route, '')", "policy": "coalesce(r.policy, '')",
                   "key": "coalesce(r.key_id, '')", "status": "r.status",
-                  "day": "CAST(r.created_at / 86400 AS INTEGER)", "hour": "CAST(r.created_at / 3600 AS INTEGER)"}
+                  "day": "{day(r.created_at)}", "hour": "{hour(r.created_at)}"}
 _RAW_CALL_SUMS = ("count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
-                  " total(c.latency_ms), count(c.latency_ms)")
+                  " coalesce(sum(c.latency_ms), 0), count(c.latency_ms)")
 _ROLLUP_CALL_SUMS = ("sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
                      " sum(latency_ms_sum), sum(latency_count)")
 _CALL_FIELDS = ("calls", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms_sum",
@@ -215,7 +230,7 @@ _TIERS = {
 }
 
 
-def aggregate(conn: sqlite3.Connection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
+def aggregate(conn: LedgerConnection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
     """Sums per combination of `dims` (route, policy, key, status, day, hour; and model when `calls`)."""
     fields = _CALL_FIELDS if calls else REQUEST_FIELDS
     queries: list[tuple[str, list]] = []
@@ -230,6 +245,7 @@ def aggregate(conn: sqlite3.Connection, dims: list[str], filters: Filters, *, ca
             cols = {**cols, "model": "model"}
             table = call_table if calls else request_table
             sums = _ROLLUP_CALL_SUMS if calls else _ROLLUP_REQUEST_SUMS
+        cols = {name: _bucket_sql(conn, expr) for name, expr in cols.items()}
         conds, params = _where(filters, cols)
         if lo != -math.inf and lo != -_INF:
             conds.append(f"{time_col} >= ?")
@@ -247,6 +263,17 @@ def aggregate(conn: sqlite3.Connection, dims: list[str], filters: Filters, *, ca
                 slot[name] += value or 0
     count_field = fields[0]
     return {key: slot for key, slot in merged.items() if slot[count_field] > 0}
+
+
+_BUCKET = re.compile(r"\{(day|hour)\(([\w.]+)\)\}")
+
+
+def _bucket_sql(conn: LedgerConnection, expr: str | None) -> str | None:
+    """Spell '{day(col)}' / '{hour(col)}' (UTC day and hour indexes) in the connection's dialect."""
+    if expr is None:
+        return None
+    dialect = dialect_of(conn)
+    return _BUCKET.sub(lambda m: dialect.bucket(m.group(2), 86400 if m.group(1) == "day" else 3600), expr)
 
 
 def _group_sql(source: str, group_exprs: list[str], sums: str, conds: list[str]) -> str:
@@ -283,7 +310,7 @@ def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
     return row
 
 
-def costs(conn: sqlite3.Connection, by: str, filters: Filters = Filters()) -> dict:
+def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict:
     """Requests, tokens, cost, always-long counterfactual and saving per group, plus the total."""
     if by not in GROUPINGS:
         raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
@@ -327,13 +354,13 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
                               code="invalid_cursor") from None
 
 
-def row_dict(row: sqlite3.Row) -> dict:
+def row_dict(row) -> dict:
     item = {name: row[name] for name in REQUEST_COLUMNS}
     item["stream"] = bool(item["stream"])
     return item
 
 
-def attach_models(conn: sqlite3.Connection, items: list[dict]) -> None:
+def attach_models(conn: LedgerConnection, items: list[dict]) -> None:
     by_id = {item["id"]: item for item in items}
     for item in items:
         item["models"] = []
@@ -346,7 +373,7 @@ def attach_models(conn: sqlite3.Connection, items: list[dict]) -> None:
             by_id[row[0]]["models"].append(row[1])
 
 
-def list_requests(conn: sqlite3.Connection, filters: Filters = Filters(), *, limit: int = 50,
+def list_requests(conn: LedgerConnection, filters: Filters = Filters(), *, limit: int = 50,
                   cursor: str | None = None) -> dict:
     """Newest first, `limit` a page; `next_cursor` continues after the last one (stable under inserts)."""
     if not 1 <= limit <= MAX_PAGE:
@@ -368,7 +395,7 @@ def list_requests(conn: sqlite3.Connection, filters: Filters = Filters(), *, lim
     return {"object": "list", "data": items, "has_more": more, "next_cursor": next_cursor}
 
 
-def get_request(conn: sqlite3.Connection, request_id: str) -> dict:
+def get_request(conn: LedgerConnection, request_id: str) -> dict:
     """One request with its upstream legs and provenance; 404 if unknown."""
     row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
                        (request_id,)).fetchone()
@@ -384,24 +411,60 @@ def get_request(conn: sqlite3.Connection, request_id: str) -> dict:
     return item
 
 
-def requests_after(conn: sqlite3.Connection, after_rowid: int, filters: Filters = Filters(),
-                   *, limit: int = 1000) -> tuple[list[dict], int]:
-    """Rows written after `after_rowid`, in write order (for --follow: a request's row lands when it ends)."""
+# --follow on PostgreSQL: there is no rowid in write order, so it re-reads the rows created in the last
+# FOLLOW_LAG seconds and prints those not yet seen (a request's row lands when it ends, after its created_at)
+FOLLOW_LAG = 600.0
+
+
+@dataclass
+class FollowPosition:
+    """Where --follow stands: SQLite, the last rowid; PostgreSQL, a created_at watermark and the ids seen near it."""
+
+    rowid: int = 0
+    since: float = -math.inf
+    seen: dict[str, float] | None = None
+
+
+def follow_position(conn: LedgerConnection) -> FollowPosition:
+    """The end of the ledger now: what `requests_after` should start after."""
+    if dialect_of(conn) is not POSTGRESQL:
+        return FollowPosition(rowid=conn.execute("SELECT coalesce(max(rowid), 0) FROM requests").fetchone()[0])
+    newest = conn.execute("SELECT max(created_at) FROM requests").fetchone()[0]
+    if newest is None:
+        return FollowPosition(seen={})
+    rows = conn.execute("SELECT id, created_at FROM requests WHERE created_at >= ?", (newest - FOLLOW_LAG,))
+    return FollowPosition(since=newest, seen={row[0]: row[1] for row in rows})
+
+
+def requests_after(conn: LedgerConnection, position: FollowPosition | None, filters: Filters = Filters(),
+                   *, limit: int = 1000) -> tuple[list[dict], FollowPosition]:
+    """Rows written after `position` (None: from the start), in write order as near as the engine tells."""
+    position = position or FollowPosition(seen={})
     conds, params = _request_conditions(filters)
-    conds.insert(0, "rowid > ?")
-    sql = (f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
-           " ORDER BY rowid LIMIT ?")
-    rows = conn.execute(sql, [after_rowid, *params, limit]).fetchall()
-    items = [row_dict(row) for row in rows]
+    if dialect_of(conn) is not POSTGRESQL:
+        conds.insert(0, "rowid > ?")
+        sql = (f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
+               " ORDER BY rowid LIMIT ?")
+        rows = conn.execute(sql, [position.rowid, *params, limit]).fetchall()
+        items = [row_dict(row) for row in rows]
+        attach_models(conn, items)
+        return items, FollowPosition(rowid=rows[-1]["rowid"] if rows else position.rowid)
+    seen = dict(position.seen or {})
+    if position.since != -math.inf:
+        conds.insert(0, "created_at >= ?")
+        params.insert(0, position.since - FOLLOW_LAG)
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at, id",
+                        params).fetchall()
+    items = [row_dict(row) for row in rows if row["id"] not in seen][:limit]
     attach_models(conn, items)
-    return items, (rows[-1]["rowid"] if rows else after_rowid)
+    since = max([position.since, *(item["created_at"] for item in items)])
+    seen.update((item["id"], item["created_at"]) for item in items)
+    seen = {rid: at for rid, at in seen.items() if at >= since - FOLLOW_LAG}
+    return items, FollowPosition(since=since, seen=seen)
 
 
-def last_rowid(conn: sqlite3.Connection) -> int:
-    return conn.execute("SELECT coalesce(max(rowid), 0) FROM requests").fetchone()[0]
-
-
-def iter_export(conn: sqlite3.Connection, filters: Filters = Filters(), *, batch: int = 2000) -> Iterator[dict]:
+def iter_export(conn: LedgerConnection, filters: Filters = Filters(), *, batch: int = 2000) -> Iterator[dict]:
     """Every matching request, oldest first, with its legs and provenance; streams in batches."""
     conds, params = _request_conditions(filters)
     after: tuple[float, str] | None = None

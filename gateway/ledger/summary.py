@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import bisect
 import math
-import sqlite3
 import time
 from typing import Any
 
+from gateway.ledger.dialect import LedgerConnection
 from gateway.ledger.reports import (
     REQUEST_COLUMNS, REQUEST_FIELDS, Filters, attach_models, cost_row, row_dict, aggregate,
     group_label,
@@ -20,7 +20,7 @@ from policies.routes import FALLBACK as FALLBACK_ROUTE
 
 
 
-def latency_histograms(conn: sqlite3.Connection, since: float) -> tuple[list[float], dict[str, list[int]]]:
+def latency_histograms(conn: LedgerConnection, since: float) -> tuple[list[float], dict[str, list[int]]]:
     """Request counts per latency bucket and route since `since`: whole hours from the rollup, the rest raw."""
     edges = [row[0] for row in conn.execute("SELECT upper_ms FROM latency_buckets ORDER BY bucket")]
     counts: dict[str, list[int]] = {}
@@ -52,7 +52,7 @@ def histogram_percentiles(edges: list[float], counts: list[int]) -> dict:
     return out
 
 
-def _top(conn: sqlite3.Connection, order: str, since: float, limit: int) -> list[dict]:
+def _top(conn: LedgerConnection, order: str, since: float, limit: int) -> list[dict]:
     rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE created_at >= ?"
                         f" AND {order} IS NOT NULL ORDER BY {order} DESC LIMIT ?", (since, limit)).fetchall()
     items = [row_dict(row) for row in rows]
@@ -64,7 +64,7 @@ def _route_name(route: str) -> str:
     return route or "unknown"  # the rollups store a NULL route as ''
 
 
-def summary(conn: sqlite3.Connection, *, window: float, now: float | None = None, top: int = 10) -> dict:
+def summary(conn: LedgerConnection, *, window: float, now: float | None = None, top: int = 10) -> dict:
     """Everything the dashboard draws for the last `window` seconds."""
     now = time.time() if now is None else now
     since = now - window

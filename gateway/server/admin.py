@@ -61,10 +61,10 @@ async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
     """Check the admin key, then run `work(conn)` off the event loop on a fresh read-only connection."""
     gateway = gateway_of(request)
     gateway.auth.check_admin(request)
-    path = gateway.ledger.path
+    location = gateway.ledger.location  # a SQLite file or the PostgreSQL every replica shares
 
     def run() -> Any:
-        conn = reports.connect_reader(path)
+        conn = reports.connect_reader(location)
         try:
             return work(conn)
         finally:

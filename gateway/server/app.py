@@ -95,8 +95,8 @@ def create_app(
         policy, policy_path = load_policy(settings.policy_path)
     policy = apply_model_overrides(policy, settings)
     private_dir(settings.data_dir)
-    ledger = ledger or Ledger(settings.ledger_path)
-    keys = KeyStore(ledger.path)
+    ledger = ledger or Ledger(settings.ledger_location, dead_letter_dir=settings.data_dir)
+    keys = KeyStore(ledger.location)
     auth = auth or Authenticator.from_environment(settings.keys_file)
     if auth.store is None:
         auth.store = keys

@@ -46,3 +46,19 @@ def test_costs_model_table_shows_calls_and_no_per_model_saving(data_dir, capsys)
 def test_costs_rejects_an_unknown_grouping(data_dir, capsys):
     with pytest.raises(SystemExit):
         main(["costs", "--data-dir", str(data_dir), "--by", "colour"])
+
+
+def test_ledger_commands_read_a_postgres_ledger_by_flag_or_environment(postgres_url, tmp_path, capsys, monkeypatch):
+    write_ledger(postgres_url, sample_records(), tmp_path).close()
+    empty = str(tmp_path / "no-sqlite-here")  # the data directory is not where the ledger is
+    assert main(["costs", "--data-dir", empty, "--ledger-url", postgres_url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["total"]["requests"] == 10 and report["total"]["cost_usd"] == pytest.approx(0.1651)
+    monkeypatch.setenv("SELFROUTE_LEDGER_URL", postgres_url)
+    assert main(["logs", "--data-dir", empty, "--json", "--route", "long"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == ["r03", "r07"]
+    assert main(["export", "--data-dir", empty, "--format", "jsonl"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 10
+    closed = postgres_url.rsplit(":", 1)[0] + ":1/nothing"  # nothing listens on port 1
+    assert main(["costs", "--ledger-url", closed]) == 1
+    assert "cannot reach the ledger database" in capsys.readouterr().err

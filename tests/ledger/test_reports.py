@@ -11,10 +11,11 @@ from tests.ledger_fixtures import BASE, CHEAP, LONG, call, record, sample_record
 
 
 @pytest.fixture
-def conn(tmp_path):
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", sample_records())
+def conn(ledger_location, tmp_path):
+    """The sample ledger, read-only, on each engine."""
+    ledger = write_ledger(ledger_location, sample_records(), tmp_path)
     ledger.close()
-    reader = reports.connect_reader(ledger.path)
+    reader = reports.connect_reader(ledger.location)
     yield reader
     reader.close()
 
@@ -82,7 +83,7 @@ def brute_force(records, since, until, by_route=True):
     return out
 
 
-def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(tmp_path):
+def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, tmp_path):
     rng = random.Random(7)
     records = []
     for i in range(400):
@@ -91,8 +92,8 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(tmp_path):
         records.append(record(f"q{i:04d}", BASE + rng.uniform(0, 3 * 86400), route,
                               [call(CHEAP, route, rng.randrange(10, 900), rng.randrange(1, 50), cost)],
                               counterfactual=0.05, key=rng.choice(["k_a", "k_b"])))
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", records)
-    conn = reports.connect_reader(ledger.path)
+    ledger = write_ledger(ledger_location, records, tmp_path)
+    conn = reports.connect_reader(ledger.location)
     bounds = [None, BASE + 1234.5, BASE + 3600 * 5, BASE + 3600 * 5 + 17, BASE + 86400 + 59, BASE + 2 * 86400 + 7000]
     for _ in range(30):
         since, until = sorted(rng.sample(bounds[1:], 2)) if rng.random() < 0.7 else (rng.choice(bounds), None)
@@ -164,10 +165,10 @@ def test_pagination_walks_every_request_once_newest_first(conn):
         reports.list_requests(conn, limit=0)
 
 
-def test_pagination_breaks_ties_on_created_at_by_id(tmp_path):
+def test_pagination_breaks_ties_on_created_at_by_id(ledger_location, tmp_path):
     same = [record(f"t{i}", BASE, "rag", []) for i in range(5)]
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", same)
-    conn = reports.connect_reader(ledger.path)
+    ledger = write_ledger(ledger_location, same, tmp_path)
+    conn = reports.connect_reader(ledger.location)
     first = reports.list_requests(conn, limit=2)
     second = reports.list_requests(conn, limit=2, cursor=first["next_cursor"])
     third = reports.list_requests(conn, limit=2, cursor=second["next_cursor"])
@@ -186,13 +187,13 @@ def test_get_request_has_legs_provenance_and_saving(conn):
     assert info.value.code == "request_not_found"
 
 
-def test_resubmitted_record_replaces_its_row_its_legs_and_its_rollup(tmp_path):
+def test_resubmitted_record_replaces_its_row_its_legs_and_its_rollup(ledger_location, tmp_path):
     first = record("x1", BASE + 10, "rag", [call(CHEAP, "rag", 10, 1, 0.5)], counterfactual=1.0)
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", [first])
+    ledger = write_ledger(ledger_location, [first], tmp_path)
     ledger.submit(record("x1", BASE + 10, "rag>long", [call(CHEAP, "rag", 10, 1, 0.5), call(LONG, "long", 99, 1, 2.0)],
                          counterfactual=1.0))
     ledger.flush()
-    conn = reports.connect_reader(ledger.path)
+    conn = reports.connect_reader(ledger.location)
     routes = by_group(reports.costs(conn, "route"))
     assert set(routes) == {"rag>long"} and routes["rag>long"]["cost_usd"] == pytest.approx(2.5)
     models = by_group(reports.costs(conn, "model"))
@@ -231,10 +232,10 @@ def test_migration_backfills_rollups_from_an_existing_ledger(tmp_path):
 
 
 def test_requests_after_follows_write_order(conn, tmp_path):
-    items, last = reports.requests_after(conn, 0, reports.Filters(route="long"))
+    items, last = reports.requests_after(conn, None, reports.Filters(route="long"))
     assert [i["id"] for i in items] == ["r03", "r07"]
     assert reports.requests_after(conn, last, reports.Filters(route="long")) == ([], last)
-    assert reports.last_rowid(conn) >= last
+    assert reports.requests_after(conn, reports.follow_position(conn)) == ([], reports.follow_position(conn))
 
 
 def test_export_streams_every_request_oldest_first_with_legs(conn):

@@ -13,8 +13,8 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", sample_records())
+def ledger(ledger_location, tmp_path):
+    ledger = write_ledger(ledger_location, sample_records(), tmp_path)
     yield ledger
     ledger.close()
 

@@ -37,10 +37,10 @@ def chromium(url: str, tmp_path: Path, *extra: str) -> str:
 
 
 @pytest.fixture
-def conn(tmp_path):
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", sample_records())
+def conn(ledger_location, tmp_path):
+    ledger = write_ledger(ledger_location, sample_records(), tmp_path)
     ledger.close()
-    reader = reports.connect_reader(ledger.path)
+    reader = reports.connect_reader(ledger.location)
     yield reader
     reader.close()
 

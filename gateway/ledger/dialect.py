@@ -1,0 +1,178 @@
+"""The ledger's two SQL engines: SQLite (a file, the default) and PostgreSQL (a `postgresql://` URL, psycopg 3).
+
+Queries are written once, SQLite-style (`?` placeholders, rows read by position or by name); this module is the
+thin layer that lets the same text run on PostgreSQL: a connection wrapper that rewrites placeholders and returns
+rows like sqlite3.Row, and the few expressions the two spell differently (`Dialect`).
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence, Union
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(location: str | Path) -> bool:
+    """True for a PostgreSQL URL; anything else is a SQLite file path."""
+    return isinstance(location, str) and location.startswith(POSTGRES_SCHEMES)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str  # "sqlite" | "postgresql"
+    migrations: str  # folder under gateway/ledger/migrations
+
+    def bucket(self, column: str, seconds: int) -> str:
+        """The whole number of `seconds` since the epoch: UTC hour or day indexes."""
+        if self.name == "sqlite":
+            return f"CAST({column} / {seconds} AS INTEGER)"  # truncates; created_at is never negative
+        return f"floor({column} / {seconds})::bigint"  # a plain ::bigint would round
+
+
+SQLITE = Dialect("sqlite", "sqlite")
+POSTGRESQL = Dialect("postgresql", "postgresql")
+
+
+def dialect_of(conn: "LedgerConnection") -> Dialect:
+    return POSTGRESQL if isinstance(conn, PostgresConnection) else SQLITE
+
+
+def database_error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
+    """(what a failed write raises, the transient part of it: unreachable, restarting, locked, deadlocked)."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.Error,), (sqlite3.OperationalError,)
+    return (sqlite3.Error, psycopg.Error), (sqlite3.OperationalError, psycopg.OperationalError)
+
+
+def integrity_error_types() -> tuple[type[BaseException], ...]:
+    """A constraint refused a row (a duplicate key), whichever engine."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.IntegrityError,)
+    return (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+
+# ---------------------------------------------------------------------------------------------- PostgreSQL
+
+
+class Row(tuple):
+    """A result row read by position, slice or column name, like sqlite3.Row."""
+
+    __slots__ = ()
+    _names: dict[str, int]
+
+    def __getitem__(self, key):  # type: ignore[override]
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self._names[key])
+        return tuple.__getitem__(self, key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def _row_factory(cursor):
+    names = {column.name: i for i, column in enumerate(cursor.description or ())}
+    row_type = type("Row", (Row,), {"_names": names})
+    return lambda values: tuple.__new__(row_type, values)
+
+
+def _to_sql(sql: str) -> str:
+    # queries carry no literal '?' or '%'; escape any '%' anyway so psycopg does not read it as a placeholder
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+class PostgresConnection:
+    """A psycopg connection that takes SQLite-style queries; `with conn:` is one transaction, as in sqlite3."""
+
+    def __init__(self, raw):
+        self.raw = raw
+        self._transactions: list = []  # open `with conn:` blocks on an autocommit connection
+
+    def execute(self, sql: str, params: Sequence | None = None):
+        return self.raw.execute(_to_sql(sql), params if params else None)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
+        rows = list(rows)
+        if rows:
+            self.raw.cursor().executemany(_to_sql(sql), rows)
+
+    def script(self, sql: str) -> None:
+        """Several statements, sent as one string without parameters (the simple query protocol)."""
+        self.raw.execute(sql)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return self.raw.info.transaction_status != TransactionStatus.IDLE
+
+    def commit(self) -> None:
+        self.raw.commit()
+
+    def rollback(self) -> None:
+        self.raw.rollback()
+
+    def close(self) -> None:
+        self.raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self.raw.closed
+
+    @property
+    def broken(self) -> bool:
+        """The server went away (restart, failover): this connection cannot be used again."""
+        return self.raw.broken or self.raw.closed
+
+    def __enter__(self) -> "PostgresConnection":
+        if self.raw.autocommit:  # otherwise the block is the transaction psycopg opens at the first statement
+            transaction = self.raw.transaction()
+            transaction.__enter__()
+            self._transactions.append(transaction)
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if self._transactions:
+            self._transactions.pop().__exit__(kind, value, traceback)
+            return
+        if self.raw.closed:
+            return
+        if kind is None:
+            self.raw.commit()
+        else:
+            self.raw.rollback()
+
+
+def _numeric_loader():
+    from psycopg.adapt import Loader
+
+    class NumericLoader(Loader):
+        """sum() of a bigint is a numeric: read whole numbers as int and the rest as float, as SQLite returns."""
+
+        def load(self, data) -> int | float:
+            text = bytes(data).decode("ascii")
+            try:
+                return int(text)
+            except ValueError:
+                return float(text)
+
+    return NumericLoader
+
+
+def connect_postgres(url: str, *, autocommit: bool = False, connect_timeout: float = 10) -> PostgresConnection:
+    try:
+        import psycopg
+    except ImportError as exc:  # the dependency is declared; this only helps a broken install
+        raise RuntimeError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from exc
+    raw = psycopg.connect(url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)),
+                          row_factory=_row_factory)
+    raw.adapters.register_loader("numeric", _numeric_loader())
+    return PostgresConnection(raw)
+
+
+LedgerConnection = Union[sqlite3.Connection, PostgresConnection]

@@ -244,7 +244,7 @@ class KeyStore:
             conn.execute("DELETE FROM rate_windows WHERE key_id = ? AND minute < ?", (key_id, minute))
             count = conn.execute(
                 "INSERT INTO rate_windows (key_id, minute, requests) VALUES (?, ?, 1) ON CONFLICT (key_id, minute)"
-                " DO UPDATE SET requests = requests + 1 RETURNING requests", (key_id, minute)).fetchone()[0]
+                " DO UPDATE SET requests = rate_windows.requests + 1 RETURNING requests", (key_id, minute)).fetchone()[0]
         return int(count), (minute + 1) * 60 - now
 
     def uncount_request(self, key_id: str, now: float | None = None) -> None:

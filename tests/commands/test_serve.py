@@ -83,6 +83,30 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
             assert admin(url, "/v1/admin/costs?by=route")["total"]["requests"] == 40
             listed = admin(url, "/v1/admin/requests?limit=100")["data"]
             assert sorted(item["id"] for item in listed) == sorted(ids)
+
+        # a key created through A works on B; its requests-per-minute limit counts requests through both
+        (_, a), (_, b) = replicas
+        created = httpx.post(f"{a}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
+                             json={"name": "team", "rpm": 4})
+        assert created.status_code == 201, created.text
+        secret = created.json()["key"]
+        statuses = []
+        if time.time() % 60 > 40:  # the six requests below fall inside one minute window
+            time.sleep(60.5 - time.time() % 60)
+        for i in range(6):
+            response = httpx.post(f"{[a, b][i % 2]}/v1/chat/completions", timeout=30,
+                                  headers={"Authorization": f"Bearer {secret}"},
+                                  json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+            statuses.append(response.status_code)
+        assert statuses == [200, 200, 200, 200, 429, 429]
+        # revoked through A: B refuses it once its short lookup cache (2 s) has passed
+        revoked = httpx.delete(f"{a}/v1/admin/keys/team", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+                               timeout=30)
+        assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+        time.sleep(2.5)
+        refused = httpx.post(f"{b}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"}, timeout=30,
+                             json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+        assert refused.status_code == 401
     finally:
         for proc, _ in replicas:
             proc.terminate()

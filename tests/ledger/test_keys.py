@@ -13,8 +13,9 @@ from gateway.ledger.writer import Ledger
 
 
 @pytest.fixture
-def store(tmp_path):
-    store = KeyStore(tmp_path / "ledger.sqlite3")
+def store(ledger_location):
+    """A key store on each engine: the SQLite file, then a PostgreSQL database."""
+    store = KeyStore(ledger_location)
     yield store
     store.close()
 
@@ -27,6 +28,13 @@ def test_a_key_is_found_by_its_secret_and_never_stored_in_clear(store, tmp_path)
         ("openai/*", "selfroute"), ("contracts",), 2.5, 10, 1000)
     assert store.lookup(secret + "x") is None and store.lookup(secret[:-1]) is None
     assert store.lookup("sk-anything") is None
+    if isinstance(store.location, str):  # PostgreSQL: nothing in any column of the table
+        import psycopg
+
+        with psycopg.connect(store.location) as conn:
+            stored = repr(conn.execute("SELECT * FROM api_keys").fetchall())
+        assert "alice" in stored and secret not in stored and secret[len(key.prefix):] not in stored
+        return
     store.close()
     for path in tmp_path.iterdir():  # the database, its WAL and shared memory
         assert secret.encode() not in path.read_bytes()
@@ -81,7 +89,7 @@ def test_expiry_ages():
 
 
 def test_spend_and_tokens_come_from_the_ledger(store, tmp_path):
-    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    ledger = Ledger(store.location, dead_letter_dir=tmp_path)
     store.create("frank")
     now = time.time()
     for i, (cost, tokens, age) in enumerate([(0.5, 100, 10), (0.25, 50, 30), (1.0, 400, 120)]):
@@ -96,8 +104,9 @@ def test_spend_and_tokens_come_from_the_ledger(store, tmp_path):
     assert tokens == 150 and oldest == pytest.approx(now - 30)
 
 
-def test_request_counts_are_per_minute_and_shared_between_connections(tmp_path):
-    one, two = KeyStore(tmp_path / "l.sqlite3"), KeyStore(tmp_path / "l.sqlite3")
+def test_request_counts_are_per_minute_and_shared_between_connections(ledger_location):
+    """Two stores on one database (two replicas on one PostgreSQL) count into the same minute."""
+    one, two = KeyStore(ledger_location), KeyStore(ledger_location)
     minute = 60 * 1000
     assert one.count_request("k", minute + 1)[0] == 1
     count, until_next = two.count_request("k", minute + 15)
@@ -116,7 +125,9 @@ def test_collection_owners_first_claim_wins(store):
     assert store.collection_owners() == {"c": "alice"}
 
 
-def test_the_database_file_is_private(store, tmp_path):
+def test_the_database_file_is_private(tmp_path):
+    store = KeyStore(tmp_path / "ledger.sqlite3")
     store.create("gina")
+    store.close()
     mode = stat.S_IMODE((tmp_path / "ledger.sqlite3").stat().st_mode)
     assert mode == 0o600

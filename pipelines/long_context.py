@@ -176,9 +176,20 @@ def _place(units: list[Unit], scores: list[float] | None, placement: str) -> lis
     return units  # reading order: documents as given, units in document order
 
 
+QUESTION_LEAD = "\n\nQuestion: "
+
+
 def render(question: str, units: list[Unit]) -> str:
+    # documents first, question last: consecutive questions on the same documents share the whole document
+    # block as a prompt prefix, which providers' prompt caches bill at a fraction of the input price
     blocks = "\n\n".join(f"{u.label()}\n{u.text}" for u in units)
-    return f"{INSTRUCTIONS}\n\n{blocks or '(no documents)'}\n\nQuestion: {question}"
+    return f"{INSTRUCTIONS}\n\n{blocks or '(no documents)'}{QUESTION_LEAD}{question}"
+
+
+def split_question(text: str) -> tuple[str, str]:
+    """A rendered prompt as (instructions + documents, question part): the cacheable prefix and the rest."""
+    at = text.rfind(QUESTION_LEAD)
+    return (text, "") if at < 0 else (text[:at], text[at:])
 
 
 class ContextTooLarge(ValueError):

@@ -24,7 +24,17 @@ class ModelConfig(_Strict):
     max_retries: int = Field(0, ge=0, le=10)
     input_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million prompt tokens")
     output_cost_per_mtok: float | None = Field(None, ge=0, description="USD per million completion tokens")
+    cached_input_cost_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens read from the provider's prompt cache (default: input)"
+    )
+    cache_write_cost_per_mtok: float | None = Field(
+        None, ge=0, description="USD per million prompt tokens written to the prompt cache (Anthropic; default: input)"
+    )
     context_window: int | None = Field(None, ge=256)
+    cache_control: bool | None = Field(
+        None, description="mark the long route's document block cacheable (Anthropic cache_control); "
+        "default: on for Claude models"
+    )
 
     @field_validator("api_key_env")
     @classmethod

@@ -8,7 +8,12 @@
 - a name containing "breaks": a stream that sends one chunk, then drops the connection;
 - a name containing "garbled": a stream whose second event is not JSON;
 - a name containing "dribble": a stream of 40 words, one every 0.25 s;
-- a name containing "flaky": every odd-numbered request to it fails with 503.
+- a name containing "flaky": every odd-numbered request to it fails with 503;
+- a name containing "prefix-cache": OpenAI-style automatic prompt caching: the words a prompt shares at its start
+  with an earlier prompt to that model are reported as usage.prompt_tokens_details.cached_tokens;
+- any name, content parts marked `cache_control` (Anthropic-style): the words up to the last marked part are
+  a cache block, reported as usage.cache_creation_input_tokens the first time and cache_read_input_tokens after
+  (inside prompt_tokens, as litellm reports Anthropic's usage).
 POST /v1/embeddings answers [characters, words, 1.0] per input text ("status-NNN" fails the same way).
 Every request body received is kept in `app.state.received`.
 """
@@ -43,6 +48,42 @@ def usage_for(body: dict, answer: str) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def _words(body: dict) -> list[str]:
+    return [w for m in body["messages"] for w in _text(m.get("content")).split()]
+
+
+def cache_usage(state, body: dict) -> dict:
+    """What a provider's prompt cache would report for this prompt (see the module docstring)."""
+    usage: dict = {}
+    block: list[str] = []
+    marked: list[str] | None = None
+    for m in body["messages"]:
+        parts = m.get("content") if isinstance(m.get("content"), list) else [{"text": m.get("content") or ""}]
+        for part in parts:
+            block += _text([part]).split()
+            if isinstance(part, dict) and part.get("cache_control"):
+                marked = list(block)
+    if marked is not None:
+        key = " ".join(marked)
+        if key in state.prompt_cache:
+            usage["cache_read_input_tokens"] = len(marked)
+        else:
+            state.prompt_cache.add(key)
+            usage["cache_creation_input_tokens"] = len(marked)
+    if "prefix-cache" in body["model"]:
+        words = _words(body)
+        seen = state.prefixes.setdefault(body["model"], [])
+        shared = 0
+        for earlier in seen:
+            n = 0
+            while n < min(len(words), len(earlier)) and words[n] == earlier[n]:
+                n += 1
+            shared = max(shared, n)
+        seen.append(words)
+        usage["prompt_tokens_details"] = {"cached_tokens": shared}
+    return usage
+
+
 async def completions(request: Request):
     body = await request.json()
     request.app.state.received.append({"body": body, "headers": dict(request.headers)})
@@ -59,7 +100,7 @@ async def completions(request: Request):
     if model == "slow":
         await asyncio.sleep(5)
     answer = request.app.state.scripted if "scripted" in model else answer_for(body)
-    usage = usage_for(body, answer)
+    usage = {**usage_for(body, answer), **cache_usage(request.app.state, body)}
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
     if not body.get("stream"):
         return JSONResponse({
@@ -113,4 +154,6 @@ def create_fake_upstream() -> Starlette:
                             Route("/v1/embeddings", embeddings, methods=["POST"])])
     app.state.received = []
     app.state.scripted = ""
+    app.state.prompt_cache = set()  # Anthropic-style cache blocks seen
+    app.state.prefixes = {}  # model -> earlier prompts' words (OpenAI-style prefix caching)
     return app

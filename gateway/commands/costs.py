@@ -6,6 +6,7 @@ import json
 import sys
 
 HEADER = ("group", "requests", "prompt tok", "completion tok", "cost", "always-long", "saving", "saving %")
+CACHE_HEADER = ("cache hits", "cached tok", "cache saved")  # shown when the provider's prompt cache was used
 
 
 def register(subparsers, parents) -> None:
@@ -15,7 +16,9 @@ def register(subparsers, parents) -> None:
         "costs", parents=parents, help="spend and savings per route, model, policy, key, day or hour",
         description="Request count, tokens, cost, what always-long-context would have cost (context tokens at the "
                     "long model's price plus completion tokens) and the saving, per group. Days and hours are UTC. "
-                    "--by model counts upstream calls; savings are per request, so they show as '-' there.")
+                    "--by model counts upstream calls; savings are per request, so they show as '-' there. When the "
+                    "provider's prompt cache served prompt tokens, three more columns: requests (or calls) that hit "
+                    "it, cached prompt tokens, and what caching saved (negative: Anthropic's dearer cache writes).")
     parser.add_argument("--by", default="route", choices=["route", "model", "policy", "key", "day", "hour"])
     add_filter_arguments(parser)
     parser.add_argument("--json", action="store_true", help="the report as one JSON document")
@@ -35,6 +38,10 @@ def _row(row: dict, by: str) -> list[str]:
             f"{row['completion_tokens']:,}", _money(row["cost_usd"]), _money(counterfactual), _money(saving), share]
 
 
+def _cache_cells(row: dict) -> list[str]:
+    return [f"{row['cache_hits']:,}", f"{row['cached_tokens']:,}", _money(row["cache_saving_usd"])]
+
+
 def run(args: argparse.Namespace) -> int:
     from gateway.ledger import reports
     from gateway.commands._common import print_table, run_report
@@ -51,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
             header[1] = "calls"
         rows = [_row(r, args.by) for r in report["groups"]]
         rows.append(_row({**report["total"], "group": "TOTAL"}, args.by))
-        print_table(rows, tuple(header), sys.stdout, right=set(range(1, len(HEADER))))
+        if report["total"]["cached_tokens"] or report["total"]["cache_saving_usd"]:
+            header += CACHE_HEADER
+            for cells, row in zip(rows, [*report["groups"], report["total"]]):
+                cells += _cache_cells(row)
+        print_table(rows, tuple(header), sys.stdout, right=set(range(1, len(header))))
         return 0
 
     return run_report(args, work)

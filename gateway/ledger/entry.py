@@ -17,6 +17,18 @@ def usage_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
     return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
+def cache_tokens(usage: dict[str, Any] | None) -> tuple[int, int]:
+    """(prompt tokens read from the provider's prompt cache, prompt tokens written to it), both counted inside
+    prompt_tokens. OpenAI reports reads as prompt_tokens_details.cached_tokens; Anthropic (and litellm's
+    translation of it) as cache_read_input_tokens and writes as cache_creation_input_tokens."""
+    if not usage:
+        return 0, 0
+    details = usage.get("prompt_tokens_details") or {}
+    read = max(int(details.get("cached_tokens") or 0), int(usage.get("cache_read_input_tokens") or 0))
+    written = int(usage.get("cache_creation_input_tokens") or 0)
+    return read, written
+
+
 class RequestLedgerEntry:
     """Collects what one request did, then hands one record to the ledger exactly once."""
 
@@ -36,9 +48,13 @@ class RequestLedgerEntry:
         error: str | None = None,
     ) -> UpstreamCall:
         prompt, completion = usage_tokens(usage)
+        cached, written = cache_tokens(usage)
+        price = self._prices.price(config)
+        cost = price.cost(prompt, completion, cached, written)
         call = UpstreamCall(
             model=config.model, route=route, prompt_tokens=prompt, completion_tokens=completion,
-            cost_usd=self._prices.price(config).cost(prompt, completion), latency_ms=latency_ms, error=error,
+            cost_usd=cost, latency_ms=latency_ms, error=error, cached_tokens=min(cached, prompt),
+            cache_saving_usd=price.cost(prompt, completion) - cost,
         )
         self.record.calls.append(call)
         return call
@@ -62,6 +78,8 @@ class RequestLedgerEntry:
         record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
         record.completion_tokens = sum(c.completion_tokens for c in record.calls)
         record.cost_usd = sum(c.cost_usd for c in record.calls)
+        record.cached_tokens = sum(c.cached_tokens for c in record.calls)
+        record.cache_saving_usd = sum(c.cache_saving_usd for c in record.calls)
         if record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
             # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd

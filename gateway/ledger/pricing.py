@@ -19,12 +19,31 @@ class Price:
     input_per_token: float
     output_per_token: float
     source: str  # "policy", "litellm", or "unknown"
+    # provider prompt caching: reads are cheaper than input, Anthropic's writes dearer; None: the input price
+    cache_read_per_token: float | None = None
+    cache_write_per_token: float | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+             cache_write_tokens: int = 0) -> float:
+        """`prompt_tokens` counts every prompt token, the cached and cache-written ones included (as OpenAI and
+        litellm report them); those are priced at the cache rates."""
+        cached = min(cached_tokens, prompt_tokens)
+        written = min(cache_write_tokens, prompt_tokens - cached)
+        read_price = self.input_per_token if self.cache_read_per_token is None else self.cache_read_per_token
+        write_price = self.input_per_token if self.cache_write_per_token is None else self.cache_write_per_token
+        return ((prompt_tokens - cached - written) * self.input_per_token + cached * read_price
+                + written * write_price + completion_tokens * self.output_per_token)
 
 
 FREE = Price(0.0, 0.0, "unknown")
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def _per_token(per_mtok: float | None) -> float | None:
+    return None if per_mtok is None else per_mtok / 1e6
 
 
 def _cost_map() -> dict:
@@ -61,16 +80,20 @@ class PriceBook:
                     float(entry.get("input_cost_per_token") or 0.0),
                     float(entry.get("output_cost_per_token") or 0.0),
                     "litellm",
+                    _optional_float(entry.get("cache_read_input_token_cost")),
+                    _optional_float(entry.get("cache_creation_input_token_cost")),
                 )
         return None
 
     def price(self, config: ModelConfig) -> Price:
-        key = (config.model, config.input_cost_per_mtok, config.output_cost_per_mtok)
+        key = (config.model, config.input_cost_per_mtok, config.output_cost_per_mtok,
+               config.cached_input_cost_per_mtok, config.cache_write_cost_per_mtok)
         found = self._cache.get(key)
         if found is None:
             if config.input_cost_per_mtok is not None or config.output_cost_per_mtok is not None:
                 found = Price(
-                    (config.input_cost_per_mtok or 0.0) / 1e6, (config.output_cost_per_mtok or 0.0) / 1e6, "policy"
+                    (config.input_cost_per_mtok or 0.0) / 1e6, (config.output_cost_per_mtok or 0.0) / 1e6, "policy",
+                    _per_token(config.cached_input_cost_per_mtok), _per_token(config.cache_write_cost_per_mtok),
                 )
             else:
                 found = self._lookup_map(config.model) or FREE

@@ -24,6 +24,8 @@ class UpstreamCall:
     latency_ms: float | None = None
     error: str | None = None
     created_at: float = field(default_factory=time.time)
+    cached_tokens: int = 0  # prompt tokens the provider served from its prompt cache (part of prompt_tokens)
+    cache_saving_usd: float = 0.0  # cost at the uncached input price minus the cost charged
 
 
 @dataclass
@@ -46,17 +48,19 @@ class RequestRecord:
     counterfactual_cost_usd: float = 0.0
     provenance: dict[str, Any] | None = None
     calls: list[UpstreamCall] = field(default_factory=list)
+    cached_tokens: int = 0  # the legs' sums (migration 005)
+    cache_saving_usd: float = 0.0
 
 
-# the columns of the requests and upstream_calls tables, in table order (migration 001)
+# the columns of the requests and upstream_calls tables, in table order (migrations 001 and 005)
 REQUEST_COLUMNS = (
     "id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
     "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-    "counterfactual_cost_usd", "provenance",
+    "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd",
 )
 CALL_COLUMNS = (
     "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-    "latency_ms", "error",
+    "latency_ms", "error", "cached_tokens", "cache_saving_usd",
 )
 # what reports list: provenance only on request detail; a leg without its request id
 REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")

@@ -310,20 +310,53 @@ def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
     return row
 
 
+CACHE_FIELDS = ("cached_tokens", "cache_hits", "cache_saving_usd")
+
+
+def cache_figures(conn: LedgerConnection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
+    """Provider prompt caching per group: prompt tokens read from the cache, requests (or legs) that hit it, and
+    what caching saved (migration 005). Summed from the raw rows, not the rollups."""
+    cols = {name: _bucket_sql(conn, expr) for name, expr in (_RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS).items()}
+    prefix, time_col = ("c.", "r.created_at") if calls else ("", "created_at")
+    conds, params = _where(filters, cols)
+    if filters.since is not None:
+        conds.append(f"{time_col} >= ?")
+        params.append(filters.since)
+    if filters.until is not None:
+        conds.append(f"{time_col} < ?")
+        params.append(filters.until)
+    sums = (f"coalesce(sum({prefix}cached_tokens), 0), count(CASE WHEN {prefix}cached_tokens > 0 THEN 1 END),"
+            f" coalesce(sum({prefix}cache_saving_usd), 0)")
+    table = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
+    sql = _group_sql(table, [cols[d] for d in dims], sums, conds)
+    return {tuple(row[:len(dims)]): dict(zip(CACHE_FIELDS, row[len(dims):])) for row in conn.execute(sql, params)}
+
+
+def _with_cache(row: dict, figures: dict | None) -> dict:
+    figures = figures or dict.fromkeys(CACHE_FIELDS, 0)
+    row.update(cached_tokens=figures["cached_tokens"], cache_hits=figures["cache_hits"],
+               cache_saving_usd=round(figures["cache_saving_usd"], 10))
+    return row
+
+
 def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict:
-    """Requests, tokens, cost, always-long counterfactual and saving per group, plus the total."""
+    """Requests, tokens, cost, always-long counterfactual and saving per group, plus the total; and per group the
+    provider prompt cache's hits, cached prompt tokens and saving."""
     if by not in GROUPINGS:
         raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
                               code="invalid_grouping")
     calls = by == "model"
     groups = aggregate(conn, [by], filters, calls=calls)
-    rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
+    cache = cache_figures(conn, [by], filters, calls=calls)
+    rows = [_with_cache(cost_row(group_label(by, key[0]), slot, calls=calls), cache.get(key))
+            for key, slot in groups.items()]
     if by in ("day", "hour"):
         rows.sort(key=lambda r: r["group"])
     else:
         rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))
     total = aggregate(conn, [], filters).get((), dict.fromkeys(REQUEST_FIELDS, 0))
-    return {"by": by, "groups": rows, "total": cost_row(None, total, calls=False)}
+    total_row = _with_cache(cost_row(None, total, calls=False), cache_figures(conn, [], filters).get(()))
+    return {"by": by, "groups": rows, "total": total_row}
 
 
 # ---------------------------------------------------------------------------------------------- requests

@@ -24,6 +24,7 @@ from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.model_files import load_route_model, load_verifier_model
+from gateway.routing.prompt_cache import mark_document_block, needs_cache_control, stable_document_block
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
@@ -169,7 +170,10 @@ class RoutingService:
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:
-        return {**body, "model": config.model, "messages": prepared.messages}
+        messages = prepared.messages
+        if stable_document_block(prepared.provenance) and needs_cache_control(config):
+            messages = mark_document_block(messages)
+        return {**body, "model": config.model, "messages": messages}
 
     async def _call(
         self, config: ModelConfig, body: dict[str, Any], prepared: PreparedPrompt, route: str,

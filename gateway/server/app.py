@@ -45,15 +45,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+_NO_CACHE_PRICES = {"cached_input_cost_per_mtok": None, "cache_write_cost_per_mtok": None}
+
+
 def apply_model_overrides(policy: Policy, settings: Settings) -> Policy:
     """--cheap-model / --long-model replace the policy's model strings (keeping nothing model-specific)."""
     update: dict[str, Any] = {}
     if settings.cheap_model:
         update["cheap"] = policy.cheap.model_copy(update={"model": settings.cheap_model, "input_cost_per_mtok": None,
-                                                          "output_cost_per_mtok": None})
+                                                          "output_cost_per_mtok": None, **_NO_CACHE_PRICES})
     if settings.long_model:
         update["long"] = policy.long.model_copy(update={"model": settings.long_model, "input_cost_per_mtok": None,
-                                                        "output_cost_per_mtok": None})
+                                                        "output_cost_per_mtok": None, **_NO_CACHE_PRICES})
     return policy.model_copy(update=update) if update else policy
 
 

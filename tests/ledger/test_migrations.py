@@ -52,7 +52,7 @@ EXPECTED_TABLES = {
         ("error", "TEXT", 0, 0), ("stream", "INTEGER", 1, 0), ("latency_ms", "REAL", 0, 0),
         ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
         ("context_tokens", "INTEGER", 1, 0), ("counterfactual_cost_usd", "REAL", 1, 0),
-        ("provenance", "TEXT", 0, 0),
+        ("provenance", "TEXT", 0, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "schema_migrations": [("version", "INTEGER", 0, 1), ("name", "TEXT", 1, 0), ("applied_at", "REAL", 1, 0)],
     "sqlite_sequence": [("name", "", 0, 0), ("seq", "", 0, 0)],
@@ -60,6 +60,7 @@ EXPECTED_TABLES = {
         ("id", "INTEGER", 0, 1), ("request_id", "TEXT", 1, 0), ("created_at", "REAL", 1, 0), ("model", "TEXT", 1, 0),
         ("route", "TEXT", 0, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0), ("latency_ms", "REAL", 0, 0), ("error", "TEXT", 0, 0),
+        ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
 }
 EXPECTED_INDEXES = [

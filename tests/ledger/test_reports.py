@@ -216,10 +216,11 @@ def test_deleting_rows_keeps_rollups_consistent(tmp_path):
 def test_migration_backfills_rollups_from_an_existing_ledger(tmp_path):
     path = tmp_path / "ledger.sqlite3"
     raw = sqlite3.connect(path)
-    version, name, sql = _migrations()[0]
-    raw.executescript(sql)
     raw.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL)")
-    raw.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (version, name))
+    for version, name, sql in _migrations():
+        if version in (1, 5):  # the raw tables as today, without the rollups (002, 003)
+            raw.executescript(sql)
+            raw.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (version, name))
     write_records(raw, sample_records())
     raw.commit()
     raw.close()

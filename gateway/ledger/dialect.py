@@ -30,6 +30,11 @@ class Dialect:
             return f"CAST({column} / {seconds} AS INTEGER)"  # truncates; created_at is never negative
         return f"floor({column} / {seconds})::bigint"  # a plain ::bigint would round
 
+    def use_index(self, name: str) -> str:
+        """A table suffix that makes SQLite read through index `name` (its planner has no statistics to pick a
+        partial index by itself); PostgreSQL's planner chooses from statistics."""
+        return f" INDEXED BY {name}" if self.name == "sqlite" else ""
+
 
 SQLITE = Dialect("sqlite", "sqlite")
 POSTGRESQL = Dialect("postgresql", "postgresql")

@@ -319,6 +319,8 @@ def cache_figures(conn: LedgerConnection, dims: list[str], filters: Filters, *, 
     cols = {name: _bucket_sql(conn, expr) for name, expr in (_RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS).items()}
     prefix, time_col = ("c.", "r.created_at") if calls else ("", "created_at")
     conds, params = _where(filters, cols)
+    # the partial index's condition (migration 005): only rows caching touched are read
+    conds.insert(0, f"({prefix}cached_tokens <> 0 OR {prefix}cache_saving_usd <> 0)")
     if filters.since is not None:
         conds.append(f"{time_col} >= ?")
         params.append(filters.since)
@@ -327,7 +329,9 @@ def cache_figures(conn: LedgerConnection, dims: list[str], filters: Filters, *, 
         params.append(filters.until)
     sums = (f"coalesce(sum({prefix}cached_tokens), 0), count(CASE WHEN {prefix}cached_tokens > 0 THEN 1 END),"
             f" coalesce(sum({prefix}cache_saving_usd), 0)")
-    table = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
+    use = dialect_of(conn).use_index
+    table = (f"upstream_calls c{use('upstream_calls_cached_request_id')} JOIN requests r ON r.id = c.request_id"
+             if calls else f"requests{use('requests_cached_created_at')}")
     sql = _group_sql(table, [cols[d] for d in dims], sums, conds)
     return {tuple(row[:len(dims)]): dict(zip(CACHE_FIELDS, row[len(dims):])) for row in conn.execute(sql, params)}
 

@@ -1,5 +1,6 @@
-"""`selfroute serve` as a real process: two replicas on different ports sharing one PostgreSQL ledger behave as one
-gateway for the ledger (every request through either is one row; the admin endpoints on either see all traffic)."""
+"""`selfroute serve` as a real process: two replicas on different ports sharing one PostgreSQL ledger and one S3
+bucket behave as one gateway (every request through either is one ledger row; the admin endpoints on either see all
+traffic; a collection ingested through one is answered from through the other)."""
 from __future__ import annotations
 
 import os
@@ -20,10 +21,11 @@ ADMIN_KEY = "sk-admin-replicas"
 USER_KEY = "sk-user-replicas"
 
 
-def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str) -> tuple[subprocess.Popen, str]:
+def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str,
+                  extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "SELFROUTE_ADMIN_KEY": ADMIN_KEY,
-           "SELFROUTE_API_KEYS": USER_KEY, "SELFROUTE_LEDGER_URL": ledger_url}
+           "SELFROUTE_API_KEYS": USER_KEY, "SELFROUTE_LEDGER_URL": ledger_url, **(extra_env or {})}
     log = (tmp_path / f"{name}.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-dir", str(tmp_path / name),
                              "--policy", str(policy), "--port", str(port)],
@@ -115,3 +117,43 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
     # and neither replica hit an error on the way (a failed ledger write or migration logs one)
     logs = [(tmp_path / f"{name}.log").read_text() for name in ("a", "b")]
     assert all("Traceback" not in text for text in logs), logs
+
+
+PUMP_MANUAL = "\n\n".join(
+    f"Section {n}. Operating notes\n\nInspect the pump housing every {n} weeks for corrosion."
+    + (" The maintenance password for the Zephyr pump is BLUE-HERON-42." if n == 7 else "") for n in range(1, 13))
+RAG_POLICY = POLICY_TEMPLATE.replace("default_route: long", "default_route: rag")
+
+
+def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket, tmp_path):
+    """A collection ingested through replica A (LanceDB on the bucket, AWS_* variables) is listed and answered from
+    through replica B, which never saw the upload."""
+    base, fake = upstream
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(RAG_POLICY.format(base=base))
+    env = {**s3_bucket.env, "SELFROUTE_STORE_URI": s3_bucket.uri}
+    replicas = [start_replica(tmp_path, name, policy, postgres_url, env) for name in ("a", "b")]
+    try:
+        for (proc, url), name in zip(replicas, ("a", "b")):
+            wait_healthy(proc, url, tmp_path / f"{name}.log")
+        (_, a), (_, b) = replicas
+        auth = {"Authorization": f"Bearer {USER_KEY}"}
+        posted = httpx.post(f"{a}/v1/collections/pumps/documents", headers=auth, timeout=120,
+                            json={"documents": [{"id": "zephyr", "title": "Zephyr manual", "text": PUMP_MANUAL}]})
+        assert posted.status_code == 201, posted.text
+        listed = httpx.get(f"{b}/v1/collections/pumps", headers=auth, timeout=60)
+        assert listed.status_code == 200, listed.text
+        assert [d["id"] for d in listed.json()["documents"]] == ["zephyr"]
+        raw = openai.OpenAI(base_url=f"{b}/v1", api_key=USER_KEY, max_retries=0).chat.completions.with_raw_response.create(
+            model="selfroute", messages=[{"role": "user", "content": "What is the Zephyr pump's maintenance password?"}],
+            extra_body={"selfroute": {"collection": "pumps"}})
+        assert raw.headers["x-selfroute-route"] == "rag"
+        assert "BLUE-HERON-42" in fake.state.received[-1]["body"]["messages"][-1]["content"]  # retrieved on B
+        keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
+        assert any(k.startswith(f"{s3_bucket.prefix}/pumps") for k in keys)
+        assert not (tmp_path / "a" / "lancedb").exists() and not (tmp_path / "b" / "lancedb").exists()
+    finally:
+        for proc, _ in replicas:
+            proc.terminate()
+        for proc, _ in replicas:
+            proc.wait(timeout=30)

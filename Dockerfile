@@ -21,7 +21,8 @@ ENV PATH=/opt/selfroute/bin:$PATH
 # torch first, from PyTorch's CPU index: from PyPI it would be the multi-GB CUDA build
 RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY . /src
-RUN pip install /src
+# with psycopg: the ledger on PostgreSQL (--ledger-url), for replicas (docker-compose.yml)
+RUN pip install "/src[postgres]"
 # fail the build, not the first request, if a packaged model or the classifier is missing
 RUN HF_HUB_OFFLINE=1 python -c "from pipelines.embedding import Embedder; assert Embedder().dimension == 384" \
     && python -c "from gateway.upstreams.local import packaged_smollm2_path; assert packaged_smollm2_path().is_file()" \

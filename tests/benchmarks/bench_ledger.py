@@ -1,6 +1,11 @@
 """Ledger and report benchmark: one million synthetic requests, then the reports and the write cost.
 
     .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000
+    .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000 --postgres   # the same on PostgreSQL
+
+--postgres starts a throwaway PostgreSQL server (tests/engines.py: Debian's binaries, fsync off as in the tests),
+bulk-loads the same rows with COPY into the 001 schema, applies the later migrations, then times the reports and
+the admin endpoints (no CLI or write-path figures).
 
 Fills a ledger (fixed seed) with migration 001 only, applies 002 (its backfill builds the rollups), then times:
 the report functions, the CLI commands as subprocesses (Python start-up included), the admin endpoints through
@@ -24,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from gateway import reports  # noqa: E402
+from gateway.ledger import reports  # noqa: E402
 from gateway.ledger.summary import summary  # noqa: E402
 from gateway.ledger.writer import Ledger
 from gateway.ledger.records import RequestRecord, UpstreamCall
@@ -105,6 +110,47 @@ def fill(path: Path, args) -> None:
     conn.close()
 
 
+REQUEST_001 = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
+               "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
+               "counterfactual_cost_usd", "provenance")
+CALL_001 = ("request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
+            "latency_ms", "error")
+
+
+def fill_postgres(url: str, args) -> None:
+    """The same synthetic rows, COPYed into the 001 schema; the later migrations then build the rollups."""
+    from gateway.ledger.dialect import POSTGRESQL
+
+    conn = connect(url)
+    version, name, sql = _migrations(POSTGRESQL)[0]
+    with conn:
+        conn.script(sql)
+        conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+                     " applied_at double precision NOT NULL)")
+        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
+    started = time.perf_counter()
+    # one COPY at a time on a connection: the calls wait in memory (about 1.1 a request)
+    pending_calls = []
+    with conn.raw.transaction(), conn.raw.cursor() as cur:
+        with cur.copy(f"COPY requests ({', '.join(REQUEST_001)}) FROM STDIN") as copy:
+            for request, call_rows in synthetic(args.rows, args.days, args.keys, args.seed, args.end):
+                copy.write_row(request)
+                pending_calls.extend(call_rows)
+        with cur.copy(f"COPY upstream_calls ({', '.join(CALL_001)}) FROM STDIN") as copy:
+            for row in pending_calls:
+                copy.write_row(row)
+    print(f"COPY of {args.rows:,} requests (001 schema): {time.perf_counter() - started:.1f} s")
+    started = time.perf_counter()
+    applied = migrate(conn)
+    print(f"migration {applied} (rollup backfill): {time.perf_counter() - started:.1f} s")
+    conn.raw.autocommit = True
+    conn.execute("VACUUM ANALYZE")
+    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+              for t in ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")}
+    print("rows:", ", ".join(f"{t} {n:,}" for t, n in counts.items()))
+    conn.close()
+
+
 def timed(label: str, fn, repeat: int) -> None:
     times = []
     for _ in range(repeat):
@@ -149,7 +195,7 @@ def bench_cli(data_dir: Path, repeat: int) -> None:
         [sys.executable, "-c", "import gateway.cli"], check=True, env=env, cwd=ROOT), repeat)
 
 
-def bench_http(path: Path, repeat: int, rows: int) -> None:
+def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None) -> None:
     import warnings
 
     from starlette.applications import Starlette
@@ -161,12 +207,12 @@ def bench_http(path: Path, repeat: int, rows: int) -> None:
     from gateway.server.admin import admin_routes
     from gateway.server.auth import Authenticator
     from gateway.errors import GatewayError
-from gateway.server.errors import handle_gateway_error
+    from gateway.server.errors import handle_gateway_error  # noqa: F401
 
     print("admin endpoints (Starlette app in process, httpx test client, admin key):")
     from tests.ledger_fixtures import admin_app
 
-    app = admin_app(Ledger(path), Authenticator(["sk-user"], "sk-admin"))
+    app = admin_app(Ledger(path, dead_letter_dir=dead_letter_dir), Authenticator(["sk-user"], "sk-admin"))
     headers = {"Authorization": "Bearer sk-admin"}
     with TestClient(app) as client:
         for url in ("/v1/admin/costs?by=day", "/v1/admin/costs?by=model", "/v1/admin/costs?by=hour&since=7d",
@@ -251,10 +297,13 @@ def main() -> int:
     parser.add_argument("--writes", type=int, default=20_000, help="records for the write-path measurements")
     parser.add_argument("--data-dir", type=Path, help="keep the ledger here (default: a temporary directory)")
     parser.add_argument("--reuse", action="store_true", help="reuse an existing ledger in --data-dir")
+    parser.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL server instead of SQLite")
     args = parser.parse_args()
     args.end = time.time()
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="bench_ledger_"))
     data_dir.mkdir(parents=True, exist_ok=True)
+    if args.postgres:
+        return bench_postgres(args, data_dir)
     path = data_dir / "ledger.sqlite3"
     print(f"python {sys.version.split()[0]}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs, ledger {path}")
     try:
@@ -268,6 +317,28 @@ def main() -> int:
         bench_cli(data_dir, max(2, args.repeat // 2))
         bench_writes(path, args.writes)
     finally:
+        if args.data_dir is None:
+            shutil.rmtree(data_dir)
+    return 0
+
+
+def bench_postgres(args, data_dir: Path) -> int:
+    from tests.engines import start_postgres
+
+    server = start_postgres()
+    try:
+        version = server.connect().execute("SHOW server_version").fetchone()[0]
+        url = server.create_database("bench_ledger")
+        print(f"python {sys.version.split()[0]}, PostgreSQL {version}, {os.cpu_count()} CPUs, ledger {url}")
+        fill_postgres(url, args)
+        with server.connect() as conn:
+            size = conn.execute("SELECT pg_database_size('bench_ledger')").fetchone()[0]
+        print(f"ledger size: {size / 1e6:.0f} MB")
+        bench_reports(url, args.repeat)
+        bench_http(url, args.repeat, args.rows, dead_letter_dir=data_dir)
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
         if args.data_dir is None:
             shutil.rmtree(data_dir)
     return 0

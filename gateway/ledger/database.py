@@ -56,11 +56,20 @@ def migrate(conn: Any) -> list[int]:
     for version, name, sql in _migrations():
         if version in done:
             continue
-        # one script, one transaction: a migration and its bookkeeping row land together or not at all
-        conn.executescript(
-            f"BEGIN;\n{sql}\n;INSERT INTO schema_migrations (version, name, applied_at)"
-            f" VALUES ({version}, '{name}', {time.time()});\nCOMMIT;"
-        )
+        try:
+            # one script, one transaction: a migration and its bookkeeping row land together or not at all
+            conn.executescript(
+                f"BEGIN;\n{sql}\n;INSERT INTO schema_migrations (version, name, applied_at)"
+                f" VALUES ({version}, '{name}', {time.time()});\nCOMMIT;"
+            )
+        except sqlite3.OperationalError:
+            # another process (a second worker or replica starting at the same moment) applied it while this
+            # one waited for the write lock: its transaction failed whole; go on if the version is there now
+            if conn.in_transaction:
+                conn.rollback()
+            if version not in {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}:
+                raise
+            continue
         applied.append(version)
     return applied
 

@@ -106,3 +106,35 @@ def test_migrations_are_applied_once(tmp_path):
 def test_record_columns_are_the_table_columns():
     assert list(REQUEST_COLUMNS) == [c[0] for c in EXPECTED_TABLES["requests"]]
     assert list(CALL_COLUMNS) == [c[0] for c in EXPECTED_TABLES["upstream_calls"] if c[0] != "id"]
+
+
+def test_processes_starting_together_migrate_a_new_ledger_once(tmp_path):
+    """Workers or replicas opening a fresh ledger at the same moment: one applies each migration, the others find
+    it done (they used to fail with "table ... already exists"). Fifteen rounds of six at once."""
+    import threading
+
+    for round_ in range(15):
+        path = tmp_path / f"ledger{round_}.sqlite3"
+        start = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def open_ledger() -> None:
+            conn = connect(path)
+            try:
+                start.wait()
+                migrate(conn)
+            except BaseException as exc:  # noqa: BLE001  (reported below)
+                errors.append(exc)
+            finally:
+                conn.close()
+
+        threads = [threading.Thread(target=open_ledger) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        conn = connect(path)
+        versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
+        assert versions == sorted(set(versions)) and versions[0] == 1 and schema(conn)[0] == EXPECTED_TABLES
+        conn.close()

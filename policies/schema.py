@@ -79,6 +79,11 @@ class FallbackSettings(_Strict):
         0.0, ge=0.0, le=1.0,
         description="…and the classifier's P(cheap suffices) at least this (0: P(cheap) showed no signal for absent answers)"
     )
+    on_long_error: Literal["return_cheap", "error"] = Field(
+        "return_cheap",
+        description="when the long call fails after a refused cheap answer: send the cheap answer (with the "
+                    "x-selfroute-fallback-error header) or the long call's error",
+    )
 
 
 class VerifierSettings(_Strict):
@@ -133,6 +138,10 @@ class Policy(_Strict):
     aliases: list[str] = Field(default_factory=lambda: ["selfroute"], min_length=1)
     cheap: ModelConfig
     long: ModelConfig
+    long_alternates: list[ModelConfig] = Field(
+        default_factory=list,
+        description="tried in order when the long model fails (timeout, 429, 5xx); they get the same packed prompt",
+    )
     rag: RagSettings = RagSettings()
     long_context: LongContextSettings = LongContextSettings()
     routing: RoutingSettings = RoutingSettings()

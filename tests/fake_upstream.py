@@ -9,13 +9,18 @@
 - a name containing "garbled": a stream whose second event is not JSON;
 - a name containing "dribble": a stream of 40 words, one every 0.25 s;
 - a name containing "flaky": every odd-numbered request to it fails with 503;
+- a name containing "wait-N": every odd-numbered request to it fails with 429 and `Retry-After: N`;
+- "json-stream" / "text-stream" / "empty-stream": a stream request answered with a JSON completion, a
+  text/plain 200, or an event stream holding only [DONE];
+- "shape-list" / "shape-string" / "shape-no-choices" / "shape-bad-usage": a 200 whose body is a JSON list,
+  a JSON string, a completion without choices, or one whose usage.prompt_tokens is "abc".
 - a name containing "prefix-cache": OpenAI-style automatic prompt caching: the words a prompt shares at its start
   with an earlier prompt to that model are reported as usage.prompt_tokens_details.cached_tokens;
 - any name, content parts marked `cache_control` (Anthropic-style): the words up to the last marked part are
   a cache block, reported as usage.cache_creation_input_tokens the first time and cache_read_input_tokens after
   (inside prompt_tokens, as litellm reports Anthropic's usage).
 POST /v1/embeddings answers [characters, words, 1.0] per input text ("status-NNN" fails the same way).
-Every request body received is kept in `app.state.received`.
+Every request body received is kept in `app.state.received`, with its arrival time (time.monotonic()).
 """
 from __future__ import annotations
 
@@ -25,8 +30,20 @@ import time
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
+
+
+MALFORMED = {
+    "shape-list": [{"choices": []}],
+    "shape-string": "echo",
+    "shape-no-choices": {"id": "x", "object": "chat.completion", "choices": [],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
+    "shape-bad-usage": {"id": "x", "object": "chat.completion",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                     "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": "abc", "completion_tokens": 1, "total_tokens": 1}},
+}
 
 
 def _text(content) -> str:
@@ -86,13 +103,20 @@ def cache_usage(state, body: dict) -> dict:
 
 async def completions(request: Request):
     body = await request.json()
-    request.app.state.received.append({"body": body, "headers": dict(request.headers)})
+    request.app.state.received.append({"body": body, "headers": dict(request.headers), "at": time.monotonic()})
     model = body["model"]
     if "flaky" in model:
         seen = request.app.state.flaky_calls = getattr(request.app.state, "flaky_calls", 0) + 1
         if seen % 2:
             return JSONResponse({"error": {"message": "fake upstream is flaky", "type": "x", "param": None,
                                            "code": None}}, status_code=503)
+    if "wait-" in model:
+        seen = request.app.state.wait_calls = getattr(request.app.state, "wait_calls", 0) + 1
+        if seen % 2:
+            return JSONResponse({"error": {"message": "slow down", "type": "x", "param": None, "code": None}},
+                                status_code=429, headers={"retry-after": model.split("wait-")[1].split("-")[0]})
+    if model.startswith("shape-"):
+        return JSONResponse(MALFORMED[model])
     if model.startswith("status-"):
         status = int(model.split("-")[1])
         return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,
@@ -102,7 +126,11 @@ async def completions(request: Request):
     answer = request.app.state.scripted if "scripted" in model else answer_for(body)
     usage = {**usage_for(body, answer), **cache_usage(request.app.state, body)}
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
-    if not body.get("stream"):
+    if body.get("stream") and model == "text-stream":
+        return PlainTextResponse("hello, not an event stream")
+    if body.get("stream") and model == "empty-stream":
+        return StreamingResponse(iter(["data: [DONE]\n\n"]), media_type="text/event-stream")
+    if not body.get("stream") or model == "json-stream":
         return JSONResponse({
             **base, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer, "refusal": None},

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Callable
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.upstreams.base import Upstream
+from gateway.upstreams.base import Upstream, check_completion, malformed_answer
 from policies.schema import ModelConfig
 
 # finish(usage, error, status): runs exactly once when a stream ends, however it ends
@@ -20,6 +20,8 @@ class Completed:
 
     completion: dict[str, Any]
     sent: list[dict] | None = None  # routed answers: the messages the answer was produced from (grounding check)
+    # the long route's failure when the cheap answer was sent instead (fallback.on_long_error: return_cheap)
+    fallback_error: GatewayError | None = None
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Streamed:
     chunks: AsyncIterator[bytes]
     client_wants_usage: bool
     finish: StreamFinish
+    fallback_error: GatewayError | None = None
 
 
 Answer = Completed | Streamed
@@ -41,7 +44,8 @@ async def complete_upstream(
     """One non-streaming upstream call, recorded as a leg of the request whether it succeeds or fails."""
     started = time.perf_counter()
     try:
-        completion = await upstream.complete(config, body)
+        # a body of the wrong shape is the upstream's failure: a 502 with its leg kept, never a 500 that loses it
+        completion = check_completion(await upstream.complete(config, body), config.model)
     except GatewayError as exc:
         entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
         raise
@@ -58,7 +62,8 @@ async def open_stream(
     try:
         first = await chunks.__anext__()
     except StopAsyncIteration:
-        first = None
+        # an empty stream (or a body that was no event stream at all) would reach the client as an empty 200
+        raise malformed_answer(config.model, "the stream ended without a single event") from None
     return first, chunks
 
 

@@ -133,29 +133,50 @@ class RoutingService:
         entry.record.route, entry.record.reason = decision.route, decision.reason
         route = decision.route
         prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
-        config = self.policy.long if route == LONG else self.policy.cheap
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             if checked:
                 return await self._stream_checked(chat, body, plan, prepared, route, entry)
-            return await self._stream(chat, body, config, route, plan, prepared, entry)
-        completion = await self._call(config, body, prepared, route, entry)
+            if route == LONG:
+                return await self._stream_long(chat, body, plan, prepared, entry)
+            return await self._stream(chat, body, self.policy.cheap, route, plan, prepared, entry)
+        if route == LONG:
+            completion = await self._call_long(body, prepared, entry)
+        else:
+            completion = await self._call(self.policy.cheap, body, prepared, route, entry)
+        fallback_error = None
         if checked:
             verdict = await self._verdict(plan, prepared, route, completion_text(completion))
             entry.record.reason = verdict.reason(decision)
             if verdict.escalate:
-                entry.record.route = route = verdict.outcome
-                prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
-                completion = await self._call(self.policy.long, body, prepared, LONG, entry)
+                long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
+                entry.record.route = verdict.outcome
+                try:
+                    completion = await self._call_long(body, long_prepared, entry)
+                    route, prepared = verdict.outcome, long_prepared
+                except GatewayError as exc:
+                    if self.policy.routing.fallback.on_long_error == "error":
+                        raise
+                    fallback_error = exc
+                    self._kept_cheap(entry, exc, route)
         provenance = planner.provenance(plan, prepared, route)
         entry.record.provenance = provenance
         entry.counterfactual(self.policy.long, plan.context_tokens)
         entry.finish(200)
         completion["selfroute"] = {
-            "route": route, "reason": entry.record.reason, "rule": decision.rule,
+            "route": entry.record.route, "reason": entry.record.reason, "rule": decision.rule,
             "probability": decision.probability, "request_id": entry.record.id, "provenance": provenance,
         }
-        return Completed(completion, sent=prepared.messages)
+        if fallback_error is not None:
+            completion["selfroute"]["fallback_error"] = fallback_error.body()["error"]
+        return Completed(completion, sent=prepared.messages, fallback_error=fallback_error)
+
+    @staticmethod
+    def _kept_cheap(entry: RequestLedgerEntry, exc: GatewayError, route: str) -> None:
+        """The long call failed after a refused cheap answer and the policy says to send the cheap answer:
+        the request is recorded as answered by the cheap `route` (the failed legs stay in the ledger)."""
+        entry.record.route = route
+        entry.record.reason = f"{entry.record.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
 
     async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> Verdict:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
@@ -175,11 +196,26 @@ class RoutingService:
             messages = mark_document_block(messages)
         return {**body, "model": config.model, "messages": messages}
 
+    def _long_models(self) -> list[ModelConfig]:
+        return [self.policy.long, *self.policy.long_alternates]
+
     async def _call(
         self, config: ModelConfig, body: dict[str, Any], prepared: PreparedPrompt, route: str,
         entry: RequestLedgerEntry,
     ) -> dict[str, Any]:
         return await complete_upstream(self.upstream, entry, config, route, self._body(body, config, prepared))
+
+    async def _call_long(self, body: dict[str, Any], prepared: PreparedPrompt, entry: RequestLedgerEntry) -> dict[str, Any]:
+        """The long model, then each alternate in order while the failure is the provider's (every try is a leg)."""
+        models = self._long_models()
+        for index, config in enumerate(models):
+            try:
+                return await self._call(config, body, prepared, LONG, entry)
+            except GatewayError as exc:
+                if index == len(models) - 1 or not worth_an_alternate(exc):
+                    raise
+                logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+        raise AssertionError("unreachable: the policy always has a long model")
 
     async def _stream(self, chat, body, config, route, plan: RoutePlan, prepared, entry) -> Streamed:
         entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
@@ -188,6 +224,19 @@ class RoutingService:
             client_wants_usage=chat.wants_usage_in_stream,
             before_finish=lambda: entry.counterfactual(self.policy.long, plan.context_tokens),
         )
+
+    async def _stream_long(self, chat, body, plan: RoutePlan, prepared, entry) -> Streamed:
+        """Open the long stream on the long model, else on each alternate in order (only before the first
+        chunk: once text has reached the client, a failure ends the stream with an error event)."""
+        models = self._long_models()
+        for index, config in enumerate(models):
+            try:
+                return await self._stream(chat, body, config, LONG, plan, prepared, entry)
+            except GatewayError as exc:
+                if index == len(models) - 1 or not worth_an_alternate(exc):
+                    raise
+                logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+        raise AssertionError("unreachable: the policy always has a long model")
 
     async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, route: str, entry) -> Streamed:
         """Hold the cheap stream until the check can decide: its opening for the literal rule, the whole answer
@@ -202,7 +251,7 @@ class RoutingService:
         held: list[bytes] = []
         text = ""
         usage = None
-        ended = first is None
+        ended = False
         data = first
         try:
             while data is not None:
@@ -243,7 +292,7 @@ class RoutingService:
                 entry.counterfactual(self.policy.long, plan.context_tokens)
                 entry.finish(status, error)
 
-            return Streamed(held[0] if held else None, held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
+            return Streamed(held[0], held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
         # the refusal never reaches the client: close the cheap stream and answer from the long route
         if not ended:
             await chunks.aclose()
@@ -252,4 +301,41 @@ class RoutingService:
         entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000)
         entry.record.route = verdict.outcome
         long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
-        return await self._stream(chat, body, self.policy.long, LONG, plan, long_prepared, entry)
+        try:
+            return await self._stream_long(chat, body, plan, long_prepared, entry)
+        except GatewayError as exc:
+            if self.policy.routing.fallback.on_long_error == "error":
+                raise
+            self._kept_cheap(entry, exc, route)
+            failure = exc
+        # send the held cheap answer after all; a stream cut after its opening is closed as truncated
+        entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
+        tail = [] if ended else held_tail(held[0], usage)
+
+        async def held_only() -> AsyncIterator[bytes]:
+            for item in [*held[1:], *tail]:
+                yield item
+
+        def finish_kept(final_usage, error, status) -> None:  # the cheap leg is already recorded
+            entry.counterfactual(self.policy.long, plan.context_tokens)
+            entry.finish(status, error)
+
+        return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept, failure)
+
+
+LONG_FAILED = "the long route failed, answered with the cheap route's reply"
+
+
+def worth_an_alternate(exc: GatewayError) -> bool:
+    """Failures of the provider (timeout, rate limit, 5xx), not of the request: another long model may answer."""
+    return exc.status in (408, 429, 500, 502, 503, 504)
+
+
+def held_tail(first: bytes, usage: dict[str, Any]) -> list[bytes]:
+    """Closing chunks for a held stream that was cut after its opening: finish_reason "length" (the text is
+    truncated) and the usage counted so far."""
+    opening = json.loads(first)
+    base = {"id": opening.get("id"), "object": "chat.completion.chunk", "created": opening.get("created"),
+            "model": opening.get("model")}
+    return [json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode(),
+            json.dumps({**base, "choices": [], "usage": usage}).encode()]

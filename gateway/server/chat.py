@@ -32,6 +32,9 @@ def route_headers(entry: RequestLedgerEntry) -> dict[str, str]:
 
 
 def render(answer: Answer, extra_headers: dict[str, str]) -> Response:
+    failure = answer.fallback_error
+    if failure is not None:
+        extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failure.status} {failure.code or failure.type}"}
     if isinstance(answer, Completed):
         return json_response(answer.completion, headers=extra_headers)
     return stream_response(answer, headers=extra_headers)

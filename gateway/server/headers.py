@@ -7,3 +7,4 @@ REASON = "x-selfroute-reason"  # why that route
 FLAGS = "x-selfroute-flags"  # routed answers and ingest reports whose documents a security check flagged
 GROUNDING = "x-selfroute-grounding"  # routed answers with the grounding check on: unsupported=N/checked sentences
 COLLECTION = "x-selfroute-collection"  # a request's collection, instead of extra_body selfroute.collection
+FALLBACK_ERROR = "x-selfroute-fallback-error"  # the long route failed; the cheap answer was sent: "<status> <code>"

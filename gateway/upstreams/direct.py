@@ -6,21 +6,78 @@ no translation, bytes in, bytes out.
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import logging
 import os
+import time
 from typing import Any, AsyncIterator
 
 import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gateway.errors import GatewayError
-from gateway.upstreams.base import split_provider, upstream_error
+from gateway.upstreams.base import malformed_answer, split_provider, upstream_error
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 DIRECT_PROVIDERS = ("openai", "hosted_vllm")
 RETRY_STATUSES = (429, 500, 502, 503, 504)
+# full-jitter exponential backoff between attempts: up to 0.25 s, 0.5 s, 1 s, ... capped at 8 s
+BACKOFF = wait_random_exponential(multiplier=0.25, max=8.0)
+# an upstream asking to wait longer than this is saying "not now": fail instead of holding the client
+MAX_RETRY_AFTER_S = 30.0
+
+
+class _Retryable(Exception):
+    """A failed attempt worth repeating; carries the client-facing error and the upstream's Retry-After."""
+
+    def __init__(self, error: GatewayError, retry_after: float | None = None):
+        super().__init__(error.message)
+        self.error = error
+        self.retry_after = retry_after
+
+
+def retry_after_seconds(headers: Any, now: float | None = None) -> float | None:
+    """Seconds to wait from `retry-after-ms` (OpenAI's) or `Retry-After` (seconds or an HTTP date)."""
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(float(value) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        moment = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(moment.timestamp() - (time.time() if now is None else now), 0.0)
+
+
+def _wait(state: RetryCallState) -> float:
+    """The upstream's Retry-After when it sent one, else jittered exponential backoff."""
+    failure = state.outcome.exception() if state.outcome else None
+    if isinstance(failure, _Retryable) and failure.retry_after is not None:
+        return failure.retry_after
+    return BACKOFF(state)
+
+
+def _stop(attempts: int):
+    after_attempts = stop_after_attempt(attempts)
+
+    def stop(state: RetryCallState) -> bool:
+        failure = state.outcome.exception() if state.outcome else None
+        too_long = isinstance(failure, _Retryable) and (failure.retry_after or 0.0) > MAX_RETRY_AFTER_S
+        return too_long or after_attempts(state)
+
+    return stop
 
 
 def _error_message(payload: bytes) -> str:
@@ -72,31 +129,31 @@ class DirectOpenAIUpstream:
         url, headers, name = self._endpoint(config)
         payload = json.dumps({**body, "model": name}).encode()
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout, sock_read=config.timeout)
-        failure: GatewayError | None = None
-        delay = 0.0
-        for attempt in range(config.max_retries + 1):
-            if attempt and delay:
-                await asyncio.sleep(delay)
+
+        async def attempt() -> aiohttp.ClientResponse:
             try:
                 response = await self._client().post(url, data=payload, headers=headers, timeout=timeout)
             except asyncio.TimeoutError:
-                failure, delay = GatewayError(
+                raise _Retryable(GatewayError(
                     504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
-                ), 0.0  # a timeout has already waited: retry at once
-                continue
+                )) from None
             except aiohttp.ClientError as exc:
-                failure = upstream_error(None, f"{type(exc).__name__}: {exc}", config.model)
-                delay = 0.2 * (attempt + 1)
-                continue
+                raise _Retryable(upstream_error(None, f"{type(exc).__name__}: {exc}", config.model)) from None
             if response.status < 400:
                 return response
             content = await response.read()
             response.release()
-            failure = upstream_error(response.status, _error_message(content), config.model)
+            error = upstream_error(response.status, _error_message(content), config.model)
             if response.status not in RETRY_STATUSES:
-                break
-            delay = 0.2 * (attempt + 1)
-        raise failure
+                raise error
+            raise _Retryable(error, retry_after_seconds(response.headers))
+
+        retrying = AsyncRetrying(stop=_stop(config.max_retries + 1), wait=_wait,
+                                 retry=retry_if_exception_type(_Retryable), reraise=True)
+        try:
+            return await retrying(attempt)
+        except _Retryable as exc:
+            raise exc.error from None
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         response = await self._send(config, {**body, "stream": False})
@@ -111,11 +168,17 @@ class DirectOpenAIUpstream:
         try:
             return json.loads(content)
         except ValueError:
-            raise upstream_error(None, "upstream answered with invalid JSON", config.model) from None
+            raise malformed_answer(config.model, "the body is not JSON") from None
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
         response = await self._send(config, {**body, "stream": True})
         try:
+            kind = response.headers.get("content-type", "")
+            if kind and not kind.startswith("text/event-stream"):
+                # a JSON answer (or an HTML page) to a stream request: relaying nothing would look like an empty 200
+                content = await response.read()
+                raise malformed_answer(config.model, f"asked for a stream, it answered {kind.split(';')[0]}: "
+                                                     f"{_error_message(content)[:200]}")
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue

@@ -41,11 +41,12 @@ cheap:
   output_cost_per_mtok: 2.0
   context_window: 8192
 long:
-  model: openai/fake-long
+  model: openai/LONG
   api_base: {base}/v1
   input_cost_per_mtok: 10.0
   output_cost_per_mtok: 20.0
   context_window: 16000
+ALTERNATES
 rag:
   top_k: 4
   context_budget_tokens: 400
@@ -55,11 +56,16 @@ routing:
   default_route: rag
   fallback:
     enabled: true
+    on_long_error: ON_LONG_ERROR
 """
 
 
-def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]", verifier: str | None = None):
-    template = POLICY.replace("CHEAP", cheap).replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
+def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]", verifier: str | None = None,
+               long: str = "fake-long", alternates: tuple[str, ...] = (), on_long_error: str = "return_cheap"):
+    listed = "".join(f"\n  - model: openai/{m}\n    api_base: '{{base}}/v1'" for m in alternates)
+    template = (POLICY.replace("ON_LONG_ERROR", on_long_error).replace("CHEAP", cheap).replace("LONG", long)
+                .replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
+                .replace("ALTERNATES", f"long_alternates:{listed}" if alternates else ""))
     if verifier is not None:
         template += f"  verifier:\n    model_path: {verifier}\n    threshold: {VERIFIER_THRESHOLD}\n"
     return make_policy(base, template)
@@ -371,3 +377,67 @@ def test_conflicting_context_is_400(start):
     with pytest.raises(openai.BadRequestError) as caught:
         ask(url, "q?", collection="pumps", documents=[{"text": "x"}])
     assert caught.value.response.json()["error"]["code"] == "conflicting_context"
+
+
+def test_long_failure_after_a_refusal_returns_the_cheap_answer_with_a_header(start):
+    url, app = start(cheap="cheap-refuser", long="status-503")
+    raw = ask(url, "What is the maintenance password?", documents=[{"text": manual()}])
+    assert raw.http_response.status_code == 200
+    assert raw.headers["x-selfroute-fallback-error"] == "502 upstream_error"
+    assert raw.headers["x-selfroute-route"] == "rag"
+    assert raw.parse().choices[0].message.content == "unanswerable"
+    assert raw.http_response.json()["selfroute"]["fallback_error"]["code"] == "upstream_error"
+    [row] = ledger_rows(app)
+    calls = ledger_rows(app, "upstream_calls")
+    assert (row["status"], row["route"]) == (200, "rag") and "long route failed" in row["reason"]
+    assert [(c["route"], bool(c["error"])) for c in calls] == [("rag", False), ("long", True)]
+
+
+def test_long_failure_after_a_refusal_is_an_error_when_the_policy_says_so(start):
+    url, app = start(cheap="cheap-refuser", long="status-503", on_long_error="error")
+    with pytest.raises(openai.APIStatusError) as caught:
+        ask(url, "What is the maintenance password?", documents=[{"text": manual()}])
+    assert caught.value.status_code == 502
+    assert "x-selfroute-fallback-error" not in caught.value.response.headers
+    [row] = ledger_rows(app)
+    assert (row["status"], row["route"]) == (502, "rag>long")
+
+
+def test_long_alternates_are_tried_in_order(start, upstream):
+    url, app = start(cheap="cheap-refuser", long="status-503", alternates=("status-429", "fake-long"))
+    raw = ask(url, "What is the maintenance password?", documents=[{"text": manual()}])
+    assert raw.headers["x-selfroute-route"] == "rag>long"
+    assert "x-selfroute-fallback-error" not in raw.headers
+    assert raw.parse().choices[0].message.content.startswith("echo:")
+    calls = ledger_rows(app, "upstream_calls")
+    assert [(c["model"], bool(c["error"])) for c in calls] == [
+        ("openai/cheap-refuser", False), ("openai/status-503", True), ("openai/status-429", True),
+        ("openai/fake-long", False)]
+
+
+def test_long_alternates_serve_the_long_route_and_its_streams(start):
+    rules = "[{name: all-long, feature: context_tokens, op: '>=', value: 0, route: long}]"
+    url, app = start(long="status-500", alternates=("fake-long",), rules=rules)
+    raw = ask(url, "Where is the pump?", documents=[{"text": manual()}])
+    assert raw.headers["x-selfroute-route"] == "long" and raw.parse().choices[0].message.content.startswith("echo:")
+    stream = client(url).chat.completions.create(
+        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("echo:")
+    assert [c["model"] for c in ledger_rows(app, "upstream_calls")] == ["openai/status-500", "openai/fake-long"] * 2
+
+
+def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
+    url, app = start(cheap="cheap-refuser", long="status-503")
+    with client(url).chat.completions.with_streaming_response.create(
+        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+        stream_options={"include_usage": True}, extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    ) as response:
+        assert response.headers["x-selfroute-fallback-error"] == "502 upstream_error"
+        assert response.headers["x-selfroute-route"] == "rag"
+        chunks = list(response.parse())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == "unanswerable"
+    assert chunks[-1].usage is not None
+    [row] = ledger_rows(app)
+    assert (row["status"], row["route"]) == (200, "rag")
+    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [("rag", False), ("long", True)]

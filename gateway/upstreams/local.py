@@ -28,6 +28,29 @@ DEFAULT_MAX_TOKENS = 512
 _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
+def unsupported_parameter(body: dict[str, Any], model: str) -> GatewayError | None:
+    """What the in-process model cannot do, named, instead of silently dropping it: several choices, tools
+    and function calling, log probabilities, JSON-schema output (a plain `json_object` is supported)."""
+    def refuse(param: str, what: str) -> GatewayError:
+        return GatewayError(400, f"{model} does not support {what}; send the request to a model that does",
+                            param=param, code="unsupported_parameter")
+
+    n = body.get("n")
+    if n is not None and n != 1:
+        return refuse("n", "n > 1 (several choices)")
+    for param in ("tools", "tool_choice", "functions", "function_call"):
+        if body.get(param):
+            return refuse(param, "tools or function calling")
+    if body.get("logprobs"):
+        return refuse("logprobs", "log probabilities")
+    if body.get("top_logprobs"):
+        return refuse("top_logprobs", "log probabilities")
+    response_format = body.get("response_format")
+    if isinstance(response_format, dict) and response_format.get("type") not in (None, "text", "json_object"):
+        return refuse("response_format", f"response_format type {response_format.get('type')!r} (only text and json_object)")
+    return None
+
+
 def is_packaged_local_model(model: str) -> bool:
     return model.partition("/")[2].lower().startswith("smollm2")
 
@@ -71,7 +94,9 @@ class LocalModelUpstream:
                 from llama_cpp import Llama
 
                 started = time.perf_counter()
-                n_ctx = min(self._n_ctx, config.context_window or self._n_ctx)
+                # one context size per file, whichever route loads it first: a policy's context_window sizes
+                # its route's packing, not the shared model (the cheap route may need more than the long)
+                n_ctx = self._n_ctx
                 model = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=self._n_threads, verbose=False)
                 logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, n_ctx, time.perf_counter() - started)
                 self._models[str(path)] = model
@@ -131,6 +156,9 @@ class LocalModelUpstream:
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         """The policy's timeout covers waiting for the model and generating; past it the generation is
         told to stop at its next token and the client gets a 504."""
+        refused = unsupported_parameter(body, config.model)
+        if refused is not None:
+            raise refused
         stop = threading.Event()
         try:
             with anyio.fail_after(config.timeout):
@@ -142,6 +170,9 @@ class LocalModelUpstream:
             ) from None
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        refused = unsupported_parameter(body, config.model)
+        if refused is not None:
+            raise refused
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancelled = threading.Event()

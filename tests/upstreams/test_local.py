@@ -99,3 +99,27 @@ def test_clients_cannot_load_arbitrary_local_files(gateway, tmp_path):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model=f"local/{tmp_path}/evil.gguf", messages=[{"role": "user", "content": "x"}])
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"n": 2}, "n"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"logprobs": True}, "logprobs"),
+    ({"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+     "response_format"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_what_the_local_model_cannot_do_is_a_400_naming_the_parameter(gateway, extra, param, stream):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    for model in ("local/smollm2-135m-instruct", "selfroute"):  # pass-through and the routed default alike
+        with pytest.raises(openai.BadRequestError) as caught:
+            answer = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=4, stream=stream,
+                extra_body=extra)
+            list(answer) if stream else None
+        error = caught.value.response.json()["error"]
+        assert (error["code"], error["param"]) == ("unsupported_parameter", param)
+    assert ledger_rows(app)[-1]["status"] == 400

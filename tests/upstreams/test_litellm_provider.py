@@ -48,3 +48,27 @@ def test_litellm_provider_errors_keep_their_status(gateway):
             model="custom_openai/status-429", messages=[{"role": "user", "content": "x"}])
     assert caught.value.response.json()["error"]["code"] == "upstream_rate_limited"
     assert ledger_rows(app)[0]["status"] == 429
+
+
+@pytest.mark.parametrize("model", ["shape-list", "shape-string", "shape-no-choices", "shape-bad-usage"])
+def test_litellm_answers_of_the_wrong_shape_are_502s_with_their_leg(gateway, model):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(model=f"custom_openai/{model}", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == 502
+    [row] = ledger_rows(app)
+    [call] = ledger_rows(app, "upstream_calls")
+    assert row["status"] == 502 and call["model"] == f"custom_openai/{model}" and call["error"]
+
+
+@pytest.mark.parametrize("model", ["json-stream", "text-stream", "empty-stream"])
+def test_litellm_stream_answered_without_events_is_a_502(gateway, model):
+    url, app = gateway
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as caught:
+        list(client.chat.completions.create(model=f"custom_openai/{model}", stream=True,
+                                            messages=[{"role": "user", "content": "x"}]))
+    assert caught.value.status_code == 502
+    [row] = ledger_rows(app)
+    assert row["status"] == 502 and ledger_rows(app, "upstream_calls")[0]["error"]

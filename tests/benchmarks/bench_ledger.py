@@ -181,6 +181,8 @@ def bench_reports(path: Path, repeat: int) -> None:
         conn, reports.Filters.parse(status="error", since="7d"), limit=20), repeat)
     timed("dashboard summary, 24h window", lambda: summary(conn, window=86400), repeat)
     timed("dashboard summary, 7d window", lambda: summary(conn, window=7 * 86400), repeat)
+    timed("dashboard summary, 30d window (histogram percentiles)", lambda: summary(conn, window=30 * 86400), repeat)
+    timed("dashboard summary, 1h window (minute buckets)", lambda: summary(conn, window=3600), repeat)
     conn.close()
 
 

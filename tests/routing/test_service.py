@@ -441,3 +441,23 @@ def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
     [row] = ledger_rows(app)
     assert (row["status"], row["route"]) == (200, "rag")
     assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [("rag", False), ("long", True)]
+
+
+def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_out(upstream, embedder, tmp_path):
+    """The shipped policy, its models pointed at the fake upstream: a refused cheap answer whose long call
+    times out gives the client the cheap answer within the long timeout, not a 504."""
+    from policies.loader import load_policy
+
+    base = upstream[0]
+    policy, _ = load_policy(None)
+    policy = policy.model_copy(update={
+        "cheap": policy.cheap.model_copy(update={"model": "openai/cheap-refuser", "api_base": f"{base}/v1"}),
+        "long": policy.long.model_copy(update={"model": "openai/slow", "api_base": f"{base}/v1", "timeout": 1.0}),
+        "routing": policy.routing.model_copy(update={"rules": [], "classifier": None, "default_route": "rag"}),
+    })
+    app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
+    with serve_app(app) as url:
+        raw = ask(url, "Question: What is the maintenance password?", documents=[{"text": manual()}])
+    assert raw.http_response.status_code == 200
+    assert raw.headers["x-selfroute-fallback-error"] == "504 upstream_timeout"
+    assert raw.parse().choices[0].message.content == "unanswerable"

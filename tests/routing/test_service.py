@@ -453,7 +453,9 @@ def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_ou
     policy = policy.model_copy(update={
         "cheap": policy.cheap.model_copy(update={"model": "openai/cheap-refuser", "api_base": f"{base}/v1"}),
         "long": policy.long.model_copy(update={"model": "openai/slow", "api_base": f"{base}/v1", "timeout": 1.0}),
-        "routing": policy.routing.model_copy(update={"rules": [], "classifier": None, "default_route": "rag"}),
+        # the literal refusal rule: the shipped verifier judges real answers, not the fake upstream's
+        "routing": policy.routing.model_copy(update={"rules": [], "classifier": None, "default_route": "rag",
+                                                     "verifier": None}),
     })
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
     with serve_app(app) as url:

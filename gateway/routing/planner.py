@@ -79,8 +79,8 @@ class RoutePlanner:
         self._index_cache: OrderedDict[tuple, DocumentIndex] = OrderedDict()
         self._stats_lock = threading.Lock()
 
-    def _cached(self, cache: OrderedDict, size: int, documents: list[Document], compute):
-        key = tuple((d.id, content_hash(d)) for d in documents)
+    def _cached(self, cache: OrderedDict, size: int, documents: list[Document], compute, key: tuple | None = None):
+        key = key if key is not None else tuple((d.id, content_hash(d)) for d in documents)
         with self._stats_lock:
             if key in cache:
                 cache.move_to_end(key)
@@ -95,11 +95,24 @@ class RoutePlanner:
     def _document_stats(self, documents: list[Document]) -> DocumentStats:
         return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, document_stats)
 
-    def _document_index(self, documents: list[Document]) -> DocumentIndex:
+    def _document_index(self, documents: list[Document], key: tuple | None = None) -> DocumentIndex:
         from classifier.answer_features import document_index
 
         return self._cached(self._index_cache, INDEX_CACHE_SIZE, documents,
-                            lambda docs: document_index("\n\n".join(d.text for d in docs)))
+                            lambda docs: document_index("\n\n".join(d.text for d in docs)), key)
+
+    def _collection_index(self, name: str) -> DocumentIndex | None:
+        """A stored collection's term index, built once per version of its contents (the documents' ids and
+        content hashes) and cached like an attached document's."""
+        info = self.store.collection(name)
+        if info is None or not info.documents:
+            return None
+        version = ("collection", name, tuple((d.id, d.content_hash) for d in info.documents))
+        with self._stats_lock:
+            if version in self._index_cache:
+                self._index_cache.move_to_end(version)
+                return self._index_cache[version]
+        return self._document_index(self.store.documents(name), key=version)
 
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
@@ -208,14 +221,17 @@ class RoutePlanner:
 
     def cheap_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> CheapAnswer:
         """The cheap answer with what it was produced from, for the answer check (gateway.routing.escalation).
-        The document index is computed once per attached content and cached; a stored collection has none
-        (its document-side features are left missing)."""
+        The document index is computed once per attached content, or per version of a stored collection,
+        and cached."""
         if route == RAG:
             passages = [p.text for p in plan.retrieval.passages] if plan.retrieval is not None else []
         else:  # direct: the whole context went to the cheap model
             passages = [content_text(m.get("content")) for m in prepared.messages]
         documents = plan.context.documents
-        index = self._document_index(documents) if documents else None
+        if documents:
+            index = self._document_index(documents)
+        else:
+            index = self._collection_index(plan.context.collection) if plan.context.collection else None
         return CheapAnswer(text, plan.context.question, passages, index)
 
     def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:

@@ -463,3 +463,23 @@ def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_ou
     assert raw.http_response.status_code == 200
     assert raw.headers["x-selfroute-fallback-error"] == "504 upstream_timeout"
     assert raw.parse().choices[0].message.content == "unanswerable"
+
+
+def test_a_collection_answer_is_checked_against_the_collection_index_built_once_per_version(
+        start, upstream, verifier_file):
+    upstream[1].state.scripted = "The maintenance password is BLUE-HERON-42."
+    url, app = start(cheap="cheap-scripted", verifier=str(verifier_file))
+    base = f"{url}/v1/collections/pumps/documents"
+    assert httpx.post(base, json={"documents": [{"id": "manual", "text": manual()}]}, timeout=120).status_code == 201
+    first = ask(url, QUESTION, collection="pumps")
+    assert first.headers["x-selfroute-route"] == "rag" and "verifier: P(good)=" in first.headers["x-selfroute-reason"]
+    cache = app.state.gateway.routing.planner._index_cache
+    [version] = [k for k in cache if k[0] == "collection"]
+    terms, _, _ = cache[version]
+    assert {"zephyr", "heron"} <= terms  # the whole stored document, not only the passages sent
+    ask(url, "Which valves close clockwise?", collection="pumps")
+    assert [k for k in cache if k[0] == "collection"] == [version]  # reused
+    httpx.post(base, json={"documents": [{"id": "memo", "text": "The canteen opens at nine."}]}, timeout=120)
+    ask(url, QUESTION, collection="pumps")
+    versions = [k for k in cache if k[0] == "collection"]
+    assert len(versions) == 2 and "canteen" in cache[versions[-1]][0]

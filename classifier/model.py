@@ -55,8 +55,8 @@ def model_to_bytes(model: RouteModel) -> tuple[bytes, str]:
     return data, json.dumps(_json_safe(model.card), indent=2, sort_keys=True) + "\n"
 
 
-def model_from_bytes(data: bytes, card: dict[str, Any] | None = None, source: str = "<memory>") -> RouteModel:
-    """A model from skops bytes; refuses types outside TRUSTED_TYPES and models of another feature set."""
+def load_trusted(data: bytes, source: str):
+    """The scikit-learn pipeline in skops bytes, refusing any type outside TRUSTED_TYPES (never pickle)."""
     import skops.io as sio
 
     try:
@@ -65,7 +65,12 @@ def model_from_bytes(data: bytes, card: dict[str, Any] | None = None, source: st
         raise ModelFileError(f"{source}: not a readable skops file: {exc}") from exc
     if untrusted:
         raise ModelFileError(f"{source}: refusing to load types outside the trusted list: {sorted(untrusted)}")
-    pipeline = sio.loads(data, trusted=TRUSTED_TYPES)
+    return sio.loads(data, trusted=TRUSTED_TYPES)
+
+
+def model_from_bytes(data: bytes, card: dict[str, Any] | None = None, source: str = "<memory>") -> RouteModel:
+    """A model from skops bytes; refuses types outside TRUSTED_TYPES and models of another feature set."""
+    pipeline = load_trusted(data, source)
     card = card or {}
     names = card.get("feature_names")
     if names is not None and list(names) != FEATURE_NAMES:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING
-from classifier.model import TRUSTED_TYPES, ModelFileError, _json_safe
+from classifier.model import TRUSTED_TYPES, ModelFileError, _json_safe, load_trusted
 
 Estimator = Literal["boosting", "logistic"]
 DEFAULT_ESTIMATOR: Estimator = "boosting"
@@ -259,18 +259,10 @@ def verifier_from_bytes(
 ) -> VerifierModel:
     """A verifier from skops bytes and its card (dict or JSON text). Refuses types outside
     classifier.model.TRUSTED_TYPES, and a card whose features this version does not compute."""
-    import skops.io as sio
-
     if isinstance(card, str):
         card = json.loads(card)
     card = dict(card or {})
-    try:
-        untrusted = set(sio.get_untrusted_types(data=data)) - set(TRUSTED_TYPES)
-    except Exception as exc:  # a corrupt or non-skops file fails here first
-        raise ModelFileError(f"{source}: not a readable skops file: {exc}") from exc
-    if untrusted:
-        raise ModelFileError(f"{source}: refusing to load types outside the trusted list: {sorted(untrusted)}")
-    pipeline = sio.loads(data, trusted=TRUSTED_TYPES)
+    pipeline = load_trusted(data, source)
     names = list(card.get("feature_names") or ANSWER_FEATURE_NAMES)
     known = set(ANSWER_FEATURE_NAMES) | _pre_route_names()
     unknown = [n for n in names if n not in known]

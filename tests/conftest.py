@@ -1,5 +1,9 @@
 import os
 
+# imported here, before any gateway starts: the gateway imports litellm (and with it httpx) in a background
+# thread at start-up, and a test importing the openai client at that moment could see a half-initialised httpx
+import httpx  # noqa: F401
+import openai  # noqa: F401
 import pytest
 
 # Offline, always: no hub downloads, no remote litellm cost map.

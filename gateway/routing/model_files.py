@@ -30,22 +30,13 @@ def card_path(model_path: str | Path) -> Path:
 
 def save_model(model: RouteModel, path: str | Path) -> Path:
     """Write the skops file and its JSON card; returns the card's path."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data, card_text = model_to_bytes(model)
-    target.write_bytes(data)
-    card = card_path(target)
-    card.write_text(card_text, encoding="utf-8")
-    return card
+    return _write(path, *model_to_bytes(model))
 
 
 def load_model(path: str | Path) -> RouteModel:
     """Load a model saved by save_model (see classifier.model.model_from_bytes for what is refused)."""
-    file = Path(path)
-    if not file.is_file():
-        raise ModelFileError(f"{file}: model file not found")
-    card = json.loads(card_path(file).read_text(encoding="utf-8")) if card_path(file).is_file() else {}
-    return model_from_bytes(file.read_bytes(), card, source=str(file))
+    data, card = _read(path, "model")
+    return model_from_bytes(data, card, source=str(path))
 
 
 def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
@@ -98,24 +89,15 @@ def save_verifier(model: VerifierModel, path: str | Path) -> Path:
     """Write the verifier's skops file and its JSON card (feature names, threshold); returns the card's path."""
     from classifier.verifier import verifier_to_bytes
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    data, card_text = verifier_to_bytes(model)
-    target.write_bytes(data)
-    card = card_path(target)
-    card.write_text(card_text, encoding="utf-8")
-    return card
+    return _write(path, *verifier_to_bytes(model))
 
 
 def load_verifier(path: str | Path) -> VerifierModel:
     """Load a verifier saved by save_verifier (classifier.verifier.verifier_from_bytes says what is refused)."""
     from classifier.verifier import verifier_from_bytes
 
-    file = Path(path)
-    if not file.is_file():
-        raise ModelFileError(f"{file}: verifier file not found")
-    card = json.loads(card_path(file).read_text(encoding="utf-8")) if card_path(file).is_file() else {}
-    return verifier_from_bytes(file.read_bytes(), card, source=str(file))
+    data, card = _read(path, "verifier")
+    return verifier_from_bytes(data, card, source=str(path))
 
 
 def load_verifier_model(policy: Policy, policy_file: Path | None = None) -> VerifierModel | None:
@@ -127,3 +109,22 @@ def load_verifier_model(policy: Policy, policy_file: Path | None = None) -> Veri
     if settings.threshold is None and model.threshold is None:
         raise ModelFileError(f"{model.source}: the verifier's card has no threshold; set routing.verifier.threshold")
     return model
+
+
+def _write(path: str | Path, data: bytes, card_text: str) -> Path:
+    """A skops file and its JSON card beside it; returns the card's path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    card = card_path(target)
+    card.write_text(card_text, encoding="utf-8")
+    return card
+
+
+def _read(path: str | Path, kind: str) -> tuple[bytes, dict]:
+    """A skops file's bytes and its card ({} when the card is missing)."""
+    file = Path(path)
+    if not file.is_file():
+        raise ModelFileError(f"{file}: {kind} file not found")
+    card = json.loads(card_path(file).read_text(encoding="utf-8")) if card_path(file).is_file() else {}
+    return file.read_bytes(), card

@@ -4,11 +4,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
 
 log = logging.getLogger(__name__)
+
+QUERY_CACHE_SIZE = 1024
 
 
 def default_model_path() -> str:
@@ -28,6 +31,9 @@ class Embedder:
         self._model = None
         # one lock for loading and encoding: torch modules are not safe to call from several threads at once
         self._lock = threading.Lock()
+        # a request's question is embedded by retrieval, by long-context scoring and again by explain
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries_lock = threading.Lock()
 
     def _load(self):
         if self._model is None:
@@ -77,3 +83,18 @@ class Embedder:
                 progress(len(texts[start:start + step]))
         vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """One text's vector, remembered for the most recent QUERY_CACHE_SIZE texts."""
+        with self._queries_lock:
+            found = self._queries.get(text)
+            if found is not None:
+                self._queries.move_to_end(text)
+                return found
+        vector = self.embed([text])[0]
+        vector.setflags(write=False)  # shared between requests
+        with self._queries_lock:
+            self._queries[text] = vector
+            while len(self._queries) > QUERY_CACHE_SIZE:
+                self._queries.popitem(last=False)
+        return vector

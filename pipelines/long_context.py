@@ -8,12 +8,15 @@ document order; `edges` puts the most relevant units first and last and the leas
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -21,7 +24,7 @@ from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.chunking import pack_spans
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
-from pipelines.messages import carry_history, count_message_tokens
+from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, count_message_tokens
 from pipelines.settings import LongContextSettings
 from pipelines.structure import page_at, page_starts, split_sections
 from pipelines.tokens import count_tokens, truncate_tokens
@@ -122,6 +125,43 @@ def split_units(doc: Document, settings: LongContextSettings) -> list[Unit]:
     return units
 
 
+# -- units kept per document -------------------------------------------------------------------
+@dataclass(frozen=True)
+class DocumentUnits:
+    units: tuple[Unit, ...]
+    block_tokens: tuple[int, ...]  # per unit, the tokens of its block in the prompt (see prompt_tokens)
+
+
+def unit_blocks(doc: Document, settings: LongContextSettings) -> DocumentUnits:
+    units = split_units(doc, settings)
+    return DocumentUnits(tuple(units), tuple(count_tokens(_block(u) + _SEPARATOR) for u in units))
+
+
+class UnitCache:
+    """A document's units and their token counts, kept by content (least recently used dropped first):
+    splitting and counting a 100k-token document takes longer than the rest of a request."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._entries: OrderedDict[tuple, DocumentUnits] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, doc: Document, settings: LongContextSettings) -> DocumentUnits:
+        key = (doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
+               settings.unit_min_tokens, settings.unit_max_tokens)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        made = unit_blocks(doc, settings)
+        with self._lock:
+            self._entries[key] = made
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+        return made
+
+
 # -- relevance ---------------------------------------------------------------------------------
 def _terms(text: str) -> list[str]:
     return [t for t in re.findall(r"\w+", text.lower()) if len(t) > 1]
@@ -168,6 +208,9 @@ def embedding_scorer(embedder: Embedder, window_tokens: int = SCORING_WINDOW_TOK
 
 
 # -- packing -----------------------------------------------------------------------------------
+_SEPARATOR = "\n\n"
+
+
 def _place(units: list[Unit], scores: list[float] | None, placement: str) -> list[Unit]:
     if placement == "edges" and scores is not None:
         ranked = [u for _, u in sorted(zip(scores, units), key=lambda p: -p[0])]
@@ -176,20 +219,42 @@ def _place(units: list[Unit], scores: list[float] | None, placement: str) -> lis
     return units  # reading order: documents as given, units in document order
 
 
-QUESTION_LEAD = "\n\nQuestion: "
+def _block(unit: Unit) -> str:
+    return f"{unit.label()}\n{unit.text}"
+
+
+QUESTION_LEAD = _SEPARATOR + "Question: "
 
 
 def render(question: str, units: list[Unit]) -> str:
     # documents first, question last: consecutive questions on the same documents share the whole document
     # block as a prompt prefix, which providers' prompt caches bill at a fraction of the input price
-    blocks = "\n\n".join(f"{u.label()}\n{u.text}" for u in units)
-    return f"{INSTRUCTIONS}\n\n{blocks or '(no documents)'}{QUESTION_LEAD}{question}"
+    blocks = _SEPARATOR.join(_block(u) for u in units)
+    return f"{INSTRUCTIONS}{_SEPARATOR}{blocks or '(no documents)'}{QUESTION_LEAD}{question}"
 
 
 def split_question(text: str) -> tuple[str, str]:
     """A rendered prompt as (instructions + documents, question part): the cacheable prefix and the rest."""
     at = text.rfind(QUESTION_LEAD)
     return (text, "") if at < 0 else (text[:at], text[at:])
+
+
+@lru_cache(maxsize=1)
+def _head_tokens() -> int:
+    return count_tokens(INSTRUCTIONS + _SEPARATOR)
+
+
+def prompt_tokens(question: str, block_tokens: list[int]) -> int:
+    """count_tokens(render(question, units)) from the units' block counts, without counting the text.
+
+    Exact, not an estimate: tiktoken splits text into pieces by a regex before merging within a piece, and
+    a run of newlines followed by a non-space character always ends a piece. Every block starts with '['
+    and the question part with 'Q', each after the separator, so the prompt's count is the sum of its
+    parts' counts: instructions + separator, each block + separator, then 'Question: ...'.
+    """
+    if not block_tokens:
+        return count_tokens(render(question, []))
+    return _head_tokens() + sum(block_tokens) + count_tokens(f"Question: {question}")
 
 
 class ContextTooLarge(ValueError):
@@ -202,65 +267,58 @@ def pack_long_context(
     settings: LongContextSettings,
     budget_tokens: int,
     score_units: UnitScorer | None = None,
+    cache: UnitCache | None = None,
 ) -> PackedContext:
     """Pack the documents' units into budget_tokens (the whole rendered prompt body, counted with
-    tiktoken); never exceeds it. Raises ValueError when not even the instructions and question fit."""
-    units = [u for doc in documents for u in split_units(doc, settings)]
+    tiktoken); never exceeds it. Raises ValueError when not even the instructions and question fit.
+    Units are scored only when they must be: to choose among them, or to place them at the edges."""
+    per_doc = [(cache.get(d, settings) if cache is not None else unit_blocks(d, settings)) for d in documents]
+    units = [u for p in per_doc for u in p.units]
+    costs = [t for p in per_doc for t in p.block_tokens]
     reading = {(u.doc_id, u.index): i for i, u in enumerate(units)}
-    overhead = count_tokens(render(question, []))
+    overhead = prompt_tokens(question, [])
     if overhead > budget_tokens:
         raise ContextTooLarge(
             f"a budget of {budget_tokens} tokens cannot hold the instructions and question ({overhead})"
         )
 
-    def needs_scores() -> bool:
-        return settings.placement == "edges"
-
-    full = render(question, units)
-    full_tokens = count_tokens(full)
+    full_tokens = prompt_tokens(question, costs)
     if full_tokens <= budget_tokens:
-        scores = (score_units or bm25_scores)(question, units) if needs_scores() and units else None
+        scores = (score_units or bm25_scores)(question, units) if settings.placement == "edges" and units else None
         placed = _place(units, scores, settings.placement)
-        text = render(question, placed) if placed != units else full
         by_key = dict(zip(((u.doc_id, u.index) for u in units), scores or []))
         return PackedContext(
-            placed, text, count_tokens(text), True, len(units), [by_key[(u.doc_id, u.index)] for u in placed] if scores else None
+            placed, render(question, placed), full_tokens, True, len(units),
+            [by_key[(u.doc_id, u.index)] for u in placed] if scores else None,
         )
 
     scores = (score_units or bm25_scores)(question, units)
     order = sorted(range(len(units)), key=lambda i: -scores[i])
     chosen: list[int] = []
-    used = overhead
+    used = prompt_tokens(question, [0])  # instructions and question around at least one block
     for i in order:
-        cost = units[i].tokens + count_tokens(units[i].label()) + 2
-        if used + cost <= budget_tokens:
+        if used + costs[i] <= budget_tokens:
             chosen.append(i)
-            used += cost
+            used += costs[i]
     if not chosen and units:
         # nothing fits whole: send the beginning of the best unit
         best = units[order[0]]
-        room = budget_tokens - overhead - count_tokens(best.label()) - 4
+        room = budget_tokens - used - count_tokens(best.label()) - 4
         if room > 0:
             cut = truncate_tokens(best.text, room)
             units[order[0]] = best = Unit(
                 best.doc_id, best.doc_title, best.index, cut, count_tokens(cut), best.start,
                 best.start + len(cut), best.sections, best.page, best.last_page,
             )
-            chosen = [order[0]]
+            costs[order[0]] = count_tokens(_block(best) + _SEPARATOR)
+            if used + costs[order[0]] <= budget_tokens:
+                chosen = [order[0]]
 
-    def assemble(indices: list[int]) -> tuple[list[Unit], list[float], str]:
-        picked = sorted(indices, key=lambda i: reading[(units[i].doc_id, units[i].index)])
-        placed = _place([units[i] for i in picked], [scores[i] for i in picked], settings.placement)
-        by_unit = {id(units[i]): scores[i] for i in picked}
-        return placed, [by_unit[id(u)] for u in placed], render(question, placed)
-
-    placed, placed_scores, text = assemble(chosen)
-    tokens = count_tokens(text)
-    while tokens > budget_tokens and chosen:  # token counts are not additive at the seams: trim
-        chosen.remove(min(chosen, key=lambda i: scores[i]))
-        placed, placed_scores, text = assemble(chosen)
-        tokens = count_tokens(text)
-    return PackedContext(placed, text, tokens, False, len(units), placed_scores)
+    picked = sorted(chosen, key=lambda i: reading[(units[i].doc_id, units[i].index)])
+    placed = _place([units[i] for i in picked], [scores[i] for i in picked], settings.placement)
+    by_unit = {id(units[i]): scores[i] for i in picked}
+    tokens = prompt_tokens(question, [costs[i] for i in picked])
+    return PackedContext(placed, render(question, placed), tokens, False, len(units), [by_unit[id(u)] for u in placed])
 
 
 class LongContextPipeline:
@@ -273,15 +331,18 @@ class LongContextPipeline:
         embedder: Embedder | None = None,
         store=None,
         history_budget_tokens: int = HISTORY_BUDGET_TOKENS,
+        unit_cache: UnitCache | None = None,
     ):
         """window_tokens: the long model's context window (settings.window_tokens overrides it).
         store: a DocumentStore, needed for requests that name a collection; its chunk vectors then
-        score units without embedding the documents again."""
+        score units without embedding the documents again (attached documents are scored from their
+        cached inline collection the same way). unit_cache: shared by pipelines with the same documents."""
         self.settings = settings or LongContextSettings()
         self.window_tokens = self.settings.window_tokens or window_tokens
         self.embedder = embedder if embedder is not None else getattr(store, "embedder", None)
         self.store = store
         self.history_budget_tokens = history_budget_tokens
+        self.unit_cache = unit_cache if unit_cache is not None else UnitCache()
 
     @property
     def budget_tokens(self) -> int:
@@ -296,18 +357,37 @@ class LongContextPipeline:
             return self.store.documents(request.collection), request.collection
         raise ValueError("a long-context request needs a collection or attached documents")
 
-    def _scorer(self, collection: str | None) -> UnitScorer | None:
-        if collection is not None and self.store is not None:
-            return store_scorer(self.store, collection)
+    def _scorer(self, documents: list[Document], collection: str | None) -> UnitScorer | None:
+        if self.store is not None:
+            if collection is not None:
+                return store_scorer(self.store, lambda: collection)
+            # attached documents: scored from the inline collection that caches their chunk vectors,
+            # ingested (once) only when scores are needed at all
+            return store_scorer(self.store, lambda: self.store.inline_collection(documents))
         if self.embedder is not None:
             return embedding_scorer(self.embedder)
         return None
 
+    def _budget(self, history: list[dict]) -> int:
+        return self.budget_tokens - count_message_tokens(history) - 8  # the new user turn's own overhead
+
+    def estimate_tokens(self, request: ContextRequest) -> tuple[int, bool]:
+        """(prompt tokens, exact): the prompt's size without scoring or rendering it. Exact when every
+        unit fits; otherwise the budget, which packing fills up to."""
+        documents, _ = self._documents(request)
+        history = carry_history(request.messages, self.history_budget_tokens)
+        budget = self._budget(history)
+        costs = [t for d in documents for t in self.unit_cache.get(d, self.settings).block_tokens]
+        body = prompt_tokens(request.question, costs)
+        exact = body <= budget
+        return count_message_tokens(history) + TOKENS_PER_MESSAGE + (body if exact else budget), exact
+
     def prepare(self, request: ContextRequest) -> PreparedPrompt:
         documents, collection = self._documents(request)
         history = carry_history(request.messages, self.history_budget_tokens)
-        budget = self.budget_tokens - count_message_tokens(history) - 8  # the new user turn's own overhead
-        packed = pack_long_context(request.question, documents, self.settings, budget, self._scorer(collection))
+        budget = self._budget(history)
+        packed = pack_long_context(request.question, documents, self.settings, budget,
+                                   self._scorer(documents, collection), self.unit_cache)
         out = history + [{"role": "user", "content": packed.text}]
         provenance = {
             "route": self.name,
@@ -337,21 +417,28 @@ class LongContextPipeline:
                 for u, s in zip(packed.units, packed.scores or [None] * len(packed.units))
             ],
         }
-        return PreparedPrompt(out, provenance, count_message_tokens(out))
+        # packed.tokens is the exact count of its text: no need to count 100k tokens again
+        return PreparedPrompt(out, provenance, count_message_tokens(history) + TOKENS_PER_MESSAGE + packed.tokens)
 
 
-def store_scorer(store, collection: str) -> UnitScorer:
-    """Scores units by the best cosine similarity of the question to the stored chunks they overlap:
-    the document was embedded at ingestion, so only the question is embedded here."""
+def store_scorer(store, collection: Callable[[], str]) -> UnitScorer:
+    """Scores a unit by the best cosine similarity of the question to the stored chunks it overlaps:
+    the documents were embedded at ingestion, so only the question is embedded here. `collection`
+    names the collection when called (attached documents are ingested into theirs only then)."""
 
     def score(question: str, units: list[Unit]) -> list[float]:
-        query = store.embedder.embed([question])[0]
-        by_doc: dict[str, list[tuple[int, int, float]]] = {}
-        for chunk, vector in store.chunks(collection, {u.doc_id for u in units}):
-            by_doc.setdefault(chunk.doc_id, []).append((chunk.start, chunk.end, float(vector @ query)))
-        return [
-            max((s for a, b, s in by_doc.get(u.doc_id, []) if a < u.end and b > u.start), default=-1.0)
-            for u in units
-        ]
+        name = collection()
+        query = store.embedder.embed_query(question)
+        stored = store.chunk_vectors(name, {u.doc_id for u in units})
+        sims = {doc_id: v.vectors @ query for doc_id, v in stored.items()}
+        scores = []
+        for u in units:
+            found = stored.get(u.doc_id)
+            if found is None:
+                scores.append(-1.0)
+                continue
+            overlap = (found.starts < u.end) & (found.ends > u.start)
+            scores.append(float(sims[u.doc_id][overlap].max()) if overlap.any() else -1.0)
+        return scores
 
     return score

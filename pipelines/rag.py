@@ -111,7 +111,7 @@ class RagPipeline:
 
     # -- retrieval -------------------------------------------------------------------------------
     def retrieve(self, collection: str, question: str) -> Retrieval:
-        query_vector = self.store.embedder.embed([question])[0]
+        query_vector = self.store.embedder.embed_query(question)
         hits = self.store.search(collection, question, self.settings.top_k, query_vector=query_vector)
         candidates = self._expand(collection, hits, query_vector)
         titles = {d: t for d, (t, _) in self.store.titles(collection, {c.chunk.doc_id for c in candidates}).items()}

@@ -37,6 +37,8 @@ _INLINE_PREFIX = "inline-"
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
 _WRITE_BATCH_CHUNKS = 4096
 _KEEP_OLD_VERSIONS = timedelta(minutes=5)
+# chunk vectors kept in memory for long-context scoring (384 floats each: 50,000 are about 77 MB)
+_VECTOR_CACHE_CHUNKS = 50_000
 
 
 def validate_collection_name(name: str) -> str:
@@ -86,6 +88,18 @@ class DocumentInfo:
 
 
 @dataclass(frozen=True)
+class ChunkVectors:
+    """One document's chunks as arrays: character spans and unit vectors, in position order."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    vectors: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+@dataclass(frozen=True)
 class CollectionInfo:
     name: str
     documents: list[DocumentInfo]
@@ -112,6 +126,10 @@ class DocumentStore:
         self._write_lock = threading.RLock()
         self._connect_lock = threading.Lock()
         self._inline_lru: OrderedDict[str, None] | None = None  # inline collections, least recently used first
+        # (collection, doc id, content hash) -> ChunkVectors; the hash keeps a replaced document from
+        # being scored with its old vectors
+        self._vectors: OrderedDict[tuple[str, str, str], ChunkVectors] = OrderedDict()
+        self._vectors_lock = threading.Lock()
 
     # -- connection and tables -------------------------------------------------------------------
     @property
@@ -403,7 +421,7 @@ class DocumentStore:
         if table is None:
             raise KeyError(f"no collection named {collection!r}")
         if query_vector is None:
-            query_vector = self.embedder.embed([query])[0]
+            query_vector = self.embedder.embed_query(query)
         return hybrid_search(table, query, query_vector, k, hybrid=self.settings.hybrid, rrf_k=self.settings.rrf_k)
 
     def neighbours(
@@ -443,6 +461,46 @@ class DocumentStore:
             .to_list()
         )
         return {r["id"]: (r["title"], r["source"]) for r in rows}
+
+    def chunk_vectors(self, collection: str, doc_ids: Iterable[str]) -> dict[str, ChunkVectors]:
+        """doc id -> its chunks' spans and vectors, read from the store once per document version and
+        then kept in memory (least recently used dropped first)."""
+        docs_table, chunks_table = self._tables(collection)
+        ids = sorted(set(doc_ids))
+        if docs_table is None or chunks_table is None or not ids:
+            return {}
+        rows = (docs_table.search().where(f"id IN ({', '.join(_sql_str(i) for i in ids)})")
+                .select(["id", "content_hash"]).limit(None).to_arrow())
+        current = dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist()))
+        found: dict[str, ChunkVectors] = {}
+        with self._vectors_lock:
+            for doc_id, digest in current.items():
+                entry = self._vectors.get((collection, doc_id, digest))
+                if entry is not None:
+                    self._vectors.move_to_end((collection, doc_id, digest))
+                    found[doc_id] = entry
+        missing = [d for d in current if d not in found]
+        if missing:
+            table = (chunks_table.search().where(f"doc_id IN ({', '.join(_sql_str(i) for i in missing)})")
+                     .select(["doc_id", "position", "start", "end", "vector"]).limit(None).to_arrow())
+            owners = np.asarray(table["doc_id"].to_pylist(), dtype=object)
+            positions = table["position"].to_numpy()
+            starts, ends = table["start"].to_numpy(), table["end"].to_numpy()
+            vectors = table["vector"].combine_chunks().flatten().to_numpy().reshape(len(table), -1) \
+                if len(table) else np.zeros((0, self.embedder.dimension), np.float32)
+            for doc_id in missing:
+                mine = np.flatnonzero(owners == doc_id)
+                mine = mine[np.argsort(positions[mine], kind="stable")]
+                entry = ChunkVectors(starts[mine], ends[mine], np.ascontiguousarray(vectors[mine], np.float32))
+                found[doc_id] = entry
+                with self._vectors_lock:
+                    self._vectors[(collection, doc_id, current[doc_id])] = entry
+            with self._vectors_lock:
+                held = sum(len(v) for v in self._vectors.values())
+                while self._vectors and held > _VECTOR_CACHE_CHUNKS:
+                    _, dropped = self._vectors.popitem(last=False)
+                    held -= len(dropped)
+        return found
 
     def chunks(self, collection: str, doc_ids: Iterable[str] | None = None) -> list[tuple[Chunk, np.ndarray]]:
         """All chunks (of the given documents) with their vectors, in document order."""

@@ -1,4 +1,7 @@
-"""The routing decision for a chat body, with token and cost estimates per route, and no LLM call."""
+"""The routing decision for a chat body, with token and cost estimates per route, and no LLM call.
+
+Estimates come from cached unit and token counts, not from prompts built and thrown away: a prompt is
+exact when its whole context fits, else the route's budget (what packing fills up to)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -16,14 +19,15 @@ DEFAULT_COMPLETION_ESTIMATE = 256
 
 def _estimate(policy: Policy, prices: PriceBook, planner: RoutePlanner, plan: RoutePlan, route: str,
               completion_tokens: int) -> dict[str, Any]:
-    prepared = planner.prepare(plan, route)
+    prompt_tokens, exact = planner.estimate_tokens(plan, route)
     config = policy.long if route == Route.LONG else policy.cheap
     price = prices.price(config)
     return {
         "model": config.model,
-        "prompt_tokens": prepared.prompt_tokens,
+        "prompt_tokens": prompt_tokens,
+        "prompt_tokens_exact": exact,
         "completion_tokens_estimate": completion_tokens,
-        "cost_usd": price.cost(prepared.prompt_tokens, completion_tokens),
+        "cost_usd": price.cost(prompt_tokens, completion_tokens),
         "price_source": price.source,
     }
 

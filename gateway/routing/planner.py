@@ -19,10 +19,10 @@ from gateway.routing.decision import RouteDecision, Router, rule_label, rule_mat
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.documents import Document
-from pipelines.long_context import ContextTooLarge, LongContextPipeline
-from pipelines.messages import content_text, count_message_tokens
+from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache
+from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
 from pipelines.question import extract_question
-from pipelines.rag import RagPipeline, Retrieval
+from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS, RagPipeline, Retrieval
 from pipelines.store import DocumentStore, content_hash
 from pipelines.tokens import count_tokens
 from policies.routes import LONG, RAG
@@ -37,6 +37,8 @@ INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
 # document term indexes for the answer verifier: larger than the statistics, so fewer are kept
 INDEX_CACHE_SIZE = 32
+# passage labels and headings in a RAG prompt, besides its instructions and question
+RAG_LABEL_ALLOWANCE = 64
 
 
 @dataclass
@@ -65,13 +67,14 @@ class RoutePlanner:
         self.store = store
         self.router = router
         self.rag = RagPipeline(store, policy.rag)
+        units = UnitCache()  # both pipelines cut the same documents into the same units
         self.long = LongContextPipeline(
-            policy.long_context, window_tokens=policy.long.context_window or 128_000, store=store
+            policy.long_context, window_tokens=policy.long.context_window or 128_000, store=store, unit_cache=units
         )
         # "direct" sends the whole context to the cheap model, so it packs for the cheap model's window
         self.direct = LongContextPipeline(
             policy.long_context.model_copy(update={"window_tokens": None}),
-            window_tokens=policy.cheap.context_window or 8192, store=store,
+            window_tokens=policy.cheap.context_window or 8192, store=store, unit_cache=units,
         )
         # sections and cross-references of a long document take a while to count: asking about the
         # same attached documents again reuses them, like the embeddings
@@ -233,6 +236,31 @@ class RoutePlanner:
         else:
             index = self._collection_index(plan.context.collection) if plan.context.collection else None
         return CheapAnswer(text, plan.context.question, passages, index)
+
+    def estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:
+        """(prompt tokens, exact) for a route without preparing its prompt: no unit scoring, no rendering,
+        no retrieval beyond what the plan already did."""
+        try:
+            return self._estimate_tokens(plan, route)
+        except ContextTooLarge as exc:
+            raise GatewayError(400, f"the question does not fit the {route} route's window: {exc}",
+                               param="messages", code="context_length_exceeded") from None
+
+    def _estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:
+        if route == RAG:
+            if plan.retrieval is not None:  # the prompt from passages already retrieved is cheap to build
+                return self.rag.prepare(plan.context, plan.retrieval).prompt_tokens, True
+            history = carry_history(plan.context.messages, self.rag.history_budget_tokens)
+            question = count_tokens(plan.context.question)
+            passages = min(self.rag.settings.context_budget_tokens, plan.stats.context_tokens)
+            overhead = count_tokens(RAG_INSTRUCTIONS) + RAG_LABEL_ALLOWANCE
+            return count_message_tokens(history) + TOKENS_PER_MESSAGE + overhead + question + passages, False
+        pipeline = self.long if route == LONG else self.direct
+        if plan.source == "prompt":
+            tokens = count_message_tokens(plan.original_messages)
+            if tokens <= pipeline.budget_tokens:
+                return tokens, True
+        return pipeline.estimate_tokens(plan.context)
 
     def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:
         return {"source": plan.source, "question": plan.context.question[:500], **prepared.provenance, "route": route}

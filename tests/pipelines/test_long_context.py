@@ -4,7 +4,9 @@ import pytest
 
 from pipelines.base import ContextRequest
 from pipelines.documents import Document
-from pipelines.long_context import LongContextPipeline, bm25_scores, pack_long_context, render, split_units
+from pipelines.long_context import (
+    LongContextPipeline, UnitCache, bm25_scores, pack_long_context, prompt_tokens, render, split_units,
+)
 from pipelines.settings import LongContextSettings
 from pipelines.tokens import count_tokens
 
@@ -131,3 +133,29 @@ def test_pipeline_budget_and_provenance_without_embedder():
 def test_render_contains_instructions_and_question():
     text = render("Why?", [])
     assert text.startswith("Answer the question") and text.endswith("Question: Why?")
+
+
+@pytest.mark.parametrize("question", ["Why?", "  leading spaces and a trailing newline\n", "第三条第二款是什么？", "[x]."])
+def test_prompt_tokens_is_the_exact_count_of_the_rendered_prompt(question):
+    # units ending in punctuation, spaces, newlines and CJK: the seams tiktoken could merge across
+    endings = ["end.", "end.  ", "end\n", "end:\n  \n", "结束。", "x)", "42", "tab\t"]
+    docs = [Document(f"d{i}", f"# Part {i}\n\nBody of part {i} {ending}", title=f"T{i}") for i, ending in enumerate(endings)]
+    docs.append(Document("manual", MANUAL, title="Manual"))
+    settings = LongContextSettings(unit_min_tokens=1, unit_max_tokens=120)
+    units = [u for d in docs for u in split_units(d, settings)]
+    costs = [count_tokens(f"{u.label()}\n{u.text}\n\n") for u in units]
+    for n in (0, 1, 2, len(units)):
+        assert prompt_tokens(question, costs[:n]) == count_tokens(render(question, units[:n]))
+    assert prompt_tokens(question, costs[::-1]) == count_tokens(render(question, units[::-1]))
+
+
+def test_unit_cache_keeps_units_by_content():
+    cache = UnitCache(size=2)
+    settings = LongContextSettings(unit_min_tokens=50, unit_max_tokens=300)
+    doc = Document("manual", MANUAL, title="Manual")
+    first = cache.get(doc, settings)
+    assert cache.get(Document("manual", MANUAL, title="Manual"), settings) is first
+    assert cache.get(Document("manual", MANUAL + "\n\nMore.", title="Manual"), settings) is not first
+    assert cache.get(Document("manual", MANUAL, title="Other"), settings) is not first  # labels carry the title
+    assert cache.get(doc, settings) is not first  # dropped: the cache holds two
+    assert [u.tokens for u in first.units] == [u.tokens for u in split_units(doc, settings)]

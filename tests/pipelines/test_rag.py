@@ -115,7 +115,7 @@ def test_inline_documents_are_embedded_once(store, embedder):
     first = pipeline.prepare(request)
     embedded = embedder.texts_embedded
     second = pipeline.prepare(ContextRequest(request.question, request.messages, documents=[Document("memo", docs[0].text)]))
-    assert embedder.texts_embedded == embedded + 1  # only the question was embedded again
+    assert embedder.texts_embedded == embedded  # nothing: the documents are stored, the question remembered
     assert first.provenance["collection"] == second.provenance["collection"] and second.provenance["inline_documents"]
     assert "412 pallets" in second.messages[-1]["content"]
 
@@ -130,7 +130,7 @@ def test_long_pipeline_scores_units_with_stored_vectors(store, embedder):
     pipeline = LongContextPipeline(settings, store=store)
     before = embedder.texts_embedded
     prepared = pipeline.prepare(ContextRequest(QUESTION, [{"role": "user", "content": QUESTION}], collection="docs"))
-    assert embedder.texts_embedded == before + 1  # the question only: units are scored from stored chunks
+    assert embedder.texts_embedded - before <= 1  # the question at most: units are scored from stored chunks
     assert prepared.provenance["all_fitted"] is False
     assert prepared.prompt_tokens <= 1024 - 256
     assert "HP-IK-2231" in prepared.messages[-1]["content"]

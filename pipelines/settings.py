@@ -49,6 +49,10 @@ class RagSettings(_Strict):
     expansion_neighbours: int = Field(2, ge=0, le=20)
     context_budget_tokens: int = Field(2000, ge=64)
     unanswerable_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_UNANSWERABLE_PATTERNS))
+    max_attached_tokens: int = Field(
+        400_000, ge=1, description="documents attached to one request may hold at most this many tokens "
+        "together (413 beyond it): larger sets belong in a collection, ingested once"
+    )
     inline_cache_collections: int = Field(
         256, ge=1, description="documents attached to requests stay embedded for this many distinct document sets (LRU)"
     )

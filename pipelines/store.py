@@ -3,7 +3,9 @@
 Each collection is two LanceDB tables in the database at `uri` (a local directory, or any LanceDB URI
 such as s3://bucket/path): `<name>__docs` (one row per document, full text kept for the long route)
 and `<name>__chunks` (one row per chunk with its vector, plus a full-text index on the chunk text).
-Ingestion is idempotent by content hash. Writes are serialised by a lock; searches run concurrently.
+Ingestion is idempotent by content hash, and its writes are upserts keyed by document id and chunk
+position, so several processes may write one collection at once. Embedding happens outside any lock;
+only the brief writes to one collection are serialised within a process. Searches run concurrently.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
@@ -36,9 +39,46 @@ _DOCS, _CHUNKS = "__docs", "__chunks"
 _INLINE_PREFIX = "inline-"
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
 _WRITE_BATCH_CHUNKS = 4096
+# and embeds a batch in slices of this many model batches: concurrent ingestions take turns on the model,
+# cancellation is prompt, progress steady
+_EMBED_SLICE_BATCHES = 4
+# Lance's (unenforced) primary key: concurrent upserts of the same new key then conflict and retry
+# instead of both inserting it
+_PRIMARY_KEY = {"lance-schema:unenforced-primary-key": "true"}
 _KEEP_OLD_VERSIONS = timedelta(minutes=5)
 # chunk vectors kept in memory for long-context scoring (384 floats each: 50,000 are about 77 MB)
 _VECTOR_CACHE_CHUNKS = 50_000
+
+
+class IngestCancelled(Exception):
+    """An ingestion stopped because should_stop() said so (its client left)."""
+
+
+class KeyedLocks:
+    """One lock per key, created on first use and dropped when nobody holds or waits for it."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._locks: dict[str, list] = {}  # key -> [lock, holders and waiters]
+
+    @contextmanager
+    def hold(self, key: str):
+        with self._guard:
+            entry = self._locks.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._locks[key]
+
+
+def _upsert(table, keys: list[str], data: pa.Table) -> None:
+    if data.num_rows:
+        table.merge_insert(keys).when_matched_update_all().when_not_matched_insert_all().execute(data)
 
 
 def validate_collection_name(name: str) -> str:
@@ -123,7 +163,9 @@ class DocumentStore:
         self.embedder = embedder
         self.settings = settings or RagSettings()
         self._db = None
-        self._write_lock = threading.RLock()
+        self._writing = KeyedLocks()  # per collection: its writes, each brief (no embedding inside)
+        self._ingesting = KeyedLocks()  # per inline collection: one ingestion of the same new documents
+        self._inline_lock = threading.Lock()
         self._connect_lock = threading.Lock()
         self._inline_lru: OrderedDict[str, None] | None = None  # inline collections, least recently used first
         # (collection, doc id, content hash) -> ChunkVectors; the hash keeps a replaced document from
@@ -163,7 +205,7 @@ class DocumentStore:
     def _docs_schema(self) -> pa.Schema:
         return pa.schema(
             [
-                ("id", pa.string()),
+                pa.field("id", pa.string(), nullable=False, metadata=_PRIMARY_KEY),
                 ("title", pa.string()),
                 ("source", pa.string()),
                 ("text", pa.large_string()),
@@ -179,8 +221,8 @@ class DocumentStore:
     def _chunks_schema(self) -> pa.Schema:
         return pa.schema(
             [
-                ("doc_id", pa.string()),
-                ("position", pa.int64()),
+                pa.field("doc_id", pa.string(), nullable=False, metadata=_PRIMARY_KEY),
+                pa.field("position", pa.int64(), nullable=False, metadata=_PRIMARY_KEY),
                 ("text", pa.string()),
                 ("section", pa.string()),
                 ("tokens", pa.int64()),
@@ -207,45 +249,48 @@ class DocumentStore:
         docs: Iterable[Document],
         progress: Callable[[int], None] | None = None,
         planned: Callable[[int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> IngestReport:
         """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
         Progress is counted in chunks, the slow part: planned(n) when n more chunks are to be embedded,
-        progress(n) when n chunks have been embedded."""
+        progress(n) when n chunks have been embedded. should_stop() is asked between embedding slices,
+        and True abandons the ingest (IngestCancelled; batches already written stay).
+
+        Chunking and embedding hold no lock. Each batch is then written in one short step, as upserts
+        keyed by document id and by (document id, chunk position): the CLI and any number of gateway
+        processes can write the same collection at once and leave no duplicates."""
         validate_collection_name(collection)
         started = time.perf_counter()
         report = IngestReport(collection)
-        with self._write_lock:
-            docs_table, chunks_table = self._tables(collection, create=True)
-            known = self._known_hashes(docs_table)
-            pending_docs: list[dict] = []
-            pending_chunks: list[Chunk] = []
-            replaced: list[str] = []
-            seen: set[str] = set()
-            for doc in docs:
-                if doc.id in seen:
-                    log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
-                    continue
-                seen.add(doc.id)
-                digest = content_hash(doc)
-                if known.get(doc.id) == digest:
-                    report.unchanged.append(doc.id)
-                    continue
-                (report.updated if doc.id in known else report.added).append(doc.id)
-                if doc.id in known:
-                    replaced.append(doc.id)
-                chunks = chunk_document(doc, self.settings.chunking)
-                pending_docs.append(self._doc_row(doc, digest, len(chunks)))
-                pending_chunks.extend(chunks)
-                if planned is not None:
-                    planned(len(chunks))
-                if len(pending_chunks) >= _WRITE_BATCH_CHUNKS:
-                    report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks,
-                                                         replaced, progress)
-                    pending_docs, pending_chunks, replaced = [], [], []
-            if pending_docs or replaced:
-                report.chunks_written += self._flush(docs_table, chunks_table, pending_docs, pending_chunks, replaced,
-                                                     progress)
-            if report.added or report.updated:
+        docs_table, chunks_table = self._tables(collection, create=True)
+        known = self._known_hashes(docs_table)
+        pending: list[tuple[dict, list[Chunk], bool]] = []  # (document row, its chunks, replaces an older version)
+        pending_chunks = 0
+        seen: set[str] = set()
+        for doc in docs:
+            if doc.id in seen:
+                log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
+                continue
+            seen.add(doc.id)
+            digest = content_hash(doc)
+            if known.get(doc.id) == digest:
+                report.unchanged.append(doc.id)
+                continue
+            (report.updated if doc.id in known else report.added).append(doc.id)
+            chunks = chunk_document(doc, self.settings.chunking)
+            pending.append((self._doc_row(doc, digest, len(chunks)), chunks, doc.id in known))
+            pending_chunks += len(chunks)
+            if planned is not None:
+                planned(len(chunks))
+            if pending_chunks >= _WRITE_BATCH_CHUNKS:
+                report.chunks_written += self._write_batch(collection, docs_table, chunks_table, pending, progress,
+                                                           should_stop)
+                pending, pending_chunks = [], 0
+        if pending:
+            report.chunks_written += self._write_batch(collection, docs_table, chunks_table, pending, progress,
+                                                       should_stop)
+        if report.added or report.updated:
+            with self._writing.hold(collection):
                 self._refresh_indexes(chunks_table)
         report.seconds = time.perf_counter() - started
         log.info(
@@ -277,24 +322,39 @@ class DocumentStore:
             "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
         }
 
-    def _flush(self, docs_table, chunks_table, doc_rows: list[dict], chunks: list[Chunk], replaced: list[str],
-               progress: Callable[[int], None] | None = None) -> int:
-        """Embed and write one batch. Chunks go in before their document row, so a document row only
-        exists once its chunks do; replaced documents lose their old rows first."""
-        for i in range(0, len(replaced), 500):
-            ids = ", ".join(_sql_str(d) for d in replaced[i : i + 500])
-            chunks_table.delete(f"doc_id IN ({ids})")
-            docs_table.delete(f"id IN ({ids})")
-        if chunks:
-            texts = [c.text for c in chunks]
-            vectors = self.embedder.embed(texts) if progress is None else self.embedder.embed(texts, progress=progress)
-            columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
-            columns["vector"] = pa.FixedSizeListArray.from_arrays(
-                pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
-            )
-            chunks_table.add(pa.table(columns, schema=self._chunks_schema()))
-        if doc_rows:
-            docs_table.add(pa.Table.from_pylist(doc_rows, schema=self._docs_schema()))
+    def _embed_chunks(self, chunks: list[Chunk], progress: Callable[[int], None] | None,
+                      should_stop: Callable[[], bool] | None) -> np.ndarray:
+        """Vectors in slices of a few model batches, so ingestions of different documents take turns on
+        the model, a cancelled one stops within a slice, and progress comes in steady steps."""
+        parts = []
+        step = self.embedder.batch_size * _EMBED_SLICE_BATCHES
+        for i in range(0, len(chunks), step):
+            if should_stop is not None and should_stop():
+                raise IngestCancelled("ingestion cancelled")
+            piece = chunks[i : i + step]
+            parts.append(self.embedder.embed([c.text for c in piece]))
+            if progress is not None:
+                progress(len(piece))
+        return np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)
+
+    def _write_batch(self, collection: str, docs_table, chunks_table, pending: list[tuple[dict, list[Chunk], bool]],
+                     progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None) -> int:
+        """Embed one batch (no lock), then upsert it. Chunks go in before their document row, so a
+        document row only exists once its chunks do; a replaced document's surplus chunks go too."""
+        chunks = [c for _, cs, _ in pending for c in cs]
+        vectors = self._embed_chunks(chunks, progress, should_stop)
+        with self._writing.hold(collection):
+            if chunks:
+                columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
+                columns["vector"] = pa.FixedSizeListArray.from_arrays(
+                    pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
+                )
+                _upsert(chunks_table, ["doc_id", "position"], pa.table(columns, schema=chunks_table.schema))
+            surplus = [f"(doc_id = {_sql_str(row['id'])} AND position >= {len(cs)})" for row, cs, replaces in pending
+                       if replaces]
+            for i in range(0, len(surplus), 200):
+                chunks_table.delete(" OR ".join(surplus[i : i + 200]))
+            _upsert(docs_table, ["id"], pa.Table.from_pylist([row for row, _, _ in pending], schema=docs_table.schema))
         return len(chunks)
 
     def _refresh_indexes(self, chunks_table) -> None:
@@ -313,21 +373,29 @@ class DocumentStore:
                 chunks_table.create_fts_index("text", replace=True)
 
     # -- inline documents ------------------------------------------------------------------------
-    def inline_collection(self, docs: list[Document]) -> str:
+    def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None) -> str:
         """A collection holding exactly these documents, named by their content hashes; ingested only
-        the first time, so asking again about the same documents neither re-chunks nor re-embeds them."""
+        the first time, so asking again about the same documents neither re-chunks nor re-embeds them.
+        Requests for documents already ingested never wait for another document's ingestion; two
+        requests with the same new documents embed them once."""
         if not docs:
             raise ValueError("no documents to make an inline collection from")
         digest = hashlib.sha256()
         for doc in sorted(docs, key=lambda d: d.id):
             digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
         name = _INLINE_PREFIX + digest.hexdigest()[:24]
-        with self._write_lock:
-            docs_table, _ = self._tables(name)
-            if docs_table is None or docs_table.count_rows() < len({d.id for d in docs}):
-                self.ingest(name, docs)
+        wanted = len({d.id for d in docs})
+        if not self._holds(name, wanted):
+            with self._ingesting.hold(name):
+                if not self._holds(name, wanted):
+                    self.ingest(name, docs, should_stop=should_stop)
+        with self._inline_lock:
             self._touch_inline(name)
         return name
+
+    def _holds(self, collection: str, n_documents: int) -> bool:
+        docs_table = self._open(collection + _DOCS)
+        return docs_table is not None and docs_table.count_rows() >= n_documents
 
     def _touch_inline(self, name: str) -> None:
         """Mark an inline collection as just used and drop the least recently used beyond the cap, so
@@ -390,7 +458,7 @@ class DocumentStore:
         return [found[i] for i in order if i in found]
 
     def delete_document(self, collection: str, doc_id: str) -> bool:
-        with self._write_lock:
+        with self._writing.hold(collection):
             docs_table, chunks_table = self._tables(collection)
             if docs_table is None:
                 return False
@@ -402,7 +470,7 @@ class DocumentStore:
             return True
 
     def delete_collection(self, collection: str) -> bool:
-        with self._write_lock:
+        with self._writing.hold(collection):
             docs_table, chunks_table = self._tables(collection)
             for table in (docs_table, chunks_table):
                 if table is not None:
@@ -516,4 +584,3 @@ class DocumentStore:
         rows = query.to_list()
         rows.sort(key=lambda r: (r["doc_id"], r["position"]))
         return [(row_chunk(r), np.asarray(r["vector"], dtype=np.float32)) for r in rows]
-

@@ -33,18 +33,23 @@ def manual_document() -> Document:
 
 
 class CountingEmbedder(Embedder):
-    """A real Embedder that counts how many texts it was asked to embed."""
+    """A real Embedder that counts the document texts (calls, texts) and the questions it embeds."""
 
     def __init__(self, inner: Embedder):
         super().__init__(inner.model_path, inner.batch_size)
         self._inner = inner
         self.texts_embedded = 0
         self.calls = 0
+        self.queries_embedded = 0
 
     def embed(self, texts, progress=None):
         self.calls += 1
         self.texts_embedded += len(texts)
         return self._inner.embed(texts, progress=progress)
+
+    def embed_queries(self, texts):
+        self.queries_embedded += len(texts)
+        return self._inner.embed_queries(texts)
 
     @property
     def dimension(self) -> int:

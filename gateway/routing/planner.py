@@ -37,6 +37,7 @@ INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
 # document term indexes for the answer verifier: larger than the statistics, so fewer are kept
 INDEX_CACHE_SIZE = 32
+ATTACHED_COUNT_SLICE = 100_000  # characters counted at a time when checking the attached-documents cap
 # passage labels and headings in a RAG prompt, besides its instructions and question
 RAG_LABEL_ALLOWANCE = 64
 
@@ -135,6 +136,7 @@ class RoutePlanner:
             if len({d.id for d in documents}) != len(documents):
                 raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
                                    code="duplicate_document_id")
+            self._check_attached_size(documents)
             question = self._last_user_text(messages)
             return "documents", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
         if collection:
@@ -156,6 +158,24 @@ class RoutePlanner:
                                code="empty_question")
         documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
         return "prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
+
+    def _check_attached_size(self, documents: list[Document]) -> None:
+        """413 for attached documents over the policy's cap, before anything is counted, split or embedded
+        for them. A token covers at least one byte of UTF-8, so sets under the cap in bytes pass uncounted;
+        larger ones are counted in slices only until the cap is passed."""
+        cap = self.policy.rag.max_attached_tokens
+        if sum(len(d.text.encode()) for d in documents) <= cap:
+            return
+        total = 0
+        for doc in documents:
+            for start in range(0, len(doc.text), ATTACHED_COUNT_SLICE):
+                total += count_tokens(doc.text[start : start + ATTACHED_COUNT_SLICE])
+                if total > cap:
+                    raise GatewayError(
+                        413, f"the attached documents hold more than {cap:,} tokens (the policy's "
+                        "rag.max_attached_tokens); ingest them into a collection once (POST "
+                        "/v1/collections/{name}/documents or `selfroute ingest`) and ask with "
+                        "selfroute.collection instead", param="selfroute.documents", code="documents_too_large")
 
     @staticmethod
     def _last_user_text(messages: list[dict]) -> str:

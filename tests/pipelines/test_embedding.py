@@ -14,7 +14,7 @@ def embedder():
 
 def test_lazy_until_first_use():
     e = Embedder()
-    assert e._model is None
+    assert e._documents._model is None and e._queries_model._model is None
 
 
 def test_vectors_are_normalised_float32_and_meaningful(embedder):
@@ -32,3 +32,13 @@ def test_thread_safe_and_batching_invariant(embedder):
     with ThreadPoolExecutor(max_workers=4) as pool:
         parallel = list(pool.map(lambda t: embedder.embed([t])[0], texts))
     assert np.allclose(np.stack(parallel), serial, atol=1e-5)
+
+
+def test_queries_use_their_own_model_copy_and_are_remembered(embedder):
+    question = "Which harbour has the deepest berth?"
+    vector = embedder.embed_query(question)
+    assert np.allclose(vector, embedder.embed([question])[0], atol=1e-5)  # the same model, another copy
+    assert embedder.embed_query(question) is vector  # remembered, and read-only since requests share it
+    assert not vector.flags.writeable
+    with embedder._documents.lock:  # a document batch holding its copy does not hold up a question
+        assert embedder.embed_query("a question asked during an ingestion").shape == (384,)

@@ -1,6 +1,12 @@
 import json
+import os
+import subprocess
+import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -8,7 +14,7 @@ from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
 from pipelines.settings import ChunkingSettings, RagSettings
-from pipelines.store import DocumentStore, validate_collection_name
+from pipelines.store import DocumentStore, IngestCancelled, validate_collection_name
 from tests.pipelines_fixtures import MANUAL_PATH, CountingEmbedder, distractor_documents, manual_document
 
 SETTINGS = RagSettings(chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8), top_k=5)
@@ -166,7 +172,7 @@ def test_ingest_paths_and_concurrent_search(store, tmp_path):
 
 def test_ingest_progress_counts_chunks_as_they_are_embedded(tmp_path, base_embedder):
     small_batches = Embedder(base_embedder.model_path, batch_size=2)
-    small_batches._model = base_embedder.model  # the same loaded model, smaller batches
+    small_batches._documents._model = base_embedder.model  # the same loaded model, smaller batches
     store = DocumentStore(str(tmp_path / "db"), small_batches, SETTINGS)
     docs = [manual_document(), *distractor_documents()]
     planned, done = [], []
@@ -176,3 +182,113 @@ def test_ingest_progress_counts_chunks_as_they_are_embedded(tmp_path, base_embed
     planned, done = [], []
     store.ingest("docs", docs, progress=done.append, planned=planned.append)
     assert planned == [] and done == []  # unchanged documents: nothing to embed
+
+
+class GatedEmbedder(Embedder):
+    """Embeds document texts only once `gate` is set (a slow ingestion held open); questions at once."""
+
+    def __init__(self, inner: Embedder):
+        super().__init__(inner.model_path, inner.batch_size)
+        self._inner = inner
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+
+    def embed(self, texts):
+        self.waiting.set()
+        assert self.gate.wait(120), "the gate was never opened"
+        return self._inner.embed(texts)
+
+    def embed_queries(self, texts):
+        return self._inner.embed_queries(texts)
+
+    @property
+    def dimension(self) -> int:
+        return self._inner.dimension
+
+
+def test_requests_on_ingested_documents_do_not_wait_for_another_ingestion(tmp_path, base_embedder):
+    gated = GatedEmbedder(base_embedder)
+    store = DocumentStore(str(tmp_path / "db"), gated, SETTINGS)
+    gated.gate.set()
+    ready = store.inline_collection([manual_document()])
+    store.ingest("named", distractor_documents())
+    gated.gate.clear()
+    gated.waiting.clear()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        slow = pool.submit(store.inline_collection, [Document("new", "A document whose embedding is held up.")])
+        other = pool.submit(store.ingest, "named", [Document("late", "Another document held up too.")])
+        assert gated.waiting.wait(60)
+        # meanwhile: the ingested documents answer, and a collection write of another kind goes through
+        assert store.inline_collection([manual_document()]) == ready
+        assert "HP-IK-2231" in store.search(ready, "replacement impeller kit part number", 3)[0].chunk.text
+        assert store.delete_document("named", distractor_documents()[0].id)
+        assert not slow.done() and not other.done()
+        gated.gate.set()
+        assert store.collection(slow.result(60)).documents[0].id == "new"
+        assert other.result(60).added == ["late"]
+
+
+def test_a_cancelled_ingestion_stops_between_batches(store, embedder):
+    docs = [Document(f"d{i}", " ".join(f"word{j} of document {i}." for j in range(400))) for i in range(3)]
+    with pytest.raises(IngestCancelled):
+        store.ingest("cancelled", docs, should_stop=lambda: True)
+    assert embedder.texts_embedded == 0
+
+
+_WRITER = r"""
+import hashlib, json, sys, time
+from pathlib import Path
+import numpy as np
+from pipelines.documents import Document
+from pipelines.settings import ChunkingSettings, RagSettings
+from pipelines.store import DocumentStore
+
+class HashEmbedder:
+    # deterministic vectors: what is under test is the store's writes, not the model
+    dimension = 16
+    def embed(self, texts):
+        rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], np.uint8).astype(np.float32) + 1 for t in texts]
+        vectors = np.stack(rows) if rows else np.zeros((0, 16), np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    embed_queries = embed
+    def embed_query(self, text):
+        return self.embed([text])[0]
+
+a = json.loads(sys.argv[1])
+store = DocumentStore(a["uri"], HashEmbedder(), RagSettings(chunking=ChunkingSettings(chunk_tokens=32, chunk_overlap=4)))
+store.ingest("shared", [])  # both processes open (or create) the tables before the start
+Path(a["ready"]).touch()
+while not Path(a["go"]).exists():
+    time.sleep(0.002)
+for i in range(a["n"]):  # one document per ingest: many commits, interleaved with the other writer's
+    store.ingest("shared", [Document(f"doc-{i}", " ".join(f"Sentence {j} of document {i}." for j in range(60)))])
+print("done")
+"""
+
+
+def test_two_writer_processes_leave_no_duplicates(tmp_path):
+    uri, go, n = str(tmp_path / "db"), tmp_path / "go", 12
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, json.dumps({"uri": uri, "ready": str(tmp_path / tag),
+                                                                     "go": str(go), "n": n})],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for tag in ("a", "b")
+    ]
+    deadline = time.monotonic() + 300
+    while not all((tmp_path / tag).exists() for tag in ("a", "b")):
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        assert time.monotonic() < deadline, "writers did not start"
+        time.sleep(0.01)
+    go.touch()
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0 and "done" in out, err[-3000:]
+    import lancedb
+
+    db = lancedb.connect(uri)
+    docs = db.open_table("shared__docs").to_arrow()
+    chunks = db.open_table("shared__chunks").to_arrow().select(["doc_id", "position"]).to_pylist()
+    assert sorted(docs["id"].to_pylist()) == sorted(f"doc-{i}" for i in range(n))
+    keys = [(c["doc_id"], c["position"]) for c in chunks]
+    assert len(keys) == len(set(keys)) == sum(docs["chunks"].to_pylist())

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gateway.errors import GatewayError
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import parse_chat_request
 from gateway.routing.decision import Router
@@ -61,12 +62,13 @@ def test_second_long_request_on_attached_documents_embeds_no_document_text(tmp_p
     first = ask("What is the part number of the replacement impeller kit?")
     assert first.provenance["all_fitted"] is False  # the documents exceed the window: units were chosen
     assert "HP-IK-2231" in first.messages[-1]["content"]  # by stored chunk vectors
-    calls, texts = embedder.calls, embedder.texts_embedded
+    calls, queries = embedder.calls, embedder.queries_embedded
     second = ask("Which fuse protects the pump motor?")
-    assert embedder.texts_embedded - texts == 1 and embedder.calls - calls == 1  # the new question, nothing else
+    assert embedder.calls == calls  # no document text embedded again
+    assert embedder.queries_embedded - queries == 1  # the new question, once
     assert "15 ampere fuse" in second.messages[-1]["content"]
     again = ask("Which fuse protects the pump motor?")
-    assert embedder.texts_embedded - texts == 1  # a question already asked is remembered
+    assert embedder.calls == calls and embedder.queries_embedded - queries == 1  # an asked question is remembered
     assert again.messages == second.messages
 
 
@@ -81,10 +83,10 @@ def test_edges_placement_when_everything_fits_scores_from_stored_vectors(tmp_pat
     assert "HP-IK-2231" in first_block  # the best unit leads
     scores = [u["score"] for u in prepared.provenance["units"]]
     assert scores[0] == max(scores)
-    texts = embedder.texts_embedded
+    calls, queries = embedder.calls, embedder.queries_embedded
     parsed, body = chat("Where are the dealers?", DOCUMENTS, route=LONG)
     planner.prepare(planner.plan(parsed, body["messages"]), LONG)
-    assert embedder.texts_embedded - texts == 1
+    assert embedder.calls == calls and embedder.queries_embedded - queries == 1
 
 
 def test_explain_estimates_without_preparing_prompts(tmp_path, base_embedder, monkeypatch):
@@ -96,7 +98,7 @@ def test_explain_estimates_without_preparing_prompts(tmp_path, base_embedder, mo
     monkeypatch.setattr(LongContextPipeline, "prepare", lambda self, request: prepared.append("x") or original(self, request))
     parsed, body = chat("What is the part number of the replacement impeller kit?", DOCUMENTS)
     result = explain_plan(policy, PriceBook(), planner, parsed, body["messages"], None)
-    assert prepared == [] and embedder.calls == 0  # nothing scored, rendered or embedded
+    assert prepared == [] and embedder.calls == 0 and embedder.queries_embedded == 0  # nothing scored or embedded
     estimates = result["estimates"]
     assert set(estimates) == {DIRECT, RAG, LONG}
     # neither the long nor the direct prompt fits: each is estimated at its route's budget, which the
@@ -120,3 +122,22 @@ def test_explain_estimates_without_preparing_prompts(tmp_path, base_embedder, mo
     assert long["prompt_tokens_exact"] is True
     monkeypatch.setattr(LongContextPipeline, "prepare", original)
     assert long["prompt_tokens"] == planner.prepare(planner.plan(parsed, body["messages"]), LONG).prompt_tokens
+
+
+def test_attached_documents_over_the_cap_are_413_before_any_work(tmp_path, base_embedder):
+    embedder = CountingEmbedder(base_embedder)
+    policy = make_policy("reading")
+    policy = policy.model_copy(update={"rag": policy.rag.model_copy(update={"max_attached_tokens": 2000})})
+    planner = RoutePlanner(policy, DocumentStore(str(tmp_path / "db"), embedder, policy.rag), Router(policy, None))
+    small = [Document("a", "A short note about pumps. " * 50)]  # under the cap in bytes: not even counted
+    parsed, body = chat("What about pumps?", small, route=LONG)
+    assert planner.plan(parsed, body["messages"]).stats.context_tokens < 2000
+    big = [Document("a", "A short note about pumps. " * 300), Document("b", "Another note. " * 300)]
+    parsed, body = chat("What about pumps?", big)
+    with pytest.raises(GatewayError) as caught:
+        planner.plan(parsed, body["messages"])
+    error = caught.value
+    assert error.status == 413 and error.code == "documents_too_large" and error.param == "selfroute.documents"
+    assert "collection" in error.message and "2,000" in error.message
+    assert embedder.calls == 0 and embedder.queries_embedded == 0
+    assert planner.store.collections() == []

@@ -1,0 +1,265 @@
+"""Routed-path speed on a long attached document, with an instant upstream on loopback.
+
+    .venv/bin/python tests/benchmarks/bench_routed.py \\
+        --doc ../shared/data/corpus_structured_docs/debian-policy/policy.txt [--requests 40] [--workers 2]
+
+The upstream answers instantly (a raw ASGI app, own process); the gateway is a real `selfroute serve`
+subprocess. With an instant upstream, a request's latency is the gateway's time. It prints:
+
+- first request with the new document (ingest: chunk + embed + write), and bare `encode` of the same chunks
+  in this process, one after the other (the ratio is what ingestion adds to the embedding itself);
+- p50/p99 of routed requests on the now cached document, forced to `rag`, then to `long` (the long
+  model's window is smaller than the document, so units are chosen by relevance), then `explain`;
+  every request asks a different question (a repeated question's vector is remembered);
+- rag p50/p99 while another client posts a ~1 MB document to a collection (ingest under way);
+- routed throughput at concurrency 8 (rag route), with 1 worker and with --workers.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench_proxy import free_port, run_upstream  # noqa: E402
+
+POLICY = """
+name: bench-routed
+aliases: [selfroute]
+cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{port}/v1", context_window: 8192,
+         input_cost_per_mtok: 0.15, output_cost_per_mtok: 0.6}}
+long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{port}/v1", context_window: {window},
+        input_cost_per_mtok: 2.0, output_cost_per_mtok: 8.0}}
+routing: {{classifier: null, default_route: rag, fallback: {{enabled: false}}}}
+"""
+TOPICS = ["maintainer scripts", "package priorities", "the menu system", "shared libraries", "configuration files",
+          "virtual packages", "the changelog", "copyright files", "init scripts", "file permissions", "users and groups",
+          "documentation", "manual pages", "the build process", "source packages", "binary packages", "dependencies",
+          "conflicts", "essential packages", "the archive areas"]
+
+
+def questions(n: int, tag: str) -> list[str]:
+    return [f"What does the policy say about {TOPICS[i % len(TOPICS)]} ({tag} {i})?" for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def summary(values: list[float]) -> str:
+    return f"p50 {statistics.median(values):8.1f} ms   p99 {percentile(values, 99):8.1f} ms   (n={len(values)})"
+
+
+class Gateway:
+    """`selfroute serve` in a subprocess."""
+
+    def __init__(self, policy: Path, data_dir: Path, workers: int = 1):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "bench"}
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+        command = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(self.port),
+                   "--data-dir", str(data_dir), "--log-level", "WARNING"]
+        if workers > 1:
+            command += ["--workers", str(workers)]
+        self.process = subprocess.Popen(command, env=env)
+        self.wait_ready()
+
+    def wait_ready(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError("the gateway exited during start-up")
+            try:
+                if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("gateway did not start")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def body(question: str, doc_text: str | None, route: str | None, collection: str | None = None) -> bytes:
+    options: dict = {}
+    if doc_text is not None:
+        options["documents"] = [{"id": "doc", "text": doc_text, "title": "document"}]
+    if collection:
+        options["collection"] = collection
+    if route:
+        options["route"] = route
+    return json.dumps({"model": "selfroute", "messages": [{"role": "user", "content": question}],
+                       "selfroute": options}).encode()
+
+
+async def timed_posts(url: str, bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
+    import aiohttp
+
+    latencies: list[float] = []
+    pending = iter(bodies)
+
+    async def worker(session):
+        for data in pending:
+            started = time.perf_counter()
+            async with session.post(url, data=data, headers={"content-type": "application/json"}) as response:
+                await response.read()
+                if response.status != 200:
+                    raise RuntimeError(f"status {response.status}: {(await response.text())[:300]}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return latencies, time.perf_counter() - started
+
+
+def post(url: str, bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
+    return asyncio.run(timed_posts(url, bodies, concurrency))
+
+
+def bare_encode_seconds(text: str) -> tuple[float, int]:
+    from pipelines.chunking import chunk_document
+    from pipelines.documents import Document
+    from pipelines.embedding import Embedder
+    from pipelines.settings import RagSettings
+
+    settings = RagSettings()
+    chunks = chunk_document(Document("doc", text, title="document"), settings.chunking)
+    embedder = Embedder()
+    embedder.embed(["warm-up"])
+    started = time.perf_counter()
+    embedder.model.encode([c.text for c in chunks], batch_size=settings.embedding_batch_size,
+                          normalize_embeddings=True, show_progress_bar=False)
+    return time.perf_counter() - started, len(chunks)
+
+
+def megabyte_document(min_bytes: int = 1_000_000) -> str:
+    folder = Path(__file__).resolve().parents[3] / "shared" / "data" / "corpus_structured_docs"
+    parts, size = [], 0
+    for path in sorted(folder.rglob("*.txt")):
+        if "debian-policy/policy.txt" in str(path):
+            continue  # that one is the cached document
+        text = path.read_text(errors="replace")
+        parts.append(text)
+        size += len(text.encode())
+        if size >= min_bytes:
+            break
+    return "\n\n".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--doc", required=True, type=Path)
+    parser.add_argument("--requests", type=int, default=40, help="requests per latency figure")
+    parser.add_argument("--long-window", type=int, default=32_000,
+                        help="the long model's window: smaller than the document, so the long route chooses units")
+    parser.add_argument("--workers", type=int, default=2, help="workers for the second throughput figure")
+    parser.add_argument("--throughput-requests", type=int, default=200)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["ingest-compare", "during-ingest", "throughput"])
+    args = parser.parse_args()
+    import multiprocessing
+
+    text = args.doc.read_text()
+    work = Path(tempfile.mkdtemp(prefix="selfroute-bench-routed-"))
+    upstream_port = free_port()
+    upstream = multiprocessing.get_context("spawn").Process(target=run_upstream, args=(upstream_port,), daemon=True)
+    upstream.start()
+    policy = work / "policy.yaml"
+    policy.write_text(POLICY.format(port=upstream_port, window=args.long_window))
+    from pipelines.tokens import count_tokens
+
+    print(f"document: {args.doc} ({len(text):,} characters, {count_tokens(text):,} tokens); "
+          f"long window {args.long_window:,}; upstream instant on loopback")
+    gateway = Gateway(policy, work / "data")
+    chat = f"{gateway.url}/v1/chat/completions"
+    explain = f"{gateway.url}/v1/route/explain"
+    try:
+        first, _ = post(chat, [body("What is this document about?", text, "rag")])
+        print(f"first request with the new document (ingest + answer): {first[0] / 1000:.1f} s")
+        if "ingest-compare" not in args.skip:
+            seconds, n_chunks = bare_encode_seconds(text)
+            print(f"bare encode of its {n_chunks} chunks in this process: {seconds:.1f} s "
+                  f"(first request / bare encode = {first[0] / 1000 / seconds:.2f}x)")
+        n = args.requests
+        rag, _ = post(chat, [body(q, text, "rag") for q in questions(n, "rag")])
+        print(f"rag route, cached document:     {summary(rag)}")
+        long, _ = post(chat, [body(q, text, "long") for q in questions(n, "long")])
+        print(f"long route, cached document:    {summary(long)}")
+        explained, _ = post(explain, [body(q, text, None) for q in questions(n, "explain")])
+        print(f"explain, cached document:       {summary(explained)}")
+
+        if "during-ingest" not in args.skip:
+            big = megabyte_document()
+            baseline, _ = post(chat, [body(q, text, "rag") for q in questions(n, "base")])
+            done = threading.Event()
+            ingest_seconds: list[float] = []
+
+            def ingest() -> None:
+                started = time.perf_counter()
+                data = json.dumps({"documents": [{"id": "big", "text": big}]}).encode()
+                import httpx
+
+                response = httpx.post(f"{gateway.url}/v1/collections/big/documents", content=data,
+                                      headers={"content-type": "application/json"}, timeout=3600)
+                ingest_seconds.append(time.perf_counter() - started)
+                if response.status_code != 200:
+                    print("ingest failed:", response.status_code, response.text[:300])
+                done.set()
+
+            thread = threading.Thread(target=ingest, daemon=True)
+            thread.start()
+            time.sleep(2.0)  # the post is read and its embedding under way
+            during: list[float] = []
+            tag = 0
+            while not done.is_set() and len(during) < 5 * n:
+                batch, _ = post(chat, [body(q, text, "rag") for q in questions(5, f"during {tag}")])
+                during += batch
+                tag += 1
+            thread.join()
+            print(f"1 MB document ({len(big.encode()):,} bytes) ingested over HTTP in {ingest_seconds[0]:.1f} s; meanwhile:")
+            print(f"  rag before the ingest:        {summary(baseline)}")
+            print(f"  rag during the ingest:        {summary(during)}   "
+                  f"added p99 {percentile(during, 99) - percentile(baseline, 99):+.1f} ms")
+    finally:
+        gateway.stop()
+
+    if "throughput" not in args.skip:
+        for workers in (1, args.workers):
+            served = Gateway(policy, work / "data", workers=workers)
+            try:
+                chat = f"{served.url}/v1/chat/completions"
+                post(chat, [body(q, text, "rag") for q in questions(8 * workers, f"warm {workers}")], 8)
+                latencies, elapsed = post(chat, [body(q, text, "rag") for q in
+                                                 questions(args.throughput_requests, f"tp {workers}")], 8)
+                print(f"throughput, rag route, concurrency 8, {workers} worker(s): "
+                      f"{len(latencies) / elapsed:6.1f} req/s   {summary(latencies)}")
+            finally:
+                served.stop()
+    upstream.terminate()
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,7 @@ from datetime import timedelta
 import numpy as np
 import pyarrow as pa
 
+from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
@@ -253,7 +254,8 @@ class DocumentStore:
     ) -> IngestReport:
         """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
         Progress is counted in chunks, the slow part: planned(n) when n more chunks are to be embedded,
-        progress(n) when n chunks have been embedded. should_stop() is asked between embedding slices,
+        progress(n) when n chunks have been embedded. should_stop() (and the request's
+        pipelines.cancellation scope) is asked between embedding slices,
         and True abandons the ingest (IngestCancelled; batches already written stay).
 
         Chunking and embedding hold no lock. Each batch is then written in one short step, as upserts
@@ -329,7 +331,7 @@ class DocumentStore:
         parts = []
         step = self.embedder.batch_size * _EMBED_SLICE_BATCHES
         for i in range(0, len(chunks), step):
-            if should_stop is not None and should_stop():
+            if (should_stop is not None and should_stop()) or cancelled():
                 raise IngestCancelled("ingestion cancelled")
             piece = chunks[i : i + step]
             parts.append(self.embedder.embed([c.text for c in piece]))

@@ -4,7 +4,7 @@
 - a name containing "refuser": answers "unanswerable";
 - a name containing "scripted": answers `app.state.scripted` (a test sets it);
 - "status-NNN": fails with HTTP NNN and an OpenAI error body;
-- "slow": sleeps 5 s before answering (for timeout tests);
+- "slow": sleeps 5 s before answering (for timeout tests); "sleep-N": sleeps N seconds (work that outlasts a test);
 - a name containing "breaks": a stream that sends one chunk, then drops the connection;
 - a name containing "garbled": a stream whose second event is not JSON;
 - a name containing "dribble": a stream of 40 words, one every 0.25 s;
@@ -123,6 +123,8 @@ async def completions(request: Request):
                                        "code": None}}, status_code=status)
     if model == "slow":
         await asyncio.sleep(5)
+    if model.startswith("sleep-"):
+        await asyncio.sleep(float(model.split("-")[1]))
     answer = request.app.state.scripted if "scripted" in model else answer_for(body)
     usage = {**usage_for(body, answer), **cache_usage(request.app.state, body)}
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}

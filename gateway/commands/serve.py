@@ -1,26 +1,59 @@
-"""`selfroute serve`: run the gateway under uvicorn."""
+"""`selfroute serve`: run the gateway under uvicorn, in one process or several workers."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
+# how the parent hands its settings to worker processes, which build their own app (uvicorn's factory)
+WORKER_SETTINGS_ENV = "SELFROUTE_WORKER_SETTINGS"
+DEFAULT_SHUTDOWN_TIMEOUT = 15.0
+
 
 def register(subparsers, parents) -> None:
-    from gateway.commands._common import add_ledger_argument
-
     parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
     parser.add_argument("--store-uri", default=None,
                         help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
                              "else DATA_DIR/lancedb)")
-    add_ledger_argument(parser)
     parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     parser.add_argument("--cheap-model", default=None, help="override the policy's cheap model (litellm model string)")
     parser.add_argument("--long-model", default=None, help="override the policy's long model (litellm model string)")
     parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="worker processes sharing the port, the ledger and the document store (default 1)")
+    parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                        help="on SIGTERM or Ctrl-C: seconds in-flight requests may take to finish before they are "
+                             f"cancelled (and ledgered); then the ledger is flushed and the process exits "
+                             f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
     parser.set_defaults(func=run)
+
+
+def _settings(values: dict):
+    from gateway.settings import Settings
+
+    settings = Settings(
+        data_dir=Path(values["data_dir"]),
+        policy_path=Path(values["policy_path"]) if values["policy_path"] else None,
+        cheap_model=values["cheap_model"],
+        long_model=values["long_model"],
+        keys_file=Path(values["keys_file"]) if values["keys_file"] else None,
+    )
+    if values["store_uri"]:
+        settings.vector_store_uri = values["store_uri"]
+    if values.get("ledger_url"):
+        settings.ledger_url = values["ledger_url"]
+    return settings
+
+
+def worker_app():
+    """The app of one worker process (uvicorn calls this factory in each worker)."""
+    from gateway.server.app import create_app
+
+    return create_app(_settings(json.loads(os.environ[WORKER_SETTINGS_ENV])))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,22 +61,21 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.routing.model_files import check_policy_files
     from gateway.server.app import create_app
-    from gateway.settings import Settings, resolve_data_dir
+    from gateway.settings import resolve_data_dir
     from policies.loader import PolicyError
 
-    settings = Settings(
-        data_dir=resolve_data_dir(args.data_dir),
-        policy_path=args.policy,
-        cheap_model=args.cheap_model,
-        long_model=args.long_model,
-        keys_file=args.keys_file,
-    )
-    if args.store_uri:
-        settings.vector_store_uri = args.store_uri
-    if args.ledger_url:
-        settings.ledger_url = args.ledger_url
+    if args.workers < 1:
+        print("selfroute serve: --workers must be at least 1", file=sys.stderr)
+        return 2
+    values = {
+        "data_dir": str(resolve_data_dir(args.data_dir)), "policy_path": str(args.policy) if args.policy else None,
+        "cheap_model": args.cheap_model, "long_model": args.long_model,
+        "keys_file": str(args.keys_file) if args.keys_file else None, "store_uri": args.store_uri,
+        "ledger_url": getattr(args, "ledger_url", None),
+    }
+    settings = _settings(values)
     try:
-        app = create_app(settings)
+        app = create_app(settings)  # validates the policy once, with a readable error, and migrates the ledger
     except PolicyError as exc:
         print(f"selfroute serve: invalid policy: {exc}", file=sys.stderr)
         return 2
@@ -54,6 +86,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute serve: invalid policy: {gateway.policy_path or 'default'}: {problem}", file=sys.stderr)
     if problems:
         return 2
-    print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=str(args.log_level).lower(), access_log=False)
+    print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}; "
+          f"{args.workers} worker(s)", flush=True)
+    common = {"host": args.host, "port": args.port, "log_level": str(args.log_level).lower(), "access_log": False,
+              "timeout_graceful_shutdown": args.shutdown_timeout}
+    if args.workers == 1:
+        uvicorn.run(app, **common)
+        return 0
+    # the app built above has migrated the ledger's schema, once, so workers do not race to at start-up;
+    # each worker then has its own writer on the shared SQLite file (WAL)
+    os.environ[WORKER_SETTINGS_ENV] = json.dumps(values)
+    uvicorn.run("gateway.commands.serve:worker_app", factory=True, workers=args.workers, **common)
     return 0

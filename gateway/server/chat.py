@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 
 import anyio
-
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -15,12 +14,13 @@ from gateway.routing.calls import Answer, Completed
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
+from gateway.server.disconnect import ClientDisconnected, unless_disconnected
 from gateway.server.errors import error_response
 from gateway.server.grounding import check_answer
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.limits import admit
 from gateway.server.state import Gateway, gateway_of
-from gateway.server.streaming import stream_response
+from gateway.server.streaming import CLIENT_CLOSED, stream_response
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +73,16 @@ async def chat_completions(request: Request) -> Response:
         check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:
             entry.flags = await screen_attached(gateway.policy, chat)
-            answer = await gateway.routing.route(chat, body, entry, request.headers.get(headers.COLLECTION))
+            collection = request.headers.get(headers.COLLECTION)
+            answer = await unless_disconnected(request, lambda: gateway.routing.route(chat, body, entry, collection))
             return render(answer, {**route_headers(entry), **await security_notes(gateway, answer, entry.flags)})
-        return render(await gateway.routing.passthrough(chat, body, entry), {})
+        return render(await unless_disconnected(request, lambda: gateway.routing.passthrough(chat, body, entry)), {})
+    except ClientDisconnected:  # nobody to answer: the work was stopped
+        entry.finish(CLIENT_CLOSED, "client disconnected before the answer was ready")
+        return Response(status_code=CLIENT_CLOSED)
+    except anyio.get_cancelled_exc_class():  # a shutdown past its grace period: still ledgered
+        entry.finish(503, "the gateway shut down before the answer was ready")
+        raise
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
         return error_response(exc)

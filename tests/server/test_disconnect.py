@@ -1,0 +1,51 @@
+"""A client that leaves before its answer stops the work: the upstream call is cancelled and the request
+is ledgered as 499, at once rather than when the upstream would have answered."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+
+POLICY = """
+name: test
+aliases: [selfroute]
+cheap:
+  model: openai/fake-cheap
+  api_base: {base}/v1
+  input_cost_per_mtok: 1.0
+  output_cost_per_mtok: 2.0
+long:
+  model: openai/sleep-30
+  api_base: {base}/v1
+  timeout: 120
+  input_cost_per_mtok: 10.0
+  output_cost_per_mtok: 20.0
+routing:
+  classifier: null
+  default_route: long
+"""
+
+
+@pytest.mark.parametrize("model", ["selfroute", "openai/sleep-30"])
+def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstream, tmp_path, model):
+    with running_gateway(tmp_path, make_policy(upstream[0], POLICY)) as (url, app):
+        body = {"model": model, "messages": [{"role": "user", "content": "Take your time."}]}
+        started = time.monotonic()
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/chat/completions", content=json.dumps(body),
+                       headers={"content-type": "application/json"}, timeout=1.0)
+        rows = []
+        while time.monotonic() - started < 20 and not rows:
+            time.sleep(0.1)
+            rows = ledger_rows(app)
+        assert rows, "the request never reached the ledger"
+        assert rows[0]["status"] == 499 and "disconnected" in rows[0]["error"]
+        assert rows[0]["latency_ms"] < 15_000  # stopped when the client left, not after the upstream's 30 s
+        # the gateway is fine afterwards
+        ok = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"model": "openai/fake-cheap",
+                                                            "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200

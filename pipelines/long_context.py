@@ -9,6 +9,7 @@ document order; `edges` puts the most relevant units first and last and the leas
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import re
@@ -147,8 +148,10 @@ class UnitCache:
         self._lock = threading.Lock()
 
     def get(self, doc: Document, settings: LongContextSettings) -> DocumentUnits:
+        # metadata is in the key although units do not depend on it: documents attached under different
+        # API keys carry their key there, and one key's request must not reuse (or time) another's work
         key = (doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
-               settings.unit_min_tokens, settings.unit_max_tokens)
+               json.dumps(doc.metadata, sort_keys=True, default=str), settings.unit_min_tokens, settings.unit_max_tokens)
         with self._lock:
             found = self._entries.get(key)
             if found is not None:

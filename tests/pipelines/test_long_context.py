@@ -150,12 +150,13 @@ def test_prompt_tokens_is_the_exact_count_of_the_rendered_prompt(question):
 
 
 def test_unit_cache_keeps_units_by_content():
-    cache = UnitCache(size=2)
+    cache = UnitCache(size=3)
     settings = LongContextSettings(unit_min_tokens=50, unit_max_tokens=300)
     doc = Document("manual", MANUAL, title="Manual")
     first = cache.get(doc, settings)
     assert cache.get(Document("manual", MANUAL, title="Manual"), settings) is first
     assert cache.get(Document("manual", MANUAL + "\n\nMore.", title="Manual"), settings) is not first
     assert cache.get(Document("manual", MANUAL, title="Other"), settings) is not first  # labels carry the title
-    assert cache.get(doc, settings) is not first  # dropped: the cache holds two
+    assert cache.get(Document("manual", MANUAL, title="Manual", metadata={"selfroute_key": "k2"}), settings) is not first
+    assert cache.get(doc, settings) is not first  # dropped: the cache holds three
     assert [u.tokens for u in first.units] == [u.tokens for u in split_units(doc, settings)]

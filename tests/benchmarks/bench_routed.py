@@ -232,12 +232,15 @@ def main() -> int:
             time.sleep(2.0)  # the post is read and its embedding under way
             during: list[float] = []
             tag = 0
-            while not done.is_set() and len(during) < 5 * n:
+            while not done.is_set() and len(during) < 3 * n:
                 batch, _ = post(chat, [body(q, text, "rag") for q in questions(5, f"during {tag}")])
                 during += batch
                 tag += 1
-            thread.join()
-            print(f"1 MB document ({len(big.encode()):,} bytes) ingested over HTTP in {ingest_seconds[0]:.1f} s; meanwhile:")
+            if done.is_set():
+                state = f"ingested over HTTP in {ingest_seconds[0]:.1f} s"
+            else:  # enough requests measured; the gateway's shutdown cancels the rest of the ingestion
+                state = "still being ingested when the measurement ended"
+            print(f"1 MB document ({len(big.encode()):,} bytes) {state}; meanwhile:")
             print(f"  rag before the ingest:        {summary(baseline)}")
             print(f"  rag during the ingest:        {summary(during)}   "
                   f"added p99 {percentile(during, 99) - percentile(baseline, 99):+.1f} ms")

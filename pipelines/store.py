@@ -366,13 +366,23 @@ class DocumentStore:
             chunks_table.optimize(cleanup_older_than=_KEEP_OLD_VERSIONS)
         except Exception as exc:  # optimisation is an optimisation: a failure must not lose the ingest
             log.warning("could not optimise %s: %s", chunks_table.name, exc)
-        if not any("text" in getattr(i, "columns", []) for i in chunks_table.list_indices()):
+        if not self._has_text_index(chunks_table):
             try:
-                from lancedb.index import FTS
+                try:
+                    from lancedb.index import FTS
 
-                chunks_table.create_index("text", config=FTS(), replace=True)
-            except (ImportError, TypeError):  # lancedb before the unified index API
-                chunks_table.create_fts_index("text", replace=True)
+                    chunks_table.create_index("text", config=FTS(), replace=True)
+                except (ImportError, TypeError):  # lancedb before the unified index API
+                    chunks_table.create_fts_index("text", replace=True)
+            except Exception as exc:
+                # another process writing the collection may have built it at the same moment (a commit
+                # conflict); without it, search falls back to vectors only until the next ingestion
+                if not self._has_text_index(chunks_table):
+                    log.warning("could not build the full-text index of %s: %s", chunks_table.name, exc)
+
+    @staticmethod
+    def _has_text_index(chunks_table) -> bool:
+        return any("text" in getattr(i, "columns", []) for i in chunks_table.list_indices())
 
     # -- inline documents ------------------------------------------------------------------------
     def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None) -> str:

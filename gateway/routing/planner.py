@@ -96,8 +96,13 @@ class RoutePlanner:
                 cache.popitem(last=False)
         return value
 
-    def _document_stats(self, documents: list[Document]) -> DocumentStats:
-        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, document_stats)
+    def _document_stats(self, documents: list[Document], check_size: bool = False) -> DocumentStats:
+        def compute(docs: list[Document]) -> DocumentStats:
+            if check_size:  # only for documents not seen before: those seen passed it already
+                self._check_attached_size(docs)
+            return document_stats(docs)
+
+        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, compute)
 
     def _document_index(self, documents: list[Document], key: tuple | None = None) -> DocumentIndex:
         from classifier.answer_features import document_index
@@ -136,9 +141,9 @@ class RoutePlanner:
             if len({d.id for d in documents}) != len(documents):
                 raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
                                    code="duplicate_document_id")
-            self._check_attached_size(documents)
             question = self._last_user_text(messages)
-            return "documents", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
+            stats = self._document_stats(documents, check_size=True)
+            return "documents", ContextRequest(question, messages, documents=documents), stats
         if collection:
             try:
                 info = self.store.collection(collection)

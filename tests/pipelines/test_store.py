@@ -245,7 +245,7 @@ from pipelines.store import DocumentStore
 
 class HashEmbedder:
     # deterministic vectors: what is under test is the store's writes, not the model
-    dimension = 16
+    dimension, batch_size = 16, 64
     def embed(self, texts):
         rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], np.uint8).astype(np.float32) + 1 for t in texts]
         vectors = np.stack(rows) if rows else np.zeros((0, 16), np.float32)

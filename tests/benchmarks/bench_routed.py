@@ -81,16 +81,19 @@ class Gateway:
         import httpx
 
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
+        ready_in_a_row = 0
+        while ready_in_a_row < 20:  # each worker answers its own readiness probe: many in a row
             if self.process.poll() is not None:
                 raise RuntimeError("the gateway exited during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError("gateway did not become ready")
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
-                    return
+                ok = httpx.get(f"{self.url}/health/readiness", timeout=5).status_code == 200
             except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError("gateway did not start")
+                ok = False
+            ready_in_a_row = ready_in_a_row + 1 if ok else 0
+            if not ok:
+                time.sleep(0.2)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

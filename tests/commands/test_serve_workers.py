@@ -44,15 +44,21 @@ def serve(tmp_path: Path, base: str, long: str, *extra: str) -> tuple[subprocess
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
+    deadline = time.monotonic() + 240
+    ready_in_a_row = 0
+    # models load after the port opens; each worker says so on its own readiness probe, and a fresh connection
+    # reaches either worker: ready once many probes in a row say so
+    while ready_in_a_row < 20:
         assert process.poll() is None, process.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the gateway did not start"
+        assert time.monotonic() < deadline, "the gateway did not become ready"
         try:
-            if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                return process, url
+            ok = httpx.get(f"{url}/health/readiness", timeout=5).status_code == 200
         except httpx.HTTPError:
+            ok = False
+        ready_in_a_row = ready_in_a_row + 1 if ok else 0
+        if not ok:
             time.sleep(0.2)
+    return process, url
 
 
 def ledger(tmp_path: Path) -> list[dict]:

@@ -7,6 +7,9 @@ and reported. block: 400 document_injection naming the document and the rules.
 """
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import anyio
@@ -18,6 +21,27 @@ from policies.schema import Policy
 
 INJECTION_FLAG = "injection"
 MAX_FINDINGS_PER_DOCUMENT = 20
+SCAN_CACHE_SIZE = 256
+
+# Scanning a 100k-token document takes ~100 ms; asking about the same attached document again reuses the
+# result, like the document's embeddings and statistics (keyed by the text's hash, so nothing is shared
+# between different texts).
+_scans: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_scans_lock = threading.Lock()
+
+
+def _scan(scanner, mode: str, text: str):
+    key = (mode, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
+    with _scans_lock:
+        if key in _scans:
+            _scans.move_to_end(key)
+            return _scans[key]
+    result = scanner.apply(text)
+    with _scans_lock:
+        _scans[key] = result
+        while len(_scans) > SCAN_CACHE_SIZE:
+            _scans.popitem(last=False)
+    return result
 
 
 def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str) -> list[dict[str, Any]]:
@@ -30,7 +54,7 @@ def screen_documents(mode: str, documents: list[InlineDocument] | None, param: s
     scanner = InjectionScanner(mode)  # type: ignore[arg-type]
     found = []
     for index, document in enumerate(documents):
-        result = scanner.apply(document.text)
+        result = _scan(scanner, mode, document.text)
         if not result.findings:
             continue
         name = document.id or f"{param}[{index}]"

@@ -5,7 +5,8 @@ import argparse
 import json
 import sys
 
-HEADER = ("group", "requests", "prompt tok", "completion tok", "cost", "always-long", "saving", "saving %")
+HEADER = ("group", "requests", "prompt tok", "completion tok", "cost", "always-long", "saving", "saving %",
+          "tok saved", "tok saved %")
 CACHE_HEADER = ("cache hits", "cached tok", "cache saved")  # shown when the provider's prompt cache was used
 
 
@@ -16,9 +17,12 @@ def register(subparsers, parents) -> None:
         "costs", parents=parents, help="spend and savings per route, model, policy, key, day or hour",
         description="Request count, tokens, cost, what always-long-context would have cost (context tokens at the "
                     "long model's price plus completion tokens) and the saving, per group. Days and hours are UTC. "
-                    "--by model counts upstream calls; savings are per request, so they show as '-' there. When the "
-                    "provider's prompt cache served prompt tokens, three more columns: requests (or calls) that hit "
-                    "it, cached prompt tokens, and what caching saved (negative: Anthropic's dearer cache writes).")
+                    "'tok saved' is prompt tokens: what always-long would have sent (capped at the long model's window) "
+                    "less what was sent, meaningful at any price. --by model counts upstream calls; savings are per "
+                    "request, so they show as '-' there. Models with no known price are marked 'unpriced': their "
+                    "calls are counted at $0. When the provider's prompt cache served prompt tokens, three more "
+                    "columns: requests (or calls) that hit it, cached prompt tokens, and what caching saved "
+                    "(negative: Anthropic's dearer cache writes).")
     parser.add_argument("--by", default="route", choices=["route", "model", "policy", "key", "day", "hour"])
     add_filter_arguments(parser)
     parser.add_argument("--json", action="store_true", help="the report as one JSON document")
@@ -29,13 +33,21 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"${value:,.4f}"
 
 
-def _row(row: dict, by: str) -> list[str]:
+def _percent(part: float | None, whole: float | None) -> str:
+    return "-" if not whole or part is None else f"{100 * part / whole:.1f}%"
+
+
+def _row(row: dict, by: str, unpriced: set[str]) -> list[str]:
     counterfactual = row["counterfactual_cost_usd"]
-    saving = row["saving_usd"]
-    share = "-" if not counterfactual or saving is None else f"{100 * saving / counterfactual:.1f}%"
     count = row["calls"] if row["requests"] is None else row["requests"]
-    return [str(row["group"] if row["group"] is not None else "-"), f"{count:,}", f"{row['prompt_tokens']:,}",
-            f"{row['completion_tokens']:,}", _money(row["cost_usd"]), _money(counterfactual), _money(saving), share]
+    group = str(row["group"] if row["group"] is not None else "-")
+    cost = _money(row["cost_usd"])
+    if by == "model" and row["group"] in unpriced:
+        group, cost = f"{group} (unpriced)", "unpriced"
+    saved = row.get("saved_tokens")
+    return [group, f"{count:,}", f"{row['prompt_tokens']:,}", f"{row['completion_tokens']:,}", cost,
+            _money(counterfactual), _money(row["saving_usd"]), _percent(row["saving_usd"], counterfactual),
+            "-" if saved is None else f"{saved:,}", _percent(saved, row.get("always_long_tokens"))]
 
 
 def _cache_cells(row: dict) -> list[str]:
@@ -56,13 +68,18 @@ def run(args: argparse.Namespace) -> int:
         header[0] = args.by
         if args.by == "model":
             header[1] = "calls"
-        rows = [_row(r, args.by) for r in report["groups"]]
-        rows.append(_row({**report["total"], "group": "TOTAL"}, args.by))
+        unpriced = {u["model"] for u in report["unpriced_models"]}
+        rows = [_row(r, args.by, unpriced) for r in report["groups"]]
+        rows.append(_row({**report["total"], "group": "TOTAL"}, args.by, unpriced))
         if report["total"]["cached_tokens"] or report["total"]["cache_saving_usd"]:
             header += CACHE_HEADER
             for cells, row in zip(rows, [*report["groups"], report["total"]]):
                 cells += _cache_cells(row)
         print_table(rows, tuple(header), sys.stdout, right=set(range(1, len(header))))
+        for item in report["unpriced_models"]:
+            print(f"unpriced: {item['model']} has no known price; its {item['calls']:,} calls "
+                  f"({item['prompt_tokens'] + item['completion_tokens']:,} tokens) are counted at $0. Set "
+                  "input_cost_per_mtok / output_cost_per_mtok in the policy.")
         return 0
 
     return run_report(args, work)

@@ -103,7 +103,7 @@ def _request_row(record: RequestRecord) -> tuple:
 def _call_rows(record: RequestRecord) -> list[tuple]:
     return [
         (record.id, c.created_at, c.model, c.route, c.prompt_tokens, c.completion_tokens, c.cost_usd,
-         c.latency_ms, c.error, c.cached_tokens, c.cache_saving_usd)
+         c.latency_ms, c.error, c.cached_tokens, c.cache_saving_usd, int(c.unpriced))
         for c in record.calls
     ]
 

@@ -7,7 +7,7 @@ from typing import Any
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.records import RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger
-from policies.routes import PASSTHROUGH
+from policies.routes import LONG, PASSTHROUGH
 from policies.schema import ModelConfig
 
 
@@ -54,16 +54,30 @@ class RequestLedgerEntry:
         call = UpstreamCall(
             model=config.model, route=route, prompt_tokens=prompt, completion_tokens=completion,
             cost_usd=cost, latency_ms=latency_ms, error=error, cached_tokens=min(cached, prompt),
-            cache_saving_usd=price.cost(prompt, completion) - cost,
+            cache_saving_usd=price.cost(prompt, completion) - cost, unpriced=not price.known,
         )
         self.record.calls.append(call)
         return call
 
-    def counterfactual(self, long_config: ModelConfig, context_tokens: int) -> None:
-        """What always-long-context would have cost: the whole context at the long model's price."""
-        completion = sum(c.completion_tokens for c in self.record.calls[-1:])
-        self.record.context_tokens = context_tokens
-        self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(context_tokens, completion)
+    def counterfactual(self, long_config: ModelConfig, context_tokens: int, capacity: int) -> None:
+        """What always-long-context would have cost, stored with the prompt tokens it would have sent.
+
+        When a long leg answered this request, that leg is the counterfactual: the long route never shows
+        a saving, and a fallback shows its wasted cheap attempt as a loss. Otherwise it is the context the
+        long model could actually receive (at most `capacity`, its window less the answer reserve) at the
+        long model's price, plus the answer's completion tokens.
+        """
+        calls = self.record.calls
+        long_leg = next((c for c in reversed(calls) if c.route == LONG and not c.error), None)
+        if long_leg is not None:
+            self.record.context_tokens = long_leg.prompt_tokens
+            self.record.counterfactual_cost_usd = long_leg.cost_usd
+            return
+        answered = next((c for c in reversed(calls) if not c.error), None)
+        completion = answered.completion_tokens if answered else 0
+        tokens = min(context_tokens, capacity)
+        self.record.context_tokens = tokens
+        self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(tokens, completion)
 
     def finish(self, status: int, error: str | None = None) -> None:
         if self._finished:

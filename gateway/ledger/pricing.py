@@ -23,6 +23,10 @@ class Price:
     cache_read_per_token: float | None = None
     cache_write_per_token: float | None = None
 
+    @property
+    def known(self) -> bool:
+        return self.source != "unknown"
+
     def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
              cache_write_tokens: int = 0) -> float:
         """`prompt_tokens` counts every prompt token, the cached and cache-written ones included (as OpenAI and
@@ -60,10 +64,17 @@ class PriceBook:
         self._cost_map = cost_map
         self._cache: dict[tuple, Price] = {}
 
-    def warm(self) -> None:
+    def warm(self, configs: list[ModelConfig] | None = None) -> None:
         """Import litellm and its cost map now (seconds of CPU), off the event loop, so that the first
-        request for a model without policy prices does not stall every other request."""
+        request for a model without policy prices does not stall every other request; warn about each of
+        `configs` (the policy's models) that has no price, since its calls will be recorded at $0."""
         self._lookup_map("")
+        for config in configs or []:
+            if not self.price(config).known:
+                logger.warning(
+                    "no price for model %r (not in litellm's cost map, none in the policy): its calls are "
+                    "recorded at $0 and marked unpriced; set input_cost_per_mtok and output_cost_per_mtok",
+                    config.model)
 
     def _lookup_map(self, model: str) -> Price | None:
         if self._cost_map is None:

@@ -26,6 +26,7 @@ class UpstreamCall:
     created_at: float = field(default_factory=time.time)
     cached_tokens: int = 0  # prompt tokens the provider served from its prompt cache (part of prompt_tokens)
     cache_saving_usd: float = 0.0  # cost at the uncached input price minus the cost charged
+    unpriced: bool = False  # no price known for the model: its cost_usd of 0 is not a real price (migration 006)
 
 
 @dataclass
@@ -60,7 +61,7 @@ REQUEST_COLUMNS = (
 )
 CALL_COLUMNS = (
     "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-    "latency_ms", "error", "cached_tokens", "cache_saving_usd",
+    "latency_ms", "error", "cached_tokens", "cache_saving_usd", "unpriced",
 )
 # what reports list: provenance only on request detail; a leg without its request id
 REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")

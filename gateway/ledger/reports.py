@@ -303,6 +303,10 @@ def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
         # a leg's model has no always-long counterfactual of its own; savings are per request
         "counterfactual_cost_usd": None if calls else round(slot["counterfactual_cost_usd"], 10),
         "saving_usd": None if calls else round(slot["counterfactual_cost_usd"] - slot["cost_usd"], 10),
+        # prompt tokens always-long would have sent (capped at the long model's window) less those sent:
+        # meaningful at any price, also $0 local models
+        "always_long_tokens": None if calls else slot["context_tokens"],
+        "saved_tokens": None if calls else slot["context_tokens"] - slot["prompt_tokens"],
         "mean_latency_ms": (slot["latency_ms_sum"] / slot["latency_count"]) if slot["latency_count"] else None,
     }
     if calls:
@@ -360,7 +364,31 @@ def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict
         rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))
     total = aggregate(conn, [], filters).get((), dict.fromkeys(REQUEST_FIELDS, 0))
     total_row = _with_cache(cost_row(None, total, calls=False), cache_figures(conn, [], filters).get(()))
-    return {"by": by, "groups": rows, "total": total_row}
+    unpriced = unpriced_models(conn, filters)
+    if calls:
+        names = {u["model"] for u in unpriced}
+        for row in rows:
+            row["unpriced"] = row["group"] in names
+    return {"by": by, "groups": rows, "total": total_row, "unpriced_models": unpriced}
+
+
+def unpriced_models(conn: LedgerConnection, filters: Filters = Filters()) -> list[dict]:
+    """Models whose calls in the range had no known price (recorded at $0, flagged by migration 006), with
+    how many calls and tokens that $0 stands for. Reads only flagged calls (a partial index)."""
+    conds, params = _where(filters, {"route": "r.route", "key": "r.key_id", "policy": "r.policy", "status": "r.status"})
+    conds.insert(0, "c.unpriced = 1")
+    if filters.since is not None:
+        conds.append("c.created_at >= ?")
+        params.append(filters.since)
+    if filters.until is not None:
+        conds.append("c.created_at < ?")
+        params.append(filters.until)
+    use = dialect_of(conn).use_index
+    sql = ("SELECT c.model, count(*), sum(c.prompt_tokens), sum(c.completion_tokens)"
+           f" FROM upstream_calls c{use('upstream_calls_unpriced_created_at')} JOIN requests r ON r.id = c.request_id"
+           f" WHERE {' AND '.join(conds)} GROUP BY c.model ORDER BY c.model")
+    return [{"model": model, "calls": n, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0}
+            for model, n, prompt, completion in conn.execute(sql, params)]
 
 
 # ---------------------------------------------------------------------------------------------- requests

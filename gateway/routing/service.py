@@ -161,7 +161,7 @@ class RoutingService:
                     self._kept_cheap(entry, exc, route)
         provenance = planner.provenance(plan, prepared, route)
         entry.record.provenance = provenance
-        entry.counterfactual(self.policy.long, plan.context_tokens)
+        self._counterfactual(entry, plan)
         entry.finish(200)
         completion["selfroute"] = {
             "route": entry.record.route, "reason": entry.record.reason, "rule": decision.rule,
@@ -188,6 +188,10 @@ class RoutingService:
             return self.check.check(plan.decision, self.ready_planner().cheap_answer(plan, prepared, route, text))
 
         return await anyio.to_thread.run_sync(verify)
+
+    def _counterfactual(self, entry: RequestLedgerEntry, plan: RoutePlan) -> None:
+        # always-long could send at most what fits the long model's window, less the answer reserve
+        entry.counterfactual(self.policy.long, plan.context_tokens, self.ready_planner().long.budget_tokens)
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:
@@ -222,7 +226,7 @@ class RoutingService:
         return await stream_upstream(
             self.upstream, entry, config, route, self._body(body, config, prepared),
             client_wants_usage=chat.wants_usage_in_stream,
-            before_finish=lambda: entry.counterfactual(self.policy.long, plan.context_tokens),
+            before_finish=lambda: self._counterfactual(entry, plan),
         )
 
     async def _stream_long(self, chat, body, plan: RoutePlan, prepared, entry) -> Streamed:
@@ -289,7 +293,7 @@ class RoutingService:
 
             def finish_cheap(final_usage, error, status) -> None:
                 entry.add_call(cheap, route, final_usage, (time.perf_counter() - started) * 1000, error)
-                entry.counterfactual(self.policy.long, plan.context_tokens)
+                self._counterfactual(entry, plan)
                 entry.finish(status, error)
 
             return Streamed(held[0], held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
@@ -317,7 +321,7 @@ class RoutingService:
                 yield item
 
         def finish_kept(final_usage, error, status) -> None:  # the cheap leg is already recorded
-            entry.counterfactual(self.policy.long, plan.context_tokens)
+            self._counterfactual(entry, plan)
             entry.finish(status, error)
 
         return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept, failure)

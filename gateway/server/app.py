@@ -113,7 +113,8 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         ledger.start()
-        threading.Thread(target=prices.warm, name="selfroute-warm-prices", daemon=True).start()
+        threading.Thread(target=prices.warm, args=([policy.cheap, policy.long, *policy.long_alternates],),
+                         name="selfroute-warm-prices", daemon=True).start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
         # models and stores load after the server listens: liveness answers at once, readiness when they are in

@@ -54,6 +54,9 @@ class GatewayMetrics:
                                       ["route", "model"], registry=r)
         self.fallbacks = Counter("selfroute_fallbacks", "Self-Route fallbacks: a RAG answer judged unanswerable, "
                                  "answered again with long context.", registry=r)
+        self.unpriced_calls = Counter(
+            "selfroute_unpriced_calls", "Upstream calls to a model with no known price (recorded at $0), by model.",
+            ["model"], registry=r)
         self.upstream_errors = Counter("selfroute_upstream_errors", "Upstream calls that failed, by request route and model.",
                                        ["route", "model"], registry=r)
         self.request_latency = Histogram("selfroute_request_latency_seconds", "Request latency by route.",
@@ -100,6 +103,8 @@ class GatewayMetrics:
             self._child(self.tokens, route, model, "prompt").inc(call.prompt_tokens)
             self._child(self.tokens, route, model, "completion").inc(call.completion_tokens)
             self._child(self.cost, route, model).inc(max(call.cost_usd, 0.0))
+            if call.unpriced:
+                self._child(self.unpriced_calls, model).inc()
             if call.error:
                 self._child(self.upstream_errors, route, model).inc()
             if call.latency_ms is not None:

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from gateway.cli import main
-from tests.ledger_fixtures import LONG, sample_records, write_ledger
+from gateway.ledger.records import UpstreamCall
+from tests.ledger_fixtures import BASE, LONG, call, record, sample_records, write_ledger
 
 
 @pytest.fixture
@@ -16,9 +17,10 @@ def test_costs_table_by_route_with_total(data_dir, capsys):
     assert main(["costs", "--data-dir", str(data_dir), "--by", "route"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["route", "requests", "prompt", "tok", "completion", "tok", "cost", "always-long",
-                                "saving", "saving", "%"]
+                                "saving", "saving", "%", "tok", "saved", "tok", "saved", "%"]
     rag = next(line.split() for line in lines if line.startswith("rag "))
-    assert rag == ["rag", "4", "3,900", "150", "$0.0030", "$0.1230", "$0.1200", "97.6%"]
+    # always-long would have sent 60,000 prompt tokens (three answered at 20,000) plus 20,000 for the failed one
+    assert rag == ["rag", "4", "3,900", "150", "$0.0030", "$0.1230", "$0.1200", "97.6%", "76,100", "95.1%"]
     total = lines[-1].split()
     assert total[:2] == ["TOTAL", "10"] and total[4:7] == ["$0.1651", "$0.2833", "$0.1182"]
 
@@ -40,7 +42,27 @@ def test_costs_model_table_shows_calls_and_no_per_model_saving(data_dir, capsys)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["model", "calls"]
     assert next(line.split() for line in lines if line.startswith(LONG))[1:] == ["4", "80,000", "320", "$0.1600", "-",
-                                                                                 "-", "-"]
+                                                                                 "-", "-", "-", "-"]
+
+
+def test_costs_show_token_savings_at_zero_prices_and_mark_unpriced_models(tmp_path, capsys):
+    records = [record("free", BASE, "rag", [call("local/smollm2-135m-instruct", "rag", 1000, 20, 0.0)], context=8000),
+               record("mystery", BASE + 1, "passthrough", [
+                   UpstreamCall(model="openai/mystery-model", route="passthrough", prompt_tokens=300,
+                                completion_tokens=40, cost_usd=0.0, unpriced=True, created_at=BASE)], context=300)]
+    write_ledger(tmp_path / "ledger.sqlite3", records).close()
+    assert main(["costs", "--data-dir", str(tmp_path), "--by", "route"]) == 0
+    out = capsys.readouterr().out
+    rag = next(line.split() for line in out.splitlines() if line.startswith("rag "))
+    assert rag[-2:] == ["7,000", "87.5%"]  # at $0 the dollar saving says nothing; the tokens still do
+    assert "unpriced: openai/mystery-model has no known price; its 1 calls (340 tokens) are counted at $0" in out
+    assert main(["costs", "--data-dir", str(tmp_path), "--by", "model"]) == 0
+    mystery = next(line.split() for line in capsys.readouterr().out.splitlines() if "mystery" in line)
+    assert mystery[:2] == ["openai/mystery-model", "(unpriced)"] and mystery[5] == "unpriced"
+    assert main(["costs", "--data-dir", str(tmp_path), "--by", "model", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {g["group"]: g["unpriced"] for g in report["groups"]} == {"openai/mystery-model": True,
+                                                                    "local/smollm2-135m-instruct": False}
 
 
 def test_costs_rejects_an_unknown_grouping(data_dir, capsys):

@@ -60,13 +60,14 @@ EXPECTED_TABLES = {
         ("id", "INTEGER", 0, 1), ("request_id", "TEXT", 1, 0), ("created_at", "REAL", 1, 0), ("model", "TEXT", 1, 0),
         ("route", "TEXT", 0, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0), ("latency_ms", "REAL", 0, 0), ("error", "TEXT", 0, 0),
-        ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
+        ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0), ("unpriced", "INTEGER", 1, 0),
     ],
 }
 EXPECTED_INDEXES = [
     "api_keys_prefix", "requests_cached_created_at", "requests_created_at", "requests_key_created_at",
     "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
     "upstream_calls_cached_request_id", "upstream_calls_model_created_at", "upstream_calls_request_id",
+    "upstream_calls_unpriced_created_at",
 ]
 EXPECTED_TRIGGERS = [
     "call_rollup_daily_insert", "call_rollup_daily_update", "call_rollup_delete", "call_rollup_insert",

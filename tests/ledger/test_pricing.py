@@ -1,11 +1,62 @@
-"""Prices: cached prompt tokens at the provider's cache rates (litellm's cost map or the policy's)."""
+"""Prices: cached prompt tokens at the provider's cache rates (litellm's cost map or the policy's); a model with
+no known price is warned about at start-up and marked unpriced in the ledger, the admin costs report, the
+dashboard's summary and the metrics — never passed off as free."""
 from __future__ import annotations
 
+import logging
+
+import httpx
+import openai
 import pytest
 
 from gateway.ledger.entry import cache_tokens
 from gateway.ledger.pricing import Price, PriceBook
+from gateway.server.auth import Authenticator
 from policies.schema import ModelConfig
+from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+
+ADMIN = "sk-admin-pricing"
+POLICY = """
+name: t
+cheap: {{model: openai/no-such-model-xyz, api_base: "{base}/v1"}}
+long: {{model: openai/fake-long, api_base: "{base}/v1", input_cost_per_mtok: 0.0, output_cost_per_mtok: 0.0}}
+routing: {{classifier: null}}
+"""
+
+
+def test_prices_come_from_the_policy_then_litellm_else_unknown():
+    book = PriceBook({"gpt-4o-mini": {"input_cost_per_token": 1.5e-7, "output_cost_per_token": 6e-7}})
+    assert book.price(ModelConfig(model="openai/gpt-4o-mini")).source == "litellm"
+    free = book.price(ModelConfig(model="local/x", input_cost_per_mtok=0.0, output_cost_per_mtok=0.0))
+    assert free.known and free.cost(1000, 1000) == 0.0  # a declared $0 is a price
+    assert not book.price(ModelConfig(model="openai/no-such-model-xyz")).known
+
+
+def test_an_unpriced_model_is_warned_about_and_marked_everywhere(upstream, tmp_path, caplog):
+    base, _ = upstream
+    auth = Authenticator(admin_key=ADMIN)
+    with caplog.at_level(logging.WARNING, logger="gateway.ledger.pricing"), \
+            running_gateway(tmp_path, make_policy(base, POLICY), auth=auth,
+                            prices=PriceBook({"gpt-4o-mini": {"input_cost_per_token": 1e-7}})) as (url, app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=ADMIN, max_retries=0)
+        for model in ("openai/no-such-model-xyz", "openai/fake-long"):
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "a b c"}])
+        calls = {c["model"]: c["unpriced"] for c in ledger_rows(app, "upstream_calls")}
+        assert calls == {"openai/no-such-model-xyz": 1, "openai/fake-long": 0}
+        headers = {"authorization": f"Bearer {ADMIN}"}
+        costs = httpx.get(f"{url}/v1/admin/costs", params={"by": "model"}, headers=headers).json()
+        assert {g["group"]: g["unpriced"] for g in costs["groups"]} == {"openai/no-such-model-xyz": True,
+                                                                       "openai/fake-long": False}
+        assert costs["unpriced_models"] == [{"model": "openai/no-such-model-xyz", "calls": 1, "prompt_tokens": 3,
+                                             "completion_tokens": 4}]
+        summary = httpx.get(f"{url}/v1/admin/summary", params={"window": "1h"}, headers=headers).json()
+        assert [u["model"] for u in summary["unpriced_models"]] == ["openai/no-such-model-xyz"]
+        assert {m["group"]: m["unpriced"] for m in summary["models"]}["openai/no-such-model-xyz"] is True
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'selfroute_unpriced_calls_total{model="openai/no-such-model-xyz"} 1.0' in metrics
+        assert "fake-long" not in "".join(l for l in metrics.splitlines() if l.startswith("selfroute_unpriced"))
+    warnings = [r.getMessage() for r in caplog.records if "no price" in r.getMessage()]
+    assert len(warnings) == 1 and "openai/no-such-model-xyz" in warnings[0]
 
 
 def test_cached_and_cache_written_tokens_are_priced_at_their_rates():

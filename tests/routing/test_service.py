@@ -45,7 +45,7 @@ long:
   api_base: {base}/v1
   input_cost_per_mtok: 10.0
   output_cost_per_mtok: 20.0
-  context_window: 16000
+  context_window: LONG_WINDOW
 ALTERNATES
 rag:
   top_k: 4
@@ -61,9 +61,11 @@ routing:
 
 
 def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]", verifier: str | None = None,
-               long: str = "fake-long", alternates: tuple[str, ...] = (), on_long_error: str = "return_cheap"):
+               long: str = "fake-long", alternates: tuple[str, ...] = (), on_long_error: str = "return_cheap",
+               long_window: int = 16000):
     listed = "".join(f"\n  - model: openai/{m}\n    api_base: '{{base}}/v1'" for m in alternates)
-    template = (POLICY.replace("ON_LONG_ERROR", on_long_error).replace("CHEAP", cheap).replace("LONG", long)
+    template = (POLICY.replace("ON_LONG_ERROR", on_long_error).replace("LONG_WINDOW", str(long_window))
+                .replace("CHEAP", cheap).replace("LONG", long)
                 .replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
                 .replace("ALTERNATES", f"long_alternates:{listed}" if alternates else ""))
     if verifier is not None:
@@ -483,3 +485,26 @@ def test_a_collection_answer_is_checked_against_the_collection_index_built_once_
     ask(url, QUESTION, collection="pumps")
     versions = [k for k in cache if k[0] == "collection"]
     assert len(versions) == 2 and "canteen" in cache[versions[-1]][0]
+
+
+def test_the_long_route_never_shows_a_saving_and_the_counterfactual_fits_the_long_window(start):
+    rules = "[{name: all-long, feature: context_tokens, op: '>=', value: 0, route: long}]"
+    url, app = start(rules=rules, long_window=1024)
+    ask(url, "Where is the pump?", documents=[{"text": manual()}])
+    [row] = ledger_rows(app)
+    [leg] = ledger_rows(app, "upstream_calls")
+    assert row["route"] == "long"
+    assert row["counterfactual_cost_usd"] == pytest.approx(row["cost_usd"])  # the long leg is always-long
+    assert row["context_tokens"] == leg["prompt_tokens"]
+
+
+def test_the_cheap_routes_saving_counts_only_what_the_long_model_could_receive(start, upstream):
+    url, app = start(long_window=1024)
+    raw = ask(url, "What is the maintenance password for the Zephyr pump?", documents=[{"text": manual()}])
+    assert raw.headers["x-selfroute-route"] == "rag"
+    [row] = ledger_rows(app)
+    [leg] = ledger_rows(app, "upstream_calls")
+    budget = 1024 - 512  # the window less the answer reserve
+    assert raw.http_response.json()["selfroute"]["provenance"]  # sanity: a real routed answer
+    assert row["context_tokens"] == budget  # the manual is ~2,500 tokens: always-long could send 512 of them
+    assert row["counterfactual_cost_usd"] == pytest.approx(budget * 10e-6 + leg["completion_tokens"] * 20e-6)

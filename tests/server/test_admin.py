@@ -92,7 +92,7 @@ def test_summary_endpoint_and_window_validation(ledger, client):
                              counterfactual=0.05))
     ledger.flush()
     body = client.get("/v1/admin/summary", params={"window": "1h"}, headers=ADMIN).json()
-    assert body["totals"]["requests"] == 4 and body["bucket"] == "hour"
+    assert body["totals"]["requests"] == 4 and body["bucket"] == "minute"
     assert body["fallback"]["rate"] == pytest.approx(1 / 3)
     assert body["totals"]["saving_usd"] == pytest.approx(0.16)
     assert {m["group"] for m in body["route_mix"]} == {"rag", "long", "rag>long"}

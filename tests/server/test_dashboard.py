@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pytest
 
 from gateway.ledger import reports
-from gateway.ledger.summary import histogram_percentiles, latency_histograms, summary
+from gateway.ledger.summary import bucket_for, percentiles, summary
 from gateway.ledger.database import connect
 from tests.ledger_fixtures import (
     ADMIN_KEY, BASE, LONG, admin_app, record, sample_records, synthetic_records, write_ledger,
@@ -57,32 +57,46 @@ def test_summary_has_what_the_dashboard_draws(conn):
     assert [r["id"] for r in s["most_expensive"]][:2] in (["r04", "r09"], ["r09", "r04"])
     assert s["slowest"][0]["id"] == "r06"
     assert s["latency_ms"]["all"]["count"] == 10
-    assert 400 < s["latency_ms"]["all"]["p50"] <= 500  # the exact median, 410, lies in the (400, 500] bucket
-    assert 2000 < s["latency_ms"]["long"]["p99"] <= 2500  # 1900 and 2100
+    # from the recorded latencies: 3 150 350 400 420 | 1900 2100 2600 2900 5100
+    assert s["latency_ms"]["all"]["p50"] == pytest.approx((420 + 1900) / 2)
+    assert s["latency_ms"]["long"]["p99"] == pytest.approx(1900 + 0.99 * 200)  # 1900 and 2100
+    assert {k["group"]: k["requests"] for k in s["keys"]} == {"k_alice": 8, "k_bob": 2}
+    assert s["unpriced_models"] == [] and not any(m["unpriced"] for m in s["models"])
     day = summary(conn, window=3600, now=now)
     assert day["totals"]["requests"] == 2  # r09, r10
     week = summary(conn, window=7 * 86400, now=now)
-    assert week["bucket"] == "day" and week["series"][-1]["t"] == datetime.fromtimestamp(now, timezone.utc).strftime(
-        "%Y-%m-%d")
+    assert week["bucket"] == "6 hours" and len(week["series"]) == 29
+    assert sum(sum(b["cost_usd"].values()) for b in week["series"]) == pytest.approx(0.1651)
+    month = summary(conn, window=30 * 86400, now=now)
+    assert month["bucket"] == "day" and month["series"][-1]["t"] == datetime.fromtimestamp(
+        now, timezone.utc).strftime("%Y-%m-%d")
 
 
-
-
-def test_histogram_percentiles_stay_inside_the_true_values_bucket(tmp_path):
-    records = synthetic_records(500, now=BASE + 86400, seed=5)
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", records)
+def test_short_windows_get_minute_buckets(tmp_path):
+    now = BASE + 3000
+    ledger = write_ledger(tmp_path / "ledger.sqlite3", [
+        record("a", BASE + 2000, "rag", [], latency=100.0), record("b", BASE + 2010, "rag", [], latency=300.0),
+        record("c", BASE + 2900, "long", [], latency=200.0)])
     conn = reports.connect_reader(ledger.path)
-    since = BASE + 1234.5  # not on an hour: the first partial hour is read raw
-    edges, counts = latency_histograms(conn, since)
-    values = sorted(r.latency_ms for r in records if r.created_at >= since)
-    merged = [sum(c) for c in zip(*counts.values())]
-    assert sum(merged) == len(values)
-    estimate = histogram_percentiles(edges, merged)
-    for p in (50, 90, 99):
-        true = values[max(0, -(-p * len(values) // 100) - 1)]
-        upper = next(e for e in edges if e >= true)
-        lower = max([0.0, *(e for e in edges if e < true)])
-        assert lower <= estimate[f"p{p}"] <= upper, (p, true, estimate)
+    s = summary(conn, window=3600, now=now)
+    assert (s["bucket"], s["bucket_s"]) == ("minute", 60) and len(s["series"]) == 61
+    busy = {b["t"]: b["requests"] for b in s["series"] if sum(b["requests"].values())}
+    assert busy == {"2026-01-01T00:33Z": {"rag": 2, "long": 0}, "2026-01-01T00:48Z": {"rag": 0, "long": 1}}
+    assert [bucket_for(w)[1] for w in (3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)] == [
+        "minute", "10 minutes", "hour", "6 hours", "day"]
+
+
+def test_percentiles_are_those_of_the_recorded_latencies(tmp_path):
+    # one 305 s request: histogram buckets would have put its p50 anywhere in (300 s, 600 s]
+    ledger = write_ledger(tmp_path / "ledger.sqlite3", [record("slow", BASE, "rag>long", [], latency=305_000.0)])
+    conn = reports.connect_reader(ledger.path)
+    latency = summary(conn, window=3600, now=BASE + 60)["latency_ms"]
+    assert latency["rag>long"] == latency["all"] == {"count": 1, "p50": 305_000.0, "p90": 305_000.0,
+                                                     "p95": 305_000.0, "p99": 305_000.0}
+    assert percentiles([1.0, 2.0, 3.0, 4.0]) == {"count": 4, "p50": 2.5, "p90": pytest.approx(3.7),
+                                                  "p95": pytest.approx(3.85), "p99": pytest.approx(3.97)}
+
+
 
 
 def test_latency_histogram_follows_replaced_and_deleted_rows(tmp_path):
@@ -90,12 +104,13 @@ def test_latency_histogram_follows_replaced_and_deleted_rows(tmp_path):
     ledger.submit(record("a", BASE, "rag", [], latency=4000.0))
     ledger.flush()
     conn = reports.connect_reader(ledger.path)
-    edges, counts = latency_histograms(conn, BASE - 3600)
-    assert sum(counts["rag"]) == 1 and counts["rag"][edges.index(4000)] == 1
+    rollup = ("SELECT b.upper_ms, h.requests FROM latency_rollup_hourly h JOIN latency_buckets b USING (bucket)"
+              " WHERE h.route = 'rag' AND h.requests > 0")
+    assert [tuple(row) for row in conn.execute(rollup)] == [(4000.0, 1)]
     writer = connect(ledger.path)
     with writer:
         writer.execute("DELETE FROM requests WHERE id = 'a'")
-    assert sum(latency_histograms(conn, BASE - 3600)[1]["rag"]) == 0
+    assert conn.execute(rollup).fetchall() == []
 
 
 def test_empty_window_summary(tmp_path):
@@ -147,3 +162,23 @@ def test_screenshot(site, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
     if os.environ.get("SELFROUTE_UPDATE_SCREENSHOT"):
         shutil.copyfile(shot, SCREENSHOT)
+
+
+def test_huge_windows_estimate_percentiles_from_the_histograms(tmp_path, monkeypatch):
+    from gateway.ledger import summary as summary_module
+
+    records = synthetic_records(300, now=BASE + 86400, seed=5)
+    ledger = write_ledger(tmp_path / "ledger.sqlite3", records)
+    conn = reports.connect_reader(ledger.path)
+    exact = summary(conn, window=2 * 86400, now=BASE + 86400)
+    assert exact["latency_source"] == "recorded"
+    monkeypatch.setattr(summary_module, "RAW_LATENCY_LIMIT", 100)
+    estimated = summary(conn, window=2 * 86400, now=BASE + 86400)
+    assert estimated["latency_source"] == "histogram"
+    assert estimated["latency_ms"]["all"]["count"] == exact["latency_ms"]["all"]["count"]
+    edges = [row[0] for row in conn.execute("SELECT upper_ms FROM latency_buckets ORDER BY bucket")]
+    for p in ("p50", "p90", "p99"):  # the estimate lies in the bucket that holds the true value
+        true = exact["latency_ms"]["all"][p]
+        upper = next(e for e in edges if e >= true)
+        lower = max([0.0, *(e for e in edges if e < true)])
+        assert lower <= estimated["latency_ms"]["all"][p] <= upper

@@ -377,15 +377,15 @@ def unpriced_models(conn: LedgerConnection, filters: Filters = Filters()) -> lis
     how many calls and tokens that $0 stands for. Reads only flagged calls (a partial index)."""
     conds, params = _where(filters, {"route": "r.route", "key": "r.key_id", "policy": "r.policy", "status": "r.status"})
     conds.insert(0, "c.unpriced = 1")
-    if filters.since is not None:
-        conds.append("c.created_at >= ?")
+    if filters.since is not None:  # the request's time, as every other report counts a leg
+        conds.append("r.created_at >= ?")
         params.append(filters.since)
     if filters.until is not None:
-        conds.append("c.created_at < ?")
+        conds.append("r.created_at < ?")
         params.append(filters.until)
     use = dialect_of(conn).use_index
     sql = ("SELECT c.model, count(*), sum(c.prompt_tokens), sum(c.completion_tokens)"
-           f" FROM upstream_calls c{use('upstream_calls_unpriced_created_at')} JOIN requests r ON r.id = c.request_id"
+           f" FROM upstream_calls c{use('upstream_calls_unpriced')} JOIN requests r ON r.id = c.request_id"
            f" WHERE {' AND '.join(conds)} GROUP BY c.model ORDER BY c.model")
     return [{"model": model, "calls": n, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0}
             for model, n, prompt, completion in conn.execute(sql, params)]

@@ -67,7 +67,7 @@ EXPECTED_INDEXES = [
     "api_keys_prefix", "requests_cached_created_at", "requests_created_at", "requests_key_created_at",
     "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
     "upstream_calls_cached_request_id", "upstream_calls_model_created_at", "upstream_calls_request_id",
-    "upstream_calls_unpriced_created_at",
+    "upstream_calls_unpriced",
 ]
 EXPECTED_TRIGGERS = [
     "call_rollup_daily_insert", "call_rollup_daily_update", "call_rollup_delete", "call_rollup_insert",

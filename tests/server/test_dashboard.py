@@ -17,7 +17,7 @@ from gateway.ledger import reports
 from gateway.ledger.summary import bucket_for, percentiles, summary
 from gateway.ledger.database import connect
 from tests.ledger_fixtures import (
-    ADMIN_KEY, BASE, LONG, admin_app, record, sample_records, synthetic_records, write_ledger,
+    ADMIN_KEY, BASE, LONG, admin_app, call, record, sample_records, synthetic_records, write_ledger,
 )
 from tests.servers import serve_app
 
@@ -124,7 +124,10 @@ def test_empty_window_summary(tmp_path):
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     path = tmp_path_factory.mktemp("dash") / "ledger.sqlite3"
-    ledger = write_ledger(path, synthetic_records(400, now=time.time(), seed=3))
+    mystery = call("openai/mystery-model", "passthrough", 300, 40, 0.0)
+    mystery.unpriced = True
+    ledger = write_ledger(path, [*synthetic_records(400, now=time.time(), seed=3),
+                                 record("unpriced-1", time.time() - 60, "passthrough", [mystery], context=300)])
     with serve_app(admin_app(ledger)) as url:
         yield url
     ledger.close()
@@ -140,6 +143,11 @@ def test_dashboard_renders_routes_costs_and_tables(site, tmp_path):
     assert "<svg" in dom and "<rect" in dom  # the spend chart was drawn
     assert dom.count('href="#request=') >= 10  # most expensive and slowest requests link to their detail
     assert LONG in dom
+    assert "Prompt tokens saved" in dom and "(of the recorded latencies)" in dom
+    for key in ("k_alice", "k_bob", "k_carol"):  # the per-key panel
+        assert f'data-key="{key}"' in dom
+    assert "Unpriced models" in dom and "openai/mystery-model</code> has no known price" in dom
+    assert '<tr data-unpriced="yes"><td title="openai/mystery-model">' in dom
 
 
 @needs_chromium

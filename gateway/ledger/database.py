@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
+
 from gateway.ledger.dialect import (
     POSTGRESQL, SQLITE, Dialect, PostgresConnection, connect_postgres, dialect_of, is_postgres,
 )
@@ -36,11 +38,20 @@ def connect(location: str | Path) -> Any:
     if is_postgres(location):
         return connect_postgres(str(location))
     conn = sqlite3.connect(str(location), timeout=30, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
+    # switching a new file to WAL answers "database is locked" at once, without the busy timeout, while another
+    # process (a worker or replica starting at the same moment) does the same: retry it for a while
+    for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_delay(30),
+                            wait=wait_random(0.01, 0.1), reraise=True):
+        with attempt:
+            conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
     conn.row_factory = sqlite3.Row
     return conn
+
+
+def _locked(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
 
 
 def migrate(conn: Any) -> list[int]:

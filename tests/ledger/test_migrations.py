@@ -120,20 +120,23 @@ def test_processes_starting_together_migrate_a_new_ledger_once(tmp_path):
         errors: list[BaseException] = []
 
         def open_ledger() -> None:
-            conn = connect(path)
+            conn = None
             try:
-                start.wait()
+                start.wait(timeout=60)  # a thread that fails must not leave the others waiting forever
+                conn = connect(path)
                 migrate(conn)
             except BaseException as exc:  # noqa: BLE001  (reported below)
                 errors.append(exc)
+                start.abort()
             finally:
-                conn.close()
+                if conn is not None:
+                    conn.close()
 
         threads = [threading.Thread(target=open_ledger) for _ in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join()
+            thread.join(timeout=120)
         assert errors == []
         conn = connect(path)
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]

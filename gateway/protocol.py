@@ -215,6 +215,14 @@ def _strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from _strings(item, f"{path}[{index}]")
 
 
+def refuse_connection_params(body: dict[str, Any]) -> None:
+    """The closed surface: nothing in a request chooses where, or with what, the gateway connects."""
+    for name in body:
+        if rejected_param(name):
+            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
+                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
+
+
 def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
     """Validate a request body; bad input becomes a 400 that names the offending parameter.
 
@@ -222,10 +230,7 @@ def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any
     goes upstream (minus our `selfroute` extension), so unknown fields pass through untouched.
     """
     body = parse_json_object(raw)
-    for name in body:
-        if rejected_param(name):
-            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
-                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
+    refuse_connection_params(body)
     try:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:

@@ -17,7 +17,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, rejected_param
+from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
 from gateway.server.bodies import json_response, read_body
 from gateway.server.limits import admit
 from gateway.server.state import gateway_of
@@ -67,10 +67,7 @@ def local_embedding_model(policy: Policy) -> str:
 
 def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
     body = parse_json_object(raw)
-    for name in body:  # the same closed surface as chat: nothing in a request chooses where the gateway connects
-        if rejected_param(name):
-            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
-                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
+    refuse_connection_params(body)  # the same closed surface as chat
     try:
         request = EmbeddingsRequest.model_validate(body)
     except ValidationError as exc:

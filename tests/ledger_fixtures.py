@@ -28,6 +28,12 @@ def call(model: str, route: str, prompt: int, completion: int, cost: float, late
                         latency_ms=latency, error=error, created_at=BASE)
 
 
+def cached(leg: UpstreamCall, tokens: int, saving: float) -> UpstreamCall:
+    """`leg` with `tokens` of its prompt read from the provider's cache, saving `saving` (negative: a write)."""
+    leg.cached_tokens, leg.cache_saving_usd = tokens, saving
+    return leg
+
+
 def record(rid: str, at: float, route: str | None, calls: list[UpstreamCall], *, key: str = "k_alice",
            policy: str = "default", status: int = 200, counterfactual: float = 0.0, context: int = 0,
            latency: float | None = 500.0, reason: str = "classifier", provenance: dict | None = None) -> RequestRecord:
@@ -36,7 +42,8 @@ def record(rid: str, at: float, route: str | None, calls: list[UpstreamCall], *,
         status=status, error=None if status < 400 else "upstream failed", latency_ms=latency,
         prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls),
         cost_usd=sum(c.cost_usd for c in calls), context_tokens=context, counterfactual_cost_usd=counterfactual,
-        provenance=provenance, calls=calls,
+        provenance=provenance, calls=calls, cached_tokens=sum(c.cached_tokens for c in calls),
+        cache_saving_usd=sum(c.cache_saving_usd for c in calls),
     )
 
 

@@ -19,9 +19,9 @@ from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  #
 
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["001_ledger.sql", "002_hourly_rollups.sql", "003_daily_rollups.sql", "004_keys.sql",
-              "005_cached_tokens.sql", "006_unpriced_calls.sql"]
+              "005_cached_tokens.sql", "006_unpriced_calls.sql", "007_cache_rollups.sql"]
 ROLLUPS = ["request_rollup_hourly", "call_rollup_hourly", "request_rollup_daily", "call_rollup_daily",
-           "latency_rollup_hourly"]
+           "latency_rollup_hourly", "cache_rollup_hourly"]
 
 
 def sqlite_migrations_dir() -> Path:
@@ -257,7 +257,7 @@ REQUEST_COLUMNS = ["id", "created_at", "key_id", "policy", "alias", "route", "re
                    "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
                    "counterfactual_cost_usd", "provenance"]
 CALL_COLUMNS = ["request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-                "latency_ms", "error"]
+                "latency_ms", "error", "cached_tokens", "cache_saving_usd"]
 
 
 def _record(rng: random.Random, rid: str) -> tuple[tuple, list[tuple]]:
@@ -265,10 +265,14 @@ def _record(rng: random.Random, rid: str) -> tuple[tuple, list[tuple]]:
     route = rng.choice(["rag", "long", "rag>long", "direct", None])
     calls = []
     for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        prompt = rng.randrange(0, 30000)
+        # provider prompt cache: none, a read (a saving), or a write (Anthropic's dearer write: a negative saving)
+        cached, saving = rng.choice([(0, 0.0), (0, 0.0), (prompt // 2, round(rng.uniform(0, 0.01), 6)),
+                                     (0, -round(rng.uniform(0, 0.002), 6))])
         calls.append((rid, created, rng.choice(["openai/gpt-4o-mini", "openai/gpt-4.1", "local/smollm2"]),
-                      rng.choice(["rag", "long", "direct"]), rng.randrange(0, 30000), rng.randrange(0, 900),
+                      rng.choice(["rag", "long", "direct"]), prompt, rng.randrange(0, 900),
                       round(rng.uniform(0, 0.05), 6), rng.choice([None, rng.uniform(1, 200000)]),
-                      rng.choice([None, None, None, "timeout"])))
+                      rng.choice([None, None, None, "timeout"]), cached, saving))
     request = (rid, created, rng.choice(["k_alice", "k_bob", None]), rng.choice(["default", "strict", None]),
                "selfroute-auto", route, rng.choice(["classifier", None]), rng.choice([200, 200, 200, 400, 502]),
                None, rng.randrange(2), rng.choice([None, rng.uniform(0, 700000), rng.uniform(0, 3000)]),
@@ -396,6 +400,14 @@ def _assert_rollups_match_raw_rows(pg) -> None:
                       "  ORDER BY b.upper_ms LIMIT 1), count(*)"
                       " FROM requests r WHERE r.latency_ms IS NOT NULL GROUP BY 1, 2, 3) AS f")
     assert latency == fresh
+    # an emptied group keeps its row, its saving at zero give or take the rounding of adding and subtracting
+    cache = [r for r in _rows(pg, "cache_rollup_hourly") if r[2] or r[3] or abs(r[4]) > 1e-12]
+    fresh = _rows(pg, "(SELECT floor(r.created_at / 3600)::bigint, coalesce(r.route, ''),"
+                      " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens)::bigint,"
+                      " sum(c.cache_saving_usd) FROM upstream_calls c JOIN requests r ON r.id = c.request_id"
+                      " WHERE c.cached_tokens <> 0 OR c.cache_saving_usd <> 0 GROUP BY 1, 2) AS f")
+    assert cache  # the workload reads and writes the cache
+    _assert_same_rows(cache, fresh, "cache_rollup_hourly vs upstream_calls")
 
 
 def test_postgres_rollups_follow_plain_updates(postgres_url):
@@ -410,4 +422,7 @@ def test_postgres_rollups_follow_plain_updates(postgres_url):
                        " WHERE id IN (SELECT request_id FROM upstream_calls LIMIT 10)")
             pg.execute("UPDATE upstream_calls SET cost_usd = cost_usd * 2, error = 'boom', latency_ms = NULL"
                        " WHERE id % 3 = 0")
+            pg.execute("UPDATE upstream_calls SET cached_tokens = prompt_tokens / 3, cache_saving_usd = 0.001"
+                       " WHERE id % 4 = 1")
+            pg.execute("UPDATE upstream_calls SET cached_tokens = 0, cache_saving_usd = 0 WHERE id % 4 = 2")
         _assert_rollups_match_raw_rows(pg)

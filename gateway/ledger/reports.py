@@ -340,6 +340,37 @@ def cache_figures(conn: LedgerConnection, dims: list[str], filters: Filters, *, 
     return {tuple(row[:len(dims)]): dict(zip(CACHE_FIELDS, row[len(dims):])) for row in conn.execute(sql, params)}
 
 
+def cache_by_route(conn: LedgerConnection, since: float | None, until: float | None = None) -> dict[str, dict]:
+    """Provider prompt caching per request route over [since, until): legs that read the cache, prompt tokens
+    read from it and what caching saved. Whole hours from cache_rollup_hourly (migration 007), the partial hours
+    at the edges from the raw legs caching touched; '' is a request without a route."""
+    merged: dict[str, dict] = {}
+
+    def add(route: str, figures) -> None:
+        slot = merged.setdefault(route, dict.fromkeys(CACHE_FIELDS, 0))
+        for name, value in zip(CACHE_FIELDS, figures):
+            slot[name] += value or 0
+
+    for source, lo, hi in _split_range(Filters(since=since, until=until), days=False):
+        if source == "raw":
+            edge = Filters(since=None if lo == -math.inf else lo, until=None if hi == math.inf else hi)
+            for (route,), figures in cache_figures(conn, ["route"], edge, calls=True).items():
+                add(route, (figures[name] for name in CACHE_FIELDS))
+            continue
+        conds, params = [], []
+        if lo != -_INF:
+            conds.append("hour >= ?")
+            params.append(lo)
+        if hi != _INF:
+            conds.append("hour < ?")
+            params.append(hi)
+        sql = _group_sql("cache_rollup_hourly", ["route"], "sum(cached_tokens), sum(cache_hits), sum(cache_saving_usd)",
+                         conds)
+        for route, *figures in conn.execute(sql, params):
+            add(route, figures)
+    return merged  # a group emptied by deletes keeps its (zero) row: readers go by the calls of the window
+
+
 def _with_cache(row: dict, figures: dict | None) -> dict:
     figures = figures or dict.fromkeys(CACHE_FIELDS, 0)
     row.update(cached_tokens=figures["cached_tokens"], cache_hits=figures["cache_hits"],

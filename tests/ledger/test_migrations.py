@@ -14,6 +14,10 @@ EXPECTED_TABLES = {
         ("rpm", "INTEGER", 0, 0), ("tpm", "INTEGER", 0, 0), ("created_at", "REAL", 1, 0),
         ("expires_at", "REAL", 0, 0), ("revoked_at", "REAL", 0, 0),
     ],
+    "cache_rollup_hourly": [
+        ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("cache_hits", "INTEGER", 1, 0),
+        ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
+    ],
     "call_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
         ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
@@ -70,7 +74,8 @@ EXPECTED_INDEXES = [
     "upstream_calls_unpriced",
 ]
 EXPECTED_TRIGGERS = [
-    "call_rollup_daily_insert", "call_rollup_daily_update", "call_rollup_delete", "call_rollup_insert",
+    "cache_rollup_delete", "cache_rollup_insert", "call_rollup_daily_insert", "call_rollup_daily_update",
+    "call_rollup_delete", "call_rollup_insert",
     "latency_rollup_delete", "latency_rollup_insert", "latency_rollup_replace", "request_rollup_daily_insert",
     "request_rollup_daily_update", "request_rollup_delete", "request_rollup_insert", "request_rollup_replace",
 ]

@@ -10,6 +10,8 @@ import openai
 import pytest
 
 from gateway.cli import main
+from gateway.ledger import reports
+from gateway.ledger.summary import summary
 from gateway.routing.prompt_cache import EPHEMERAL, mark_document_block, needs_cache_control, stable_document_block
 from gateway.server.app import create_app
 from gateway.settings import Settings
@@ -134,6 +136,17 @@ def test_anthropic_style_cache_is_marked_ledgered_and_priced(start, upstream, tm
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[-6:] == ["cache", "hits", "cached", "tok", "cache", "saved"]
     assert lines[1].split()[-3:] == ["1", f"{words:,}", f"${words * 6.5e-6:,.4f}"]
+    # the dashboard's cache panel: of the long route's two calls one read the cache, the write counts against it
+    conn = reports.connect_reader(app.state.gateway.ledger.location)
+    try:
+        panel = summary(conn, window=3600)["prompt_cache"]
+    finally:
+        conn.close()
+    prompts = sum(c["prompt_tokens"] for c in calls)
+    assert panel["routes"] == [{
+        "group": "long", "calls": 2, "cache_hits": 1, "hit_rate": 0.5, "prompt_tokens": prompts,
+        "cached_tokens": words, "cached_share": pytest.approx(words / prompts),
+        "cache_saving_usd": pytest.approx(words * 6.5e-6)}]
 
 
 def test_openai_style_prefix_cache_needs_no_marking_and_is_ledgered(start, upstream):

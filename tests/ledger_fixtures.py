@@ -104,11 +104,15 @@ def bare_gateway(ledger: Ledger, auth: Authenticator, metrics) -> Gateway:
                    KeyStore(ledger.location))
 
 
-def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0) -> list[RequestRecord]:
-    """A plausible day of traffic (fixed seed): mostly RAG, some long, a few fallbacks and errors."""
+def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0,
+                      cache_reads: float = 0.0) -> list[RequestRecord]:
+    """A plausible day of traffic (fixed seed): mostly RAG, some long, a few fallbacks and errors. With
+    `cache_reads`, that share of the long legs read 90% of their prompt from the provider's cache (at a quarter of
+    the input price); the others write it (at 1.25 times the input price)."""
     import random
 
     rng = random.Random(seed)
+    cache_rng = random.Random(seed + 1)  # its own draws: the traffic is the same with or without caching
     out = []
     for i in range(count):
         at = now - rng.uniform(0, span)
@@ -118,12 +122,20 @@ def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: in
         cheap = call(CHEAP, "rag", rng.randrange(600, 3000), completion, 0.0, rng.uniform(300, 1500))
         cheap.cost_usd = cheap.prompt_tokens * 0.15e-6 + completion * 0.6e-6
         longc = call(LONG, "long", context, completion, context * 2e-6 + completion * 8e-6, rng.uniform(1500, 9000))
+        if cache_reads:
+            block = context * 9 // 10
+            saving = block * 1.5e-6 if cache_rng.random() < cache_reads else -block * 0.5e-6
+            cached(longc, block if saving > 0 else 0, saving)
+            longc.cost_usd -= saving
         calls = {"rag": [cheap], "long": [longc], "rag>long": [cheap, longc],
                  "direct": [call(CHEAP, "direct", 200, completion, 0.0002, rng.uniform(200, 800))]}[route]
         status = 502 if rng.random() < 0.03 else 200
         if status == 502:
             calls[-1].error = "upstream timeout"
         out.append(record(f"req-{seed}-{i:05d}", at, route, calls, key=rng.choice(["k_alice", "k_bob", "k_carol"]),
-                          status=status, counterfactual=context * 2e-6 + completion * 8e-6, context=context,
+                          # as the gateway's ledger entry: a long leg that answered is the counterfactual itself
+                          status=status, counterfactual=longc.cost_usd if route in ("long", "rag>long")
+                          else context * 2e-6 + completion * 8e-6,
+                          context=context,
                           latency=sum(c.latency_ms or 0 for c in calls) + rng.uniform(20, 200)))
     return out

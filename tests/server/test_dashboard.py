@@ -11,6 +11,7 @@ from pathlib import Path
 
 from datetime import datetime, timezone
 
+import httpx
 import pytest
 
 from gateway.ledger import reports
@@ -126,7 +127,9 @@ def site(tmp_path_factory):
     path = tmp_path_factory.mktemp("dash") / "ledger.sqlite3"
     mystery = call("openai/mystery-model", "passthrough", 300, 40, 0.0)
     mystery.unpriced = True
-    ledger = write_ledger(path, [*synthetic_records(400, now=time.time(), seed=3),
+    # within 23 hours: every request stays in the page's 24-hour window while the tests run
+    traffic = synthetic_records(400, now=time.time(), span=23 * 3600, seed=3, cache_reads=0.7)
+    ledger = write_ledger(path, [*traffic,
                                  record("unpriced-1", time.time() - 60, "passthrough", [mystery], context=300)])
     with serve_app(admin_app(ledger)) as url:
         yield url
@@ -148,6 +151,15 @@ def test_dashboard_renders_routes_costs_and_tables(site, tmp_path):
         assert f'data-key="{key}"' in dom
     assert "Unpriced models" in dom and "openai/mystery-model</code> has no known price" in dom
     assert '<tr data-unpriced="yes"><td title="openai/mystery-model">' in dom
+    # the prompt cache panel: per route, the calls that read the cache of the route's calls, as the summary says
+    panel = httpx.get(f"{site}/v1/admin/summary", params={"window": "24h"},
+                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["prompt_cache"]
+    rows = {r["group"]: r for r in panel["routes"]}
+    assert rows["long"]["cache_hits"] > 0 and rows["rag>long"]["cache_hits"] > 0 and rows["rag"]["cache_hits"] == 0
+    for route, row in (*rows.items(), ("all", panel["total"])):
+        cells = dom.split(f'data-cache-route="{route.replace(">", "&gt;")}"')[1].split("</tr>")[0]
+        assert f'{row["cache_hits"]} of {row["calls"]}' in cells and f'{100 * row["cached_share"]:.1f}%' in cells
+    assert "Prompt cache saved" in dom and f'${panel["total"]["cache_saving_usd"]:.3f}' in dom
 
 
 @needs_chromium

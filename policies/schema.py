@@ -35,6 +35,14 @@ class ModelConfig(_Strict):
         None, description="mark the long route's document block cacheable (Anthropic cache_control); "
         "default: on for Claude models"
     )
+    prompt_cache_ttl_s: float = Field(
+        300.0, ge=0, description="seconds a prompt prefix stays in the provider's cache after it was last sent (Anthropic's "
+        "default TTL, OpenAI's typical idle eviction); routing estimates count a block sent within this as warm; "
+        "0: never assume a warm cache"
+    )
+    prompt_cache_min_tokens: int = Field(
+        1024, ge=0, description="shortest prefix the provider caches (OpenAI and Anthropic cache nothing shorter)"
+    )
 
     @field_validator("api_key_env")
     @classmethod

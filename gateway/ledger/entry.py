@@ -55,17 +55,21 @@ class RequestLedgerEntry:
             model=config.model, route=route, prompt_tokens=prompt, completion_tokens=completion,
             cost_usd=cost, latency_ms=latency_ms, error=error, cached_tokens=min(cached, prompt),
             cache_saving_usd=price.cost(prompt, completion) - cost, unpriced=not price.known,
+            cache_write_tokens=min(written, prompt - min(cached, prompt)),
         )
         self.record.calls.append(call)
         return call
 
-    def counterfactual(self, long_config: ModelConfig, context_tokens: int, capacity: int) -> None:
+    def counterfactual(self, long_config: ModelConfig, context_tokens: int, capacity: int, cached_tokens: int = 0,
+                       cache_write_tokens: int = 0) -> None:
         """What always-long-context would have cost, stored with the prompt tokens it would have sent.
 
         When a long leg answered this request, that leg is the counterfactual: the long route never shows
         a saving, and a fallback shows its wasted cheap attempt as a loss. Otherwise it is the context the
         long model could actually receive (at most `capacity`, its window less the answer reserve) at the
-        long model's price, plus the answer's completion tokens.
+        long model's price, plus the answer's completion tokens; `cached_tokens` / `cache_write_tokens` of
+        that prompt are priced at the cache rates (the always-long world's prompt cache, estimated by
+        gateway.routing.warm_cache).
         """
         calls = self.record.calls
         long_leg = next((c for c in reversed(calls) if c.route == LONG and not c.error), None)
@@ -77,7 +81,8 @@ class RequestLedgerEntry:
         completion = answered.completion_tokens if answered else 0
         tokens = min(context_tokens, capacity)
         self.record.context_tokens = tokens
-        self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(tokens, completion)
+        self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(
+            tokens, completion, cached_tokens, cache_write_tokens)
 
     def finish(self, status: int, error: str | None = None) -> None:
         if self._finished:

@@ -27,6 +27,9 @@ class UpstreamCall:
     cached_tokens: int = 0  # prompt tokens the provider served from its prompt cache (part of prompt_tokens)
     cache_saving_usd: float = 0.0  # cost at the uncached input price minus the cost charged
     unpriced: bool = False  # no price known for the model: its cost_usd of 0 is not a real price (migration 006)
+    # prompt tokens the provider wrote to its prompt cache (Anthropic); not a column: read in-process to learn which
+    # upstreams cache (gateway.routing.warm_cache)
+    cache_write_tokens: int = 0
 
 
 @dataclass

@@ -5,10 +5,13 @@ handlers call these methods in worker threads.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
@@ -42,6 +45,10 @@ ATTACHED_COUNT_SLICE = 100_000  # characters counted at a time when checking the
 RAG_LABEL_ALLOWANCE = 64
 
 
+def documents_key(documents: list[Document]) -> tuple:
+    return tuple((d.id, content_hash(d)) for d in documents)
+
+
 @dataclass
 class RoutePlan:
     source: str  # "collection" | "documents" | "prompt"
@@ -50,6 +57,9 @@ class RoutePlan:
     decision: RouteDecision
     retrieval: Retrieval | None = None
     original_messages: list[dict] = field(default_factory=list)
+    # the context's documents as the caches know them: ids and content hashes (content, title, metadata), in order
+    documents_key: tuple = ()
+    verbatim_tokens: int | None = None  # the conversation's tokens, once counted (source "prompt")
 
     @property
     def has_document(self) -> bool:
@@ -60,6 +70,17 @@ class RoutePlan:
     def context_tokens(self) -> int:
         """What always-long-context would send: the whole context plus the question."""
         return self.stats.context_tokens + count_tokens(self.context.question)
+
+    @cached_property
+    def block_key(self) -> str:
+        """Names the long prompt's document block at the provider (gateway.routing.warm_cache): the documents in
+        reading order and the conversation before the question, which comes before the block in the prompt. Built
+        from content hashes the planner already has, never from the rendered prompt."""
+        messages = self.context.messages
+        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
+        payload = json.dumps([self.source, self.documents_key, messages[:last_user]], sort_keys=True, default=str,
+                             ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 class RoutePlanner:
@@ -84,7 +105,7 @@ class RoutePlanner:
         self._stats_lock = threading.Lock()
 
     def _cached(self, cache: OrderedDict, size: int, documents: list[Document], compute, key: tuple | None = None):
-        key = key if key is not None else tuple((d.id, content_hash(d)) for d in documents)
+        key = key if key is not None else documents_key(documents)
         with self._stats_lock:
             if key in cache:
                 cache.move_to_end(key)
@@ -96,13 +117,13 @@ class RoutePlanner:
                 cache.popitem(last=False)
         return value
 
-    def _document_stats(self, documents: list[Document], check_size: bool = False) -> DocumentStats:
+    def _document_stats(self, documents: list[Document], key: tuple, check_size: bool = False) -> DocumentStats:
         def compute(docs: list[Document]) -> DocumentStats:
             if check_size:  # only for documents not seen before: those seen passed it already
                 self._check_attached_size(docs)
             return document_stats(docs)
 
-        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, compute)
+        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, compute, key)
 
     def _document_index(self, documents: list[Document], key: tuple | None = None) -> DocumentIndex:
         from classifier.answer_features import document_index
@@ -126,7 +147,8 @@ class RoutePlanner:
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
         self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None
-    ) -> tuple[str, ContextRequest, DocumentStats]:
+    ) -> tuple[str, ContextRequest, DocumentStats, tuple]:
+        """(source, context, document statistics, the documents' key: ids and content hashes in order)."""
         options = chat.selfroute
         collection = (options.collection if options else None) or header_collection
         if options and options.documents:
@@ -142,8 +164,9 @@ class RoutePlanner:
                 raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
                                    code="duplicate_document_id")
             question = self._last_user_text(messages)
-            stats = self._document_stats(documents, check_size=True)
-            return "documents", ContextRequest(question, messages, documents=documents), stats
+            key = documents_key(documents)
+            stats = self._document_stats(documents, key, check_size=True)
+            return "documents", ContextRequest(question, messages, documents=documents), stats, key
         if collection:
             try:
                 info = self.store.collection(collection)
@@ -153,7 +176,9 @@ class RoutePlanner:
                 raise GatewayError(404, f"collection {collection!r} does not exist or is empty",
                                    param="selfroute.collection", code="collection_not_found")
             question = self._last_user_text(messages)
-            return "collection", ContextRequest(question, messages, collection=collection), document_stats_from_info(info)
+            key = ("collection", collection, tuple((d.id, d.content_hash) for d in info.documents))
+            return ("collection", ContextRequest(question, messages, collection=collection),
+                    document_stats_from_info(info), key)
         try:
             question, context_text = extract_question(messages, self.policy.rag.question_marker)
         except ValueError as exc:
@@ -162,7 +187,10 @@ class RoutePlanner:
             raise GatewayError(400, "the last user message has no text to answer", param="messages",
                                code="empty_question")
         documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
-        return "prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents)
+        key = documents_key(documents)
+        # the conversation carries no key in its metadata: the caller's key scopes its warm-cache record
+        return ("prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents, key),
+                (*key, ("key", chat.key_scope)))
 
     def _check_attached_size(self, documents: list[Document]) -> None:
         """413 for attached documents over the policy's cap, before anything is counted, split or embedded
@@ -211,7 +239,7 @@ class RoutePlanner:
     def plan(
         self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None
     ) -> RoutePlan:
-        source, context, stats = self.resolve_context(chat, messages, header_collection)
+        source, context, stats, key = self.resolve_context(chat, messages, header_collection)
         features = extract_features(context.question, stats, None)
         retrieval = None
         forced = chat.selfroute.route if chat.selfroute else None
@@ -222,7 +250,7 @@ class RoutePlanner:
             decision = RouteDecision(forced, f"forced by selfroute.route={forced}", None, None, features)
         else:
             decision = self.router.decide(features)
-        return RoutePlan(source, context, stats, decision, retrieval, messages)
+        return RoutePlan(source, context, stats, decision, retrieval, messages, key)
 
     # -- prompts --------------------------------------------------------------------------------
     def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
@@ -240,7 +268,7 @@ class RoutePlanner:
         pipeline = self.long if route == LONG else self.direct
         if plan.source == "prompt":
             # the pure drop-in case: when the conversation fits, send it exactly as the client wrote it
-            tokens = count_message_tokens(plan.original_messages)
+            tokens = self._verbatim_tokens(plan)
             if tokens <= pipeline.budget_tokens:
                 provenance = {"route": route, "source": "prompt", "context_tokens": tokens, "all_fitted": True,
                               "documents": [{"id": PROMPT_DOCUMENT_ID, "title": "conversation"}]}
@@ -282,10 +310,27 @@ class RoutePlanner:
             return count_message_tokens(history) + TOKENS_PER_MESSAGE + overhead + question + passages, False
         pipeline = self.long if route == LONG else self.direct
         if plan.source == "prompt":
-            tokens = count_message_tokens(plan.original_messages)
+            tokens = self._verbatim_tokens(plan)
             if tokens <= pipeline.budget_tokens:
                 return tokens, True
         return pipeline.estimate_tokens(plan.context)
+
+    def _verbatim_tokens(self, plan: RoutePlan) -> int:
+        """The conversation's tokens as the client wrote it, counted once per plan (it may hold a pasted document)."""
+        if plan.verbatim_tokens is None:
+            plan.verbatim_tokens = count_message_tokens(plan.original_messages)
+        return plan.verbatim_tokens
+
+    def estimate_long(self, plan: RoutePlan) -> tuple[int, bool, int | None]:
+        """(prompt tokens, exact, cacheable prefix tokens) of the long route, like estimate_tokens. The prefix is
+        everything before the question when the document block will come back unchanged for the next question on
+        these documents (every unit fits, in reading order: what gateway.routing.prompt_cache marks); None when
+        units are chosen or ordered per question, or the conversation goes as the client wrote it."""
+        tokens, exact = self.estimate_tokens(plan, LONG)
+        verbatim = plan.source == "prompt" and self._verbatim_tokens(plan) <= self.long.budget_tokens
+        if verbatim or not exact or self.long.settings.placement != "reading":
+            return tokens, exact, None
+        return tokens, exact, tokens - count_tokens(f"Question: {plan.context.question}")
 
     def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:
         return {"source": plan.source, "question": plan.context.question[:500], **prepared.provenance, "route": route}

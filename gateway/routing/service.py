@@ -25,6 +25,7 @@ from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.routing.prompt_cache import mark_document_block, needs_cache_control, stable_document_block
+from gateway.routing.warm_cache import WarmPrefixes
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
@@ -90,6 +91,7 @@ class RoutingService:
         self.planner: RoutePlanner | None = None
         self.build_error: str | None = None  # why build() failed, for the readiness probe and 503 answers
         self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
+        self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
 
     def build(self) -> None:
         """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
@@ -190,8 +192,22 @@ class RoutingService:
         return await anyio.to_thread.run_sync(verify)
 
     def _counterfactual(self, entry: RequestLedgerEntry, plan: RoutePlan) -> None:
-        # always-long could send at most what fits the long model's window, less the answer reserve
-        entry.counterfactual(self.policy.long, plan.context_tokens, self.ready_planner().long.budget_tokens)
+        """What always-long would have cost, then what this request tells the warm-prefix record."""
+        long = self.policy.long
+        pipeline = self.ready_planner().long
+        # always-long could send at most what fits the long model's window, less the answer reserve; when all of it
+        # fits in reading order it sends the same document block for every question on these documents, so the
+        # provider's cache holds it when any routed request on them ended within the TTL (a conversation that fits
+        # goes as the client wrote it, unmarked: not counted as cacheable)
+        capacity = pipeline.budget_tokens
+        whole = (plan.source != "prompt" and pipeline.settings.placement == "reading"
+                 and plan.context_tokens <= capacity)
+        sent_stable = stable_document_block(entry.record.provenance or {})
+        key = plan.block_key if whole or sent_stable else None
+        cache = self.warm.estimate(long, key if whole else None, plan.stats.context_tokens if whole else None,
+                                   always_long=True)
+        entry.counterfactual(long, plan.context_tokens, capacity, cache.cached_tokens, cache.write_tokens)
+        self.warm.record(long, key, entry.record.calls, sent_stable)
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:

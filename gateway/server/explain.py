@@ -25,7 +25,7 @@ async def explain_route(request: Request) -> Response:
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
-        request.headers.get(headers.COLLECTION),
+        request.headers.get(headers.COLLECTION), gateway.routing.warm,
     )
     if found:
         result["flags"] = found

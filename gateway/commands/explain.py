@@ -65,10 +65,11 @@ def _print(result: dict) -> None:
     if probability is not None:
         print(f"P(cheap suffices): {probability:.3f}   threshold: {result['threshold']}")
     print(f"context: {result['source']}, {result['context_tokens']} tokens   question: {result['question']!r}")
-    rows = [[route, e["model"], str(e["prompt_tokens"]), str(e["completion_tokens_estimate"]), f"${e['cost_usd']:.6f}"]
+    rows = [[route, e["model"], str(e["prompt_tokens"]), str(e["completion_tokens_estimate"]), f"${e['cost_usd']:.6f}",
+             e.get("cache", "-").replace("_", " ")]
             for route, e in result["estimates"].items()]
-    print_table(rows, ("route", "model", "prompt tokens", "answer tokens (est.)", "cost (est.)"), sys.stdout,
-                right={2, 3, 4})
+    print_table(rows, ("route", "model", "prompt tokens", "answer tokens (est.)", "cost (est.)", "prompt cache"),
+                sys.stdout, right={2, 3, 4})
     features = result["features"]
     shown = ("context_tokens", "n_documents", "n_sections", "cross_ref_count", "top_score", "top_margin",
              "n_distinct_docs", "term_coverage")

@@ -26,10 +26,15 @@ def test_explain_on_a_collection(data_dir, capsys):
     assert result["features"]["n_documents"] == 3 and result["features"]["top_score"] is not None
     assert set(result["estimates"]) == {"direct", "rag", "long"}
     assert result["estimates"]["long"]["prompt_tokens"] > result["estimates"]["rag"]["prompt_tokens"]
+    # in-process, nothing was sent before: the long route is never estimated warm
+    long = result["estimates"]["long"]
+    assert long["cache"] in {"cold", "not_cacheable"} and long["cost_usd"] == long["cost_usd_uncached"]
 
     assert main(["explain", question, "-c", "harbour", "--data-dir", str(data_dir)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"route: {result['route']}") and "prompt tokens" in out
+    long_row = next(line for line in out.splitlines() if line.startswith("long "))
+    assert long_row.endswith(long["cache"].replace("_", " "))
 
 
 def test_explain_on_a_file_goes_direct_when_it_is_short(tmp_path, capsys):

@@ -171,3 +171,9 @@ def test_a_block_chosen_per_question_is_not_cacheable(start, upstream):
     # under the model's minimum: nothing to cache either
     tiny = explain(url, [{"id": "memo", "text": "The bay opens at nine."}])
     assert tiny["cache"] == NOT_CACHEABLE and "prompt_cache_min_tokens" in tiny["cache_reason"]
+    # a conversation that fits goes as the client wrote it, unmarked
+    pasted = "\n\n".join(d["text"] for d in documents("bay")) + "\n\nQuestion: do the pumps hum?"
+    response = httpx.post(f"{url}/v1/route/explain", timeout=60, json={
+        "model": "selfroute", "messages": [{"role": "user", "content": pasted}]})
+    conversation = response.json()["estimates"][LONG]
+    assert conversation["prompt_tokens_exact"] is True and conversation["cache"] == NOT_CACHEABLE

@@ -76,10 +76,10 @@ def explain(url: str, docs: list[dict], question: str = QUESTION, key: str = "un
     return response.json()["estimates"][LONG]
 
 
-def ask(url: str, docs: list[dict], question: str = "Do the pumps hum?"):
+def ask(url: str, docs: list[dict], question: str = "Do the pumps hum?", route: str = LONG):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
         model="selfroute", max_tokens=50, messages=[{"role": "user", "content": question}],
-        extra_body={"selfroute": {"documents": docs, "route": "long"}})
+        extra_body={"selfroute": {"documents": docs, "route": route}})
 
 
 def priced(estimate: dict, cached: int = 0, written: int = 0) -> float:
@@ -127,6 +127,16 @@ def test_a_warm_block_goes_cold_after_the_models_ttl(start):
     assert expired["cache"] == COLD and "300 s" in expired["cache_reason"]
     assert expired["cost_usd"] > expired["cost_usd_uncached"]  # written again
     ask(url, docs)  # sent again: warm again for another TTL
+    assert explain(url, docs)["cache"] == WARM
+
+
+def test_only_a_long_request_puts_the_block_in_the_providers_cache(start):
+    url, _, _ = start()
+    ask(url, documents("strait"))  # the upstream has reported caching
+    docs = documents("cove")
+    ask(url, docs, route="rag")  # passages went to the cheap model: the long block was never sent
+    assert explain(url, docs)["cache"] == COLD
+    ask(url, docs)
     assert explain(url, docs)["cache"] == WARM
 
 

@@ -21,7 +21,7 @@ POLICY = """
 name: explain-cache-test
 aliases: [selfroute]
 cheap:
-  model: openai/fake-cheap
+  model: openai/CHEAP_MODEL
   api_base: {base}/v1
   input_cost_per_mtok: 1.0
   output_cost_per_mtok: 2.0
@@ -51,8 +51,8 @@ def embedder():
 def start(upstream, embedder, tmp_path):
     servers = []
 
-    def _start(long_model: str = "fake-long", cache_control: bool = True, window: int = 16000):
-        text = (POLICY.replace("LONG_MODEL", long_model).replace("WINDOW", str(window))
+    def _start(long_model: str = "fake-long", cache_control: bool = True, window: int = 16000, cheap: str = "fake-cheap"):
+        text = (POLICY.replace("LONG_MODEL", long_model).replace("CHEAP_MODEL", cheap).replace("WINDOW", str(window))
                 .replace("CACHE_CONTROL", f"cache_control: {str(cache_control).lower()}"))
         app = create_app(Settings(data_dir=tmp_path / str(len(servers))), policy=make_policy(upstream[0], text),
                          embedder=embedder)
@@ -137,6 +137,19 @@ def test_only_a_long_request_puts_the_block_in_the_providers_cache(start):
     ask(url, docs, route="rag")  # passages went to the cheap model: the long block was never sent
     assert explain(url, docs)["cache"] == COLD
     ask(url, docs)
+    assert explain(url, docs)["cache"] == WARM
+
+
+def test_an_escalated_streamed_answer_warms_the_block_too(start):
+    # the cheap model refuses, the check escalates, and the long answer is streamed: the long leg sent the block
+    url, app, _ = start(cheap="cheap-refuser")
+    ask(url, documents("reef"))  # the upstream has reported caching
+    docs = documents("shoal")
+    stream = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
+        model="selfroute", max_tokens=50, stream=True, messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"selfroute": {"documents": docs, "route": "rag"}})
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("echo:")
+    assert ledger_rows(app)[-1]["route"] == "rag>long"
     assert explain(url, docs)["cache"] == WARM
 
 

@@ -1,6 +1,7 @@
 """`selfroute serve` as a real process: two replicas on different ports sharing one PostgreSQL ledger and one S3
 bucket behave as one gateway (every request through either is one ledger row; the admin endpoints on either see all
-traffic; a collection ingested through one is answered from through the other)."""
+traffic; a key's rate limit and budget hold across both; a collection ingested through one is answered from through
+the other, and documents attached to a request are embedded once for both)."""
 from __future__ import annotations
 
 import os
@@ -109,6 +110,30 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
         refused = httpx.post(f"{b}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"}, timeout=30,
                              json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
         assert refused.status_code == 401
+
+        # a USD budget holds across replicas: spent through A, refused by B once the ledger has recorded the spend
+        created = httpx.post(f"{a}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
+                             json={"name": "budgeted", "budget_usd": 1e-9})  # less than any one request costs
+        assert created.status_code == 201, created.text
+        budgeted = {"Authorization": f"Bearer {created.json()['key']}"}
+        assert httpx.get(f"{b}/v1/models", headers=budgeted, timeout=30).status_code == 200  # B knows the key
+        spent = httpx.post(f"{a}/v1/chat/completions", headers=budgeted, timeout=30,
+                           json={"model": "selfroute", "messages": [{"role": "user", "content": "spend it"}]})
+        assert spent.status_code == 200, spent.text
+        deadline = time.monotonic() + 30
+        while True:  # A's writer commits the request off the request path; B reads the spend from the database
+            recorded = {k["name"]: k["spend_usd"] for k in admin(b, "/v1/admin/keys")["data"]}["budgeted"]
+            if recorded > 1e-9 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert recorded > 1e-9
+        over = httpx.post(f"{b}/v1/chat/completions", headers=budgeted, timeout=30,
+                          json={"model": "selfroute", "messages": [{"role": "user", "content": "more"}]})
+        assert over.status_code == 429, over.text
+        assert over.json()["error"]["code"] == "budget_exceeded"
+        ok = httpx.post(f"{b}/v1/chat/completions", headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=30,
+                        json={"model": "selfroute", "messages": [{"role": "user", "content": "other key"}]})
+        assert ok.status_code == 200  # the budget is the key's own
     finally:
         for proc, _ in replicas:
             proc.terminate()
@@ -122,12 +147,15 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
 PUMP_MANUAL = "\n\n".join(
     f"Section {n}. Operating notes\n\nInspect the pump housing every {n} weeks for corrosion."
     + (" The maintenance password for the Zephyr pump is BLUE-HERON-42." if n == 7 else "") for n in range(1, 13))
+VALVE_MANUAL = "\n\n".join(
+    f"Section {n}. Valve V{n}\n\nValve V{n} is opened after valve V{n - 1} and checked for leaks weekly."
+    + (" Its handle is painted ULTRAMARINE so divers can find it." if n == 9 else "") for n in range(1, 15))
 RAG_POLICY = POLICY_TEMPLATE.replace("default_route: long", "default_route: rag")
 
 
 def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket, tmp_path):
     """A collection ingested through replica A (LanceDB on the bucket, AWS_* variables) is listed and answered from
-    through replica B, which never saw the upload."""
+    through replica B, which never saw the upload; so is the inline collection of documents attached to a request."""
     base, fake = upstream
     policy = tmp_path / "policy.yaml"
     policy.write_text(RAG_POLICY.format(base=base))
@@ -152,6 +180,31 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
         keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
         assert any(k.startswith(f"{s3_bucket.prefix}/pumps") for k in keys)
         assert not (tmp_path / "a" / "lancedb").exists() and not (tmp_path / "b" / "lancedb").exists()
+
+        # documents attached to a request: A embeds them once into an inline collection in the bucket; B, asked
+        # about the same documents, answers from that collection and writes nothing (no second chunk + embed)
+        def ask_attached(url: str, question: str):
+            return openai.OpenAI(base_url=f"{url}/v1", api_key=USER_KEY, max_retries=0).chat.completions.create(
+                model="selfroute", messages=[{"role": "user", "content": question}],
+                extra_body={"selfroute": {"documents": [{"id": "valves", "text": VALVE_MANUAL}]}})
+
+        def stored(name_part: str) -> set[str]:
+            pages = s3_bucket.client().get_paginator("list_objects_v2").paginate(
+                Bucket=s3_bucket.bucket, Prefix=f"{s3_bucket.prefix}/")
+            return {o["Key"] for page in pages for o in page.get("Contents", []) if name_part in o["Key"]}
+
+        assert not stored("inline-")
+        assert ask_attached(a, "Which valve is opened first?").selfroute["route"] == "rag"
+        after_a = stored("inline-")
+        assert any(key.endswith(".lance") for key in after_a), after_a  # A's inline collection, in the bucket
+        assert ask_attached(b, "What colour is valve V9's handle?").selfroute["route"] == "rag"
+        assert "ULTRAMARINE" in fake.state.received[-1]["body"]["messages"][-1]["content"]  # retrieved on B
+        assert stored("inline-") == after_a  # B added no data, version or index file
+        logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("a", "b")}
+        assert "ingested inline-" in logs["a"] and "ingested inline-" not in logs["b"], logs["b"][-3000:]
+        assert not (tmp_path / "b" / "lancedb").exists()
+        assert [c["name"] for c in httpx.get(f"{b}/v1/collections", headers=auth, timeout=60).json()["data"]] \
+            == ["pumps"]  # inline collections are a cache, not listed
     finally:
         for proc, _ in replicas:
             proc.terminate()

@@ -13,7 +13,10 @@ DEFAULT_SHUTDOWN_TIMEOUT = 15.0
 
 
 def register(subparsers, parents) -> None:
+    from gateway.commands._common import add_ledger_argument
+
     parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
+    add_ledger_argument(parser)  # replicas share a PostgreSQL ledger: --ledger-url postgresql://...
     parser.add_argument("--store-uri", default=None,
                         help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
                              "else DATA_DIR/lancedb)")
@@ -71,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         "data_dir": str(resolve_data_dir(args.data_dir)), "policy_path": str(args.policy) if args.policy else None,
         "cheap_model": args.cheap_model, "long_model": args.long_model,
         "keys_file": str(args.keys_file) if args.keys_file else None, "store_uri": args.store_uri,
-        "ledger_url": getattr(args, "ledger_url", None),
+        "ledger_url": args.ledger_url,
     }
     settings = _settings(values)
     try:

@@ -1,12 +1,23 @@
-"""Replicas: pass-through throughput of one vs two gateway processes, on a SQLite ledger vs a shared PostgreSQL.
+"""Replicas: throughput of one vs two gateway processes, on a SQLite ledger vs a shared PostgreSQL; pass-through
+and routed.
 
-    .venv/bin/python tests/benchmarks/bench_replicas.py [--requests 3000] [--concurrency 32]
+    .venv/bin/python tests/benchmarks/bench_replicas.py [--requests 3000] [--concurrency 32] \
+        [--routed-requests 400] [--routed-concurrency 8] [--stores local s3] [--skip passthrough|routed]
 
 An instant upstream (bench_proxy's raw ASGI app, own process); 1 or 2 gateway processes (one uvicorn worker each)
 on one ledger: the data directory's SQLite file (two processes share it through WAL) or a throwaway PostgreSQL
 (tests/engines.py). The load goes round-robin over the replicas from one asyncio client. After each run the
 ledger must hold exactly one row per request. Prints requests/s and latency; on a machine with few cores the
 client, upstream and replicas compete for them, so a second replica adds throughput only as far as cores allow.
+
+Pass-through: a bare model name, straight to the upstream (in-process apps under uvicorn).
+
+Routed: real `selfroute serve` processes answering the routed alias about a collection (--docs, default the GNU
+coding and maintainer standards from ../shared/data, ~95k tokens) ingested once with `selfroute ingest` into a store
+every replica opens: a local LanceDB directory, or a bucket on moto's S3 server (own process, plain HTTP, the AWS_*
+variables). The policy routes summary questions to the long route (window --long-window, smaller than the
+collection: units are chosen by relevance) and the others by the shipped classifier after a retrieval pass; every
+question is different, so each one is embedded (on the replica's CPU). The route mix is read from the ledger.
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ import multiprocessing
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,10 +36,34 @@ from itertools import cycle
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[1]))
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from bench_proxy import free_port, percentile, run_upstream, wait_ready  # noqa: E402
+
+SHARED_DOCS = ROOT.parent / "shared" / "data" / "corpus_structured_docs"
+DEFAULT_DOCS = [SHARED_DOCS / "gnu-standards" / "standards.txt", SHARED_DOCS / "gnu-standards" / "maintain.txt"]
+COLLECTION = "bench"
+ROUTED_POLICY = """
+name: bench-replicas-routed
+aliases: [selfroute]
+cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{port}/v1", context_window: 8192,
+         input_cost_per_mtok: 0.15, output_cost_per_mtok: 0.6}}
+long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{port}/v1", context_window: {window},
+        input_cost_per_mtok: 2.0, output_cost_per_mtok: 8.0}}
+routing:
+  rules: [{{name: summaries, feature: cue_summary, op: ">=", value: 1, route: long}}]
+  classifier: {{model_path: "builtin:default", threshold: 0.4428886833129369}}
+  default_route: long
+"""
+TOPICS = ["command-line options", "the --help option", "the --version option", "error messages", "makefile targets",
+          "installation directories", "DESTDIR", "change logs", "the NEWS file", "portability between Unix systems",
+          "memory allocation", "signal handling", "formatting C source code", "comments in code", "file names",
+          "internationalization", "documentation in Texinfo", "man pages", "releases and tarballs",
+          "copyright notices", "legal papers from contributors", "recording contributors", "mailing lists",
+          "reporting bugs", "web pages of a package", "ftp uploads", "non-free software references",
+          "standard targets for users", "configuration with configure", "library behaviour"]
 
 
 def run_gateway(port: int, upstream_port: int, data_dir: str, ledger_url: str | None) -> None:

@@ -22,14 +22,20 @@ ADMIN_KEY = "sk-admin-replicas"
 USER_KEY = "sk-user-replicas"
 
 
-def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str,
-                  extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str, extra_env: dict[str, str] | None = None,
+                  flags: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """A `selfroute serve` process on a free port; the ledger URL goes in $SELFROUTE_LEDGER_URL unless the flags
+    name it (--ledger-url)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "SELFROUTE_ADMIN_KEY": ADMIN_KEY,
-           "SELFROUTE_API_KEYS": USER_KEY, "SELFROUTE_LEDGER_URL": ledger_url, **(extra_env or {})}
+           "SELFROUTE_API_KEYS": USER_KEY, **(extra_env or {})}
+    env.pop("SELFROUTE_LEDGER_URL", None)
+    flags = flags or []
+    if "--ledger-url" not in flags:
+        env["SELFROUTE_LEDGER_URL"] = ledger_url
     log = (tmp_path / f"{name}.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-dir", str(tmp_path / name),
-                             "--policy", str(policy), "--port", str(port)],
+                             "--policy", str(policy), "--port", str(port), *flags],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -159,8 +165,11 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
     base, fake = upstream
     policy = tmp_path / "policy.yaml"
     policy.write_text(RAG_POLICY.format(base=base))
-    env = {**s3_bucket.env, "SELFROUTE_STORE_URI": s3_bucket.uri}
-    replicas = [start_replica(tmp_path, name, policy, postgres_url, env) for name in ("a", "b")]
+    # A is given the ledger and the store by environment variables, B by flags; both get the bucket's credentials
+    # from the AWS_* variables
+    replicas = [start_replica(tmp_path, "a", policy, postgres_url, {**s3_bucket.env, "SELFROUTE_STORE_URI": s3_bucket.uri}),
+                start_replica(tmp_path, "b", policy, postgres_url, s3_bucket.env,
+                              ["--ledger-url", postgres_url, "--store-uri", s3_bucket.uri])]
     try:
         for (proc, url), name in zip(replicas, ("a", "b")):
             wait_healthy(proc, url, tmp_path / f"{name}.log")
@@ -203,6 +212,7 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
         logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("a", "b")}
         assert "ingested inline-" in logs["a"] and "ingested inline-" not in logs["b"], logs["b"][-3000:]
         assert not (tmp_path / "b" / "lancedb").exists()
+        assert not list(tmp_path.glob("*/ledger.sqlite3*"))  # both ledgered on PostgreSQL, by variable and by flag
         assert [c["name"] for c in httpx.get(f"{b}/v1/collections", headers=auth, timeout=60).json()["data"]] \
             == ["pumps"]  # inline collections are a cache, not listed
     finally:

@@ -148,10 +148,217 @@ def run(engine: str, replicas: int, args, ctx, upstream_port: int, server) -> di
             "ledger_rows": rows, "expected_rows": expected}
 
 
+# ------------------------------------------------------------------------------------------------ routed
+
+
+def routed_bodies(n: int, tag: str) -> list[bytes]:
+    """n different questions about the collection; every fourth asks for a summary (long by the policy's rule)."""
+    bodies = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        question = (f"Summarize what the standards say about {topic} ({tag} {i})." if i % 4 == 3
+                    else f"What do the standards require about {topic}? ({tag} {i})")
+        bodies.append(json.dumps({"model": "selfroute", "messages": [{"role": "user", "content": question}],
+                                  "selfroute": {"collection": COLLECTION}}).encode())
+    return bodies
+
+
+async def load_bodies(urls: list[str], bodies: list[bytes], concurrency: int) -> tuple[list[float], float]:
+    import aiohttp
+
+    latencies: list[float] = []
+    pending = iter(bodies)
+    targets = cycle(urls)
+
+    async def worker(session):
+        for data in pending:
+            started = time.perf_counter()
+            async with session.post(next(targets), data=data, headers={"content-type": "application/json"}) as r:
+                text = await r.text()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}: {text[:300]}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return latencies, time.perf_counter() - started
+
+
+def cli_env(extra: dict[str, str]) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "OPENAI_API_KEY": "bench", **extra}
+
+
+class Replica:
+    """`selfroute serve` in a subprocess (one worker), its ledger and store given by flags."""
+
+    def __init__(self, policy: Path, data_dir: Path, ledger_url: str | None, store_uri: str, env: dict[str, str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(self.port),
+                   "--data-dir", str(data_dir), "--store-uri", store_uri, "--log-level", "WARNING"]
+        if ledger_url:
+            command += ["--ledger-url", ledger_url]
+        self.log = data_dir.parent / f"{data_dir.name}-{self.port}.log"
+        with self.log.open("w") as log:  # the child keeps its own handle
+            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"a replica exited during start-up:\n{self.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health/readiness", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("a replica did not become ready")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+class MotoS3:
+    """moto's S3-compatible server in its own process (so it does not share the client's interpreter)."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+        import boto3
+        import botocore.exceptions
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              aws_access_key_id="bench", aws_secret_access_key="bench")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.create_bucket(Bucket="selfroute-bench")
+                break
+            except botocore.exceptions.EndpointConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        self.uri = "s3://selfroute-bench/collections"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(30)
+
+
+def ingest(store_uri: str, docs: list[Path], env: dict[str, str], data_dir: Path) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gateway.cli", "ingest", COLLECTION, *map(str, docs), "--store-uri", store_uri,
+                    "--data-dir", str(data_dir), "--no-progress", "--log-level", "WARNING"],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def ledger_routes(location) -> dict[str, int]:
+    from gateway.ledger import reports
+
+    conn = reports.connect_reader(location)
+    try:
+        return {route: n for route, n in conn.execute("SELECT route, count(*) FROM requests GROUP BY route").fetchall()}
+    finally:
+        conn.close()
+
+
+def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, replicas: int, args, policy: Path,
+               server) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="selfroute-replicas-routed-"))
+    ledger_url = server.create_database() if engine == "postgresql" else None
+    # SQLite: the replicas share the data directory's ledger file (WAL); PostgreSQL: each has its own directory
+    dirs = [root / ("shared" if engine == "sqlite" else f"replica-{i}") for i in range(replicas)]
+    procs = [Replica(policy, d, ledger_url, store_uri, env) for d in dirs]
+    urls = [f"{p.url}/v1/chat/completions" for p in procs]
+    try:
+        for proc in procs:
+            proc.wait_ready()
+        warm = 4 * args.routed_concurrency
+        asyncio.run(load_bodies(urls, routed_bodies(warm, f"warm {store} {engine} {replicas}"),
+                                args.routed_concurrency))
+        load_before = os.getloadavg()[0]
+        latencies, elapsed = asyncio.run(load_bodies(urls, routed_bodies(args.routed_requests, f"run {store} {engine} "
+                                                                         f"{replicas}"), args.routed_concurrency))
+        load_after = os.getloadavg()[0]
+        expected = warm + args.routed_requests
+        location = ledger_url or dirs[0] / "ledger.sqlite3"
+        deadline = time.monotonic() + 60
+        while (rows := ledger_rows(location)) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        routes = ledger_routes(location)
+    finally:
+        for proc in procs:
+            proc.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return {"store": store, "engine": engine, "replicas": replicas, "req_per_s": args.routed_requests / elapsed,
+            "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99), "ledger_rows": rows,
+            "expected_rows": expected, "routes": routes, "load": (load_before, load_after)}
+
+
+def bench_routed(args, server, upstream_port: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="selfroute-replicas-store-"))
+    policy = work / "policy.yaml"
+    policy.write_text(ROUTED_POLICY.format(port=upstream_port, window=args.long_window))
+    from pipelines.tokens import count_tokens
+
+    tokens = sum(count_tokens(p.read_text(errors="replace")) for p in args.docs)
+    print(f"\nrouted: {args.routed_requests} requests at concurrency {args.routed_concurrency} about a collection of "
+          f"{len(args.docs)} documents ({tokens:,} tokens); long window {args.long_window:,}")
+    print(f"{'store':6} {'ledger':10} {'replicas':>8} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>12}"
+          f"  {'routes':24} load1 before/after")
+    moto = None
+    try:
+        for store in args.stores:
+            if store == "s3":
+                moto = MotoS3()
+                store_uri, env = moto.uri, cli_env(moto.env)
+            else:
+                store_uri, env = str(work / "lancedb"), cli_env({})
+            seconds = ingest(store_uri, args.docs, env, work / "ingest")
+            print(f"({store}: collection ingested once in {seconds:.1f} s)", flush=True)
+            for engine in ("sqlite", "postgresql"):
+                for replicas in (1, 2):
+                    r = run_routed(store, store_uri, env, engine, replicas, args, policy, server)
+                    mix = " ".join(f"{k}={v}" for k, v in sorted(r["routes"].items(), key=lambda kv: str(kv[0])))
+                    print(f"{r['store']:6} {r['engine']:10} {r['replicas']:8d} {r['req_per_s']:7.1f} {r['p50_ms']:8.1f}"
+                          f" {r['p99_ms']:8.1f} {r['ledger_rows']:>5}/{r['expected_rows']:<6}  {mix:24}"
+                          f" {r['load'][0]:.1f}/{r['load'][1]:.1f}", flush=True)
+            if moto is not None:
+                moto.stop()
+                moto = None
+    finally:
+        if moto is not None:
+            moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--routed-requests", type=int, default=400)
+    parser.add_argument("--routed-concurrency", type=int, default=8)
+    parser.add_argument("--long-window", type=int, default=16_000,
+                        help="the long model's window: smaller than the collection, so the long route chooses units")
+    parser.add_argument("--docs", nargs="+", type=Path, default=DEFAULT_DOCS, help="the collection's documents")
+    parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
+    parser.add_argument("--skip", choices=["passthrough", "routed"], default=None)
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,15 +369,19 @@ def main() -> int:
     upstream_port = free_port()
     upstream = ctx.Process(target=run_upstream, args=(upstream_port,), daemon=True)
     upstream.start()
-    print(f"{os.cpu_count()} CPUs; {args.requests} pass-through requests at concurrency {args.concurrency}")
-    print(f"{'ledger':10} {'replicas':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>14}")
+    print(f"{os.cpu_count()} CPUs; load average at start {os.getloadavg()[0]:.1f}")
     try:
         asyncio.run(wait_ready(f"http://127.0.0.1:{upstream_port}/v1/chat/completions"))
-        for engine in ("sqlite", "postgresql"):
-            for replicas in (1, 2):
-                r = run(engine, replicas, args, ctx, upstream_port, server)
-                print(f"{r['engine']:10} {r['replicas']:8d} {r['req_per_s']:8.0f} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f}"
-                      f" {r['ledger_rows']:>6}/{r['expected_rows']:<7}", flush=True)
+        if args.skip != "passthrough":
+            print(f"{args.requests} pass-through requests at concurrency {args.concurrency}")
+            print(f"{'ledger':10} {'replicas':>8} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>14}")
+            for engine in ("sqlite", "postgresql"):
+                for replicas in (1, 2):
+                    r = run(engine, replicas, args, ctx, upstream_port, server)
+                    print(f"{r['engine']:10} {r['replicas']:8d} {r['req_per_s']:8.0f} {r['p50_ms']:8.1f}"
+                          f" {r['p99_ms']:8.1f} {r['ledger_rows']:>6}/{r['expected_rows']:<7}", flush=True)
+        if args.skip != "routed":
+            bench_routed(args, server, upstream_port)
     finally:
         upstream.terminate()
         upstream.join(10)

@@ -1,4 +1,6 @@
-"""Helpers the ledger commands (logs, costs, export) share. The `_` keeps the CLI from taking it for a subcommand."""
+"""Helpers several commands share: the ledger commands' (logs, costs, export) filters and tables, the store
+options, and the replay commands' (eval replay, calibrate) prompt-cache options. The `_` keeps the CLI from
+taking it for a subcommand."""
 from __future__ import annotations
 
 import argparse
@@ -109,3 +111,46 @@ def open_store(args: argparse.Namespace, policy):
         settings.vector_store_uri = args.store_uri
     rag = policy.rag
     return DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size), rag)
+
+
+def _cache_prices(text: str) -> tuple[float, float | None]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected READ or READ,WRITE in USD per million tokens (>= 0), got {text!r}")
+    return values[0], values[1] if len(values) == 2 else None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of questions >= 1, got {text!r}")
+    return value
+
+
+def add_cache_arguments(parser) -> None:
+    """The replay's provider prompt-cache options (gateway.evaluation.replay.LongCache)."""
+    parser.add_argument("--prompt-cache", choices=["off", "on"], default="off",
+                        help="price long legs with the long model's provider prompt cache: a document's block is "
+                             "written by the first long leg on it and read by the next ones (items in file order); "
+                             "rates from the policy's long model (its cached_input / cache_write prices, else "
+                             "litellm's cost map). Default off")
+    parser.add_argument("--long-cache-prices", type=_cache_prices, default=None, metavar="READ[,WRITE]",
+                        help="the long model's cache rates in USD per million tokens (implies --prompt-cache on): "
+                             "READ for cached prompt tokens; WRITE when the provider charges for writing the block "
+                             "(Anthropic: 1.25x input), none for automatic caching (OpenAI)")
+    parser.add_argument("--cache-window", type=_positive_int, default=None, metavar="N",
+                        help="a document's cache stays warm for N questions after its last long leg (default: the "
+                             "whole replay is one session)")
+
+
+def cache_options(args: argparse.Namespace) -> dict:
+    """resolve_prices' keyword arguments from add_cache_arguments' options."""
+    return {"prompt_cache": args.prompt_cache == "on", "long_cache_prices": args.long_cache_prices,
+            "cache_window": args.cache_window}

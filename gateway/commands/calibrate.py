@@ -6,7 +6,10 @@ together, replaying paired answers (lines with rag_pred, rag_score, lc_score and
 with the best replay quality whose cost is at most X of always-long's, or the cheapest setting whose
 quality is at least always-long's + D points. Every score is out of fold (--protocol grouped: k folds by
 document; loto: leave one task out), the same as `selfroute eval replay`; the chosen setting's replay
-figures are printed and written into the policy's threshold_source.
+figures are printed and written into the policy's threshold_source. With --prompt-cache on (or
+--long-cache-prices) every setting's long legs, and always-long's, are priced with the long model's prompt
+cache, as `selfroute eval replay` prices them: the cost share, and so the chosen thresholds, are those of
+a workload whose questions on a document come one after another.
 
 For --target-long-share the probabilities must come from data the model was not fitted on, or the share
 drifts in use (a model is more confident on its own training examples). Two sources qualify:
@@ -21,6 +24,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from gateway.commands._common import add_cache_arguments, cache_options
 
 
 def register(subparsers, parents) -> None:
@@ -50,7 +55,10 @@ def register(subparsers, parents) -> None:
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting")
     replay.add_argument("--window-tokens", type=int, default=None, help="long route window (16385 for L-Eval)")
-    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto")
+    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
+                        help="auto: the policy's models' prices (the policy's, else litellm's cost map) when non-zero, "
+                             "else the reference pair gpt-3.5-turbo / gpt-3.5-turbo-16k")
+    add_cache_arguments(replay)
     replay.add_argument("--fixed-classifier", action="store_true",
                         help="keep the policy's classifier threshold; tune only the verifier's")
     parser.set_defaults(func=run)
@@ -163,7 +171,7 @@ def run_replay_target(args: argparse.Namespace) -> int:
             if not all(k in e.record for k in ("rag_pred", "rag_score", "lc_score")):
                 raise ExampleFileError(f"{args.data}: a replay target needs rag_pred, rag_score and lc_score on "
                                        "every line")
-        prices = resolve_prices(policy, args.prices)
+        prices = resolve_prices(policy, args.prices, **cache_options(args))
         data_dir = resolve_data_dir(args.data_dir)
         builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
                                     cache_dir=data_dir / "cache")
@@ -180,6 +188,11 @@ def run_replay_target(args: argparse.Namespace) -> int:
         return 2
     target = (f"cost <= {args.max_cost_share:g} of always-long" if args.max_cost_share is not None
               else f"quality >= always-long {args.min_quality_delta:+g} points")
+    cache = prices.long_cache
+    if cache is not None:  # the cost share holds for a workload that keeps the long model's cache warm
+        target += (f" with a warm prompt cache (read {cache.read:g}/M"
+                   + (f", write {cache.write:g}/M" if cache.write is not None else "")
+                   + (f", {cache.window}-question window" if cache.window is not None else "") + ")")
     protocol = "leave-one-task-out" if args.protocol == "loto" else f"grouped {args.folds}-fold"
     figures = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
                f"{pick.long_share:.1%} long or escalated")

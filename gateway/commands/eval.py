@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from gateway.commands._common import add_cache_arguments, cache_options
 from gateway.evaluation import live as eval_live
 
 REPLAY_NOTES = """\
@@ -29,6 +31,12 @@ else the policy's, else the model card's), both legs paid. "verifier only": ever
 then the verifier; "rules+classifier+verifier": the policy's pre-route, then the verifier.
 Tokens: our RAG pipeline's prompt (instructions, retrieved passages, question) and our long pipeline's
 prompt (documents packed into the long window); output tokens are the recorded answers'.
+Prompt caching (--prompt-cache on, or --long-cache-prices): questions are replayed in file order as one
+session (--cache-window N: a document's cache goes cold N questions after its last long leg). A strategy's
+long leg on a document it already sent long reads the document block from the provider's cache at the read
+rate; its first one writes it (at the write rate when the provider charges one). The block is cached only when
+every unit of the documents fits the window (the gateway then sends the same block for every question) and it
+has at least 1,024 tokens. Always-long, the cost baseline, is priced the same way.
 """
 ABSENT_NOTES = """\
 Suppose the cheap route refused: would the keep-refusal option keep that refusal (evidence says the answer
@@ -54,8 +62,10 @@ def register(subparsers, parents) -> None:
     replay.add_argument("--docs", required=True, type=Path, help="folder of <doc_id>.txt documents")
     replay.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
     replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
-                        help="auto: the policy's prices when non-zero, else the reference pair gpt-3.5-turbo / "
+                        help="auto: the policy's models' prices as the ledger prices them (the policy's, else "
+                             "litellm's cost map) when non-zero, else the reference pair gpt-3.5-turbo / "
                              "gpt-3.5-turbo-16k from litellm's cost map")
+    add_cache_arguments(replay)
     replay.add_argument("--window-tokens", type=int, default=None,
                         help="long route window (default: the policy's); 16385 matches L-Eval's gpt-3.5-turbo-16k")
     replay.add_argument("--threshold", type=float, default=None, help="override the policy's classifier threshold")
@@ -110,7 +120,8 @@ def run_replay(args: argparse.Namespace) -> int:
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
     from gateway.evaluation.replay import without_verifier
-    from gateway.evaluation.report import build_items, format_gap, format_per_task, format_table, plot_curve
+    from gateway.evaluation.report import build_items, format_cache, format_gap, format_per_task, format_table
+    from gateway.evaluation.report import plot_curve
     from gateway.evaluation.verification import replay_scores
     from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
     from gateway.settings import resolve_data_dir
@@ -125,7 +136,7 @@ def run_replay(args: argparse.Namespace) -> int:
         for e in examples:
             if "rag_score" not in e.record or "lc_score" not in e.record:
                 raise ExampleFileError(f"{args.data}: every line needs rag_score and lc_score for a replay")
-        prices = resolve_prices(policy, args.prices)
+        prices = resolve_prices(policy, args.prices, **cache_options(args))
     except (PolicyError, ExampleFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
@@ -163,7 +174,7 @@ def run_replay(args: argparse.Namespace) -> int:
             return 2
     if args.json:
         print(json.dumps({
-            "questions": len(items), "documents": len(set(groups)), "prices": prices.__dict__,
+            "questions": len(items), "documents": len(set(groups)), "prices": asdict(prices),
             "window_tokens": builder.window, "threshold": threshold, "verifier_threshold": verifier_threshold,
             "protocol": args.protocol, "model": str(args.model) if args.model else None,
             "verifier": str(args.verifier) if args.verifier else None,
@@ -182,6 +193,7 @@ def run_replay(args: argparse.Namespace) -> int:
           + (f", threshold {verifier_threshold:.4f}" if verifier_threshold is not None else ""))
     print(f"prices (USD per million tokens): cheap {prices.cheap_input:g} in / {prices.cheap_output:g} out, "
           f"long {prices.long_input:g} in / {prices.long_output:g} out ({prices.source})")
+    print(format_cache(prices.long_cache, items))
     print(format_table(results))
     print(format_gap(gap))
     if any(i.task for i in items):

@@ -47,6 +47,7 @@ class ExampleInputs:
     rag_prompt_tokens: int  # the cheap route's prompt: instructions, retrieved passages, question
     direct_prompt_tokens: int  # the whole context and question, unpacked
     long_prompt_tokens: int | None = None  # the long route's prompt: documents packed into the window
+    long_prefix_tokens: int | None = None  # its document block when every question gets the same one (else 0)
 
 
 class ExampleFileError(ValueError):
@@ -176,11 +177,18 @@ class RouteInputBuilder:
 
     def inputs(self, example: Example, with_long: bool = True) -> ExampleInputs:
         """Cached under --data-dir: retrieval-side values by (query, documents, RAG settings), the long
-        prompt size by (query, documents, long settings, window)."""
+        prompt's size and its cacheable document block by (query, documents, long settings, window)."""
         retrieval = self._cached(self._key(example, "retrieval"), lambda: self._retrieval_side(example))
-        long_tokens = (self._cached(self._key(example, "long"), lambda: self._long_prompt_tokens(example))
-                       if with_long else None)
-        return ExampleInputs(long_prompt_tokens=long_tokens, **retrieval)
+        if not with_long:
+            return ExampleInputs(**retrieval)
+        # two entries, so caches written before the block was recorded stay valid; one packing fills both
+        keys = self._key(example, "long"), self._key(example, "long_prefix")
+        if any(k not in self._cache for k in keys):
+            packed = self._long_prompt(example)
+            for key, value in zip(keys, packed):
+                self._cached(key, lambda value=value: value)
+        return ExampleInputs(long_prompt_tokens=self._cache[keys[0]], long_prefix_tokens=self._cache[keys[1]],
+                             **retrieval)
 
     def _request(self, example: Example):
         from pipelines.base import ContextRequest
@@ -224,8 +232,18 @@ class RouteInputBuilder:
             self._indexes[ids] = document_index("\n\n".join(d.text for d in example.documents))
         return self._indexes[ids]
 
-    def _long_prompt_tokens(self, example: Example) -> int:
-        return int(self.long.prepare(self._request(example)).prompt_tokens)
+    def _long_prompt(self, example: Example) -> tuple[int, int]:
+        """(prompt tokens, tokens of the document block a provider could cache): the block counts only when the
+        gateway would send the same one for every question (gateway.routing.prompt_cache.stable_document_block)."""
+        from gateway.routing.prompt_cache import stable_document_block
+        from pipelines.tokens import count_tokens
+
+        prompt = self.long.prepare(self._request(example))
+        block = 0
+        if stable_document_block(prompt.provenance):
+            # the packed body counts as its parts (pipelines.long_context.prompt_tokens): less the question part
+            block = int(prompt.provenance["context_tokens"]) - count_tokens(f"Question: {example.query}")
+        return int(prompt.prompt_tokens), max(block, 0)
 
     def all_inputs(self, examples: list[Example], progress: bool = True, with_long: bool = True) -> list[ExampleInputs]:
         from tqdm import tqdm

@@ -17,12 +17,22 @@ Choices (documented in `selfroute eval replay --help` too):
 - The classifier is scored only on documents it was not fitted on: P(cheap) comes from models
   retrained per fold, folds grouped by document with a fixed seed.
 - Oracle: the better route per question, RAG on ties (cheaper).
+- Provider prompt caching (off unless the prices carry a LongCache): items are replayed in file order, a
+  session in which a document's questions come one after another (L-Eval's order). A long leg reads a warm
+  cache when the same strategy sent an earlier long leg on the same documents (within LongCache.window
+  questions, when set): its document block (ReplayItem.long_prefix_tokens) is billed at the cache read
+  rate. A cold leg writes the block: at the write rate when the provider charges one (Anthropic's
+  cache_control), else at the input price (OpenAI's automatic caching). Only a block that comes back
+  unchanged is cached (every unit sent, in reading order: gateway.routing.prompt_cache's rule) and only from
+  LongCache.min_prefix_tokens on. Each strategy warms only what it sent: always-long warms every document
+  on its first question, a router only on the questions it sent long. The cheap model's prompts
+  (retrieved passages per question) are priced without caching.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
@@ -47,6 +57,22 @@ class ReplayItem:
     probability: float  # out-of-fold P(cheap route suffices)
     task: str | None = None
     verifier_score: float | None = None  # the verifier's P(good) of the recorded RAG answer (out of fold, or a model's)
+    long_prefix_tokens: int = 0  # the long prompt's document block, when it is the same for every question (else 0)
+
+
+# providers cache nothing shorter (OpenAI's automatic caching; Anthropic's minimum for Sonnet and Opus)
+MIN_CACHED_PREFIX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class LongCache:
+    """The long model's provider prompt cache as the replay prices it (USD per million prompt tokens)."""
+
+    read: float
+    write: float | None = None  # a write premium (Anthropic); None: writing costs the input price (OpenAI)
+    window: int | None = None  # warm only when the last long leg on the documents is at most this many questions back
+    min_prefix_tokens: int = MIN_CACHED_PREFIX_TOKENS
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,7 @@ class Prices:
     long_input: float
     long_output: float
     source: str
+    long_cache: LongCache | None = None  # None: every leg priced as if nothing were cached
 
 
 @dataclass(frozen=True)
@@ -74,10 +101,54 @@ class Outcome:
     legs: tuple[Leg, ...]
 
 
-def leg_cost(leg: Leg, prices: Prices) -> float:
+def leg_cost(leg: Leg, prices: Prices, read: int = 0, written: int = 0) -> float:
+    """`read` / `written`: prompt tokens of a long leg read from / written to the provider's cache (LongCache)."""
     if leg.model == "cheap":
         return (leg.prompt_tokens * prices.cheap_input + leg.output_tokens * prices.cheap_output) / 1e6
-    return (leg.prompt_tokens * prices.long_input + leg.output_tokens * prices.long_output) / 1e6
+    cache = prices.long_cache
+    cached = 0.0 if cache is None else read * cache.read + written * (
+        prices.long_input if cache.write is None else cache.write)
+    plain = leg.prompt_tokens - (0 if cache is None else read + written)
+    return (plain * prices.long_input + cached + leg.output_tokens * prices.long_output) / 1e6
+
+
+def cacheable_block(item: ReplayItem, cache: LongCache | None) -> int:
+    """The tokens of the item's long prompt that a provider would cache: its stable document block, if long enough."""
+    if cache is None or item.long_prefix_tokens < cache.min_prefix_tokens:
+        return 0
+    return min(item.long_prefix_tokens, item.long_prompt_tokens)
+
+
+def warm_long_legs(items: Sequence[ReplayItem], sends_long: Sequence[bool], cache: LongCache | None) -> list[bool]:
+    """Which items' long legs find the cache warm, replaying the items in order: a long leg warms its documents'
+    block (a hit refreshes it), and a later long leg on the same documents reads it, within `cache.window`
+    questions when set. `sends_long[i]`: the strategy sends item i to the long model (routed or escalated)."""
+    warm = [False] * len(items)
+    if cache is None:
+        return warm
+    last: dict[str, int] = {}
+    for position, (item, sent) in enumerate(zip(items, sends_long)):
+        if not sent or not cacheable_block(item, cache):
+            continue
+        before = last.get(item.doc_id)
+        warm[position] = before is not None and (cache.window is None or position - before <= cache.window)
+        last[item.doc_id] = position
+    return warm
+
+
+def long_leg_cost(item: ReplayItem, leg: Leg, prices: Prices, warm: bool) -> float:
+    """A long leg's cost: its block read from the cache when warm, written to it when cold."""
+    block = cacheable_block(item, prices.long_cache)
+    return leg_cost(leg, prices, read=block if warm else 0, written=0 if warm else block)
+
+
+def outcome_costs(items: Sequence[ReplayItem], outcomes: Sequence[Outcome], prices: Prices) -> list[float]:
+    """Each outcome's cost, its long legs priced in sequence (warm_long_legs): the one cost function of the
+    replay's strategies, its baseline and its threshold sweeps (the tradeoff Table applies the same two rules)."""
+    warm = warm_long_legs(items, [any(leg.model == "long" for leg in o.legs) for o in outcomes], prices.long_cache)
+    return [sum(long_leg_cost(item, leg, prices, hot) if leg.model == "long" else leg_cost(leg, prices)
+                for leg in o.legs)
+            for item, o, hot in zip(items, outcomes, warm)]
 
 
 def _rag(item: ReplayItem) -> Outcome:
@@ -197,7 +268,7 @@ def evaluate(name: str, strategy: Callable[[ReplayItem], Outcome], items: list[R
     n = len(outcomes)
     quality = sum(o.score for o in outcomes) / n
     tokens = sum(leg.prompt_tokens for o in outcomes for leg in o.legs)
-    cost = sum(leg_cost(leg, prices) for o in outcomes for leg in o.legs)
+    cost = sum(outcome_costs(items, outcomes, prices))
     counts: dict[str, int] = {}
     for o in outcomes:
         counts[o.route] = counts.get(o.route, 0) + 1
@@ -224,7 +295,7 @@ def baseline_totals(items: list[ReplayItem], prices: Prices) -> tuple[int, float
     outcomes = [_long(i) for i in items]
     return (
         sum(leg.prompt_tokens for o in outcomes for leg in o.legs),
-        sum(leg_cost(leg, prices) for o in outcomes for leg in o.legs),
+        sum(outcome_costs(items, outcomes, prices)),
         sum(o.score for o in outcomes) / len(outcomes),
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from gateway.evaluation.replay import GapRecovery, ReplayItem, StrategyResult
+from gateway.evaluation.replay import GapRecovery, LongCache, ReplayItem, StrategyResult, cacheable_block
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def build_items(examples, inputs, probabilities, detector, verifier_scores=None)
                 probability=float(p),
                 task=record.get("task"),
                 verifier_score=None if v is None else float(v),
+                long_prefix_tokens=inp.long_prefix_tokens or 0,
             )
         )
     return items
@@ -56,6 +57,19 @@ def format_table(results: list[StrategyResult]) -> str:
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def format_cache(cache: LongCache | None, items: list[ReplayItem]) -> str:
+    """One line: how long legs are priced with respect to the provider's prompt cache."""
+    if cache is None:
+        return "prompt cache: off (every long leg priced cold; --prompt-cache on to price a warm cache)"
+    blocks = [cacheable_block(i, cache) for i in items]
+    cacheable = [b for b in blocks if b]
+    write = "the input price" if cache.write is None else f"{cache.write:g}"
+    window = "the whole replay" if cache.window is None else f"{cache.window} questions after a document's last long leg"
+    return (f"prompt cache: read {cache.read:g}, write {write} per million tokens ({cache.source}); warm for {window}; "
+            f"{len(cacheable)} of {len(items)} questions have a cacheable document block"
+            + (f" (mean {sum(cacheable) / len(cacheable):,.0f} tokens)" if cacheable else ""))
 
 
 def format_per_task(results: list[StrategyResult], items: list[ReplayItem]) -> str:

@@ -6,7 +6,9 @@ chosen on training folds). Each candidate setting is scored as the replay scores
 (gateway.evaluation.replay): the route per question comes from the policy's Router with the item's
 out-of-fold P(cheap); a cheap (rag) answer whose verifier P(good) is below the verifier threshold is
 escalated (gateway.routing.escalation's rule: both legs paid, the long answer's score); `direct` has no
-recorded answer and is scored min(rag, long), at the cheap price of the whole context.
+recorded answer and is scored min(rag, long), at the cheap price of the whole context. With a prompt cache in
+the prices, each setting's long legs are priced in sequence by the replay's rule (replay.warm_long_legs), its
+always-long baseline too.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from gateway.evaluation.replay import Prices, ReplayItem, with_threshold, without_verifier
+from gateway.evaluation.replay import (
+    Leg, Prices, ReplayItem, leg_cost, long_leg_cost, warm_long_legs, with_threshold, without_verifier,
+)
 from gateway.routing.decision import Router
 from policies.routes import DIRECT, LONG
 from policies.schema import Policy
@@ -41,20 +45,32 @@ class Table:
         import numpy as np
 
         self.items = list(items)
+        self.cache = prices.long_cache
+        self._always_long: dict[bytes, float] = {}
         self.rag = np.array([i.rag_score for i in items], float)
         self.lc = np.array([i.lc_score for i in items], float)
-        self.rag_cost = np.array([(i.rag_prompt_tokens * prices.cheap_input + i.rag_output_tokens * prices.cheap_output)
-                                  / 1e6 for i in items])
-        self.long_cost = np.array([(i.long_prompt_tokens * prices.long_input + i.long_output_tokens * prices.long_output)
-                                   / 1e6 for i in items])
-        self.direct_cost = np.array([(i.direct_prompt_tokens * prices.cheap_input
-                                      + i.rag_output_tokens * prices.cheap_output) / 1e6 for i in items])
+        self.rag_cost = np.array([leg_cost(Leg("cheap", i.rag_prompt_tokens, i.rag_output_tokens), prices)
+                                  for i in items])
+        long_legs = [Leg("long", i.long_prompt_tokens, i.long_output_tokens) for i in items]
+        self.long_cost = np.array([long_leg_cost(i, leg, prices, False) for i, leg in zip(items, long_legs)])
+        self.long_cost_warm = np.array([long_leg_cost(i, leg, prices, True) for i, leg in zip(items, long_legs)])
+        self.direct_cost = np.array([leg_cost(Leg("cheap", i.direct_prompt_tokens, i.rag_output_tokens), prices)
+                                     for i in items])
         scores = [i.verifier_score for i in items]
         self.scores = np.array([math.nan if s is None else s for s in scores], float)
 
     def routes(self, policy: Policy) -> list[str]:
         router = Router(without_verifier(policy))
         return [router.decide(i.features, probability=i.probability).route for i in self.items]
+
+    def _long_costs(self, idx, sends_long):
+        """The long leg's cost of each item of idx, warm or cold as the sequence of long legs leaves the cache."""
+        import numpy as np
+
+        if self.cache is None:
+            return self.long_cost[idx]
+        warm = np.array(warm_long_legs([self.items[i] for i in idx], sends_long, self.cache), bool)
+        return np.where(warm, self.long_cost_warm[idx], self.long_cost[idx])
 
     def outcome(self, routes, verifier_threshold: float | None, idx=None) -> dict[str, float]:
         """Quality and cost share (of always-long) over items idx, with escalation below verifier_threshold."""
@@ -67,9 +83,14 @@ class Table:
         escalate = rag & (self.scores[idx] < verifier_threshold) if verifier_threshold is not None else rag & False
         score = np.where(long | escalate, self.lc[idx], np.where(direct, np.minimum(self.rag[idx], self.lc[idx]),
                                                                 self.rag[idx]))
-        cost = np.where(long, self.long_cost[idx], np.where(direct, self.direct_cost[idx],
-                                                           self.rag_cost[idx] + escalate * self.long_cost[idx]))
-        long_q, long_c = float(self.lc[idx].mean()), float(self.long_cost[idx].sum())
+        long_leg = self._long_costs(idx, (long | escalate).tolist())
+        cost = np.where(long, long_leg, np.where(direct, self.direct_cost[idx],
+                                                 self.rag_cost[idx] + escalate * long_leg))
+        long_q = float(self.lc[idx].mean())
+        key = idx.tobytes()
+        if key not in self._always_long:  # the baseline is the same for every setting
+            self._always_long[key] = float(self._long_costs(idx, [True] * len(idx)).sum())
+        long_c = self._always_long[key]
         return {"quality": float(score.mean()), "quality_vs_long_points": 100 * (float(score.mean()) - long_q),
                 "cost_vs_long": float(cost.sum()) / long_c if long_c else math.nan,
                 "long_share": float(np.mean(long | escalate))}

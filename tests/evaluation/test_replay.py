@@ -1,6 +1,9 @@
+import dataclasses
+
 import pytest
 
 from gateway.evaluation.replay import (
+    LongCache,
     Prices,
     ReplayItem,
     gap_recovery,
@@ -109,3 +112,65 @@ def test_gap_recovery_on_a_designed_ranking():
     reversed_items = [item(0, 1, 0.9), item(0, 1, 0.8), item(1, 1, 0.1), item(1, 1, 0.2)]
     assert gap_recovery(reversed_items).apgr == pytest.approx(0.25)  # curve 0, 0, 0, .5, 1
     assert gap_recovery([item(1, 0, 0.5)]).apgr is None  # no gap to recover
+
+
+# -- provider prompt caching on the long route -----------------------------------------------------------
+# long prompt 5,000 tokens of which a 4,000-token document block, 20 output tokens; long: 10 in, 20 out per Mtok
+COLD_NO_CACHE = (5000 * 10 + 20 * 20) / 1e6  # 0.0504
+COLD_WRITE = (4000 * 12.5 + 1000 * 10 + 20 * 20) / 1e6  # the block written at 12.5: 0.0604
+WARM = (4000 * 1.0 + 1000 * 10 + 20 * 20) / 1e6  # the block read at 1.0: 0.0144
+RAG_COST = (1000 * 1.0 + 10 * 2.0) / 1e6
+
+
+def on_doc(doc, rag=1.0, lc=1.0, p=0.9, refused=False, prefix=4000):
+    return dataclasses.replace(item(rag, lc, p, refused=refused), doc_id=doc, group=doc, long_prefix_tokens=prefix)
+
+
+def cached(write=12.5, window=None, min_prefix=1024):
+    return dataclasses.replace(PRICES, long_cache=LongCache(1.0, write, window, min_prefix, "test"))
+
+
+def test_always_long_reads_the_block_after_each_documents_first_question():
+    items = [on_doc("a"), on_doc("a"), on_doc("a"), on_doc("b"), on_doc("b")]
+    results = by_name(run_strategies(items, policy(), cached()))
+    assert results["always-long"].cost_usd == pytest.approx(2 * COLD_WRITE + 3 * WARM)
+    # no write premium (OpenAI): a cold leg costs what it costs without a cache
+    auto = by_name(run_strategies(items, policy(), cached(write=None)))
+    assert auto["always-long"].cost_usd == pytest.approx(2 * COLD_NO_CACHE + 3 * WARM)
+    # tokens are tokens, cached or not
+    assert auto["always-long"].prompt_tokens == 5 * 5000
+
+
+def test_a_strategy_warms_only_what_it_sent_long():
+    # self-route escalates the 2nd and 3rd questions on "a" and the 1st on "b": a's 2nd is cold (its 1st went rag)
+    items = [on_doc("a"), on_doc("a", refused=True), on_doc("a", refused=True), on_doc("b", refused=True),
+             on_doc("b")]
+    results = by_name(run_strategies(items, policy(), cached()))
+    sr = results["self-route"]
+    assert sr.cost_usd == pytest.approx(5 * RAG_COST + COLD_WRITE + WARM + COLD_WRITE)
+    long_cost = 2 * COLD_WRITE + 3 * WARM
+    assert sr.cost_vs_long == pytest.approx(sr.cost_usd / long_cost)
+
+
+def test_the_cache_window_and_the_smallest_cached_block():
+    items = [on_doc("a"), on_doc("b"), on_doc("a"), on_doc("a")]  # a: positions 0, 2, 3
+    windowed = by_name(run_strategies(items, policy(), cached(window=1)))["always-long"]
+    assert windowed.cost_usd == pytest.approx(3 * COLD_WRITE + WARM)  # 0 -> 2 is two questions: cold again
+    assert by_name(run_strategies(items, policy(), cached(window=2)))["always-long"].cost_usd == pytest.approx(
+        2 * COLD_WRITE + 2 * WARM)
+    # a block under the provider's minimum, or none (a block chosen per question), is never cached
+    small = [on_doc("a", prefix=1000), on_doc("a", prefix=1000)]
+    assert by_name(run_strategies(small, policy(), cached()))["always-long"].cost_usd == pytest.approx(
+        2 * COLD_NO_CACHE)
+    unstable = [on_doc("a", prefix=0), on_doc("a", prefix=0)]
+    assert by_name(run_strategies(unstable, policy(), cached()))["always-long"].cost_usd == pytest.approx(
+        2 * COLD_NO_CACHE)
+
+
+def test_without_a_cache_the_costs_are_the_independent_legs():
+    items = [on_doc("a"), on_doc("a", refused=True), on_doc("a", p=0.1), on_doc("b")]
+    with_blocks = by_name(run_strategies(items, policy(), PRICES))
+    without = by_name(run_strategies([dataclasses.replace(i, long_prefix_tokens=0) for i in items], policy(), PRICES))
+    for name, r in with_blocks.items():
+        assert r.cost_usd == pytest.approx(without[name].cost_usd)
+    assert with_blocks["always-long"].cost_usd == pytest.approx(4 * COLD_NO_CACHE)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from gateway.evaluation.replay import (
@@ -67,3 +69,39 @@ def test_both_thresholds_are_tuned_together_when_the_policy_has_a_classifier():
 def test_quantile_grid_covers_both_ends():
     grid = quantile_grid([0.2, 0.4, 0.6], 4)
     assert grid[0] == 0.0 and grid[-1] > 0.6 and 0.4 in grid
+
+
+def test_the_table_prices_a_warm_cache_as_the_replay_does():
+    from tests.evaluation.test_replay import cached
+
+    items = [dataclasses.replace(i, doc_id=doc, long_prefix_tokens=4000)
+             for i, doc in zip(ITEMS + ITEMS, "aabbcaaabbcc")]
+    for prices in (cached(), cached(write=None), cached(window=2)):
+        table = Table(items, prices)
+        for t in (0.0, 0.5, 0.75, 1.0):
+            pol = with_verifier(policy(), t)
+            fast = table.outcome(table.routes(pol), t)
+            slow = evaluate("x", router_strategy(Router(pol), True), items, prices,
+                            *baseline_totals(items, prices))
+            assert fast["cost_vs_long"] == pytest.approx(slow.cost_vs_long)
+            assert fast["quality"] == pytest.approx(slow.quality)
+
+
+def test_a_warm_cache_changes_the_threshold_chosen_under_a_cost_cap():
+    from tests.evaluation.test_replay import cached
+
+    # six questions on one document; the verifier doubts the two bad cheap answers most
+    items = [dataclasses.replace(i, long_prefix_tokens=4000) for i in ITEMS]
+    cold = choose(items, without_pre_route(policy()), PRICES, max_cost_share=0.4, tune_pre_route=False)
+    # without a cache, escalating the two doubted answers costs (6 rag + 2 long) / 6 long = 0.354: within the cap
+    assert cold.met and cold.long_share == pytest.approx(2 / 6) and cold.quality == pytest.approx(5.5 / 6)
+    assert cold.cost_vs_long == pytest.approx((6 * 0.00102 + 2 * 0.0504) / (6 * 0.0504))
+    # with it, always-long pays one cold leg and five warm ones (0.0504 + 5 * 0.0144 = 0.1224), so one
+    # escalation alone is already (6 * 0.00102 + 0.0504) / 0.1224 = 0.462 of it: nothing can be escalated
+    warm = choose(items, without_pre_route(policy()), cached(write=None), max_cost_share=0.4, tune_pre_route=False)
+    assert warm.met and warm.long_share == 0.0 and warm.verifier_threshold < cold.verifier_threshold
+    assert warm.cost_vs_long == pytest.approx(6 * 0.00102 / (0.0504 + 5 * 0.0144))
+    # a cap that fits two escalations again: the first writes the block, the second reads it
+    two = choose(items, without_pre_route(policy()), cached(write=None), max_cost_share=0.6, tune_pre_route=False)
+    assert two.long_share == pytest.approx(2 / 6)
+    assert two.cost_vs_long == pytest.approx((6 * 0.00102 + 0.0504 + 0.0144) / (0.0504 + 5 * 0.0144))

@@ -1,0 +1,59 @@
+"""The routing inputs the replay builds per example: here, the long prompt's cacheable document block."""
+import pytest
+
+from gateway.evaluation.examples import RouteInputBuilder, load_examples
+from pipelines.base import ContextRequest
+from pipelines.embedding import Embedder
+from pipelines.messages import TOKENS_PER_MESSAGE
+from pipelines.long_context import LongContextPipeline, split_question
+from pipelines.tokens import count_tokens
+from policies.loader import load_policy
+from tests.routing_fixtures import write_paired_fixture
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return Embedder()
+
+
+def block_tokens(policy, example, window: int) -> int:
+    """The document block as the gateway sends it, counted on its text."""
+    request = ContextRequest(question=example.query, messages=[{"role": "user", "content": example.query}],
+                             documents=example.documents)
+    prompt = LongContextPipeline(policy.long_context, window_tokens=window).prepare(request)
+    return count_tokens(split_question(prompt.messages[-1]["content"])[0])
+
+
+def test_the_long_prompts_document_block_is_recorded_when_it_is_stable(tmp_path, embedder, monkeypatch):
+    policy, _ = load_policy()
+    paired, docs = write_paired_fixture(tmp_path)
+    examples = load_examples(paired, docs)[:2]  # two questions on one document
+    assert examples[0].doc_ids == examples[1].doc_ids
+
+    def builder(window: int) -> RouteInputBuilder:
+        return RouteInputBuilder(policy, tmp_path / "lancedb", window_tokens=window, cache_dir=tmp_path / "cache",
+                                 embedder=embedder)
+
+    first, second = builder(16000).all_inputs(examples, progress=False)
+    # the whole document fits: both questions share its block, counted from the packed parts (within a token of
+    # the separator the question part starts with)
+    assert first.long_prefix_tokens > 1024 and first.long_prefix_tokens == second.long_prefix_tokens
+    assert abs(first.long_prefix_tokens - block_tokens(policy, examples[0], 16000)) <= 1
+    # the rest of the prompt: the question part and the message's own tokens
+    rest = count_tokens(f"Question: {examples[0].query}") + TOKENS_PER_MESSAGE
+    assert first.long_prompt_tokens - first.long_prefix_tokens == rest
+    # a window the document does not fit: units are chosen per question, so no block is cacheable
+    narrow = builder(1200).inputs(examples[0])
+    assert narrow.long_prefix_tokens == 0 and narrow.long_prompt_tokens <= 1200
+
+    # read back from the cache under --data-dir without packing again
+    cached = builder(16000)
+    monkeypatch.setattr(cached, "_long_prompt", lambda example: pytest.fail("packed again"))
+    assert cached.inputs(examples[0]) == first
+    # a cache written before the block was recorded: one packing fills the missing entry
+    older = builder(16000)
+    del older._cache[older._key(examples[1], "long_prefix")]
+    calls = []
+    original = older._long_prompt
+    monkeypatch.setattr(older, "_long_prompt", lambda example: calls.append(example) or original(example))
+    assert older.inputs(examples[1]) == second and len(calls) == 1

@@ -65,9 +65,9 @@ def format_cache(cache: LongCache | None, items: list[ReplayItem]) -> str:
         return "prompt cache: off (every long leg priced cold; --prompt-cache on to price a warm cache)"
     blocks = [cacheable_block(i, cache) for i in items]
     cacheable = [b for b in blocks if b]
-    write = "the input price" if cache.write is None else f"{cache.write:g}"
+    write = "writes at the input price" if cache.write is None else f"write {cache.write:g}/M"
     window = "the whole replay" if cache.window is None else f"{cache.window} questions after a document's last long leg"
-    return (f"prompt cache: read {cache.read:g}, write {write} per million tokens ({cache.source}); warm for {window}; "
+    return (f"prompt cache: read {cache.read:g}/M, {write} ({cache.source}); warm for {window}; "
             f"{len(cacheable)} of {len(items)} questions have a cacheable document block"
             + (f" (mean {sum(cacheable) / len(cacheable):,.0f} tokens)" if cacheable else ""))
 

@@ -88,6 +88,29 @@ def test_replay_table_output(replay_run, capsys):
 
 
 @pytest.mark.slow
+def test_replay_with_the_long_models_prompt_cache(replay_run, capsys):
+    # the reference long model has no cache prices: the replay says so instead of guessing
+    assert main([*replay_run["args"], "--prompt-cache", "on"]) == 2
+    assert "gpt-3.5-turbo-16k" in capsys.readouterr().err
+    assert main([*replay_run["args"], "--json"]) == 0
+    cold = {s["name"]: s for s in json.loads(capsys.readouterr().out)["strategies"]}
+    assert main([*replay_run["args"], "--json", "--long-cache-prices", "0.3,3.75"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["prices"]["long_cache"]["read"] == 0.3 and result["prices"]["long_cache"]["write"] == 3.75
+    warm = {s["name"]: s for s in result["strategies"]}
+    # five questions a document: always-long writes each block once and reads it four times
+    assert warm["always-long"]["cost_usd"] < 0.6 * cold["always-long"]["cost_usd"]
+    assert warm["always-long"]["prompt_tokens"] == cold["always-long"]["prompt_tokens"]
+    # the cheap legs cost the same; against a cheaper baseline they are a larger share of it
+    assert warm["always-rag"]["cost_usd"] == pytest.approx(cold["always-rag"]["cost_usd"])
+    assert warm["always-rag"]["cost_vs_long"] > cold["always-rag"]["cost_vs_long"]
+    assert main([*replay_run["args"], "--long-cache-prices", "0.3", "--cache-window", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt cache: read 0.3/M, writes at the input price" in out and "warm for 2 questions" in out
+    assert "30 of 30 questions have a cacheable document block" in out
+
+
+@pytest.mark.slow
 def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, capsys):
     from tests.commands.test_train import two_task_fixture
 

@@ -158,3 +158,19 @@ def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained,
     # at or above always-long: met, and the verifier escalates the answers it doubts
     assert main([*args, "--min-quality-delta", "0", "--dry-run"]) == 0
     assert "+" in capsys.readouterr().out and policy_file.read_text() == written
+
+
+def test_calibrate_under_a_warm_prompt_cache_says_so_in_the_policy(verifier_trained, tmp_path, capsys):
+    policy_file = tmp_path / "policy.yaml"
+    shutil.copy(shipped_policy_path(), policy_file)
+    args = ["calibrate", "--data", str(verifier_trained["paired"]), "--policy", str(policy_file), "--estimator",
+            "logistic", "--folds", "3", "--max-cost-share", "0.5", *verifier_trained["common"]]
+    assert main([*args, "--prompt-cache", "on"]) == 2  # the reference pair has no cache prices
+    assert "--long-cache-prices" in capsys.readouterr().err
+    assert main([*args, "--long-cache-prices", "0.3,3.75", "--cache-window", "3"]) == 0
+    out = capsys.readouterr().out
+    cost = float(out.split(" of its cost")[0].rsplit(" at ", 1)[1])
+    assert cost <= 0.5
+    policy, _ = load_policy(policy_file)
+    assert "with a warm prompt cache (read 0.3/M, write 3.75/M, 3-question window)" in \
+        policy.routing.verifier.threshold_source

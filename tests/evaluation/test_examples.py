@@ -4,8 +4,8 @@ import pytest
 from gateway.evaluation.examples import RouteInputBuilder, load_examples
 from pipelines.base import ContextRequest
 from pipelines.embedding import Embedder
-from pipelines.messages import TOKENS_PER_MESSAGE
 from pipelines.long_context import LongContextPipeline, split_question
+from pipelines.messages import TOKENS_PER_MESSAGE
 from pipelines.tokens import count_tokens
 from policies.loader import load_policy
 from tests.routing_fixtures import write_paired_fixture

@@ -36,7 +36,7 @@ session (--cache-window N: a document's cache goes cold N questions after its la
 long leg on a document it already sent long reads the document block from the provider's cache at the read
 rate; its first one writes it (at the write rate when the provider charges one). The block is cached only when
 every unit of the documents fits the window (the gateway then sends the same block for every question) and it
-has at least 1,024 tokens. Always-long, the cost baseline, is priced the same way.
+has at least the long model's prompt_cache_min_tokens (1,024 by default). Always-long, the baseline, is priced alike.
 """
 ABSENT_NOTES = """\
 Suppose the cheap route refused: would the keep-refusal option keep that refusal (evidence says the answer

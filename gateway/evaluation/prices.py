@@ -112,4 +112,5 @@ def resolve_prices(policy: Policy, mode: str = "auto", *, prompt_cache: bool = F
                          "policy whose long model has cache prices")
     else:
         cache = policy_long_cache(policy)
-    return replace(prices, long_cache=replace(cache, window=cache_window))
+    return replace(prices, long_cache=replace(cache, window=cache_window,
+                                              min_prefix_tokens=policy.long.prompt_cache_min_tokens))

@@ -24,7 +24,7 @@ Choices (documented in `selfroute eval replay --help` too):
   rate. A cold leg writes the block: at the write rate when the provider charges one (Anthropic's
   cache_control), else at the input price (OpenAI's automatic caching). Only a block that comes back
   unchanged is cached (every unit sent, in reading order: gateway.routing.prompt_cache's rule) and only from
-  LongCache.min_prefix_tokens on. Each strategy warms only what it sent: always-long warms every document
+  LongCache.min_prefix_tokens on (the long model's prompt_cache_min_tokens). Each strategy warms only what it sent: always-long warms every document
   on its first question, a router only on the questions it sent long. The cheap model's prompts
   (retrieved passages per question) are priced without caching.
 """
@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
-from policies.schema import Policy
+from policies.schema import ModelConfig, Policy
 
 
 @dataclass
@@ -60,10 +60,6 @@ class ReplayItem:
     long_prefix_tokens: int = 0  # the long prompt's document block, when it is the same for every question (else 0)
 
 
-# providers cache nothing shorter (OpenAI's automatic caching; Anthropic's minimum for Sonnet and Opus)
-MIN_CACHED_PREFIX_TOKENS = 1024
-
-
 @dataclass(frozen=True)
 class LongCache:
     """The long model's provider prompt cache as the replay prices it (USD per million prompt tokens)."""
@@ -71,7 +67,7 @@ class LongCache:
     read: float
     write: float | None = None  # a write premium (Anthropic); None: writing costs the input price (OpenAI)
     window: int | None = None  # warm only when the last long leg on the documents is at most this many questions back
-    min_prefix_tokens: int = MIN_CACHED_PREFIX_TOKENS
+    min_prefix_tokens: int = ModelConfig.model_fields["prompt_cache_min_tokens"].default  # the long model's
     source: str = ""
 
 

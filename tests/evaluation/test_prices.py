@@ -28,7 +28,7 @@ def test_the_long_models_cache_rates_and_whether_it_charges_for_writes():
     assert "cache_control" in claude.long_cache.source and claude.long_cache.window is None
     gpt = resolve_prices(hosted({"model": "openai/gpt-4.1-mini"}, {"model": "openai/gpt-4.1"}), prompt_cache=True,
                          cache_window=10)
-    assert gpt.long_cache == LongCache(pytest.approx(0.5), None, 10, source=gpt.long_cache.source)
+    assert gpt.long_cache == LongCache(pytest.approx(0.5), None, 10, 1024, source=gpt.long_cache.source)
     assert "automatic" in gpt.long_cache.source
     # the policy's own prices win, cache rates included; a write rate counts only when the gateway marks the block
     own = hosted({"model": "a/cheap", "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
@@ -54,3 +54,6 @@ def test_cache_rates_that_are_unknown_must_be_given():
     with pytest.raises(ValueError, match="--cache-window"):
         resolve_prices(no_rate, cache_window=3)
     assert resolve_prices(no_rate).long_cache is None
+    # the shortest block the provider caches is the long model's prompt_cache_min_tokens
+    no_rate.long.prompt_cache_min_tokens = 4096
+    assert resolve_prices(no_rate, long_cache_prices=(1.0, None)).long_cache.min_prefix_tokens == 4096

@@ -41,11 +41,12 @@ def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str, extr
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
+    """Until the replica is ready: models load after the port opens, and a request before then is a 503 not_ready."""
     deadline = time.monotonic() + timeout
     while True:
         assert proc.poll() is None, log.read_text()[-3000:]
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/health/readiness", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -50,12 +50,20 @@ def _store(args: argparse.Namespace):
 def _fail(args: argparse.Namespace, error) -> int:
     from gateway.ledger.errors import NotFound
 
-    print(f"selfroute keys {args.action}: {error.message}", file=sys.stderr)
+    print(f"selfroute keys {args.action}: {getattr(error, 'message', error)}", file=sys.stderr)
     return 1 if isinstance(error, NotFound) else 2
 
 
-def run_create(args: argparse.Namespace) -> int:
+def _failures() -> tuple[type[BaseException], ...]:
+    """What a keys command reports as a message: the ledger's errors, and the drivers' for a database it cannot
+    open at all (a malformed URL; its password is already taken out of the message)."""
+    from gateway.ledger.dialect import database_error_types
     from gateway.ledger.errors import LedgerError
+
+    return (LedgerError, *database_error_types()[0])
+
+
+def run_create(args: argparse.Namespace) -> int:
     from gateway.ledger.keys import expiry_time
 
     store = _store(args)
@@ -63,7 +71,7 @@ def run_create(args: argparse.Namespace) -> int:
         expires_at = expiry_time(args.expires) if args.expires else None
         key, secret = store.create(args.name, models=args.models, collections=args.collections,
                                    budget_usd=args.budget_usd, rpm=args.rpm, tpm=args.tpm, expires_at=expires_at)
-    except LedgerError as error:
+    except _failures() as error:
         return _fail(args, error)
     finally:
         store.close()
@@ -82,6 +90,8 @@ def run_list(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
         keys, spend = store.list(), store.spend()
+    except _failures() as error:
+        return _fail(args, error)
     finally:
         store.close()
     items = [k.to_dict(spend_usd=spend.get(k.name, 0.0)) for k in keys]
@@ -100,12 +110,10 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
-    from gateway.ledger.errors import LedgerError
-
     store = _store(args)
     try:
         key = store.revoke(args.name)
-    except LedgerError as error:
+    except _failures() as error:
         return _fail(args, error)
     finally:
         store.close()

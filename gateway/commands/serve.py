@@ -62,6 +62,7 @@ def worker_app():
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gateway.ledger.dialect import database_error_types
     from gateway.routing.model_files import check_policy_files
     from gateway.server.app import create_app
     from gateway.settings import resolve_data_dir
@@ -77,10 +78,14 @@ def run(args: argparse.Namespace) -> int:
         "ledger_url": args.ledger_url,
     }
     settings = _settings(values)
+    errors, _ = database_error_types()
     try:
         app = create_app(settings)  # validates the policy once, with a readable error, and migrates the ledger
     except PolicyError as exc:
         print(f"selfroute serve: invalid policy: {exc}", file=sys.stderr)
+        return 2
+    except errors as exc:  # the password of a postgresql:// URL is already taken out of the driver's message
+        print(f"selfroute serve: cannot open the ledger database: {exc}".strip(), file=sys.stderr)
         return 2
     gateway = app.state.gateway
     # the files the policy names load at start-up, inside uvicorn: a missing one would end in a traceback there

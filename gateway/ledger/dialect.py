@@ -6,10 +6,19 @@ rows like sqlite3.Row, and the few expressions the two spell differently (`Diale
 """
 from __future__ import annotations
 
+import functools
+import logging
+import re
 import sqlite3
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence, Union
+from urllib.parse import unquote
+
+from gateway.ledger.errors import Unavailable
+
+logger = logging.getLogger(__name__)
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
@@ -51,6 +60,30 @@ def database_error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[
     except ImportError:
         return (sqlite3.Error,), (sqlite3.OperationalError,)
     return (sqlite3.Error, psycopg.Error), (sqlite3.OperationalError, psycopg.OperationalError)
+
+
+UNAVAILABLE_MESSAGE = "the ledger database is unavailable; try again shortly"
+
+
+@contextmanager
+def unavailable_as_error():
+    """An unreachable, restarting or locked database (the drivers' OperationalError) as the ledger's Unavailable;
+    the driver's words go to the log only."""
+    _, transient = database_error_types()
+    try:
+        yield
+    except transient as exc:
+        logger.warning("ledger database unavailable: %s", exc)
+        raise Unavailable(UNAVAILABLE_MESSAGE, code="ledger_unavailable") from None
+
+
+def reachable(method):
+    """Decorate a method that talks to the ledger database: see unavailable_as_error."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with unavailable_as_error():
+            return method(*args, **kwargs)
+    return wrapper
 
 
 def integrity_error_types() -> tuple[type[BaseException], ...]:
@@ -169,13 +202,42 @@ def _numeric_loader():
     return NumericLoader
 
 
+_URL_USERINFO = re.compile(r"(\w+://[^:/@\s\"']*:)[^\s\"']*@")
+_PASSWORD_OPTION = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def url_secrets(url: str) -> list[str]:
+    """The password of a postgresql:// URL (as written and percent-decoded, and the parts of it a parser that stops
+    at an '@' inside it would quote back), and any password= option."""
+    rest = url.split("://", 1)[-1]
+    userinfo = rest.split("/", 1)[0].rpartition("@")[0]
+    password = userinfo.partition(":")[2]
+    found = {password, unquote(password), *(p for p in password.split("@") if len(p) >= 4)}
+    found |= {m.group(2).strip("'") for m in _PASSWORD_OPTION.finditer(rest.replace("&", " "))}
+    return sorted((s for s in found if s), key=len, reverse=True)
+
+
+def redact(message: str, url: str) -> str:
+    """`message` without the URL's password: libpq quotes parts of a malformed URL, the password included, back in
+    its errors, and those errors reach logs, the CLI's output and the dead-letter file."""
+    for secret in url_secrets(url):
+        message = message.replace(secret, "***")
+    message = _URL_USERINFO.sub(r"\1***@", message)
+    return _PASSWORD_OPTION.sub(r"\1***", message)
+
+
 def connect_postgres(url: str, *, autocommit: bool = False, connect_timeout: float = 10) -> PostgresConnection:
     try:
         import psycopg
     except ImportError as exc:  # the dependency is declared; this only helps a broken install
         raise RuntimeError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from exc
-    raw = psycopg.connect(url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)),
-                          row_factory=_row_factory)
+    try:
+        raw = psycopg.connect(url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)),
+                              row_factory=_row_factory)
+    except psycopg.Error as exc:
+        # the same type (callers tell transient failures by it), its message without the password, and no chained
+        # original that a traceback would print in full
+        raise type(exc)(redact(str(exc), url)) from None
     raw.adapters.register_loader("numeric", _numeric_loader())
     return PostgresConnection(raw)
 

@@ -18,3 +18,8 @@ class InvalidQuery(LedgerError):
 
 class NotFound(LedgerError):
     """No ledger, or no such request in it."""
+
+
+class Unavailable(LedgerError):
+    """The ledger database cannot be reached or answer now (PostgreSQL down, restarting, failing over; SQLite
+    locked past its timeout). The detail is logged, not shown: it names hosts and ports."""

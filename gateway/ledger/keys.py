@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.ledger.database import connect, migrate
-from gateway.ledger.dialect import LedgerConnection, connect_postgres, integrity_error_types, is_postgres
+from gateway.ledger.dialect import (
+    LedgerConnection, connect_postgres, integrity_error_types, is_postgres, reachable,
+)
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
 from gateway.settings import private_file
 
@@ -149,6 +151,7 @@ class KeyStore:
                     conn.close()
             self._conn = self._reader = None
 
+    @reachable
     def create(self, name: str, *, models: list[str] | None = None, collections: list[str] | None = None,
                budget_usd: float | None = None, rpm: int | None = None, tpm: int | None = None,
                expires_at: float | None = None) -> tuple[NamedKey, str]:
@@ -177,6 +180,7 @@ class KeyStore:
                                   code="key_exists") from None
         return self.get(name), secret
 
+    @reachable
     def get(self, name: str) -> NamedKey:
         with self._lock:
             row = self._db().execute("SELECT * FROM api_keys WHERE name = ?", (name,)).fetchone()
@@ -184,15 +188,18 @@ class KeyStore:
             raise NotFound(f"no key named {name[:80]!r}", param="name", code="key_not_found")
         return _row_key(row)
 
+    @reachable
     def exists(self, name: str) -> bool:
         with self._lock:
             return self._db().execute("SELECT 1 FROM api_keys WHERE name = ?", (name,)).fetchone() is not None
 
+    @reachable
     def list(self) -> list[NamedKey]:
         with self._lock:
             rows = self._db().execute("SELECT * FROM api_keys ORDER BY created_at").fetchall()
         return [_row_key(r) for r in rows]
 
+    @reachable
     def revoke(self, name: str) -> NamedKey:
         with self._lock, self._db() as conn:
             cursor = conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
@@ -201,6 +208,7 @@ class KeyStore:
             self.get(name)  # raises NotFound for a name never created; a revoked key stays revoked
         return self.get(name)
 
+    @reachable
     def lookup(self, presented: str) -> NamedKey | None:
         """The active key this secret belongs to, or None (unknown, revoked or expired)."""
         if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
@@ -214,6 +222,7 @@ class KeyStore:
                 return key if key.active() else None
         return None
 
+    @reachable
     def any_keys(self) -> bool:
         """Whether a named key was ever created: revoked and expired ones count, so revoking the last key
         never opens a gateway to everyone."""
@@ -221,6 +230,7 @@ class KeyStore:
             row = self._read_db().execute("SELECT 1 FROM api_keys LIMIT 1").fetchone()
         return row is not None
 
+    @reachable
     def spend(self, names: list[str] | None = None) -> dict[str, float]:
         """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""
         with self._lock:
@@ -235,6 +245,7 @@ class KeyStore:
                     " GROUP BY key_id", names).fetchall() if names else []
         return {row[0]: float(row[1] or 0.0) for row in rows}
 
+    @reachable
     def count_request(self, key_id: str, now: float | None = None) -> tuple[int, float]:
         """Count one admitted request in the key's current minute, shared by every process on this database:
         returns the minute's count including this one, and the seconds until the next minute."""
@@ -247,6 +258,7 @@ class KeyStore:
                 " DO UPDATE SET requests = rate_windows.requests + 1 RETURNING requests", (key_id, minute)).fetchone()[0]
         return int(count), (minute + 1) * 60 - now
 
+    @reachable
     def uncount_request(self, key_id: str, now: float | None = None) -> None:
         """Take back a request counted by count_request that was refused after all."""
         minute = int((time.time() if now is None else now) // 60)
@@ -254,6 +266,7 @@ class KeyStore:
             conn.execute("UPDATE rate_windows SET requests = requests - 1 WHERE key_id = ? AND minute = ?",
                          (key_id, minute))
 
+    @reachable
     def tokens_since(self, key_id: str, since: float) -> tuple[int, float]:
         """Tokens the ledger recorded for a key since a moment (the TPM window), and when the oldest of those
         requests started."""
@@ -264,12 +277,14 @@ class KeyStore:
         return int(row[0] or 0), float(row[1] if row[1] is not None else since)
 
     # -- collection ownership -------------------------------------------------------------------
+    @reachable
     def collection_owner(self, collection: str) -> str | None:
         with self._lock:
             row = self._db().execute("SELECT owner FROM collection_owners WHERE collection = ?",
                                      (collection,)).fetchone()
         return row[0] if row else None
 
+    @reachable
     def claim_collection(self, collection: str, owner: str) -> str:
         """Make `owner` the owner of a collection nobody owns yet; returns the owner it has now."""
         with self._lock, self._db() as conn:
@@ -278,6 +293,7 @@ class KeyStore:
             return conn.execute("SELECT owner FROM collection_owners WHERE collection = ?",
                                 (collection,)).fetchone()[0]
 
+    @reachable
     def collection_owners(self) -> dict[str, str]:
         with self._lock:
             rows = self._db().execute("SELECT collection, owner FROM collection_owners").fetchall()

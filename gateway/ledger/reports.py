@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
-from gateway.ledger.dialect import POSTGRESQL, LedgerConnection, connect_postgres, dialect_of, is_postgres
+from gateway.ledger.dialect import (
+    POSTGRESQL, LedgerConnection, connect_postgres, dialect_of, is_postgres, unavailable_as_error,
+)
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import FALLBACK as FALLBACK_ROUTE
@@ -33,6 +35,7 @@ _STATUS_CLASS = re.compile(r"^([1-5])xx$", re.IGNORECASE)
 
 REQUEST_COLUMNS = REQUEST_FIELDS_STORED  # a request row as listed (provenance only in get_request)
 CALL_COLUMNS = CALL_FIELDS
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------- opening
@@ -76,6 +79,16 @@ def connect_reader(location: str | Path) -> LedgerConnection:
     conn = sqlite3.connect(f"file:{Path(location).resolve()}?mode=ro", uri=True, timeout=30, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     return conn
+
+
+def query(location: str | Path, work: Callable[[LedgerConnection], T]) -> T:
+    """`work(conn)` on a fresh read-only connection, closed after; an unreachable database is Unavailable."""
+    with unavailable_as_error():
+        conn = connect_reader(location)
+        try:
+            return work(conn)
+        finally:
+            conn.close()
 
 
 # ---------------------------------------------------------------------------------------------- filters

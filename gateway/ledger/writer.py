@@ -147,8 +147,9 @@ class Ledger:
                 conn, error = self._try(conn, [record])
                 if error is not None:
                     logger.error("ledger write failed for %s (%s): kept in %s", record.id, error, self.dead_letter_path)
-                    self.dead_letter_path.parent.mkdir(parents=True, exist_ok=True)
-                    with self.dead_letter_path.open("a", encoding="utf-8") as out:
+                    self.dead_letter_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    # the ledger's records, like the database file: its owner's only
+                    with private_file(self.dead_letter_path).open("a", encoding="utf-8") as out:
                         out.write(json.dumps({"error": str(error), "record": asdict(record)}, default=str) + "\n")
         return conn
 

@@ -62,15 +62,7 @@ async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
     gateway = gateway_of(request)
     gateway.auth.check_admin(request)
     location = gateway.ledger.location  # a SQLite file or the PostgreSQL every replica shares
-
-    def run() -> Any:
-        conn = reports.connect_reader(location)
-        try:
-            return work(conn)
-        finally:
-            conn.close()
-
-    return JSONResponse(await run_in_threadpool(run))
+    return JSONResponse(await run_in_threadpool(reports.query, location, work))
 
 
 def _int_param(request: Request, name: str, default: int) -> int:

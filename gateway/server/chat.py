@@ -9,13 +9,14 @@ from starlette.responses import Response
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
+from gateway.ledger.errors import LedgerError
 from gateway.protocol import parse_chat_request
 from gateway.routing.calls import Answer, Completed
 from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.disconnect import ClientDisconnected, unless_disconnected
-from gateway.server.errors import error_response
+from gateway.server.errors import error_response, from_ledger_error
 from gateway.server.grounding import check_answer
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.limits import admit
@@ -86,6 +87,10 @@ async def chat_completions(request: Request) -> Response:
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
         return error_response(exc)
+    except LedgerError as exc:  # key limits and collection owners live in the ledger database
+        error = from_ledger_error(exc)
+        entry.finish(error.status, error.message)
+        return error_response(error)
     except Exception as exc:  # logged once here, answered with the envelope, never a traceback
         logger.exception("chat completion %s failed", entry.record.id)
         entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")

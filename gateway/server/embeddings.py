@@ -17,8 +17,10 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
+from gateway.ledger.errors import LedgerError
 from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
 from gateway.server.bodies import json_response, read_body
+from gateway.server.errors import from_ledger_error
 from gateway.server.limits import admit
 from gateway.server.state import gateway_of
 from policies.routes import PASSTHROUGH
@@ -153,6 +155,10 @@ async def create_embeddings(request: Request) -> Response:
             answer = await _upstream(gateway, embeddings, body, entry)
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
+        raise
+    except LedgerError as exc:  # the key's limits live in the ledger database: answered by the error handler
+        error = from_ledger_error(exc)
+        entry.finish(error.status, error.message)
         raise
     except Exception as exc:
         entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from gateway.errors import GatewayError
-from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
+from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.server import headers
 
 logger = logging.getLogger(__name__)
@@ -17,7 +17,12 @@ def error_response(error: GatewayError, extra_headers: dict[str, str] | None = N
     return JSONResponse(error.body(), status_code=error.status, headers={**(error.headers or {}), **(extra_headers or {})})
 
 
+UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
+
+
 def from_ledger_error(exc: LedgerError) -> GatewayError:
+    if isinstance(exc, Unavailable):
+        return GatewayError(503, exc.message, code=exc.code, headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
     status = 404 if isinstance(exc, NotFound) else 400 if isinstance(exc, InvalidQuery) else 500
     return GatewayError(status, exc.message, param=exc.param, code=exc.code)
 

@@ -84,3 +84,13 @@ def test_ledger_commands_read_a_postgres_ledger_by_flag_or_environment(postgres_
     closed = postgres_url.rsplit(":", 1)[0] + ":1/nothing"  # nothing listens on port 1
     assert main(["costs", "--ledger-url", closed]) == 1
     assert "cannot reach the ledger database" in capsys.readouterr().err
+
+
+def test_a_malformed_ledger_url_is_reported_without_its_password(tmp_path, capsys):
+    secret = "Hunter2Secret"
+    for url in (f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db", f"postgresql://app:{secret}@[::1:1/db"):
+        for command in ("costs", "logs", "export"):
+            assert main([command, "--data-dir", str(tmp_path), "--ledger-url", url]) == 1
+            err = capsys.readouterr().err
+            assert err.startswith(f"selfroute {command}: cannot reach the ledger database"), err
+            assert secret[:7] not in err and secret[7:] not in err, err

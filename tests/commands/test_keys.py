@@ -49,3 +49,14 @@ def test_errors_are_messages_and_exit_statuses(tmp_path, capsys):
     assert main(["keys", "revoke", "nobody", "--data-dir", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "never reused" in err and "no key named 'nobody'" in err
+
+
+def test_an_unreachable_or_malformed_ledger_url_is_a_message_without_the_password(tmp_path, capsys):
+    secret = "Hunter2Secret"
+    for url in (f"postgresql://app:{secret}@127.0.0.1:1/db", f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
+                f"postgresql://app:{secret}@[::1:1/db"):
+        for argv in (["keys", "list"], ["keys", "create", "alice"], ["keys", "revoke", "alice"]):
+            assert main([*argv, "--data-dir", str(tmp_path), "--ledger-url", url]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"selfroute {' '.join(argv[:2])}: ") and "Traceback" not in err, err
+            assert secret[:7] not in err and secret[7:] not in err, err

@@ -221,3 +221,15 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
             proc.terminate()
         for proc, _ in replicas:
             proc.wait(timeout=30)
+
+
+def test_serve_takes_ledger_url_and_reports_a_database_it_cannot_open_without_the_password(tmp_path, capsys):
+    from gateway.cli import main
+
+    secret = "Hunter2Secret"
+    for url in (f"postgresql://app:{secret}@127.0.0.1:1/db", f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
+                f"postgresql://app:{secret}@[::1:1/db"):
+        assert main(["serve", "--data-dir", str(tmp_path), "--ledger-url", url, "--port", "0"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("selfroute serve: cannot open the ledger database: ") and "Traceback" not in err, err
+        assert secret[:7] not in err and secret[7:] not in err, err

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import stat
 import threading
 import time
 
@@ -36,6 +37,7 @@ def test_a_failing_record_does_not_take_its_batch_with_it(tmp_path):
     assert rows(path) == ["r0", "r1", "r2", "r3", "r4"]
     [kept] = [json.loads(line) for line in ledger.dead_letter_path.read_text().splitlines()]
     assert kept["record"]["id"] == "r-bad" and "poisoned" in kept["error"]
+    assert stat.S_IMODE(ledger.dead_letter_path.stat().st_mode) == 0o600  # the records are as private as the ledger
     ledger.close()
 
 

@@ -60,7 +60,7 @@ class SelfrouteOptions(BaseModel):
 
 MAX_MODEL_CHARS = 256
 # provider/name[:tag][@version]: letters, digits and . _ - : / @ + ; never a URL (litellm reads some as one)
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+\-]*$")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+\-]*")  # fullmatch: "$" would let a final newline through
 
 # Parameters that configure the client connection rather than the completion: litellm (and the SDKs) take
 # them as call options. A client never chooses where the gateway connects, with which credentials, or
@@ -133,7 +133,7 @@ class ChatCompletionRequest(_Open):
     @field_validator("model")
     @classmethod
     def _model_name(cls, value: str) -> str:
-        if not _MODEL_NAME.match(value) or "://" in value:
+        if not _MODEL_NAME.fullmatch(value) or "://" in value:
             raise ValueError("a model name is letters, digits and . _ - : / @ + (no spaces, no URL)")
         return value
 

@@ -35,7 +35,8 @@ from pipelines.tokens import count_tokens
 
 log = logging.getLogger(__name__)
 
-_COLLECTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+# fullmatch, not match with "$": "$" also matches before a final newline
+_COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _DOCS, _CHUNKS = "__docs", "__chunks"
 _INLINE_PREFIX = "inline-"
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
@@ -83,7 +84,7 @@ def _upsert(table, keys: list[str], data: pa.Table) -> None:
 
 
 def validate_collection_name(name: str) -> str:
-    if not isinstance(name, str) or not _COLLECTION_NAME.match(name) or name.startswith("."):
+    if not isinstance(name, str) or not _COLLECTION_NAME.fullmatch(name) or name.startswith("."):
         raise ValueError(
             f"invalid collection name {name!r}: use 1-128 letters, digits, '-', '_' or '.' (not starting with '.')"
         )

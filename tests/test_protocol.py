@@ -46,8 +46,8 @@ def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
     assert chat.messages[0].content == "\U0001F600"
 
 
-@pytest.mark.parametrize("model", ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "http://h:1/v1", "openai/x://y",
-                                   "-flag", "m\u00e9"])
+@pytest.mark.parametrize("model", ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "gpt-4o\n", "http://h:1/v1",
+                                   "openai/x://y", "-flag", "m\u00e9"])
 def test_model_names_are_capped_and_plain(model):
     error = _error(_chat(model=model))
     assert (error.status, error.param) == (400, "model")

@@ -26,7 +26,7 @@ from gateway.settings import private_file
 
 KEY_PREFIX = "sr-"
 PREFIX_CHARS = 12  # "sr-" and 9 random characters: ~54 bits, enough to find one row
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # fullmatch: "$" would let a final newline through
 _COLUMNS = ("name", "prefix", "salt", "hash", "models", "collections", "budget_usd", "rpm", "tpm", "created_at",
             "expires_at", "revoked_at")
 
@@ -90,7 +90,7 @@ def _row_key(row) -> NamedKey:
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name) or name.startswith("k_"):
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("k_"):
         raise InvalidQuery(f"invalid key name {name[:80]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "
                            "starting with 'k_', which marks keys from the environment)", param="name",
                            code="invalid_key_name")

@@ -131,3 +131,8 @@ def test_the_database_file_is_private(tmp_path):
     store.close()
     mode = stat.S_IMODE((tmp_path / "ledger.sqlite3").stat().st_mode)
     assert mode == 0o600
+
+
+def test_a_name_with_a_final_newline_is_no_name(store):
+    with pytest.raises(InvalidQuery):
+        store.create("alice\n")

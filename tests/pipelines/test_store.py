@@ -113,7 +113,8 @@ def test_collection_info(store):
 
 
 def test_collection_names_are_validated(store):
-    for bad in ["", "a/b", "../x", "white space", "semi;colon", ".hidden", "x" * 129]:
+    for bad in ["", "a/b", "../x", "white space", "semi;colon", ".hidden", "x" * 129, "abc\n", "..", "/etc",
+                "a\\b", "%2e%2e", "\uff0e\uff0e", "caf\u00e9", "a\x00b"]:
         with pytest.raises(ValueError, match="invalid collection name"):
             validate_collection_name(bad)
         with pytest.raises(ValueError):
@@ -292,3 +293,32 @@ def test_two_writer_processes_leave_no_duplicates(tmp_path):
     assert sorted(docs["id"].to_pylist()) == sorted(f"doc-{i}" for i in range(n))
     keys = [(c["doc_id"], c["position"]) for c in chunks]
     assert len(keys) == len(set(keys)) == sum(docs["chunks"].to_pylist())
+
+
+def test_names_and_ids_never_leave_the_store_directory(tmp_path, embedder):
+    """Collection names cannot name a path (validated before any table is touched); document ids are values in a
+    table, never part of a path: every file the store writes is under its own directory."""
+    root = tmp_path / "inside"
+    store = DocumentStore(str(root / "db"), embedder, SETTINGS)
+    for bad in ["../outside", "..", "/tmp/outside", "a/../../outside", "abc\n", "..\\outside", "%2e%2e%2foutside"]:
+        with pytest.raises(ValueError):
+            store.ingest(bad, [Document("d", "text")])
+    evil_ids = ["../../../outside.txt", "/etc/passwd", "..\\..\\x", "a' OR '1'='1", "x\\' OR 1=1 --"]
+    store.ingest("docs", [Document(i, f"Document number {n}.") for n, i in enumerate(evil_ids)])
+    assert [d.id for d in store.documents("docs", evil_ids)] == evil_ids  # the quoting held: each found by its id
+    assert store.delete_document("docs", "a' OR '1'='1") and len(store.documents("docs")) == len(evil_ids) - 1
+    assert [p.name for p in tmp_path.iterdir()] == ["inside"]
+    assert all(p.resolve().is_relative_to((root / "db").resolve()) for p in root.rglob("*") if p.is_file())
+
+
+def test_names_and_ids_never_leave_the_bucket_prefix(s3_bucket, monkeypatch, embedder):
+    for name, value in s3_bucket.env.items():
+        monkeypatch.setenv(name, value)
+    store = DocumentStore(s3_bucket.uri, embedder, SETTINGS)
+    for bad in ["../outside", "..", "/outside", "a/../../outside", "abc\n"]:
+        with pytest.raises(ValueError):
+            store.ingest(bad, [Document("d", "text")])
+    store.ingest("docs", [Document("../../../outside", "A document whose id looks like a path.")])
+    assert [d.id for d in store.documents("docs")] == ["../../../outside"]
+    keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
+    assert keys and all(k.startswith(f"{s3_bucket.prefix}/docs__") for k in keys), keys

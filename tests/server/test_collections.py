@@ -245,3 +245,16 @@ def test_only_those_who_see_a_collection_can_delete_it(tenants):
     deleted = httpx.delete(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"]))
     assert deleted.status_code == 200 and deleted.json()["document_count"] == 1
     assert _listed(url, keys["admin"]) == []
+
+
+def test_a_name_that_is_no_collection_name_is_a_400_and_claims_nothing(tenants):
+    url, app, keys = tenants
+    for raw in ("bobs%0A", "%2e%2e", "caf%C3%A9", "a%5Cb", "%00"):
+        response = httpx.post(f"{url}/v1/collections/{raw}/documents", headers=_auth(keys["bob"]), timeout=120,
+                              json={"documents": [{"id": "b", "text": "Bob's notes."}]})
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_collection", raw
+    # a decoded '/' is no longer one path segment: no route, no store access
+    escaped = httpx.post(f"{url}/v1/collections/..%2F..%2Foutside/documents", headers=_auth(keys["bob"]),
+                         json={"documents": [{"id": "b", "text": "x"}]})
+    assert escaped.status_code == 404
+    assert set(app.state.gateway.keys.collection_owners()) == {"contracts"}

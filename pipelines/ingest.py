@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -166,8 +166,10 @@ def load_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
         yield doc
 
 
-def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progress: bool = True):
+def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progress: bool = True,
+                 screen: Callable[[Iterable[Document]], Iterable[Document]] | None = None):
     """Load and ingest files into a collection of `store` (a DocumentStore); returns its IngestReport.
+    `screen`, when given, sees the loaded documents first and yields those to ingest (the injection scan).
 
     The bar counts chunks embedded (the slow part), its total growing as documents are chunked; log lines
     are written above the bar instead of through it."""
@@ -180,4 +182,6 @@ def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progr
             bar.total += n
             bar.refresh()
 
-        return store.ingest(collection, load_documents(paths), progress=bar.update, planned=planned)
+        documents = load_documents(paths)
+        return store.ingest(collection, screen(documents) if screen else documents, progress=bar.update,
+                            planned=planned)

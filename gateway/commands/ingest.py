@@ -49,12 +49,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute ingest: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     store = open_store(args, policy)
-    report = ingest_paths(store, args.collection, args.paths, show_progress=not args.no_progress)
+    flags: list[dict] = []
+    screen = _screen(policy.security.injection, flags)
+    report = ingest_paths(store, args.collection, args.paths, show_progress=not args.no_progress, screen=screen)
+    blocked = [f["document"] for f in flags if f["action"] == "blocked"]
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), **({"flags": flags} if flags else {})}, indent=2))
     else:
+        for found in flags:
+            print(f"selfroute ingest: {found['document']}: instruction-like text (rules: {', '.join(found['rules'])})"
+                  f" {found['action']}{', not ingested' if found['action'] == 'blocked' else ''}", file=sys.stderr)
         print(
             f"{args.collection}: {len(report.added)} added, {len(report.updated)} updated, "
             f"{len(report.unchanged)} unchanged, {report.chunks_written} chunks written in {report.seconds:.1f}s"
+            + (f"; {len(blocked)} blocked" if blocked else "")
         )
-    return 0
+    return 1 if blocked else 0
+
+
+def _screen(mode: str, flags: list[dict]):
+    """The policy's security.injection applied to each file as it is loaded, as for documents posted over HTTP:
+    flag reports, strip removes the matched spans and reports, block leaves the file out and reports (the other
+    files are ingested; the command then exits 1). Findings are appended to `flags`."""
+    if mode == "off":
+        return None
+    from dataclasses import replace
+
+    from pipelines.safety.injection import InjectionScanner
+
+    scanner = InjectionScanner(mode)
+
+    def screen(documents):
+        for document in documents:
+            result = scanner.apply(document.text)
+            if result.findings:
+                flags.append(result.report(document.id))
+                if result.blocked:
+                    continue
+                if mode == "strip":
+                    document = replace(document, text=result.kept_text)
+            yield document
+
+    return screen

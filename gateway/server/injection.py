@@ -63,10 +63,8 @@ def screen_documents(mode: str, documents: list[InlineDocument] | None, param: s
                                f"(rules: {', '.join(result.rules)})", param=f"{param}[{index}]",
                                code="document_injection")
         if mode == "strip":
-            document.text = result.text if result.text.strip() else "(removed)"
-        found.append({"document": name, "action": "stripped" if mode == "strip" else "flagged",
-                      "rules": result.rules,
-                      "findings": [f.to_dict() for f in result.findings[:MAX_FINDINGS_PER_DOCUMENT]]})
+            document.text = result.kept_text
+        found.append(result.report(name, MAX_FINDINGS_PER_DOCUMENT))
     return found
 
 

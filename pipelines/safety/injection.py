@@ -585,6 +585,17 @@ class ScanResult:
     def rules(self) -> list[str]:
         return sorted({f.rule for f in self.findings})
 
+    @property
+    def kept_text(self) -> str:
+        """The text to ingest or send: a document stripped to nothing keeps a placeholder, so it still exists."""
+        return self.text if self.text.strip() else "(removed)"
+
+    def report(self, document: str, max_findings: int = 20) -> dict:
+        """What was found in one document and what was done about it, as clients and the CLI see it."""
+        action = "blocked" if self.blocked else "stripped" if self.mode == "strip" else "flagged"
+        return {"document": document, "action": action, "rules": self.rules,
+                "findings": [f.to_dict() for f in self.findings[:max_findings]]}
+
 
 class InjectionScanner:
     """Applies a mode: off (no scan), flag (report), strip (report and remove spans), block (report; blocked if any).

@@ -34,8 +34,8 @@ from policies.schema import Policy
 logger = logging.getLogger(__name__)
 
 PROMPT_DOCUMENT_ID = "prompt"
-# attached documents carry their key's id in their metadata, so their inline collection (named by content)
-# and cached statistics are per key; metadata never reaches a prompt
+# attached documents (and the conversation as a document) carry their key's id in their metadata, so their inline
+# collection (named by content) and cached statistics are per key; metadata never reaches a prompt
 INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
 # document term indexes for the answer verifier: larger than the statistics, so fewer are kept
@@ -186,9 +186,11 @@ class RoutePlanner:
         if not question:
             raise GatewayError(400, "the last user message has no text to answer", param="messages",
                                code="empty_question")
-        documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
+        # scoped like attached documents: a long conversation's statistics, units and embeddings are cached per key
+        documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation",
+                              metadata={INLINE_SCOPE: chat.key_scope} if chat.key_scope else {})]
         key = documents_key(documents)
-        # the conversation carries no key in its metadata: the caller's key scopes its warm-cache record
+        # the key is in the content hash now (metadata); named again so the warm-cache record says whose it is
         return ("prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents, key),
                 (*key, ("key", chat.key_scope)))
 

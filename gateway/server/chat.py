@@ -22,6 +22,7 @@ from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.limits import admit
 from gateway.server.state import Gateway, gateway_of
 from gateway.server.streaming import CLIENT_CLOSED, stream_response
+from pipelines.embedding import scope_queries
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ async def chat_completions(request: Request) -> Response:
         entry.record.alias = chat.model
         entry.record.stream = bool(chat.stream)
         chat.scope_to(caller.key_id)
+        scope_queries(caller.key_id)
         await admit(gateway.policy, gateway.keys, caller, chat.model)
         check_collection_access(gateway, caller, requested_collection(chat, request))
         if chat.model in gateway.policy.aliases:

@@ -143,7 +143,7 @@ async def add_documents(request: Request) -> Response:
     raw = await read_body(request, gateway.settings.max_body_bytes)
     payload = _parse_add_documents(raw)
     found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
-                                           "documents")
+                                           "documents", caller.key_id)
     documents = [_document(d) for d in payload.documents]
     name = request.path_params["name"]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)

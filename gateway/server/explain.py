@@ -12,6 +12,7 @@ from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.state import gateway_of
+from pipelines.embedding import scope_queries
 
 
 async def explain_route(request: Request) -> Response:
@@ -20,6 +21,7 @@ async def explain_route(request: Request) -> Response:
     raw = await read_body(request, gateway.settings.max_body_bytes)
     chat, body = parse_chat_request(raw)
     chat.scope_to(caller.key_id)
+    scope_queries(caller.key_id)
     found = await screen_attached(gateway.policy, chat)
     check_collection_access(gateway, caller, requested_collection(chat, request))
     planner = gateway.routing.ready_planner()

@@ -24,14 +24,14 @@ MAX_FINDINGS_PER_DOCUMENT = 20
 SCAN_CACHE_SIZE = 256
 
 # Scanning a 100k-token document takes ~100 ms; asking about the same attached document again reuses the
-# result, like the document's embeddings and statistics (keyed by the text's hash, so nothing is shared
-# between different texts).
-_scans: OrderedDict[tuple[str, str], Any] = OrderedDict()
+# result, like the document's embeddings and statistics: keyed by the text's hash and by the key that sent it, so
+# nothing is shared between different texts, and a key's timing never tells it that another key sent this text.
+_scans: OrderedDict[tuple[str | None, str, str], Any] = OrderedDict()
 _scans_lock = threading.Lock()
 
 
-def _scan(scanner, mode: str, text: str):
-    key = (mode, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
+def _scan(scanner, mode: str, text: str, scope: str | None):
+    key = (scope, mode, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
     with _scans_lock:
         if key in _scans:
             _scans.move_to_end(key)
@@ -44,9 +44,11 @@ def _scan(scanner, mode: str, text: str):
     return result
 
 
-def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str) -> list[dict[str, Any]]:
+def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str,
+                     scope: str | None = None) -> list[dict[str, Any]]:
     """Apply `mode` to documents in place (strip rewrites their text); returns what was found, per document.
-    CPU work over the whole text: call it in a worker thread."""
+    `scope` is the sending key's id (its scans are remembered apart from other keys'). CPU work over the whole
+    text: call it in a worker thread."""
     if mode == "off" or not documents:
         return []
     from pipelines.safety.injection import InjectionScanner  # the rules compile on first use, not with the app
@@ -54,7 +56,7 @@ def screen_documents(mode: str, documents: list[InlineDocument] | None, param: s
     scanner = InjectionScanner(mode)  # type: ignore[arg-type]
     found = []
     for index, document in enumerate(documents):
-        result = _scan(scanner, mode, document.text)
+        result = _scan(scanner, mode, document.text, scope)
         if not result.findings:
             continue
         name = document.id or f"{param}[{index}]"
@@ -78,4 +80,4 @@ async def screen_attached(policy: Policy, chat: ChatCompletionRequest) -> list[d
     if not documents or policy.security.injection == "off":
         return []
     return await anyio.to_thread.run_sync(screen_documents, policy.security.injection, documents,
-                                          "selfroute.documents")
+                                          "selfroute.documents", chat.key_scope)

@@ -276,3 +276,43 @@ routing: {{classifier: null}}
         with pytest.raises(openai.BadRequestError):
             client(url).chat.completions.create(model="openai/status-400", messages=[{"role": "user", "content": "x"}])
         assert len(fake.state.received) - before == 1  # a 400 is not retried
+
+
+def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatch):
+    """What the gateway remembers to answer faster — a question's vector, a conversation's embedded chunks — is kept
+    per key: a second key asking the same thing pays for it again, so its timing cannot reveal the first key's
+    request. The same key asking again reuses its own."""
+    from pipelines.documents import Document
+    from pipelines.embedding import Embedder
+    from tests.pipelines_fixtures import CountingEmbedder
+
+    base, _ = upstream
+    monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
+    embedder = CountingEmbedder(Embedder())
+    with running_gateway(tmp_path, make_policy(base), auth=Authenticator(["sk-one", "sk-two"]),
+                         embedder=embedder) as (url, app):
+        store = app.state.gateway.store
+        store.ingest("manuals", [Document("pumps", "Pump P3 is started only after valve V2 is open. " * 20)])
+
+        def ask(key: str, body: dict) -> None:
+            response = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                                  json={"model": "selfroute", **body}, timeout=120)
+            assert response.status_code == 200, response.text
+
+        question = {"messages": [{"role": "user", "content": "When is pump P3 started?"}],
+                    "selfroute": {"route": "rag", "collection": "manuals"}}
+        asked = []
+        for key in ("sk-one", "sk-one", "sk-two", "sk-two"):
+            ask(key, question)
+            asked.append(embedder.queries_embedded)
+        assert asked[1] == asked[0] and asked[2] > asked[1] and asked[3] == asked[2]
+
+        conversation = {"messages": [{"role": "user", "content": "Log: " + "valve V2 opened, pump P3 ran. " * 300
+                                      + "\n\nQuestion: what ran?"}], "selfroute": {"route": "rag"}}
+
+        def inline() -> set[str]:
+            return {c.name for c in store.collections() if store.is_inline(c.name)}
+
+        for key, expected in (("sk-one", 1), ("sk-one", 1), ("sk-two", 2)):
+            ask(key, conversation)
+            assert len(inline()) == expected, key  # the conversation's chunks are embedded once per key

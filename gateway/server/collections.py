@@ -168,10 +168,13 @@ async def delete_document(request: Request) -> Response:
 async def delete_collection(request: Request) -> Response:
     gateway, caller, store = _caller_and_store(request)
     name = request.path_params["name"]
-    # the owner keeps the name (collection_owners), so another key cannot take it over by re-creating it
     info = await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, name)
     await anyio.to_thread.run_sync(store.delete_collection, name)
-    return json_response({"id": name, "object": "collection", "deleted": True,
+    # The documents go; the name stays its owner's (collection_owners), as a key's name is never reused: the
+    # owner can create it again, while another key re-creating it would inherit the grants (`--collections`) and
+    # the requests that still name it, and read or receive what was meant for the owner.
+    kept = gateway.keys.collection_owner(name) is not None
+    return json_response({"id": name, "object": "collection", "deleted": True, "name_kept": kept,
                           "document_count": len(info.documents), "chunk_count": info.chunk_count})
 
 

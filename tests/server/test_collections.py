@@ -227,8 +227,8 @@ def test_delete_a_whole_collection(gateway):
                       timeout=120).status_code == 201
     deleted = httpx.delete(f"{base}/drop-me")
     assert deleted.status_code == 200
-    assert deleted.json() == {"id": "drop-me", "object": "collection", "deleted": True, "document_count": 2,
-                              "chunk_count": 2}
+    assert deleted.json() == {"id": "drop-me", "object": "collection", "deleted": True, "name_kept": False,
+                              "document_count": 2, "chunk_count": 2}  # nobody owned it: nothing to keep
     assert httpx.get(f"{base}/drop-me").status_code == 404
     again = httpx.delete(f"{base}/drop-me")
     assert again.status_code == 404 and again.json()["error"]["code"] == "collection_not_found"
@@ -258,3 +258,22 @@ def test_a_name_that_is_no_collection_name_is_a_400_and_claims_nothing(tenants):
                          json={"documents": [{"id": "b", "text": "x"}]})
     assert escaped.status_code == 404
     assert set(app.state.gateway.keys.collection_owners()) == {"contracts"}
+
+
+def test_a_deleted_collections_name_stays_its_owners(tenants):
+    """Deleting removes the documents, not the owner's claim: alice can create the name again, bob still cannot
+    take it (and so never inherits carol's grant or requests that still name it)."""
+    url, app, keys = tenants
+    deleted = httpx.delete(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"]))
+    assert deleted.status_code == 200 and deleted.json()["name_kept"] is True
+    assert httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"])).status_code == 404
+    body = {"documents": [{"id": "new", "text": "A new supply contract: delivery within 10 days."}]}
+    taken = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["bob"]), json=body,
+                       timeout=120)
+    assert taken.status_code == 404 and taken.json()["error"]["code"] == "collection_not_found"
+    again = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["alice"]), json=body,
+                       timeout=120)
+    assert again.status_code == 201
+    assert app.state.gateway.keys.collection_owners()["contracts"] == "alice"
+    granted = httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["carol"])).json()
+    assert [d["id"] for d in granted["documents"]] == ["new"]  # carol's grant still means alice's collection

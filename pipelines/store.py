@@ -9,6 +9,7 @@ only the brief writes to one collection are serialised within a process. Searche
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
+from pipelines.errors import StoreUnavailable
 from pipelines.embedding import Embedder
 from pipelines.settings import RagSettings
 from pipelines.structure import find_cross_references, split_sections
@@ -50,6 +52,21 @@ _PRIMARY_KEY = {"lance-schema:unenforced-primary-key": "true"}
 _KEEP_OLD_VERSIONS = timedelta(minutes=5)
 # chunk vectors kept in memory for long-context scoring (384 floats each: 50,000 are about 77 MB)
 _VECTOR_CACHE_CHUNKS = 50_000
+
+
+def _io_as_unavailable(method):
+    """A store method whose storage failed (LanceDB's IO errors: an unreachable bucket, a refused disk) raises
+    StoreUnavailable; the cause goes to the log."""
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except (OSError, RuntimeError) as exc:
+            if not isinstance(exc, OSError) and "LanceError(IO)" not in str(exc):
+                raise
+            log.warning("document store unavailable: %s", exc)
+            raise StoreUnavailable(StoreUnavailable.message) from None
+    return wrapper
 
 
 class IngestCancelled(Exception):
@@ -245,6 +262,7 @@ class DocumentStore:
         return docs, chunks
 
     # -- ingestion -------------------------------------------------------------------------------
+    @_io_as_unavailable
     def ingest(
         self,
         collection: str,
@@ -386,6 +404,7 @@ class DocumentStore:
         return any("text" in getattr(i, "columns", []) for i in chunks_table.list_indices())
 
     # -- inline documents ------------------------------------------------------------------------
+    @_io_as_unavailable
     def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None) -> str:
         """A collection holding exactly these documents, named by their content hashes; ingested only
         the first time, so asking again about the same documents neither re-chunks nor re-embeds them.
@@ -429,6 +448,7 @@ class DocumentStore:
         return collection.startswith(_INLINE_PREFIX)
 
     # -- listing and reading ---------------------------------------------------------------------
+    @_io_as_unavailable
     def collections(self, include_inline: bool = True) -> list[CollectionInfo]:
         """Every collection with its documents; include_inline=False leaves inline collections out
         without reading them (there can be hundreds)."""
@@ -437,6 +457,7 @@ class DocumentStore:
             names = [n for n in names if not self.is_inline(n)]
         return [info for n in names if (info := self.collection(n)) is not None]
 
+    @_io_as_unavailable
     def collection(self, name: str) -> CollectionInfo | None:
         docs_table, _ = self._tables(name)
         if docs_table is None:
@@ -453,6 +474,7 @@ class DocumentStore:
         ]
         return CollectionInfo(name, sorted(infos, key=lambda d: d.id))
 
+    @_io_as_unavailable
     def documents(self, collection: str, ids: list[str] | None = None) -> list[Document]:
         """Full documents, in the order of `ids` when given, else by id."""
         docs_table, _ = self._tables(collection)
@@ -470,6 +492,7 @@ class DocumentStore:
         order = ids if ids is not None else sorted(found)
         return [found[i] for i in order if i in found]
 
+    @_io_as_unavailable
     def delete_document(self, collection: str, doc_id: str) -> bool:
         with self._writing.hold(collection):
             docs_table, chunks_table = self._tables(collection)
@@ -482,6 +505,7 @@ class DocumentStore:
             docs_table.delete(where)
             return True
 
+    @_io_as_unavailable
     def delete_collection(self, collection: str) -> bool:
         with self._writing.hold(collection):
             docs_table, chunks_table = self._tables(collection)
@@ -491,6 +515,7 @@ class DocumentStore:
             return docs_table is not None or chunks_table is not None
 
     # -- search ----------------------------------------------------------------------------------
+    @_io_as_unavailable
     def search(
         self, collection: str, query: str, k: int | None = None, query_vector: np.ndarray | None = None
     ) -> list[ScoredChunk]:
@@ -505,6 +530,7 @@ class DocumentStore:
             query_vector = self.embedder.embed_query(query)
         return hybrid_search(table, query, query_vector, k, hybrid=self.settings.hybrid, rrf_k=self.settings.rrf_k)
 
+    @_io_as_unavailable
     def neighbours(
         self, collection: str, wanted: dict[str, Iterable[int]], query_vector: np.ndarray | None = None
     ) -> list[tuple[Chunk, float | None]]:
@@ -528,6 +554,7 @@ class DocumentStore:
             for r in rows
         ]
 
+    @_io_as_unavailable
     def titles(self, collection: str, ids: Iterable[str]) -> dict[str, tuple[str | None, str | None]]:
         """doc id -> (title, source) for the given ids."""
         docs_table, _ = self._tables(collection)
@@ -543,6 +570,7 @@ class DocumentStore:
         )
         return {r["id"]: (r["title"], r["source"]) for r in rows}
 
+    @_io_as_unavailable
     def chunk_vectors(self, collection: str, doc_ids: Iterable[str]) -> dict[str, ChunkVectors]:
         """doc id -> its chunks' spans and vectors, read from the store once per document version and
         then kept in memory (least recently used dropped first)."""
@@ -583,6 +611,7 @@ class DocumentStore:
                     held -= len(dropped)
         return found
 
+    @_io_as_unavailable
     def chunks(self, collection: str, doc_ids: Iterable[str] | None = None) -> list[tuple[Chunk, np.ndarray]]:
         """All chunks (of the given documents) with their vectors, in document order."""
         _, table = self._tables(collection)

@@ -23,7 +23,7 @@ from gateway.server.auth import Authenticator
 from gateway.server.chat import chat_completions
 from gateway.server.collections import collection_routes
 from gateway.server.errors import (
-    handle_gateway_error, handle_http_exception, handle_ledger_error, handle_unexpected_error,
+    handle_gateway_error, handle_http_exception, handle_ledger_error, handle_store_error, handle_unexpected_error,
 )
 from gateway.server.embeddings import embeddings_route
 from gateway.server.explain import explain_route
@@ -36,6 +36,7 @@ from gateway.server.openapi import openapi_route
 from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
+from pipelines.errors import StoreUnavailable
 from policies.loader import load_policy
 from policies.schema import Policy
 
@@ -145,6 +146,7 @@ def create_app(
         exception_handlers={
             GatewayError: handle_gateway_error,
             LedgerError: handle_ledger_error,
+            StoreUnavailable: handle_store_error,
             HTTPException: handle_http_exception,
             Exception: handle_unexpected_error,
         },

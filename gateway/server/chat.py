@@ -16,13 +16,14 @@ from gateway.server import headers
 from gateway.server.bodies import json_response, read_body
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.disconnect import ClientDisconnected, unless_disconnected
-from gateway.server.errors import error_response, from_ledger_error
+from gateway.server.errors import error_response, from_ledger_error, from_store_error
 from gateway.server.grounding import check_answer
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.limits import admit
 from gateway.server.state import Gateway, gateway_of
 from gateway.server.streaming import CLIENT_CLOSED, stream_response
 from pipelines.embedding import scope_queries
+from pipelines.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +90,8 @@ async def chat_completions(request: Request) -> Response:
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
         return error_response(exc)
-    except LedgerError as exc:  # key limits and collection owners live in the ledger database
-        error = from_ledger_error(exc)
+    except (LedgerError, StoreUnavailable) as exc:  # key limits, collection owners; the collections themselves
+        error = from_ledger_error(exc) if isinstance(exc, LedgerError) else from_store_error(exc)
         entry.finish(error.status, error.message)
         return error_response(error)
     except Exception as exc:  # logged once here, answered with the envelope, never a traceback

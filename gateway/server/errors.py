@@ -1,4 +1,5 @@
-"""Errors as responses: GatewayError, the ledger's errors and Starlette's own, all in OpenAI's envelope."""
+"""Errors as responses: GatewayError, the ledger's and the document store's errors and Starlette's own, all in
+OpenAI's envelope."""
 from __future__ import annotations
 
 import logging
@@ -9,6 +10,7 @@ from starlette.responses import JSONResponse
 from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.server import headers
+from pipelines.errors import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -18,6 +20,11 @@ def error_response(error: GatewayError, extra_headers: dict[str, str] | None = N
 
 
 UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
+
+
+def from_store_error(exc: StoreUnavailable) -> GatewayError:
+    return GatewayError(503, exc.message, code="store_unavailable",
+                        headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
 
 
 def from_ledger_error(exc: LedgerError) -> GatewayError:
@@ -39,6 +46,11 @@ async def handle_gateway_error(request: Request, exc: Exception) -> JSONResponse
 async def handle_ledger_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LedgerError)
     return error_response(from_ledger_error(exc), _request_id_header(request))
+
+
+async def handle_store_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StoreUnavailable)
+    return error_response(from_store_error(exc), _request_id_header(request))
 
 
 async def handle_unexpected_error(request: Request, exc: Exception) -> JSONResponse:

@@ -55,3 +55,44 @@ def test_an_unreachable_ledger_database_is_a_503_and_answers_still_flow(upstream
         # back: the same gateway reconnects
         assert httpx.get(f"{url}/v1/admin/requests", headers=admin, timeout=30).status_code == 200
         assert httpx.post(f"{url}/v1/chat/completions", headers=named, json=body, timeout=30).status_code == 200
+
+
+def test_an_unreachable_document_store_is_a_503(upstream, tmp_path, monkeypatch):
+    """Collections on S3 whose server goes away: the collections API and a chat naming a collection answer 503
+    store_unavailable (no endpoint or bucket in it), and a chat without a collection still answers."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)  # this test's own: it is stopped
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "OPENAI_API_BASE": f"{upstream[0]}/v1"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="errors-test")
+    user = {"authorization": f"Bearer {USER}"}
+    try:
+        with running_gateway(tmp_path / "data", make_policy(upstream[0]), vector_store_uri="s3://errors-test/sr",
+                             auth=Authenticator([USER], admin_key=ADMIN)) as (url, app):
+            added = httpx.post(f"{url}/v1/collections/notes/documents", headers=user, timeout=120,
+                               json={"documents": [{"id": "a", "text": "Valve V2 opens clockwise."}]})
+            assert added.status_code == 201, added.text
+            server.stop()
+            server = None
+            ask = {"model": "selfroute", "messages": [{"role": "user", "content": "How does V2 open?"}]}
+            for method, path, payload in [
+                ("GET", "/v1/collections", None), ("GET", "/v1/collections/notes", None),
+                ("POST", "/v1/collections/notes/documents", {"documents": [{"id": "b", "text": "More."}]}),
+                ("POST", "/v1/chat/completions", {**ask, "selfroute": {"collection": "notes", "route": "rag"}}),
+            ]:
+                response = httpx.request(method, f"{url}{path}", headers=user, json=payload, timeout=120)
+                assert response.status_code == 503, (path, response.text)
+                assert response.json()["error"]["code"] == "store_unavailable"
+                assert str(port) not in response.text and "errors-test" not in response.text
+            assert httpx.post(f"{url}/v1/chat/completions", headers=user, json=ask, timeout=120).status_code == 200
+    finally:
+        if server is not None:
+            server.stop()

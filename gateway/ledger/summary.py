@@ -151,10 +151,11 @@ def _cache_row(route: str | None, calls: dict, cache: dict) -> dict:
 def prompt_cache(legs: dict[str, dict], cache: dict[str, dict], routes: list[str]) -> dict:
     """Per route (in `routes` order, those with calls) and in total, from the legs' sums per request route and
     the cache figures per request route."""
-    none = {"cache_hits": 0, "cached_tokens": 0, "cache_saving_usd": 0.0}
-    rows = [_cache_row(_route_name(route), legs[route], cache.get(route, none)) for route in routes if route in legs]
+    uncached = {"cache_hits": 0, "cached_tokens": 0, "cache_saving_usd": 0.0}
+    rows = [_cache_row(_route_name(route), legs[route], cache.get(route, uncached))
+            for route in routes if route in legs]
     total_calls = {name: sum(slot[name] for slot in legs.values()) for name in ("calls", "prompt_tokens")}
-    total_cache = {name: sum(cache.get(route, none)[name] for route in legs) for name in none}
+    total_cache = {name: sum(cache.get(route, uncached)[name] for route in legs) for name in uncached}
     return {"routes": rows, "total": _cache_row(None, total_calls, total_cache)}
 
 

@@ -120,6 +120,9 @@ def test_empty_window_summary(tmp_path):
     s = summary(conn, window=3600, now=BASE)
     assert s["totals"]["requests"] == 0 and s["route_mix"] == [] and s["fallback"]["rate"] is None
     assert s["latency_ms"]["all"] == {"count": 0, "p50": None, "p90": None, "p95": None, "p99": None}
+    assert s["prompt_cache"] == {"routes": [], "total": {
+        "group": None, "calls": 0, "cache_hits": 0, "hit_rate": None, "prompt_tokens": 0, "cached_tokens": 0,
+        "cached_share": None, "cache_saving_usd": 0.0}}
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,11 @@
     .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000 --postgres   # the same on PostgreSQL
 
 --postgres starts a throwaway PostgreSQL server (tests/engines.py: Debian's binaries, fsync off as in the tests),
-bulk-loads the same rows with COPY into the 001 schema, applies the later migrations, then times the reports and
+bulk-loads the same rows with COPY into the raw tables, applies the later migrations, then times the reports and
 the admin endpoints (no CLI or write-path figures).
 
-Fills a ledger (fixed seed) with migration 001 only, applies 002 (its backfill builds the rollups), then times:
+Fills a ledger (fixed seed; 60% of the long legs read most of their prompt from the provider's prompt cache) with
+the raw tables only (migrations 001, 005, 006), applies the rest (their backfills build the rollups), then times:
 the report functions, the CLI commands as subprocesses (Python start-up included), the admin endpoints through
 a Starlette app, and the write path: Ledger.submit on the caller's thread and the writer's per-row cost with
 and without the rollup triggers. Prints figures; asserts nothing.
@@ -40,17 +41,34 @@ ROUTE_WEIGHTS = [55, 22, 10, 6, 5, 2]
 CHEAP, LONG = "openai/gpt-4o-mini", "openai/gpt-4.1"
 
 
-def apply_first_migration(conn: sqlite3.Connection) -> None:
-    version, name, sql = _migrations()[0]
-    conn.executescript(sql)
+# The raw tables without rollups or triggers: 001, plus the columns 005 (prompt cache) and 006 (unpriced) add to
+# them. They depend on no rollup, so migrate() applies 002-004 and 007 afterwards (their backfills build the rollups)
+# and the schema ends as the gateway's.
+RAW_MIGRATIONS = (1, 5, 6)
+CACHE_READS = 0.6  # the share of long legs that read 90% of their prompt from OpenAI's prompt cache
+REQUEST_LOADED = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
+                  "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
+                  "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd")
+CALL_LOADED = ("request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
+               "latency_ms", "error", "cached_tokens", "cache_saving_usd")
+INSERT_REQUESTS = f"INSERT INTO requests ({', '.join(REQUEST_LOADED)}) VALUES ({', '.join('?' * len(REQUEST_LOADED))})"
+ROW_COUNTS = ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly", "cache_rollup_hourly")
+INSERT_CALLS = f"INSERT INTO upstream_calls ({', '.join(CALL_LOADED)}) VALUES ({', '.join('?' * len(CALL_LOADED))})"
+
+
+def apply_raw_migrations(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL)")
-    conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
+    for version, name, sql in _migrations():
+        if version in RAW_MIGRATIONS:
+            conn.executescript(sql)
+            conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
     conn.commit()
 
 
 def synthetic(rows: int, days: float, keys: int, seed: int, end: float):
-    """(request row, call rows) tuples in the ledger's column order."""
+    """(request row, call rows) tuples in the order of REQUEST_LOADED and CALL_LOADED."""
     rng = random.Random(seed)
+    cache_rng = random.Random(seed + 1)  # its own draws: the traffic is the one measured before caching was added
     start = end - days * 86400
     step = days * 86400 / rows
     key_ids = [f"k_{i:016x}" for i in range(keys)]
@@ -67,15 +85,21 @@ def synthetic(rows: int, days: float, keys: int, seed: int, end: float):
             prompt = rng.randrange(300, 4000) if route != "direct" else rng.randrange(50, 800)
             calls.append((CHEAP, "rag" if route != "direct" else route, prompt, completion,
                           prompt * 0.15e-6 + completion * 0.6e-6, rng.uniform(200, 2000)))
+            calls[-1] += (0, 0.0)
         if route in ("long", "rag>long"):
-            calls.append((LONG, "long", context, completion, counterfactual, rng.uniform(1000, 12000)))
+            # a cache read: 90% of the prompt at $0.50/M instead of $2/M; that long leg is the counterfactual
+            cached = context * 9 // 10 if cache_rng.random() < CACHE_READS else 0
+            saving = cached * 1.5e-6
+            counterfactual -= saving
+            calls.append((LONG, "long", context, completion, counterfactual, rng.uniform(1000, 12000), cached, saving))
         error = "upstream error" if status >= 500 else None
         rid = f"req_{i:08d}"
         request = (rid, at, rng.choice(key_ids), rng.choice(policies), "selfroute-auto", route, "classifier", status,
                    error, 0, sum(c[5] for c in calls) + rng.uniform(5, 100), sum(c[2] for c in calls),
-                   sum(c[3] for c in calls), sum(c[4] for c in calls), context, counterfactual, None)
-        call_rows = [(rid, at, m, r, p, c, cost, lat, error if j == len(calls) - 1 else None)
-                     for j, (m, r, p, c, cost, lat) in enumerate(calls)]
+                   sum(c[3] for c in calls), sum(c[4] for c in calls), context, counterfactual, None,
+                   sum(c[6] for c in calls), sum(c[7] for c in calls))
+        call_rows = [(rid, at, m, r, p, c, cost, lat, error if j == len(calls) - 1 else None, ct, sv)
+                     for j, (m, r, p, c, cost, lat, ct, sv) in enumerate(calls)]
         yield request, call_rows
 
 
@@ -83,7 +107,7 @@ def fill(path: Path, args) -> None:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=OFF")  # bulk load only; the gateway writes with synchronous=NORMAL
-    apply_first_migration(conn)
+    apply_raw_migrations(conn)
     started = time.perf_counter()
     requests, calls = [], []
     with conn:
@@ -91,62 +115,52 @@ def fill(path: Path, args) -> None:
             requests.append(request)
             calls.extend(call_rows)
             if len(requests) >= 50_000:
-                conn.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 17)})", requests)
-                conn.executemany("INSERT INTO upstream_calls (request_id, created_at, model, route, prompt_tokens,"
-                                 " completion_tokens, cost_usd, latency_ms, error) VALUES (?,?,?,?,?,?,?,?,?)", calls)
+                conn.executemany(INSERT_REQUESTS, requests)
+                conn.executemany(INSERT_CALLS, calls)
                 requests, calls = [], []
         if requests:
-            conn.executemany(f"INSERT INTO requests VALUES ({','.join('?' * 17)})", requests)
-            conn.executemany("INSERT INTO upstream_calls (request_id, created_at, model, route, prompt_tokens,"
-                             " completion_tokens, cost_usd, latency_ms, error) VALUES (?,?,?,?,?,?,?,?,?)", calls)
-    print(f"bulk insert of {args.rows:,} requests (001 schema): {time.perf_counter() - started:.1f} s")
+            conn.executemany(INSERT_REQUESTS, requests)
+            conn.executemany(INSERT_CALLS, calls)
+    print(f"bulk insert of {args.rows:,} requests (raw tables): {time.perf_counter() - started:.1f} s")
     started = time.perf_counter()
     applied = migrate(conn)
     print(f"migration {applied} (rollup backfill): {time.perf_counter() - started:.1f} s")
-    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-              for t in ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")}
+    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ROW_COUNTS}
     print("rows:", ", ".join(f"{t} {n:,}" for t, n in counts.items()))
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
 
 
-REQUEST_001 = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
-               "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-               "counterfactual_cost_usd", "provenance")
-CALL_001 = ("request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-            "latency_ms", "error")
-
-
 def fill_postgres(url: str, args) -> None:
-    """The same synthetic rows, COPYed into the 001 schema; the later migrations then build the rollups."""
+    """The same synthetic rows, COPYed into the raw tables; the later migrations then build the rollups."""
     from gateway.ledger.dialect import POSTGRESQL
 
     conn = connect(url)
-    version, name, sql = _migrations(POSTGRESQL)[0]
     with conn:
-        conn.script(sql)
         conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
                      " applied_at double precision NOT NULL)")
-        conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
+        for version, name, sql in _migrations(POSTGRESQL):
+            if version in RAW_MIGRATIONS:
+                conn.script(sql)
+                conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time()))
     started = time.perf_counter()
     # one COPY at a time on a connection: the calls wait in memory (about 1.1 a request)
     pending_calls = []
     with conn.raw.transaction(), conn.raw.cursor() as cur:
-        with cur.copy(f"COPY requests ({', '.join(REQUEST_001)}) FROM STDIN") as copy:
+        with cur.copy(f"COPY requests ({', '.join(REQUEST_LOADED)}) FROM STDIN") as copy:
             for request, call_rows in synthetic(args.rows, args.days, args.keys, args.seed, args.end):
                 copy.write_row(request)
                 pending_calls.extend(call_rows)
-        with cur.copy(f"COPY upstream_calls ({', '.join(CALL_001)}) FROM STDIN") as copy:
+        with cur.copy(f"COPY upstream_calls ({', '.join(CALL_LOADED)}) FROM STDIN") as copy:
             for row in pending_calls:
                 copy.write_row(row)
-    print(f"COPY of {args.rows:,} requests (001 schema): {time.perf_counter() - started:.1f} s")
+    print(f"COPY of {args.rows:,} requests (raw tables): {time.perf_counter() - started:.1f} s")
     started = time.perf_counter()
     applied = migrate(conn)
     print(f"migration {applied} (rollup backfill): {time.perf_counter() - started:.1f} s")
     conn.raw.autocommit = True
     conn.execute("VACUUM ANALYZE")
-    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
-              for t in ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")}
+    counts = {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ROW_COUNTS}
     print("rows:", ", ".join(f"{t} {n:,}" for t, n in counts.items()))
     conn.close()
 
@@ -183,6 +197,11 @@ def bench_reports(path: Path, repeat: int) -> None:
     timed("dashboard summary, 7d window", lambda: summary(conn, window=7 * 86400), repeat)
     timed("dashboard summary, 30d window (histogram percentiles)", lambda: summary(conn, window=30 * 86400), repeat)
     timed("dashboard summary, 1h window (minute buckets)", lambda: summary(conn, window=3600), repeat)
+    month = time.time() - 30 * 86400
+    timed("prompt cache per route, 30d (hourly cache rollup, 007)", lambda: reports.cache_by_route(conn, month),
+          repeat)
+    timed("the same from the raw cached legs (005's partial index)", lambda: reports.cache_figures(
+        conn, ["route"], reports.Filters(since=month), calls=True), repeat)
     conn.close()
 
 
@@ -230,14 +249,16 @@ def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None
 def _records(count: int, seed: int) -> list[RequestRecord]:
     out = []
     for request, call_rows in synthetic(count, 1, 20, seed, time.time()):
-        rid, at, key, policy, alias, route, reason, status, error, _, latency, p, c, cost, ctx, cf, _ = request
+        (rid, at, key, policy, alias, route, reason, status, error, _, latency, p, c, cost, ctx, cf, _, cached,
+         saved) = request
         out.append(RequestRecord(
             id=f"w{seed}_{rid}", created_at=at, key_id=key, policy=policy, alias=alias, route=route, reason=reason,
             status=status, error=error, latency_ms=latency, prompt_tokens=p, completion_tokens=c, cost_usd=cost,
-            context_tokens=ctx, counterfactual_cost_usd=cf,
+            context_tokens=ctx, counterfactual_cost_usd=cf, cached_tokens=cached, cache_saving_usd=saved,
             provenance={"chunks": [{"document": "doc.txt", "chunk": 7, "score": 0.81}]},
             calls=[UpstreamCall(model=m, route=r, prompt_tokens=pt, completion_tokens=ct, cost_usd=co, latency_ms=la,
-                                error=er, created_at=at) for _, _, m, r, pt, ct, co, la, er in call_rows]))
+                                error=er, created_at=at, cached_tokens=cc, cache_saving_usd=sv)
+                   for _, _, m, r, pt, ct, co, la, er, cc, sv in call_rows]))
     return out
 
 
@@ -280,9 +301,9 @@ def bench_writes(path: Path, count: int) -> None:
     try:
         plain = scratch / "plain.sqlite3"
         conn = connect(plain)
-        apply_first_migration(conn)
+        apply_raw_migrations(conn)
         conn.close()
-        writer_cost(plain, "writer, empty ledger, migration 001 only (no rollup triggers)", False)
+        writer_cost(plain, "writer, empty ledger, raw tables only (no rollup triggers)", False)
         writer_cost(scratch / "rollups.sqlite3", "writer, empty ledger, all migrations (rollup triggers)", True)
     finally:
         shutil.rmtree(scratch)

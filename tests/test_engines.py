@@ -19,9 +19,10 @@ from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  #
 
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["001_ledger.sql", "002_hourly_rollups.sql", "003_daily_rollups.sql", "004_keys.sql",
-              "005_cached_tokens.sql", "006_unpriced_calls.sql", "007_cache_rollups.sql"]
+              "005_cached_tokens.sql", "006_unpriced_calls.sql", "007_cache_rollups.sql",
+              "008_rollup_cache_columns.sql"]
 ROLLUPS = ["request_rollup_hourly", "call_rollup_hourly", "request_rollup_daily", "call_rollup_daily",
-           "latency_rollup_hourly", "cache_rollup_hourly"]
+           "latency_rollup_hourly"]
 
 
 def sqlite_migrations_dir() -> Path:
@@ -180,11 +181,11 @@ def sqlite_ledger() -> sqlite3.Connection:
     return conn
 
 
-def postgres_ledger(url: str):
+def postgres_ledger(url: str, migrations: list[str] = MIGRATIONS):
     import psycopg
 
     conn = psycopg.connect(url)
-    for name in MIGRATIONS:
+    for name in migrations:
         conn.execute((POSTGRES_MIGRATIONS / name).read_text())  # no parameters: several statements are fine
         conn.commit()
     return conn
@@ -255,7 +256,7 @@ def test_postgres_migrations_match_sqlite_schema(postgres_url):
 BASE = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUEST_COLUMNS = ["id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
                    "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-                   "counterfactual_cost_usd", "provenance"]
+                   "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd"]
 CALL_COLUMNS = ["request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
                 "latency_ms", "error", "cached_tokens", "cache_saving_usd"]
 
@@ -277,7 +278,8 @@ def _record(rng: random.Random, rid: str) -> tuple[tuple, list[tuple]]:
                "selfroute-auto", route, rng.choice(["classifier", None]), rng.choice([200, 200, 200, 400, 502]),
                None, rng.randrange(2), rng.choice([None, rng.uniform(0, 700000), rng.uniform(0, 3000)]),
                sum(c[4] for c in calls), sum(c[5] for c in calls), sum(c[6] for c in calls),
-               rng.randrange(0, 40000), round(rng.uniform(0, 0.05), 6), json.dumps({"chunks": []}))
+               rng.randrange(0, 40000), round(rng.uniform(0, 0.05), 6), json.dumps({"chunks": []}),
+               sum(c[9] for c in calls), sum(c[10] for c in calls))
     return request, calls
 
 
@@ -370,6 +372,8 @@ def test_postgres_rollups_match_sqlite(postgres_url, writer):
             assert _rows(pg, table) == _rows(lite, table), table
         _assert_rollups_match_raw_rows(pg)
     assert any(row[5] == 0 for row in _rows(lite, "request_rollup_hourly"))  # emptied groups were exercised
+    for table in ("request_rollup_hourly", "call_rollup_hourly", "request_rollup_daily", "call_rollup_daily"):
+        assert any(row[13] > 0 for row in _rows(lite, table)), table  # cache hits were counted
 
 
 def _assert_rollups_match_raw_rows(pg) -> None:
@@ -378,36 +382,50 @@ def _assert_rollups_match_raw_rows(pg) -> None:
     fresh = _rows(pg, "(SELECT floor(created_at / 3600)::bigint, coalesce(route, ''), coalesce(policy, ''),"
                       " coalesce(key_id, ''), status, count(*), sum(prompt_tokens)::bigint,"
                       " sum(completion_tokens)::bigint, sum(context_tokens)::bigint, sum(cost_usd),"
-                      " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms)"
-                      " FROM requests GROUP BY 1, 2, 3, 4, 5) AS fresh")
+                      " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms),"
+                      " count(CASE WHEN cached_tokens > 0 THEN 1 END), sum(cached_tokens)::bigint,"
+                      " sum(cache_saving_usd) FROM requests GROUP BY 1, 2, 3, 4, 5) AS fresh")
     _assert_same_rows(hourly, fresh, "request_rollup_hourly vs requests")
     calls = [r for r in _rows(pg, "call_rollup_hourly") if r[6] != 0]
     fresh = _rows(pg, "(SELECT floor(r.created_at / 3600)::bigint, c.model, coalesce(r.route, ''),"
                       " coalesce(r.policy, ''), coalesce(r.key_id, ''), r.status, count(*), count(c.error),"
                       " sum(c.prompt_tokens)::bigint, sum(c.completion_tokens)::bigint, sum(c.cost_usd),"
-                      " coalesce(sum(c.latency_ms), 0), count(c.latency_ms)"
+                      " coalesce(sum(c.latency_ms), 0), count(c.latency_ms),"
+                      " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens)::bigint,"
+                      " sum(c.cache_saving_usd)"
                       " FROM upstream_calls c JOIN requests r ON r.id = c.request_id GROUP BY 1, 2, 3, 4, 5, 6) AS f")
     _assert_same_rows(calls, fresh, "call_rollup_hourly vs upstream_calls")
     daily = [r for r in _rows(pg, "request_rollup_daily") if r[5] != 0]
     fresh = _rows(pg, "(SELECT hour / 24, route, policy, key_id, status, sum(requests)::bigint,"
                       " sum(prompt_tokens)::bigint, sum(completion_tokens)::bigint, sum(context_tokens)::bigint,"
-                      " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)::bigint"
+                      " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)::bigint,"
+                      " sum(cache_hits)::bigint, sum(cached_tokens)::bigint, sum(cache_saving_usd)"
                       " FROM request_rollup_hourly GROUP BY 1, 2, 3, 4, 5 HAVING sum(requests) <> 0) AS f")
     _assert_same_rows(daily, fresh, "request_rollup_daily vs hourly")
+    daily = [r for r in _rows(pg, "call_rollup_daily") if r[6] != 0]
+    fresh = _rows(pg, "(SELECT hour / 24, model, route, policy, key_id, status, sum(calls)::bigint,"
+                      " sum(errors)::bigint, sum(prompt_tokens)::bigint, sum(completion_tokens)::bigint, sum(cost_usd),"
+                      " sum(latency_ms_sum), sum(latency_count)::bigint, sum(cache_hits)::bigint,"
+                      " sum(cached_tokens)::bigint, sum(cache_saving_usd)"
+                      " FROM call_rollup_hourly GROUP BY 1, 2, 3, 4, 5, 6 HAVING sum(calls) <> 0) AS f")
+    _assert_same_rows(daily, fresh, "call_rollup_daily vs hourly")
     latency = [r for r in _rows(pg, "latency_rollup_hourly") if r[3] != 0]
     fresh = _rows(pg, "(SELECT floor(r.created_at / 3600)::bigint, coalesce(r.route, ''),"
                       " (SELECT b.bucket FROM latency_buckets b WHERE b.upper_ms >= r.latency_ms"
                       "  ORDER BY b.upper_ms LIMIT 1), count(*)"
                       " FROM requests r WHERE r.latency_ms IS NOT NULL GROUP BY 1, 2, 3) AS f")
     assert latency == fresh
-    # an emptied group keeps its row, its saving at zero give or take the rounding of adding and subtracting
-    cache = [r for r in _rows(pg, "cache_rollup_hourly") if r[2] or r[3] or abs(r[4]) > 1e-12]
-    fresh = _rows(pg, "(SELECT floor(r.created_at / 3600)::bigint, coalesce(r.route, ''),"
-                      " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens)::bigint,"
-                      " sum(c.cache_saving_usd) FROM upstream_calls c JOIN requests r ON r.id = c.request_id"
-                      " WHERE c.cached_tokens <> 0 OR c.cache_saving_usd <> 0 GROUP BY 1, 2) AS f")
-    assert cache  # the workload reads and writes the cache
-    _assert_same_rows(cache, fresh, "cache_rollup_hourly vs upstream_calls")
+
+
+def test_postgres_migration_008_backfills_the_cache_columns(postgres_url):
+    """A ledger written before 008: its backfill gives the rollups the cache figures of the raw rows."""
+    with postgres_ledger(postgres_url, MIGRATIONS[:-1]) as pg:
+        _apply_postgres(pg, _workload(), "upsert")
+        pg.execute((POSTGRES_MIGRATIONS / MIGRATIONS[-1]).read_text())
+        pg.commit()
+        _assert_rollups_match_raw_rows(pg)
+        for table in ("request_rollup_hourly", "call_rollup_hourly", "request_rollup_daily", "call_rollup_daily"):
+            assert any(row[13] > 0 for row in _rows(pg, table)), table
 
 
 def test_postgres_rollups_follow_plain_updates(postgres_url):
@@ -425,4 +443,6 @@ def test_postgres_rollups_follow_plain_updates(postgres_url):
             pg.execute("UPDATE upstream_calls SET cached_tokens = prompt_tokens / 3, cache_saving_usd = 0.001"
                        " WHERE id % 4 = 1")
             pg.execute("UPDATE upstream_calls SET cached_tokens = 0, cache_saving_usd = 0 WHERE id % 4 = 2")
+            pg.execute("UPDATE requests SET cached_tokens = prompt_tokens / 4, cache_saving_usd = 0.002"
+                       " WHERE id IN (SELECT request_id FROM upstream_calls WHERE id % 5 = 0)")
         _assert_rollups_match_raw_rows(pg)

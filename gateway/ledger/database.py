@@ -73,9 +73,11 @@ def migrate(conn: Any) -> list[int]:
                 f"BEGIN;\n{sql}\n;INSERT INTO schema_migrations (version, name, applied_at)"
                 f" VALUES ({version}, '{name}', {time.time()});\nCOMMIT;"
             )
-        except sqlite3.OperationalError:
+        except (sqlite3.OperationalError, sqlite3.IntegrityError):
             # another process (a second worker or replica starting at the same moment) applied it while this
-            # one waited for the write lock: its transaction failed whole; go on if the version is there now
+            # one waited for the write lock: its transaction failed whole; go on if the version is there now.
+            # A migration whose objects a later one dropped (007's, by 008) runs again without error until its
+            # bookkeeping row, already there: IntegrityError, and the rollback undoes it.
             if conn.in_transaction:
                 conn.rollback()
             if version not in {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}:

@@ -190,21 +190,27 @@ _RAW_REQUEST_DIMS = {"route": "coalesce(route, '')", "policy": "coalesce(policy,
 _ROLLUP_REQUEST_DIMS = {"route": "route", "policy": "policy", "key": "key_id", "status": "status",
                         "day": "hour / 24", "hour": "hour"}
 _RAW_REQUEST_SUMS = ("count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
-                     " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms)")
+                     " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms),"
+                     " count(CASE WHEN cached_tokens > 0 THEN 1 END), sum(cached_tokens), sum(cache_saving_usd)")
 _ROLLUP_REQUEST_SUMS = ("sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
-                        " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count)")
+                        " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count),"
+                        " sum(cache_hits), sum(cached_tokens), sum(cache_saving_usd)")
+# the provider prompt cache (migration 008): hits are requests, or legs, that read prompt tokens from it
+CACHE_FIELDS = ("cache_hits", "cached_tokens", "cache_saving_usd")
 REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
-                   "counterfactual_cost_usd", "latency_ms_sum", "latency_count")
+                   "counterfactual_cost_usd", "latency_ms_sum", "latency_count", *CACHE_FIELDS)
 
 _RAW_CALL_DIMS = {"model": "c.model", "route": "coalesce(r.route, '')", "policy": "coalesce(r.policy, '')",
                   "key": "coalesce(r.key_id, '')", "status": "r.status",
                   "day": "{day(r.created_at)}", "hour": "{hour(r.created_at)}"}
 _RAW_CALL_SUMS = ("count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
-                  " coalesce(sum(c.latency_ms), 0), count(c.latency_ms)")
+                  " coalesce(sum(c.latency_ms), 0), count(c.latency_ms),"
+                  " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens), sum(c.cache_saving_usd)")
 _ROLLUP_CALL_SUMS = ("sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
-                     " sum(latency_ms_sum), sum(latency_count)")
+                     " sum(latency_ms_sum), sum(latency_count), sum(cache_hits), sum(cached_tokens),"
+                     " sum(cache_saving_usd)")
 _CALL_FIELDS = ("calls", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms_sum",
-                "latency_count")
+                "latency_count", *CACHE_FIELDS)
 
 
 _INF = 2**62
@@ -321,73 +327,13 @@ def cost_row(group: str | None, slot: dict, *, calls: bool) -> dict:
         "always_long_tokens": None if calls else slot["context_tokens"],
         "saved_tokens": None if calls else slot["context_tokens"] - slot["prompt_tokens"],
         "mean_latency_ms": (slot["latency_ms_sum"] / slot["latency_count"]) if slot["latency_count"] else None,
+        # the provider prompt cache: requests (legs, for a model) that read it, prompt tokens read, what it saved
+        "cache_hits": slot["cache_hits"],
+        "cached_tokens": slot["cached_tokens"],
+        "cache_saving_usd": round(slot["cache_saving_usd"], 10),
     }
     if calls:
         row["errors"] = slot["errors"]
-    return row
-
-
-CACHE_FIELDS = ("cached_tokens", "cache_hits", "cache_saving_usd")
-
-
-def cache_figures(conn: LedgerConnection, dims: list[str], filters: Filters, *, calls: bool = False) -> dict[tuple, dict]:
-    """Provider prompt caching per group: prompt tokens read from the cache, requests (or legs) that hit it, and
-    what caching saved (migration 005). Summed from the raw rows, not the rollups."""
-    cols = {name: _bucket_sql(conn, expr) for name, expr in (_RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS).items()}
-    prefix, time_col = ("c.", "r.created_at") if calls else ("", "created_at")
-    conds, params = _where(filters, cols)
-    # the partial index's condition (migration 005): only rows caching touched are read
-    conds.insert(0, f"({prefix}cached_tokens <> 0 OR {prefix}cache_saving_usd <> 0)")
-    if filters.since is not None:
-        conds.append(f"{time_col} >= ?")
-        params.append(filters.since)
-    if filters.until is not None:
-        conds.append(f"{time_col} < ?")
-        params.append(filters.until)
-    sums = (f"coalesce(sum({prefix}cached_tokens), 0), count(CASE WHEN {prefix}cached_tokens > 0 THEN 1 END),"
-            f" coalesce(sum({prefix}cache_saving_usd), 0)")
-    use = dialect_of(conn).use_index
-    table = (f"upstream_calls c{use('upstream_calls_cached_request_id')} JOIN requests r ON r.id = c.request_id"
-             if calls else f"requests{use('requests_cached_created_at')}")
-    sql = _group_sql(table, [cols[d] for d in dims], sums, conds)
-    return {tuple(row[:len(dims)]): dict(zip(CACHE_FIELDS, row[len(dims):])) for row in conn.execute(sql, params)}
-
-
-def cache_by_route(conn: LedgerConnection, since: float | None, until: float | None = None) -> dict[str, dict]:
-    """Provider prompt caching per request route over [since, until): legs that read the cache, prompt tokens
-    read from it and what caching saved. Whole hours from cache_rollup_hourly (migration 007), the partial hours
-    at the edges from the raw legs caching touched; '' is a request without a route."""
-    merged: dict[str, dict] = {}
-
-    def add(route: str, figures) -> None:
-        slot = merged.setdefault(route, dict.fromkeys(CACHE_FIELDS, 0))
-        for name, value in zip(CACHE_FIELDS, figures):
-            slot[name] += value or 0
-
-    for source, lo, hi in _split_range(Filters(since=since, until=until), days=False):
-        if source == "raw":
-            edge = Filters(since=None if lo == -math.inf else lo, until=None if hi == math.inf else hi)
-            for (route,), figures in cache_figures(conn, ["route"], edge, calls=True).items():
-                add(route, (figures[name] for name in CACHE_FIELDS))
-            continue
-        conds, params = [], []
-        if lo != -_INF:
-            conds.append("hour >= ?")
-            params.append(lo)
-        if hi != _INF:
-            conds.append("hour < ?")
-            params.append(hi)
-        sql = _group_sql("cache_rollup_hourly", ["route"], "sum(cached_tokens), sum(cache_hits), sum(cache_saving_usd)",
-                         conds)
-        for route, *figures in conn.execute(sql, params):
-            add(route, figures)
-    return merged  # a group emptied by deletes keeps its (zero) row: readers go by the calls of the window
-
-
-def _with_cache(row: dict, figures: dict | None) -> dict:
-    figures = figures or dict.fromkeys(CACHE_FIELDS, 0)
-    row.update(cached_tokens=figures["cached_tokens"], cache_hits=figures["cache_hits"],
-               cache_saving_usd=round(figures["cache_saving_usd"], 10))
     return row
 
 
@@ -399,15 +345,13 @@ def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict
                               code="invalid_grouping")
     calls = by == "model"
     groups = aggregate(conn, [by], filters, calls=calls)
-    cache = cache_figures(conn, [by], filters, calls=calls)
-    rows = [_with_cache(cost_row(group_label(by, key[0]), slot, calls=calls), cache.get(key))
-            for key, slot in groups.items()]
+    rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
     if by in ("day", "hour"):
         rows.sort(key=lambda r: r["group"])
     else:
         rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))
     total = aggregate(conn, [], filters).get((), dict.fromkeys(REQUEST_FIELDS, 0))
-    total_row = _with_cache(cost_row(None, total, calls=False), cache_figures(conn, [], filters).get(()))
+    total_row = cost_row(None, total, calls=False)
     unpriced = unpriced_models(conn, filters)
     if calls:
         names = {u["model"] for u in unpriced}

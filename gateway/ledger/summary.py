@@ -4,7 +4,7 @@ Totals, route mix, keys and the spend series come from the rollups (the series f
 are shorter than an hour); latency percentiles from the recorded latencies of the window, exact, while it
 holds at most RAW_LATENCY_LIMIT requests (reading more would take seconds), else estimated from the hourly
 latency histograms (migration 003); the most expensive and slowest requests from the raw rows of the window;
-the provider prompt cache per route from its hourly rollup (migration 007) over the legs' calls and prompt tokens.
+the provider prompt cache per route from the call rollups' cache columns (migration 008).
 """
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from typing import Any
 
 from gateway.ledger.dialect import LedgerConnection, dialect_of
 from gateway.ledger.reports import (
-    REQUEST_COLUMNS, REQUEST_FIELDS, Filters, aggregate, attach_models, cache_by_route, cost_row, row_dict,
-    unpriced_models,
+    REQUEST_COLUMNS, REQUEST_FIELDS, Filters, aggregate, attach_models, cost_row, row_dict, unpriced_models,
 )
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
@@ -138,25 +137,22 @@ def _route_name(route: str) -> str:
     return route or "unknown"  # the rollups store a NULL route as ''
 
 
-def _cache_row(route: str | None, calls: dict, cache: dict) -> dict:
+def _cache_row(route: str | None, legs: dict) -> dict:
     """One route's prompt cache: of its upstream calls, those that read the provider's cache; of their prompt
     tokens, those read from it; and what that saved (cache writes count against it)."""
-    return {"group": route, "calls": calls["calls"], "cache_hits": cache["cache_hits"],
-            "hit_rate": cache["cache_hits"] / calls["calls"] if calls["calls"] else None,
-            "prompt_tokens": calls["prompt_tokens"], "cached_tokens": cache["cached_tokens"],
-            "cached_share": cache["cached_tokens"] / calls["prompt_tokens"] if calls["prompt_tokens"] else None,
-            "cache_saving_usd": round(cache["cache_saving_usd"], 10)}
+    return {"group": route, "calls": legs["calls"], "cache_hits": legs["cache_hits"],
+            "hit_rate": legs["cache_hits"] / legs["calls"] if legs["calls"] else None,
+            "prompt_tokens": legs["prompt_tokens"], "cached_tokens": legs["cached_tokens"],
+            "cached_share": legs["cached_tokens"] / legs["prompt_tokens"] if legs["prompt_tokens"] else None,
+            "cache_saving_usd": round(legs["cache_saving_usd"], 10)}
 
 
-def prompt_cache(legs: dict[str, dict], cache: dict[str, dict], routes: list[str]) -> dict:
-    """Per route (in `routes` order, those with calls) and in total, from the legs' sums per request route and
-    the cache figures per request route."""
-    uncached = {"cache_hits": 0, "cached_tokens": 0, "cache_saving_usd": 0.0}
-    rows = [_cache_row(_route_name(route), legs[route], cache.get(route, uncached))
-            for route in routes if route in legs]
-    total_calls = {name: sum(slot[name] for slot in legs.values()) for name in ("calls", "prompt_tokens")}
-    total_cache = {name: sum(cache.get(route, uncached)[name] for route in legs) for name in uncached}
-    return {"routes": rows, "total": _cache_row(None, total_calls, total_cache)}
+def prompt_cache(legs: dict[str, dict], routes: list[str]) -> dict:
+    """Per route (in `routes` order, those with calls) and in total, from the legs' sums per request route."""
+    fields = ("calls", "prompt_tokens", "cache_hits", "cached_tokens", "cache_saving_usd")
+    total = {name: sum(slot[name] for slot in legs.values()) for name in fields}
+    return {"routes": [_cache_row(_route_name(route), legs[route]) for route in routes if route in legs],
+            "total": _cache_row(None, total)}
 
 
 def summary(conn: LedgerConnection, *, window: float, now: float | None = None, top: int = 10) -> dict:
@@ -225,7 +221,7 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
         "models": sorted(({**cost_row(key[0], slot, calls=True), "unpriced": key[0] in unpriced_names}
                           for key, slot in models.items()), key=lambda r: -r["cost_usd"]),
         "unpriced_models": unpriced,
-        "prompt_cache": prompt_cache(legs, cache_by_route(conn, since), routes),
+        "prompt_cache": prompt_cache(legs, routes),
         "keys": sorted((cost_row(key[0] or None, slot, calls=False) for key, slot in keys.items()),
                        key=lambda r: (-r["cost_usd"], -r["requests"])),
         "latency_ms": latency,

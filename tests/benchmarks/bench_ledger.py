@@ -42,8 +42,8 @@ CHEAP, LONG = "openai/gpt-4o-mini", "openai/gpt-4.1"
 
 
 # The raw tables without rollups or triggers: 001, plus the columns 005 (prompt cache) and 006 (unpriced) add to
-# them. They depend on no rollup, so migrate() applies 002-004 and 007 afterwards (their backfills build the rollups)
-# and the schema ends as the gateway's.
+# them. They depend on no rollup, so migrate() applies 002-004, 007 and 008 afterwards (their backfills build the
+# rollups) and the schema ends as the gateway's.
 RAW_MIGRATIONS = (1, 5, 6)
 CACHE_READS = 0.6  # the share of long legs that read 90% of their prompt from OpenAI's prompt cache
 REQUEST_LOADED = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
@@ -197,11 +197,6 @@ def bench_reports(path: Path, repeat: int) -> None:
     timed("dashboard summary, 7d window", lambda: summary(conn, window=7 * 86400), repeat)
     timed("dashboard summary, 30d window (histogram percentiles)", lambda: summary(conn, window=30 * 86400), repeat)
     timed("dashboard summary, 1h window (minute buckets)", lambda: summary(conn, window=3600), repeat)
-    month = time.time() - 30 * 86400
-    timed("prompt cache per route, 30d (hourly cache rollup, 007)", lambda: reports.cache_by_route(conn, month),
-          repeat)
-    timed("the same from the raw cached legs (005's partial index)", lambda: reports.cache_figures(
-        conn, ["route"], reports.Filters(since=month), calls=True), repeat)
     conn.close()
 
 

@@ -14,21 +14,19 @@ EXPECTED_TABLES = {
         ("rpm", "INTEGER", 0, 0), ("tpm", "INTEGER", 0, 0), ("created_at", "REAL", 1, 0),
         ("expires_at", "REAL", 0, 0), ("revoked_at", "REAL", 0, 0),
     ],
-    "cache_rollup_hourly": [
-        ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("cache_hits", "INTEGER", 1, 0),
-        ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
-    ],
     "call_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
         ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
         ("errors", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0), ("latency_count", "INTEGER", 1, 0),
+        ("cache_hits", "INTEGER", 1, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "call_rollup_hourly": [
         ("hour", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),
         ("key_id", "TEXT", 1, 5), ("status", "INTEGER", 1, 6), ("calls", "INTEGER", 1, 0),
         ("errors", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0), ("latency_count", "INTEGER", 1, 0),
+        ("cache_hits", "INTEGER", 1, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "collection_owners": [("collection", "TEXT", 0, 1), ("owner", "TEXT", 1, 0), ("created_at", "REAL", 1, 0)],
     "latency_buckets": [("bucket", "INTEGER", 0, 1), ("upper_ms", "REAL", 1, 0)],
@@ -42,6 +40,7 @@ EXPECTED_TABLES = {
         ("completion_tokens", "INTEGER", 1, 0), ("context_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
         ("counterfactual_cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0),
         ("latency_count", "INTEGER", 1, 0),
+        ("cache_hits", "INTEGER", 1, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "request_rollup_hourly": [
         ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("policy", "TEXT", 1, 3), ("key_id", "TEXT", 1, 4),
@@ -49,6 +48,7 @@ EXPECTED_TABLES = {
         ("completion_tokens", "INTEGER", 1, 0), ("context_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
         ("counterfactual_cost_usd", "REAL", 1, 0), ("latency_ms_sum", "REAL", 1, 0),
         ("latency_count", "INTEGER", 1, 0),
+        ("cache_hits", "INTEGER", 1, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "requests": [
         ("id", "TEXT", 0, 1), ("created_at", "REAL", 1, 0), ("key_id", "TEXT", 0, 0), ("policy", "TEXT", 0, 0),
@@ -68,14 +68,13 @@ EXPECTED_TABLES = {
     ],
 }
 EXPECTED_INDEXES = [
-    "api_keys_prefix", "requests_cached_created_at", "requests_created_at", "requests_key_created_at",
+    "api_keys_prefix", "requests_created_at", "requests_key_created_at",
     "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
-    "upstream_calls_cached_request_id", "upstream_calls_model_created_at", "upstream_calls_request_id",
+    "upstream_calls_model_created_at", "upstream_calls_request_id",
     "upstream_calls_unpriced",
 ]
 EXPECTED_TRIGGERS = [
-    "cache_rollup_delete", "cache_rollup_insert", "call_rollup_daily_insert", "call_rollup_daily_update",
-    "call_rollup_delete", "call_rollup_insert",
+    "call_rollup_daily_insert", "call_rollup_daily_update", "call_rollup_delete", "call_rollup_insert",
     "latency_rollup_delete", "latency_rollup_insert", "latency_rollup_replace", "request_rollup_daily_insert",
     "request_rollup_daily_update", "request_rollup_delete", "request_rollup_insert", "request_rollup_replace",
 ]

@@ -7,7 +7,7 @@ from gateway.ledger import reports
 from gateway.ledger.records import key_id
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.database import _migrations, connect, migrate, write_records
-from tests.ledger_fixtures import BASE, CHEAP, LONG, call, record, sample_records, write_ledger
+from tests.ledger_fixtures import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
 
 
 @pytest.fixture
@@ -76,10 +76,13 @@ def brute_force(records, since, until, by_route=True):
     out = {}
     for r in records:
         if (since is None or r.created_at >= since) and (until is None or r.created_at < until):
-            slot = out.setdefault(r.route, [0, 0.0, 0.0])
+            slot = out.setdefault(r.route, [0, 0.0, 0.0, 0, 0, 0.0])
             slot[0] += 1
             slot[1] += r.cost_usd
             slot[2] += r.counterfactual_cost_usd
+            slot[3] += r.cached_tokens > 0  # the provider prompt cache: requests that read it, tokens, saving
+            slot[4] += r.cached_tokens
+            slot[5] += r.cache_saving_usd
     return out
 
 
@@ -89,8 +92,10 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, 
     for i in range(400):
         route = rng.choice(["rag", "long", "rag>long", "direct"])
         cost = rng.choice([0.001, 0.01, 0.04])
-        records.append(record(f"q{i:04d}", BASE + rng.uniform(0, 3 * 86400), route,
-                              [call(CHEAP, route, rng.randrange(10, 900), rng.randrange(1, 50), cost)],
+        leg = call(CHEAP, route, rng.randrange(10, 900), rng.randrange(1, 50), cost)
+        # a cache read, a cache write (a negative saving) or neither
+        cached(leg, *rng.choice([(0, 0.0), (leg.prompt_tokens // 2, 0.0004), (0, -0.0001)]))
+        records.append(record(f"q{i:04d}", BASE + rng.uniform(0, 3 * 86400), route, [leg],
                               counterfactual=0.05, key=rng.choice(["k_a", "k_b"])))
     ledger = write_ledger(ledger_location, records, tmp_path)
     conn = reports.connect_reader(ledger.location)
@@ -98,14 +103,20 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, 
     for _ in range(30):
         since, until = sorted(rng.sample(bounds[1:], 2)) if rng.random() < 0.7 else (rng.choice(bounds), None)
         filters = reports.Filters(since=since, until=until)
-        got = {r["group"]: (r["requests"], r["cost_usd"], r["counterfactual_cost_usd"])
-               for r in reports.costs(conn, "route", filters)["groups"]}
+        report = reports.costs(conn, "route", filters)
+        got = {r["group"]: (r["requests"], r["cost_usd"], r["counterfactual_cost_usd"], r["cache_hits"],
+                            r["cached_tokens"], r["cache_saving_usd"]) for r in report["groups"]}
         want = brute_force(records, since, until)
         assert set(got) == set(want), (since, until)
-        for route, (n, cost, cf) in want.items():
-            assert got[route][0] == n
+        for route, (n, cost, cf, hits, tokens, saving) in want.items():
+            assert got[route][0] == n and got[route][3:5] == (hits, tokens)
             assert got[route][1] == pytest.approx(cost)
             assert got[route][2] == pytest.approx(cf)
+            assert got[route][5] == pytest.approx(saving)
+        legs = by_group(reports.costs(conn, "model", filters))  # the legs' figures, from the call rollups
+        assert (legs[CHEAP]["cache_hits"], legs[CHEAP]["cached_tokens"]) == (
+            sum(w[3] for w in want.values()), sum(w[4] for w in want.values())) if want else legs == {}
+        assert report["total"]["cache_saving_usd"] == pytest.approx(sum(w[5] for w in want.values()))
     # filters compose with the time split
     filters = reports.Filters(since=BASE + 1234.5, until=BASE + 86400 + 59, key="k_a", route="rag")
     want = [r for r in records if r.key_id == "k_a" and r.route == "rag" and BASE + 1234.5 <= r.created_at < BASE + 86459]
@@ -221,15 +232,27 @@ def test_migration_backfills_rollups_from_an_existing_ledger(tmp_path):
         if version in (1, 5, 6):  # the raw tables as today, without the rollups (002, 003)
             raw.executescript(sql)
             raw.execute("INSERT INTO schema_migrations VALUES (?, ?, 0)", (version, name))
-    write_records(raw, sample_records())
+    records = sample_records()
+    for rec in records:  # the long legs read 15,000 cached prompt tokens, saving $0.0225 each
+        for leg in rec.calls:
+            if leg.route == "long":
+                cached(leg, 15000, 0.0225)
+        rec.cached_tokens = sum(leg.cached_tokens for leg in rec.calls)
+        rec.cache_saving_usd = sum(leg.cache_saving_usd for leg in rec.calls)
+    write_records(raw, records)
     raw.commit()
     raw.close()
     conn = connect(path)
-    assert 2 in migrate(conn)
+    assert {2, 8} <= set(migrate(conn))
     conn.close()
     reader = reports.connect_reader(path)
-    assert by_group(reports.costs(reader, "route"))["rag"]["cost_usd"] == pytest.approx(0.003)
+    routes = by_group(reports.costs(reader, "route"))
+    assert routes["rag"]["cost_usd"] == pytest.approx(0.003)
+    assert (routes["long"]["cache_hits"], routes["long"]["cached_tokens"]) == (2, 30000)
+    assert routes["rag>long"]["cache_saving_usd"] == pytest.approx(0.045) and routes["rag"]["cache_hits"] == 0
     assert by_group(reports.costs(reader, "model"))[LONG]["calls"] == 4
+    assert by_group(reports.costs(reader, "model"))[LONG]["cached_tokens"] == 60000
+    assert reports.costs(reader, "day")["groups"][0]["cache_hits"] == 2  # r03, r04 (day tier backfilled)
 
 
 def test_requests_after_follows_write_order(conn, tmp_path):

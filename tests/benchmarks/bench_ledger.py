@@ -52,7 +52,7 @@ REQUEST_LOADED = ("id", "created_at", "key_id", "policy", "alias", "route", "rea
 CALL_LOADED = ("request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
                "latency_ms", "error", "cached_tokens", "cache_saving_usd")
 INSERT_REQUESTS = f"INSERT INTO requests ({', '.join(REQUEST_LOADED)}) VALUES ({', '.join('?' * len(REQUEST_LOADED))})"
-ROW_COUNTS = ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly", "cache_rollup_hourly")
+ROW_COUNTS = ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")
 INSERT_CALLS = f"INSERT INTO upstream_calls ({', '.join(CALL_LOADED)}) VALUES ({', '.join('?' * len(CALL_LOADED))})"
 
 

@@ -41,6 +41,10 @@ if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported when the service 
 
 logger = logging.getLogger(__name__)
 
+# why the gateway cannot route yet: the readiness probe's reason and the 503 answers' error code
+NOT_READY = "not_ready"  # still loading the embedding model, store and classifier
+BUILD_FAILED = "build_failed"  # loading them failed; the process stays up to say so
+
 
 def completion_text(completion: dict[str, Any]) -> str | None:
     choices = completion.get("choices") or []
@@ -89,7 +93,7 @@ class RoutingService:
         self._embedder = embedder
         self.store: DocumentStore | None = None
         self.planner: RoutePlanner | None = None
-        self.build_error: str | None = None  # why build() failed, for the readiness probe and 503 answers
+        self.build_error: str | None = None  # why build() failed: for the log and the admin's readiness view only
         self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
         self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
 
@@ -106,11 +110,23 @@ class RoutingService:
         self.check = CheapAnswerCheck(self.policy, load_verifier_model(self.policy, self.policy_path))
         self.planner = RoutePlanner(self.policy, self.store, router)
 
+    @property
+    def not_ready_reason(self) -> str | None:
+        """NOT_READY, BUILD_FAILED, or None once the planner is built."""
+        if self.build_error is not None:
+            return BUILD_FAILED
+        return NOT_READY if self.planner is None else None
+
+    def not_ready(self) -> GatewayError:
+        """The 503 for a request that needs what build() loads. A failure's text names files on the server: it
+        stays in the log (and the admin's readiness view), never in an answer."""
+        if self.not_ready_reason == BUILD_FAILED:
+            return GatewayError(503, "the gateway could not load its models; its log says why", code=BUILD_FAILED)
+        return GatewayError(503, "the gateway is still starting", code=NOT_READY)
+
     def ready_planner(self) -> RoutePlanner:
         if self.planner is None:
-            if self.build_error is not None:
-                raise GatewayError(503, f"the gateway could not load its models: {self.build_error}", code="not_ready")
-            raise GatewayError(503, "the gateway is still starting", code="not_ready")
+            raise self.not_ready()
         return self.planner
 
     # -- pass-through ---------------------------------------------------------------------------

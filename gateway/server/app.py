@@ -74,7 +74,7 @@ def _build_in_background(routing: RoutingService) -> None:
     started = time.perf_counter()
     try:
         routing.build()
-    except Exception as exc:  # kept for /health/readiness and the 503 answers; the process stays up to say so
+    except Exception as exc:  # the process stays up to say so: 503 build_failed; the text for the log and admin
         routing.build_error = f"{type(exc).__name__}: {exc}"
         logger.exception("loading the embedding model, store or routing classifier failed")
         return

@@ -131,6 +131,14 @@ class Authenticator:
         admin = self._admin is not None and hmac.compare_digest(self._admin, _digest(presented))
         return Caller(kid, admin=admin)
 
+    def presents_admin_key(self, request: Request) -> bool:
+        """True only when an admin key is configured and this request presents it; never raises (for open endpoints
+        that show the admin more)."""
+        presented = self._presented(request)
+        if self._admin is None or presented is None or len(presented) > MAX_KEY_CHARS:
+            return False
+        return hmac.compare_digest(self._admin, _digest(presented))
+
     def check_admin(self, request: Request) -> Caller:
         """Admin endpoints need the admin key; with no admin key configured they are open only if the gateway is."""
         if self._admin is None:

@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.routing.service import BUILD_FAILED
 from gateway.server.bodies import json_response
 from gateway.server.state import gateway_of
 
@@ -15,12 +16,17 @@ async def liveness(request: Request) -> Response:
 
 
 async def readiness(request: Request) -> Response:
-    routing = gateway_of(request).routing
-    if routing.build_error is not None:
-        return json_response({"status": "failed", "error": routing.build_error}, status=503)
-    if routing.planner is None:
-        return json_response({"status": "starting"}, status=503)
-    return json_response({"status": "ready"})
+    """Open to probes, so it says only a stable reason code; why a start failed (exception text, file paths) is in
+    the log, and in this answer only for a caller presenting the admin key."""
+    gateway = gateway_of(request)
+    routing = gateway.routing
+    reason = routing.not_ready_reason
+    if reason is None:
+        return json_response({"status": "ready"})
+    body = {"status": "failed" if reason == BUILD_FAILED else "starting", "reason": reason}
+    if routing.build_error is not None and gateway.auth.presents_admin_key(request):
+        body["error"] = routing.build_error
+    return json_response(body, status=503)
 
 
 def health_routes() -> list[Route]:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from starlette.requests import Request
 
-from gateway.errors import GatewayError
 from gateway.ledger.keys import KeyStore
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
@@ -35,7 +34,7 @@ class Gateway:
     def store(self):
         """The collections' document store (pipelines.store.DocumentStore), once start-up has built it."""
         if self.routing.store is None:
-            raise GatewayError(503, "the gateway is still starting", code="not_ready")
+            raise self.routing.not_ready()
         return self.routing.store
 
 

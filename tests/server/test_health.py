@@ -1,5 +1,6 @@
 """/health/liveness answers as soon as the server listens; /health/readiness is 503 until the embedding model,
-store and classifier are loaded, and says why when loading failed."""
+store and classifier are loaded, with a reason code; why loading failed goes to the log (and the admin), not to
+whoever can reach the probe."""
 from __future__ import annotations
 
 import threading
@@ -34,7 +35,7 @@ def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
     with serve_app(app, wait_ready=False) as url:
         assert httpx.get(f"{url}/health/liveness").json() == {"status": "ok"}
         starting = httpx.get(f"{url}/health/readiness")
-        assert starting.status_code == 503 and starting.json() == {"status": "starting"}
+        assert starting.status_code == 503 and starting.json() == {"status": "starting", "reason": "not_ready"}
         routed = httpx.post(f"{url}/v1/chat/completions", json={"model": "selfroute",
                                                                 "messages": [{"role": "user", "content": "hi"}]})
         assert routed.status_code == 503 and routed.json()["error"]["code"] == "not_ready"
@@ -46,12 +47,14 @@ def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
         assert ready.json() == {"status": "ready"}
 
 
-def test_readiness_reports_a_failed_start(upstream, tmp_path, monkeypatch):
+def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstream, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SELFROUTE_ADMIN_KEY", "admin-secret")
+    monkeypatch.setenv("SELFROUTE_API_KEYS", "user-key")
     app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]))
     routing = app.state.gateway.routing
 
     def broken():
-        raise FileNotFoundError("no classifier at /nowhere.skops")
+        raise FileNotFoundError("no classifier at /srv/secret/nowhere.skops")
 
     monkeypatch.setattr(routing, "build", broken)
     with serve_app(app, wait_ready=False) as url:
@@ -59,9 +62,18 @@ def test_readiness_reports_a_failed_start(upstream, tmp_path, monkeypatch):
             failed = httpx.get(f"{url}/health/readiness")
             if failed.json()["status"] != "starting":
                 break
-        assert failed.status_code == 503 and failed.json()["status"] == "failed"
-        assert "/nowhere.skops" in failed.json()["error"]
+        # unauthenticated, and with a user's key or a wrong one: the stable code, no path, no exception text
+        for headers in ({}, {"Authorization": "Bearer user-key"}, {"Authorization": "Bearer wrong"}):
+            probe = httpx.get(f"{url}/health/readiness", headers=headers)
+            assert probe.status_code == 503 and probe.json() == {"status": "failed", "reason": "build_failed"}
+        admin = httpx.get(f"{url}/health/readiness", headers={"Authorization": "Bearer admin-secret"})
+        assert admin.status_code == 503 and admin.json()["reason"] == "build_failed"
+        assert admin.json()["error"] == "FileNotFoundError: no classifier at /srv/secret/nowhere.skops"
         assert httpx.get(f"{url}/health/liveness").status_code == 200
-        routed = httpx.post(f"{url}/v1/route/explain", json={"model": "selfroute",
-                                                             "messages": [{"role": "user", "content": "hi"}]})
-        assert routed.status_code == 503 and "/nowhere.skops" in routed.json()["error"]["message"]
+        routed = httpx.post(f"{url}/v1/route/explain", headers={"Authorization": "Bearer user-key"},
+                            json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+        assert routed.status_code == 503 and routed.json()["error"]["code"] == "build_failed"
+        assert "nowhere" not in routed.text and "FileNotFoundError" not in routed.text
+        listing = httpx.get(f"{url}/v1/collections", headers={"Authorization": "Bearer user-key"})
+        assert listing.status_code == 503 and listing.json()["error"]["code"] == "build_failed"
+    assert "/srv/secret/nowhere.skops" in caplog.text  # the operator still finds it

@@ -40,7 +40,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_proxy import free_port, percentile, run_upstream, wait_ready  # noqa: E402
+from bench_proxy import cpu_seconds, free_port, percentile, run_upstream, wait_ready  # noqa: E402
 
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "corpus_structured_docs"
 DEFAULT_DOCS = [SHARED_DOCS / "gnu-standards" / "standards.txt", SHARED_DOCS / "gnu-standards" / "maintain.txt"]
@@ -279,7 +279,7 @@ def ledger_routes(location) -> dict[str, int]:
 
 
 def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, replicas: int, args, policy: Path,
-               server) -> dict:
+               server, moto: "MotoS3 | None") -> dict:
     root = Path(tempfile.mkdtemp(prefix="selfroute-replicas-routed-"))
     ledger_url = server.create_database() if engine == "postgresql" else None
     # SQLite: the replicas share the data directory's ledger file (WAL); PostgreSQL: each has its own directory
@@ -293,9 +293,13 @@ def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, rep
         asyncio.run(load_bodies(urls, routed_bodies(warm, f"warm {store} {engine} {replicas}"),
                                 args.routed_concurrency))
         load_before = os.getloadavg()[0]
+        # CPU the replicas (and the S3 server) spend per request: where the time goes on a shared machine
+        pids = [p.process.pid for p in procs] + ([moto.process.pid] if moto is not None else [])
+        cpu_before = [cpu_seconds(pid) for pid in pids]
         latencies, elapsed = asyncio.run(load_bodies(urls, routed_bodies(args.routed_requests, f"run {store} {engine} "
                                                                          f"{replicas}"), args.routed_concurrency))
         load_after = os.getloadavg()[0]
+        cpu = [(cpu_seconds(pid) - before) * 1000 / args.routed_requests for pid, before in zip(pids, cpu_before)]
         expected = warm + args.routed_requests
         location = ledger_url or dirs[0] / "ledger.sqlite3"
         deadline = time.monotonic() + 60
@@ -308,7 +312,8 @@ def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, rep
         shutil.rmtree(root, ignore_errors=True)
     return {"store": store, "engine": engine, "replicas": replicas, "req_per_s": args.routed_requests / elapsed,
             "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99), "ledger_rows": rows,
-            "expected_rows": expected, "routes": routes, "load": (load_before, load_after)}
+            "expected_rows": expected, "routes": routes, "load": (load_before, load_after),
+            "gateway_cpu_ms": sum(cpu[:replicas]), "s3_cpu_ms": cpu[replicas] if moto is not None else None}
 
 
 def bench_routed(args, server, upstream_port: int) -> None:
@@ -321,7 +326,7 @@ def bench_routed(args, server, upstream_port: int) -> None:
     print(f"\nrouted: {args.routed_requests} requests at concurrency {args.routed_concurrency} about a collection of "
           f"{len(args.docs)} documents ({tokens:,} tokens); long window {args.long_window:,}")
     print(f"{'store':6} {'ledger':10} {'replicas':>8} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>12}"
-          f"  {'routes':24} load1 before/after")
+          f"  {'routes':24} {'CPU ms/req: gateways':>20} {'S3':>5}  load1 before/after")
     moto = None
     try:
         for store in args.stores:
@@ -334,11 +339,12 @@ def bench_routed(args, server, upstream_port: int) -> None:
             print(f"({store}: collection ingested once in {seconds:.1f} s)", flush=True)
             for engine in ("sqlite", "postgresql"):
                 for replicas in (1, 2):
-                    r = run_routed(store, store_uri, env, engine, replicas, args, policy, server)
+                    r = run_routed(store, store_uri, env, engine, replicas, args, policy, server, moto)
+                    s3_cpu = "-" if r["s3_cpu_ms"] is None else f"{r['s3_cpu_ms']:.1f}"
                     mix = " ".join(f"{k}={v}" for k, v in sorted(r["routes"].items(), key=lambda kv: str(kv[0])))
                     print(f"{r['store']:6} {r['engine']:10} {r['replicas']:8d} {r['req_per_s']:7.1f} {r['p50_ms']:8.1f}"
                           f" {r['p99_ms']:8.1f} {r['ledger_rows']:>5}/{r['expected_rows']:<6}  {mix:24}"
-                          f" {r['load'][0]:.1f}/{r['load'][1]:.1f}", flush=True)
+                          f" {r['gateway_cpu_ms']:20.1f} {s3_cpu:>5}  {r['load'][0]:.1f}/{r['load'][1]:.1f}", flush=True)
             if moto is not None:
                 moto.stop()
                 moto = None

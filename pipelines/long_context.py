@@ -362,11 +362,13 @@ class LongContextPipeline:
 
     def _scorer(self, documents: list[Document], collection: str | None) -> UnitScorer | None:
         if self.store is not None:
+            store = self.store
             if collection is not None:
-                return store_scorer(self.store, lambda: collection)
+                return store_scorer(store, lambda ids: store.chunk_vectors(collection, ids))
             # attached documents: scored from the inline collection that caches their chunk vectors,
             # ingested (once) only when scores are needed at all
-            return store_scorer(self.store, lambda: self.store.inline_collection(documents))
+            return store_scorer(
+                store, lambda ids: store.read_inline(documents, lambda name: store.chunk_vectors(name, ids)))
         if self.embedder is not None:
             return embedding_scorer(self.embedder)
         return None
@@ -424,15 +426,14 @@ class LongContextPipeline:
         return PreparedPrompt(out, provenance, count_message_tokens(history) + TOKENS_PER_MESSAGE + packed.tokens)
 
 
-def store_scorer(store, collection: Callable[[], str]) -> UnitScorer:
+def store_scorer(store, vectors: Callable[[set[str]], dict]) -> UnitScorer:
     """Scores a unit by the best cosine similarity of the question to the stored chunks it overlaps:
-    the documents were embedded at ingestion, so only the question is embedded here. `collection`
-    names the collection when called (attached documents are ingested into theirs only then)."""
+    the documents were embedded at ingestion, so only the question is embedded here. `vectors(doc ids)` reads
+    their chunk vectors (DocumentStore.chunk_vectors) when called: attached documents are ingested only then."""
 
     def score(question: str, units: list[Unit]) -> list[float]:
-        name = collection()
         query = store.embedder.embed_query(question)
-        stored = store.chunk_vectors(name, {u.doc_id for u in units})
+        stored = vectors({u.doc_id for u in units})
         sims = {doc_id: v.vectors @ query for doc_id, v in stored.items()}
         scores = []
         for u in units:

@@ -207,16 +207,19 @@ class RagPipeline:
     def prepare(self, request: ContextRequest, retrieval: Retrieval | None = None) -> PreparedPrompt:
         """Retrieve (unless a Retrieval for this request is passed in) and build the prompt. Attached
         documents are ingested into a cached inline collection first."""
-        collection, inline = self.collection_for(request)
+        inline = bool(request.documents)
+        collection = self.store.inline_name(request.documents) if inline else request.collection
         if retrieval is None or retrieval.collection != collection or retrieval.question != request.question:
-            retrieval = self.retrieve(collection, request.question)
+            retrieval = self.retrieve_for(request)
         return self.build_prompt(request.question, request.messages, retrieval, inline)
 
-    def collection_for(self, request: ContextRequest) -> tuple[str, bool]:
+    def retrieve_for(self, request: ContextRequest) -> Retrieval:
+        """Retrieval from the request's collection, or from its attached documents' inline collection (ingested
+        if need be, and again should it be dropped while being read)."""
         if request.documents:
-            return self.store.inline_collection(request.documents), True
+            return self.store.read_inline(request.documents, lambda name: self.retrieve(name, request.question))
         if request.collection:
-            return request.collection, False
+            return self.retrieve(request.collection, request.question)
         raise ValueError("a RAG request needs a collection or attached documents")
 
 

@@ -54,7 +54,12 @@ class RagSettings(_Strict):
         "together (413 beyond it): larger sets belong in a collection, ingested once"
     )
     inline_cache_collections: int = Field(
-        256, ge=1, description="documents attached to requests stay embedded for this many distinct document sets (LRU)"
+        256, ge=1, description="documents attached to requests stay embedded for this many distinct document sets "
+        "(least recently used dropped first), counted over the whole store: every replica sharing it"
+    )
+    inline_cache_idle_seconds: float = Field(
+        600, ge=0, description="an attached document set used (by any replica) within this many seconds is never "
+        "dropped, even past inline_cache_collections: the store may hold more until they go idle"
     )
     question_marker: str | None = Field(
         None, description="in a plain long prompt, the text after the last occurrence of this marker is the question"

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -29,18 +30,26 @@ from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
-from pipelines.errors import StoreUnavailable
+from pipelines.errors import CollectionNotFound, StoreUnavailable
 from pipelines.embedding import Embedder
 from pipelines.settings import RagSettings
 from pipelines.structure import find_cross_references, split_sections
 from pipelines.tokens import count_tokens
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # fullmatch, not match with "$": "$" also matches before a final newline
 _COLLECTION_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 _DOCS, _CHUNKS = "__docs", "__chunks"
 _INLINE_PREFIX = "inline-"
+# when each inline collection was last used, by any process sharing the store: one row per collection. Not a
+# collection (its name ends in neither suffix), so listings never see it.
+_INLINE_USAGE = "selfroute-inline-usage"
+# a process re-records a use at most this often per collection (each record is a write to the store), and never
+# less often than a quarter of the idle period, so a collection in use always looks recently used
+_USAGE_REFRESH_S = 60.0
+_USAGE_COMPACT_EVERY = 100  # usage records (each a table version) between compactions
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
 _WRITE_BATCH_CHUNKS = 4096
 # and embeds a batch in slices of this many model batches: concurrent ingestions take turns on the model,
@@ -54,14 +63,23 @@ _KEEP_OLD_VERSIONS = timedelta(minutes=5)
 _VECTOR_CACHE_CHUNKS = 50_000
 
 
+def _dropped(exc: Exception) -> bool:
+    """LanceDB's error for a table whose files went while it was open: another process dropped it."""
+    return isinstance(exc, RuntimeError) and "lance error: Not found" in str(exc)
+
+
 def _io_as_unavailable(method):
     """A store method whose storage failed (LanceDB's IO errors: an unreachable bucket, a refused disk) raises
-    StoreUnavailable; the cause goes to the log."""
+    StoreUnavailable; the cause goes to the log. One whose collection was dropped while it read it (its first
+    argument names the collection) raises CollectionNotFound."""
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         try:
             return method(*args, **kwargs)
         except (OSError, RuntimeError) as exc:
+            if _dropped(exc):
+                collection = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+                raise CollectionNotFound(collection) from None
             if not isinstance(exc, OSError) and "LanceError(IO)" not in str(exc):
                 raise
             log.warning("document store unavailable: %s", exc)
@@ -184,9 +202,10 @@ class DocumentStore:
         self._db = None
         self._writing = KeyedLocks()  # per collection: its writes, each brief (no embedding inside)
         self._ingesting = KeyedLocks()  # per inline collection: one ingestion of the same new documents
-        self._inline_lock = threading.Lock()
         self._connect_lock = threading.Lock()
-        self._inline_lru: OrderedDict[str, None] | None = None  # inline collections, least recently used first
+        self._usage_lock = threading.Lock()
+        self._recorded_use: dict[str, float] = {}  # inline collection -> when this process last recorded its use
+        self._usage_writes = 0
         # (collection, doc id, content hash) -> ChunkVectors; the hash keeps a replaced document from
         # being scored with its old vectors
         self._vectors: OrderedDict[tuple[str, str, str], ChunkVectors] = OrderedDict()
@@ -378,13 +397,17 @@ class DocumentStore:
             _upsert(docs_table, ["id"], pa.Table.from_pylist([row for row, _, _ in pending], schema=docs_table.schema))
         return len(chunks)
 
-    def _refresh_indexes(self, chunks_table) -> None:
-        # compaction keeps search fast after many small writes and folds new rows into the indexes;
+    @staticmethod
+    def _compact(table) -> None:
+        # compaction keeps reads fast after many small writes and folds new rows into the indexes;
         # versions older than a few minutes go, so in-flight reads of an older version still finish
         try:
-            chunks_table.optimize(cleanup_older_than=_KEEP_OLD_VERSIONS)
-        except Exception as exc:  # optimisation is an optimisation: a failure must not lose the ingest
-            log.warning("could not optimise %s: %s", chunks_table.name, exc)
+            table.optimize(cleanup_older_than=_KEEP_OLD_VERSIONS)
+        except Exception as exc:  # optimisation is an optimisation: a failure must not lose the write
+            log.warning("could not optimise %s: %s", table.name, exc)
+
+    def _refresh_indexes(self, chunks_table) -> None:
+        self._compact(chunks_table)
         if not self._has_text_index(chunks_table):
             try:
                 try:
@@ -404,44 +427,131 @@ class DocumentStore:
         return any("text" in getattr(i, "columns", []) for i in chunks_table.list_indices())
 
     # -- inline documents ------------------------------------------------------------------------
+    # Attached documents are embedded once into an "inline collection" named by their content, kept for later
+    # requests about the same documents. Several replicas may share the store, so what is kept is decided from the
+    # store alone: each use is recorded there (_INLINE_USAGE), the cap counts every inline collection in it, and
+    # only collections idle for settings.inline_cache_idle_seconds are dropped. A reader whose collection was
+    # dropped all the same (another replica's clock ahead, a read slower than the idle period) embeds the documents
+    # again and reads once more (read_inline): slower, never an error.
+
     @_io_as_unavailable
     def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None) -> str:
         """A collection holding exactly these documents, named by their content hashes; ingested only
         the first time, so asking again about the same documents neither re-chunks nor re-embeds them.
         Requests for documents already ingested never wait for another document's ingestion; two
-        requests with the same new documents embed them once."""
+        requests with the same new documents embed them once. Read it through read_inline, which survives
+        its being dropped meanwhile."""
+        name = self.inline_name(docs)
+        wanted = len({d.id for d in docs})
+        # recorded before ingesting: from now on no process takes it for idle
+        self._record_inline_use(name)
+        if not self._holds(name, wanted):
+            with self._ingesting.hold(name):
+                if not self._holds(name, wanted):
+                    self.ingest(name, docs, should_stop=should_stop)
+                    self._drop_idle_inline()  # only a new collection can take the store past the cap
+        return name
+
+    @staticmethod
+    def inline_name(docs: list[Document]) -> str:
+        """The inline collection of these documents: named by their ids and content hashes."""
         if not docs:
             raise ValueError("no documents to make an inline collection from")
         digest = hashlib.sha256()
         for doc in sorted(docs, key=lambda d: d.id):
             digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
-        name = _INLINE_PREFIX + digest.hexdigest()[:24]
-        wanted = len({d.id for d in docs})
-        if not self._holds(name, wanted):
-            with self._ingesting.hold(name):
-                if not self._holds(name, wanted):
-                    self.ingest(name, docs, should_stop=should_stop)
-        with self._inline_lock:
-            self._touch_inline(name)
-        return name
+        return _INLINE_PREFIX + digest.hexdigest()[:24]
+
+    @_io_as_unavailable
+    def read_inline(self, docs: list[Document], read: Callable[[str], T],
+                    should_stop: Callable[[], bool] | None = None) -> T:
+        """read(name) of these documents' inline collection. Should it have been dropped before or during the read
+        (the read raises CollectionNotFound, or a storage error, and the collection no longer holds the
+        documents), the documents are ingested again and read once more."""
+        name = self.inline_name(docs)
+        try:
+            return read(self.inline_collection(docs, should_stop))
+        except (CollectionNotFound, StoreUnavailable):
+            if self._holds(name, len({d.id for d in docs})):
+                raise  # still there: a real failure, not a drop
+        log.info("inline collection %s was dropped while in use (by another process sharing the store?); "
+                 "embedding its documents again", name)
+        try:
+            return read(self.inline_collection(docs, should_stop))
+        except CollectionNotFound:
+            # dropped twice in a moment: a store too busy to keep anything; the client may try again
+            raise StoreUnavailable(StoreUnavailable.message) from None
 
     def _holds(self, collection: str, n_documents: int) -> bool:
         docs_table = self._open(collection + _DOCS)
-        return docs_table is not None and docs_table.count_rows() >= n_documents
+        try:
+            return docs_table is not None and docs_table.count_rows() >= n_documents
+        except RuntimeError as exc:
+            if _dropped(exc):  # dropped between opening and counting
+                return False
+            raise
 
-    def _touch_inline(self, name: str) -> None:
-        """Mark an inline collection as just used and drop the least recently used beyond the cap, so
-        documents attached to requests do not pile up in the store forever. Inline collections found
-        on disk at start count as the oldest."""
-        if self._inline_lru is None:
-            found = (n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS))
-            self._inline_lru = OrderedDict((n, None) for n in found if self.is_inline(n))
-        self._inline_lru[name] = None
-        self._inline_lru.move_to_end(name)
-        while len(self._inline_lru) > self.settings.inline_cache_collections:
-            oldest, _ = self._inline_lru.popitem(last=False)
-            self.delete_collection(oldest)
-            log.info("dropped inline collection %s (cache holds %d)", oldest, self.settings.inline_cache_collections)
+    def _usage_table(self):
+        table = self._open(_INLINE_USAGE)
+        if table is None:
+            schema = pa.schema([pa.field("name", pa.string(), nullable=False, metadata=_PRIMARY_KEY),
+                                ("used_at", pa.float64())])
+            table = self.db.create_table(_INLINE_USAGE, schema=schema, exist_ok=True)
+        return table
+
+    def _write_usage(self, names: list[str], used_at: float) -> None:
+        table = self._usage_table()
+        _upsert(table, ["name"], pa.table({"name": names, "used_at": [used_at] * len(names)}, schema=table.schema))
+
+    def _record_inline_use(self, name: str) -> None:
+        """Record in the store that this inline collection is in use now, unless this process did so recently."""
+        now = time.time()
+        refresh = min(_USAGE_REFRESH_S, self.settings.inline_cache_idle_seconds / 4)
+        with self._usage_lock:
+            last = self._recorded_use.get(name)
+            if last is not None and now - last < refresh:
+                return
+            self._recorded_use[name] = now
+            if len(self._recorded_use) > 4 * self.settings.inline_cache_collections:
+                self._recorded_use = {n: t for n, t in self._recorded_use.items() if now - t < refresh}
+            self._usage_writes += 1
+            compact = self._usage_writes % _USAGE_COMPACT_EVERY == 0
+        self._write_usage([name], now)
+        if compact:
+            self._compact(self._usage_table())
+
+    def _drop_idle_inline(self) -> None:
+        """Drop the least recently used inline collections beyond the cap, counted over the whole store, but none
+        used within the idle period: until they go idle the store holds more than the cap."""
+        names = sorted(n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS) and self.is_inline(n))
+        over = len(names) - self.settings.inline_cache_collections
+        if over <= 0:
+            return
+        table = self._usage_table()
+        rows = table.search().select(["name", "used_at"]).limit(None).to_arrow()
+        used = dict(zip(rows["name"].to_pylist(), rows["used_at"].to_pylist()))
+        now = time.time()
+        unrecorded = [n for n in names if n not in used]
+        if unrecorded:  # made before uses were recorded (an older version): idle from now on
+            self._write_usage(unrecorded, now)
+        idle_before = now - self.settings.inline_cache_idle_seconds
+        idle = sorted((used[n], n) for n in names if n in used and used[n] <= idle_before)
+        dropped = [n for _, n in idle[:over]]
+        for name in dropped:
+            self.delete_collection(name)
+        gone = set(dropped) | (set(used) - set(names))
+        with self._usage_lock:
+            for name in dropped:
+                self._recorded_use.pop(name, None)
+        # rows of collections no other process is creating right now (none was used within the idle period)
+        stale = sorted(n for n in gone if n in dropped or used[n] <= idle_before)
+        for i in range(0, len(stale), 200):
+            table.delete(f"name IN ({', '.join(_sql_str(n) for n in stale[i : i + 200])})")
+        self._compact(table)
+        log.info("dropped %d inline collections (the store holds %d, cap %d%s)", len(dropped),
+                 len(names) - len(dropped), self.settings.inline_cache_collections,
+                 "" if len(dropped) == over else f"; the others were used in the last "
+                 f"{self.settings.inline_cache_idle_seconds:g}s")
 
     @staticmethod
     def is_inline(collection: str) -> bool:
@@ -455,7 +565,15 @@ class DocumentStore:
         names = sorted(n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS))
         if not include_inline:
             names = [n for n in names if not self.is_inline(n)]
-        return [info for n in names if (info := self.collection(n)) is not None]
+        infos = []
+        for name in names:
+            try:
+                info = self.collection(name)
+            except CollectionNotFound:  # deleted since it was listed
+                continue
+            if info is not None:
+                infos.append(info)
+        return infos
 
     @_io_as_unavailable
     def collection(self, name: str) -> CollectionInfo | None:
@@ -510,8 +628,8 @@ class DocumentStore:
         with self._writing.hold(collection):
             docs_table, chunks_table = self._tables(collection)
             for table in (docs_table, chunks_table):
-                if table is not None:
-                    self.db.drop_table(table.name)
+                if table is not None:  # another process may drop it first (two replicas dropping idle ones)
+                    self.db.drop_table(table.name, ignore_missing=True)
             return docs_table is not None or chunks_table is not None
 
     # -- search ----------------------------------------------------------------------------------
@@ -525,7 +643,7 @@ class DocumentStore:
         k = k or self.settings.top_k
         _, table = self._tables(collection)
         if table is None:
-            raise KeyError(f"no collection named {collection!r}")
+            raise CollectionNotFound(collection)
         if query_vector is None:
             query_vector = self.embedder.embed_query(query)
         return hybrid_search(table, query, query_vector, k, hybrid=self.settings.hybrid, rrf_k=self.settings.rrf_k)
@@ -573,10 +691,12 @@ class DocumentStore:
     @_io_as_unavailable
     def chunk_vectors(self, collection: str, doc_ids: Iterable[str]) -> dict[str, ChunkVectors]:
         """doc id -> its chunks' spans and vectors, read from the store once per document version and
-        then kept in memory (least recently used dropped first)."""
+        then kept in memory (least recently used dropped first). CollectionNotFound if the collection is gone."""
         docs_table, chunks_table = self._tables(collection)
+        if docs_table is None or chunks_table is None:
+            raise CollectionNotFound(collection)
         ids = sorted(set(doc_ids))
-        if docs_table is None or chunks_table is None or not ids:
+        if not ids:
             return {}
         rows = (docs_table.search().where(f"id IN ({', '.join(_sql_str(i) for i in ids)})")
                 .select(["id", "content_hash"]).limit(None).to_arrow())

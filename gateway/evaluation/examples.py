@@ -204,10 +204,10 @@ class RouteInputBuilder:
         if ids not in self._stats:
             self._stats[ids] = document_stats(example.documents)
         stats = self._stats[ids]
-        collection = self.store.inline_collection(example.documents)
-        retrieval = self.rag.retrieve(collection, example.query)
+        request = self._request(example)
+        retrieval = self.rag.retrieve_for(request)
         features = extract_features(example.query, stats, retrieval_signals(retrieval))
-        rag_prompt = self.rag.prepare(self._request(example), retrieval=retrieval)
+        rag_prompt = self.rag.prepare(request, retrieval=retrieval)
         return {
             "features": features,
             "rag_prompt_tokens": int(rag_prompt.prompt_tokens),
@@ -218,7 +218,7 @@ class RouteInputBuilder:
         """The texts of the passages the RAG route places in the cheap prompt (what the answer verifier reads),
         cached like the other retrieval-side values."""
         def compute() -> list[str]:
-            retrieval = self.rag.retrieve(self.store.inline_collection(example.documents), example.query)
+            retrieval = self.rag.retrieve_for(self._request(example))
             return [p.text for p in retrieval.passages]
 
         return self._cached(self._key(example, "passages"), compute)

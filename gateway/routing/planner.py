@@ -235,8 +235,7 @@ class RoutePlanner:
         return self.router.model is not None and self.policy.routing.classifier is not None
 
     def retrieve(self, context: ContextRequest) -> Retrieval:
-        collection, _ = self.rag.collection_for(context)
-        return self.rag.retrieve(collection, context.question)
+        return self.rag.retrieve_for(context)
 
     def plan(
         self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None

@@ -36,7 +36,7 @@ from gateway.server.openapi import openapi_route
 from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
-from pipelines.errors import StoreUnavailable
+from pipelines.errors import CollectionNotFound, StoreUnavailable
 from policies.loader import load_policy
 from policies.schema import Policy
 
@@ -147,6 +147,7 @@ def create_app(
             GatewayError: handle_gateway_error,
             LedgerError: handle_ledger_error,
             StoreUnavailable: handle_store_error,
+            CollectionNotFound: handle_store_error,
             HTTPException: handle_http_exception,
             Exception: handle_unexpected_error,
         },

@@ -23,7 +23,7 @@ from gateway.server.limits import admit
 from gateway.server.state import Gateway, gateway_of
 from gateway.server.streaming import CLIENT_CLOSED, stream_response
 from pipelines.embedding import scope_queries
-from pipelines.errors import StoreUnavailable
+from pipelines.errors import CollectionNotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ async def chat_completions(request: Request) -> Response:
     except GatewayError as exc:
         entry.finish(exc.status, exc.message)
         return error_response(exc)
-    except (LedgerError, StoreUnavailable) as exc:  # key limits, collection owners; the collections themselves
+    except (LedgerError, StoreUnavailable, CollectionNotFound) as exc:  # key limits, owners; the collections
         error = from_ledger_error(exc) if isinstance(exc, LedgerError) else from_store_error(exc)
         entry.finish(error.status, error.message)
         return error_response(error)

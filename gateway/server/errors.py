@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse
 from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.server import headers
-from pipelines.errors import StoreUnavailable
+from pipelines.errors import CollectionNotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,10 @@ def error_response(error: GatewayError, extra_headers: dict[str, str] | None = N
 UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
 
 
-def from_store_error(exc: StoreUnavailable) -> GatewayError:
+def from_store_error(exc: StoreUnavailable | CollectionNotFound) -> GatewayError:
+    if isinstance(exc, CollectionNotFound):  # a named collection deleted while a request was reading it
+        return GatewayError(404, f"collection {exc.collection!r} does not exist or is empty",
+                            param="selfroute.collection", code="collection_not_found")
     return GatewayError(503, exc.message, code="store_unavailable",
                         headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
 
@@ -49,7 +52,7 @@ async def handle_ledger_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def handle_store_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, StoreUnavailable)
+    assert isinstance(exc, (StoreUnavailable, CollectionNotFound))
     return error_response(from_store_error(exc), _request_id_header(request))
 
 

@@ -203,13 +203,18 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
                 Bucket=s3_bucket.bucket, Prefix=f"{s3_bucket.prefix}/")
             return {o["Key"] for page in pages for o in page.get("Contents", []) if name_part in o["Key"]}
 
+        def inline_files() -> set[str]:  # the inline collections' files, not the record of their use
+            return {key for key in stored("inline-") if "selfroute-inline-usage" not in key}
+
         assert not stored("inline-")
         assert ask_attached(a, "Which valve is opened first?").selfroute["route"] == "rag"
-        after_a = stored("inline-")
+        after_a, usage_after_a = inline_files(), stored("selfroute-inline-usage")
         assert any(key.endswith(".lance") for key in after_a), after_a  # A's inline collection, in the bucket
+        assert usage_after_a  # and when it was used, for every replica's cap
         assert ask_attached(b, "What colour is valve V9's handle?").selfroute["route"] == "rag"
         assert "ULTRAMARINE" in fake.state.received[-1]["body"]["messages"][-1]["content"]  # retrieved on B
-        assert stored("inline-") == after_a  # B added no data, version or index file
+        assert inline_files() == after_a  # B added no data, version or index file to the collection
+        assert stored("selfroute-inline-usage") > usage_after_a  # only a record that B used it too
         logs = {name: (tmp_path / f"{name}.log").read_text() for name in ("a", "b")}
         assert "ingested inline-" in logs["a"] and "ingested inline-" not in logs["b"], logs["b"][-3000:]
         assert not (tmp_path / "b" / "lancedb").exists()

@@ -133,19 +133,75 @@ def test_inline_collection_is_cached_by_content(store, embedder):
     assert other != name and embedder.texts_embedded > calls
 
 
-def test_inline_collections_are_capped_least_recently_used_first(tmp_path, embedder):
-    store = DocumentStore(str(tmp_path / "db"), embedder, RagSettings(inline_cache_collections=2))
-    a, b, c = ([Document("d", f"Fact number {n} is recorded here.")] for n in (1, 2, 3))
-    first, second = store.inline_collection(a), store.inline_collection(b)
-    store.inline_collection(a)  # used again: now b is the least recently used
-    third = store.inline_collection(c)
-    assert store.collection(second) is None
-    assert store.collection(first) is not None and store.collection(third) is not None
-    # a new store over the same directory counts what it finds as oldest
-    reopened = DocumentStore(str(tmp_path / "db"), embedder, RagSettings(inline_cache_collections=2))
-    reopened.inline_collection(b)
-    assert sum(1 for info in reopened.collections() if reopened.is_inline(info.name)) == 2
+def inline_names(store) -> set[str]:
+    return {info.name for info in store.collections() if store.is_inline(info.name)}
 
+
+def test_inline_collections_are_capped_over_the_whole_store_least_recently_used_first(tmp_path, embedder):
+    """Two stores on one directory are two replicas on one bucket: the cap counts every inline collection in the
+    store and the order of use is the store's, not each process's."""
+    settings = RagSettings(inline_cache_collections=2, inline_cache_idle_seconds=0)
+    one, two = (DocumentStore(str(tmp_path / "db"), embedder, settings) for _ in range(2))
+    a, b, c, d = ([Document("d", f"Fact number {n} is recorded here.")] for n in (1, 2, 3, 4))
+    first, second = one.inline_collection(a), two.inline_collection(b)
+    one.inline_collection(b)
+    two.inline_collection(a)  # used again, through the other replica: now b is the least recently used
+    third = one.inline_collection(c)
+    assert inline_names(two) == {first, third}
+    fourth = two.inline_collection(d)  # the other replica drops a, used before c: never two per replica
+    assert inline_names(one) == {third, fourth}
+
+
+def test_an_inline_collection_used_within_the_idle_period_is_kept_past_the_cap(tmp_path, embedder, monkeypatch):
+    settings = RagSettings(inline_cache_collections=1, inline_cache_idle_seconds=600)
+    one, two = (DocumentStore(str(tmp_path / "db"), embedder, settings) for _ in range(2))
+    a, b, c = ([Document("d", f"Fact number {n} is recorded here.")] for n in (1, 2, 3))
+    first = one.inline_collection(a)
+    second = two.inline_collection(b)
+    assert inline_names(one) == {first, second}  # a was used a moment ago, by another replica: kept
+    later = time.time() + 601
+    monkeypatch.setattr(time, "time", lambda: later)
+    one.inline_collection(b)  # in use again (a new record: the last was over the refresh interval ago)
+    third = two.inline_collection(c)
+    assert inline_names(one) == {second, third}  # a went idle and goes; b, used just now, stays past the cap
+
+
+def test_a_reader_whose_inline_collection_another_replica_dropped_embeds_it_again(tmp_path, embedder):
+    """The race the cap used to lose: replica one has its attached documents' inline collection, replica two drops
+    it before one reads it (no idle period here; with one, a read slower than it or a clock ahead). The RAG
+    retrieval and the long route's scoring read it again instead of failing."""
+    from pipelines.base import ContextRequest
+    from pipelines.long_context import LongContextPipeline
+    from pipelines.rag import RagPipeline
+
+    settings = RagSettings(inline_cache_collections=1, inline_cache_idle_seconds=0,
+                           chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8))
+    one, two = (DocumentStore(str(tmp_path / "db"), embedder, settings) for _ in range(2))
+    vault = [Document("vault", "The vault code is 4417. It changes every March.")]
+    other = [Document("gate", "The harbour gate opens at six in the morning.")]
+    ready = one.inline_collection(vault)
+    real = one.inline_collection
+    drops = []
+
+    def then_dropped_by_the_other_replica(docs, should_stop=None):
+        name = real(docs, should_stop)
+        if not drops:  # once: the documents are embedded again and read
+            drops.append(name)
+            two.inline_collection(other)  # its one-collection cap drops the vault's, which it found in the store
+            assert two.collection(name) is None
+        return name
+
+    one.inline_collection = then_dropped_by_the_other_replica
+    request = ContextRequest("What is the vault code?", [], documents=vault)
+    prompt = RagPipeline(one, settings).prepare(request)
+    assert drops == [ready] and "4417" in prompt.messages[-1]["content"]
+    assert one.collection(ready) is not None  # embedded again, and kept
+
+    drops.clear()
+    long_route = LongContextPipeline(store=one)
+    scorer = long_route._scorer(vault, None)
+    [score] = scorer("What is the vault code?", list(long_route.unit_cache.get(vault[0], long_route.settings).units))
+    assert drops == [ready] and score > 0.3  # scored from the vectors embedded again, not left unscored
 
 def test_collections_can_leave_inline_ones_out_without_reading_them(store, monkeypatch):
     store.ingest("docs", distractor_documents()[:1])
@@ -322,3 +378,28 @@ def test_names_and_ids_never_leave_the_bucket_prefix(s3_bucket, monkeypatch, emb
     assert [d.id for d in store.documents("docs")] == ["../../../outside"]
     keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
     assert keys and all(k.startswith(f"{s3_bucket.prefix}/docs__") for k in keys), keys
+
+
+def test_an_inline_collection_dropped_while_it_is_being_read_is_read_again(tmp_path, embedder):
+    """The other replica drops it after the reader opened its tables: LanceDB's not-found error is the store's
+    CollectionNotFound, and the reader embeds the documents again instead of failing."""
+    from pipelines.base import ContextRequest
+    from pipelines.rag import RagPipeline
+
+    one, two = (DocumentStore(str(tmp_path / "db"), embedder, SETTINGS) for _ in range(2))
+    vault = [Document("vault", "The vault code is 4417. It changes every March.")]
+    name = one.inline_collection(vault)
+    real_tables = one._tables
+    dropped = []
+
+    def opened_then_dropped(collection, create=False):
+        tables = real_tables(collection, create)
+        if collection == name and not create and not dropped:
+            dropped.append(collection)
+            two.delete_collection(collection)
+        return tables
+
+    one._tables = opened_then_dropped
+    retrieval = RagPipeline(one, SETTINGS).retrieve_for(ContextRequest("What is the vault code?", [], documents=vault))
+    assert dropped == [name] and any("4417" in p.text for p in retrieval.passages)
+    assert one.collection(name) is not None

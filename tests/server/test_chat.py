@@ -316,3 +316,60 @@ def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatc
         for key, expected in (("sk-one", 1), ("sk-one", 1), ("sk-two", 2)):
             ask(key, conversation)
             assert len(inline()) == expected, key  # the conversation's chunks are embedded once per key
+
+
+def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_again(upstream, tmp_path,
+                                                                                      monkeypatch):
+    """Two replicas on one store (here a second DocumentStore on the gateway's directory), no idle period: the other
+    replica, past the cap, drops the request's inline collection between its ingestion and its retrieval. The
+    request embeds the documents again and answers; it used to be a 500 (KeyError from the search)."""
+    from pipelines.documents import Document
+    from pipelines.store import DocumentStore
+
+    base, _ = upstream
+    monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
+    policy = make_policy(base)
+    policy = policy.model_copy(update={"rag": policy.rag.model_copy(
+        update={"inline_cache_collections": 1, "inline_cache_idle_seconds": 0})})
+    with running_gateway(tmp_path, policy) as (url, app):
+        store = app.state.gateway.store
+        other = DocumentStore(store.uri, store.embedder, policy.rag)
+        real = store.inline_collection
+        dropped = []
+
+        def then_dropped_by_the_other_replica(docs, should_stop=None):
+            name = real(docs, should_stop)
+            if not dropped:
+                dropped.append(name)
+                other.inline_collection([Document("gate", "The harbour gate opens at six.")])
+                assert other.collection(name) is None
+            return name
+
+        monkeypatch.setattr(store, "inline_collection", then_dropped_by_the_other_replica)
+        response = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
+            "selfroute": {"route": "rag", "documents": [{"id": "vault", "text": "The vault code is 4417."}]}})
+        assert response.status_code == 200, response.text
+        assert dropped and response.json()["selfroute"]["route"] == "rag"
+        assert store.collection(dropped[0]) is not None  # embedded again
+
+
+def test_a_collection_deleted_while_a_request_reads_it_is_a_404(gateway, monkeypatch):
+    from pipelines.documents import Document
+
+    url, app = gateway
+    store = app.state.gateway.store
+    store.ingest("notes", [Document("v2", "Valve V2 opens clockwise.")])
+    real = store.collection
+
+    def then_deleted(name):
+        info = real(name)
+        store.delete_collection(name)  # by another request, or another replica, right after this one found it
+        return info
+
+    monkeypatch.setattr(store, "collection", then_deleted)
+    response = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": "selfroute", "messages": [{"role": "user", "content": "How does V2 open?"}],
+        "selfroute": {"route": "rag", "collection": "notes"}})
+    assert response.status_code == 404, response.text
+    assert response.json()["error"]["code"] == "collection_not_found"

@@ -63,6 +63,11 @@ _KEEP_OLD_VERSIONS = timedelta(minutes=5)
 _VECTOR_CACHE_CHUNKS = 50_000
 
 
+def _storage_failed(exc: Exception) -> bool:
+    """LanceDB's IO errors: an unreachable bucket, a refused disk."""
+    return isinstance(exc, OSError) or (isinstance(exc, RuntimeError) and "LanceError(IO)" in str(exc))
+
+
 def _dropped(exc: Exception) -> bool:
     """LanceDB's error for a table whose files went while it was open: another process dropped it."""
     return isinstance(exc, RuntimeError) and "lance error: Not found" in str(exc)
@@ -80,7 +85,7 @@ def _io_as_unavailable(method):
             if _dropped(exc):
                 collection = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
                 raise CollectionNotFound(collection) from None
-            if not isinstance(exc, OSError) and "LanceError(IO)" not in str(exc):
+            if not _storage_failed(exc):
                 raise
             log.warning("document store unavailable: %s", exc)
             raise StoreUnavailable(StoreUnavailable.message) from None
@@ -516,13 +521,30 @@ class DocumentStore:
                 self._recorded_use = {n: t for n, t in self._recorded_use.items() if now - t < refresh}
             self._usage_writes += 1
             compact = self._usage_writes % _USAGE_COMPACT_EVERY == 0
-        self._write_usage([name], now)
-        if compact:
-            self._compact(self._usage_table())
+        try:
+            self._write_usage([name], now)
+            if compact:
+                self._compact(self._usage_table())
+        except Exception as exc:  # bookkeeping: a failed record (a commit conflict) must not fail the request
+            if _storage_failed(exc):
+                raise  # the store is down: the request's own reads would fail too
+            log.warning("could not record the use of inline collection %s: %s", name, exc)
+            with self._usage_lock:
+                self._recorded_use.pop(name, None)  # the next use tries again
 
     def _drop_idle_inline(self) -> None:
         """Drop the least recently used inline collections beyond the cap, counted over the whole store, but none
-        used within the idle period: until they go idle the store holds more than the cap."""
+        used within the idle period: until they go idle the store holds more than the cap. Housekeeping: a failure
+        other than the store being down (a commit conflict with another process dropping) is logged, and the next
+        new inline collection tries again."""
+        try:
+            self._drop_idle_inline_now()
+        except Exception as exc:
+            if _storage_failed(exc):
+                raise
+            log.warning("could not drop idle inline collections: %s", exc)
+
+    def _drop_idle_inline_now(self) -> None:
         names = sorted(n[: -len(_DOCS)] for n in self._table_names() if n.endswith(_DOCS) and self.is_inline(n))
         over = len(names) - self.settings.inline_cache_collections
         if over <= 0:

@@ -403,3 +403,20 @@ def test_an_inline_collection_dropped_while_it_is_being_read_is_read_again(tmp_p
     retrieval = RagPipeline(one, SETTINGS).retrieve_for(ContextRequest("What is the vault code?", [], documents=vault))
     assert dropped == [name] and any("4417" in p.text for p in retrieval.passages)
     assert one.collection(name) is not None
+
+
+def test_a_failed_usage_record_is_logged_and_tried_again_not_raised(tmp_path, embedder, monkeypatch, caplog):
+    store = DocumentStore(str(tmp_path / "db"), embedder, RagSettings(inline_cache_idle_seconds=600))
+    docs = [Document("a", "The vault code is 4417.")]
+    real_write, attempts = store._write_usage, []
+
+    def conflicting(names, used_at):
+        attempts.append(names)
+        if len(attempts) == 1:
+            raise RuntimeError("lance error: Commit conflict for version 7")  # another process wrote at once
+        real_write(names, used_at)
+
+    monkeypatch.setattr(store, "_write_usage", conflicting)
+    name = store.inline_collection(docs)
+    assert store.collection(name) is not None and "could not record the use" in caplog.text
+    assert store.inline_collection(docs) == name and len(attempts) == 2  # not taken for recorded: tried again

@@ -226,7 +226,8 @@ def _block(unit: Unit) -> str:
     return f"{unit.label()}\n{unit.text}"
 
 
-QUESTION_LEAD = _SEPARATOR + "Question: "
+_QUESTION_LABEL = "Question: "
+QUESTION_LEAD = _SEPARATOR + _QUESTION_LABEL
 
 
 def render(question: str, units: list[Unit]) -> str:
@@ -257,7 +258,13 @@ def prompt_tokens(question: str, block_tokens: list[int]) -> int:
     """
     if not block_tokens:
         return count_tokens(render(question, []))
-    return _head_tokens() + sum(block_tokens) + count_tokens(f"Question: {question}")
+    return _head_tokens() + sum(block_tokens) + question_tokens(question)
+
+
+def question_tokens(question: str) -> int:
+    """The question part's tokens, counted apart from the blocks before it (see prompt_tokens): a long prompt's
+    tokens less these are its document block, the prefix a provider's prompt cache can hold."""
+    return count_tokens(f"{_QUESTION_LABEL}{question}")
 
 
 class ContextTooLarge(ValueError):

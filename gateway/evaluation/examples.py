@@ -236,13 +236,13 @@ class RouteInputBuilder:
         """(prompt tokens, tokens of the document block a provider could cache): the block counts only when the
         gateway would send the same one for every question (gateway.routing.prompt_cache.stable_document_block)."""
         from gateway.routing.prompt_cache import stable_document_block
-        from pipelines.tokens import count_tokens
+        from pipelines.long_context import question_tokens
 
         prompt = self.long.prepare(self._request(example))
         block = 0
         if stable_document_block(prompt.provenance):
             # the packed body counts as its parts (pipelines.long_context.prompt_tokens): less the question part
-            block = int(prompt.provenance["context_tokens"]) - count_tokens(f"Question: {example.query}")
+            block = int(prompt.provenance["context_tokens"]) - question_tokens(example.query)
         return int(prompt.prompt_tokens), max(block, 0)
 
     def all_inputs(self, examples: list[Example], progress: bool = True, with_long: bool = True) -> list[ExampleInputs]:

@@ -22,7 +22,7 @@ from gateway.routing.decision import RouteDecision, Router, rule_label, rule_mat
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.documents import Document
-from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache
+from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache, question_tokens
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
 from pipelines.question import extract_question
 from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS, RagPipeline, Retrieval
@@ -331,7 +331,7 @@ class RoutePlanner:
         verbatim = plan.source == "prompt" and self._verbatim_tokens(plan) <= self.long.budget_tokens
         if verbatim or not exact or self.long.settings.placement != "reading":
             return tokens, exact, None
-        return tokens, exact, tokens - count_tokens(f"Question: {plan.context.question}")
+        return tokens, exact, tokens - question_tokens(plan.context.question)
 
     def provenance(self, plan: RoutePlan, prepared: PreparedPrompt, route: str) -> dict[str, Any]:
         return {"source": plan.source, "question": plan.context.question[:500], **prepared.provenance, "route": route}

@@ -65,7 +65,8 @@ def run_upstream(port: int) -> None:
     uvicorn.run(instant_upstream, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def run_gateway(port: int, upstream_port: int, data_dir: str) -> None:
+def run_gateway(port: int, upstream_port: int, data_dir: str, ledger_url: str | None = None) -> None:
+    """A gateway process whose pass-through models go to the upstream (bench_replicas: on a shared ledger_url)."""
     import uvicorn
 
     os.environ["OPENAI_API_BASE"] = f"http://127.0.0.1:{upstream_port}/v1"
@@ -80,7 +81,7 @@ cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{upstream_port}/
 long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
 routing: {{classifier: null}}
 """)
-    app = create_app(Settings(data_dir=Path(data_dir)), policy=policy)
+    app = create_app(Settings(data_dir=Path(data_dir), ledger_url=ledger_url), policy=policy)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

@@ -40,7 +40,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_proxy import cpu_seconds, free_port, percentile, run_upstream, wait_ready  # noqa: E402
+from bench_proxy import cpu_seconds, free_port, percentile, run_gateway, run_upstream, wait_ready  # noqa: E402
 
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "corpus_structured_docs"
 DEFAULT_DOCS = [SHARED_DOCS / "gnu-standards" / "standards.txt", SHARED_DOCS / "gnu-standards" / "maintain.txt"]
@@ -64,25 +64,6 @@ TOPICS = ["command-line options", "the --help option", "the --version option", "
           "copyright notices", "legal papers from contributors", "recording contributors", "mailing lists",
           "reporting bugs", "web pages of a package", "ftp uploads", "non-free software references",
           "standard targets for users", "configuration with configure", "library behaviour"]
-
-
-def run_gateway(port: int, upstream_port: int, data_dir: str, ledger_url: str | None) -> None:
-    import uvicorn
-
-    os.environ["OPENAI_API_BASE"] = f"http://127.0.0.1:{upstream_port}/v1"  # pass-through models
-    os.environ["OPENAI_API_KEY"] = "bench"
-    from gateway.server.app import create_app
-    from gateway.settings import Settings
-    from policies.loader import parse_policy
-
-    policy = parse_policy(f"""
-name: bench
-cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
-long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
-routing: {{classifier: null}}
-""")
-    app = create_app(Settings(data_dir=Path(data_dir), ledger_url=ledger_url), policy=policy)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
 async def load(urls: list[str], requests: int, concurrency: int) -> tuple[list[float], float]:

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         return run_replay_target(args)
     from classifier.calibration import calibrate_threshold, long_share
     from policies.edit import set_threshold
-    from policies.loader import PolicyError, load_policy, parse_policy
+    from policies.loader import PolicyError, load_policy
 
     if not 0.0 <= args.target_long_share <= 1.0:
         print("selfroute calibrate: --target-long-share must be within 0..1", file=sys.stderr)
@@ -138,15 +138,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     text = policy_file.read_text(encoding="utf-8")
     updated, comments_kept = set_threshold(text, threshold, source)
-    try:
-        parse_policy(updated, str(policy_file))  # never write a policy that would not load
-    except PolicyError as exc:
-        print(f"selfroute calibrate: the edited policy would not load: {exc}", file=sys.stderr)
-        return 1
-    policy_file.write_text(updated, encoding="utf-8")
-    note = "" if comments_kept else " (rewritten: routing.classifier was not a block mapping, comments lost)"
-    print(f"wrote routing.classifier.threshold to {policy_file}{note}")
-    return 0
+    return write_policy(policy_file, updated, comments_kept, "routing.classifier.threshold", "routing.classifier")
 
 
 def run_replay_target(args: argparse.Namespace) -> int:
@@ -159,7 +151,7 @@ def run_replay_target(args: argparse.Namespace) -> int:
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
     from policies.edit import set_threshold
-    from policies.loader import PolicyError, load_policy, parse_policy
+    from policies.loader import PolicyError, load_policy
 
     if args.max_cost_share is not None and not 0.0 < args.max_cost_share:
         print("selfroute calibrate: --max-cost-share must be above 0", file=sys.stderr)
@@ -215,12 +207,19 @@ def run_replay_target(args: argparse.Namespace) -> int:
     if verifier_on:
         text, kept = set_threshold(text, pick.verifier_threshold, source, "verifier")
         comments_kept &= kept
+    return write_policy(policy_file, text, comments_kept, "the thresholds", "a routing block")
+
+
+def write_policy(policy_file: Path, text: str, comments_kept: bool, written: str, block: str) -> int:
+    """Write the edited policy, unless it would not load; say what was written and whether `block` lost comments."""
+    from policies.loader import PolicyError, parse_policy
+
     try:
         parse_policy(text, str(policy_file))  # never write a policy that would not load
     except PolicyError as exc:
         print(f"selfroute calibrate: the edited policy would not load: {exc}", file=sys.stderr)
         return 1
     policy_file.write_text(text, encoding="utf-8")
-    note = "" if comments_kept else " (rewritten: a routing block was not a block mapping, comments lost)"
-    print(f"wrote the thresholds to {policy_file}{note}")
+    note = "" if comments_kept else f" (rewritten: {block} was not a block mapping, comments lost)"
+    print(f"wrote {written} to {policy_file}{note}")
     return 0

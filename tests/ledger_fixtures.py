@@ -9,7 +9,7 @@ from gateway.errors import GatewayError
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.server.auth import Authenticator
-from gateway.server.errors import handle_gateway_error
+from gateway.server.errors import handle_error
 from gateway.server.state import Gateway
 from gateway.settings import Settings
 from policies.loader import load_policy
@@ -86,11 +86,10 @@ def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -
     """The admin and metrics routes in a bare app, with a Gateway holding only what they use (no models)."""
     from gateway.ledger.errors import LedgerError
     from gateway.server.admin import admin_routes
-    from gateway.server.errors import handle_ledger_error
     from gateway.server.metrics import GatewayMetrics, metrics_route
 
     app = Starlette(routes=[*admin_routes(), metrics_route()],
-                    exception_handlers={GatewayError: handle_gateway_error, LedgerError: handle_ledger_error})
+                    exception_handlers={GatewayError: handle_error, LedgerError: handle_error})
     app.state.gateway = bare_gateway(ledger, auth or Authenticator([USER_KEY], ADMIN_KEY), metrics or GatewayMetrics())
     return app
 

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from gateway.ledger import summary as dashboard_data
 from gateway.ledger import reports
 from gateway.errors import invalid_request
+from gateway.server.context import RequestContext, keyed
 from gateway.server.state import gateway_of
 
 logger = logging.getLogger(__name__)
@@ -57,11 +58,9 @@ def _filters(request: Request) -> reports.Filters:
     return filters
 
 
-async def _query(request: Request, work: Callable[[Any], Any]) -> JSONResponse:
-    """Check the admin key, then run `work(conn)` off the event loop on a fresh read-only connection."""
-    gateway = gateway_of(request)
-    gateway.auth.check_admin(request)
-    location = gateway.ledger.location  # a SQLite file or the PostgreSQL every replica shares
+async def _query(ctx: RequestContext, work: Callable[[Any], Any]) -> JSONResponse:
+    """Run `work(conn)` off the event loop on a fresh read-only connection (the admin key was checked)."""
+    location = ctx.gateway.ledger.location  # a SQLite file or the PostgreSQL every replica shares
     return JSONResponse(await run_in_threadpool(reports.query, location, work))
 
 
@@ -78,28 +77,32 @@ def _int_param(request: Request, name: str, default: int) -> int:
     return number
 
 
-async def list_requests(request: Request) -> Response:
+async def list_requests(ctx: RequestContext) -> Response:
+    request = ctx.request
     filters = _filters(request)
     limit = _int_param(request, "limit", 50)
     cursor = _param(request, "cursor")
-    return await _query(request, lambda conn: reports.list_requests(conn, filters, limit=limit, cursor=cursor))
+    return await _query(ctx, lambda conn: reports.list_requests(conn, filters, limit=limit, cursor=cursor))
 
 
-async def get_request(request: Request) -> Response:
+async def get_request(ctx: RequestContext) -> Response:
+    request = ctx.request
     request_id = request.path_params["request_id"]
-    return await _query(request, lambda conn: reports.get_request(conn, request_id))
+    return await _query(ctx, lambda conn: reports.get_request(conn, request_id))
 
 
-async def costs(request: Request) -> Response:
+async def costs(ctx: RequestContext) -> Response:
+    request = ctx.request
     filters = _filters(request)
     by = _param(request, "by") or "route"
     if by not in reports.GROUPINGS:  # fail before touching the database
         raise invalid_request(f"cannot group by {by!r}: use one of {', '.join(reports.GROUPINGS)}", param="by",
                               code="invalid_grouping")
-    return await _query(request, lambda conn: reports.costs(conn, by, filters))
+    return await _query(ctx, lambda conn: reports.costs(conn, by, filters))
 
 
-async def summary(request: Request) -> Response:
+async def summary(ctx: RequestContext) -> Response:
+    request = ctx.request
     text = _param(request, "window") or DEFAULT_WINDOW
     now = time.time()
     window = now - reports.parse_time(text, now=now)
@@ -107,7 +110,7 @@ async def summary(request: Request) -> Response:
         raise invalid_request("window must be an age between 1m and 90d, like 1h, 24h or 7d", param="window",
                               code="invalid_window")
     top = max(1, min(_int_param(request, "top", 10), 100))
-    return await _query(request, lambda conn: dashboard_data.summary(conn, window=window, now=now, top=top))
+    return await _query(ctx, lambda conn: dashboard_data.summary(conn, window=window, now=now, top=top))
 
 
 _page_cache: dict[str, bytes] = {}
@@ -123,9 +126,9 @@ async def dashboard(request: Request) -> Response:
 
 def admin_routes() -> list[Route]:
     return [
-        Route("/v1/admin/requests", list_requests, methods=["GET"]),
-        Route("/v1/admin/requests/{request_id:path}", get_request, methods=["GET"]),
-        Route("/v1/admin/costs", costs, methods=["GET"]),
-        Route("/v1/admin/summary", summary, methods=["GET"]),
+        Route("/v1/admin/requests", keyed(list_requests, admin=True), methods=["GET"]),
+        Route("/v1/admin/requests/{request_id:path}", keyed(get_request, admin=True), methods=["GET"]),
+        Route("/v1/admin/costs", keyed(costs, admin=True), methods=["GET"]),
+        Route("/v1/admin/summary", keyed(summary, admin=True), methods=["GET"]),
         Route("/dashboard", dashboard, methods=["GET"]),
     ]

@@ -22,9 +22,8 @@ from gateway.server.admin import admin_routes
 from gateway.server.auth import Authenticator
 from gateway.server.chat import chat_completions
 from gateway.server.collections import collection_routes
-from gateway.server.errors import (
-    handle_gateway_error, handle_http_exception, handle_ledger_error, handle_store_error, handle_unexpected_error,
-)
+from gateway.server.context import keyed
+from gateway.server.errors import handle_error
 from gateway.server.embeddings import embeddings_route
 from gateway.server.explain import explain_route
 from gateway.server.health import health_routes
@@ -130,11 +129,12 @@ def create_app(
     routes = [
         *health_routes(),
         *model_routes(),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/chat/completions", chat_completions, methods=["POST"]),  # clients configured without /v1
+        Route("/v1/chat/completions", keyed(chat_completions, metered=True), methods=["POST"]),
+        # clients configured without /v1
+        Route("/chat/completions", keyed(chat_completions, metered=True), methods=["POST"]),
         embeddings_route(),
         *collection_routes(),
-        Route("/v1/route/explain", explain_route, methods=["POST"]),
+        Route("/v1/route/explain", keyed(explain_route, metered=True), methods=["POST"]),
         *admin_routes(),
         *key_routes(),
         metrics_route(),
@@ -143,14 +143,10 @@ def create_app(
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={
-            GatewayError: handle_gateway_error,
-            LedgerError: handle_ledger_error,
-            StoreUnavailable: handle_store_error,
-            CollectionNotFound: handle_store_error,
-            HTTPException: handle_http_exception,
-            Exception: handle_unexpected_error,
-        },
+        # endpoints that take a key answer their errors themselves (gateway.server.context); these are the rest's,
+        # through the same table (gateway.server.errors.failure)
+        exception_handlers={kind: handle_error for kind in (GatewayError, LedgerError, StoreUnavailable,
+                                                             CollectionNotFound, HTTPException, Exception)},
     )
     app.state.gateway = gateway
     app.add_middleware(RequestIdMiddleware)

@@ -5,10 +5,15 @@ also sees the collections granted to it (`keys create --collections`). Collectio
 with `selfroute ingest`) are the operator's: the admin key and the env/file keys see them, named keys only
 by grant. To every other key a collection it may not see answers exactly as an absent one: 404. Attached
 documents' inline collections are never reachable by name. An open gateway (no keys) has one tenant.
+
+Adding documents is admitted (the key's budget and rates) and metered (gateway.server.context): its ledger
+record is a pass-through with reason "ingest" and one leg, the embedding.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -20,10 +25,21 @@ from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
 from gateway.server import headers
 from gateway.server.auth import Caller
-from gateway.server.bodies import json_response, read_body
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.server.bodies import json_response
+from gateway.server.context import RequestContext, keyed
+from gateway.server.embeddings import local_embedding_model
 from gateway.server.injection import flag_headers, screen_documents
-from gateway.server.state import Gateway, gateway_of
+from gateway.server.state import Gateway
 from pipelines.documents import Document
+from pipelines.tokens import count_tokens
+from policies.routes import PASSTHROUGH
+from policies.schema import ModelConfig
+
+if TYPE_CHECKING:  # pyarrow and lancedb load with the store, not with the app
+    from pipelines.store import IngestReport
+
+INGEST_REASON = "ingest"  # the ledger's reason for adding documents to a collection
 
 
 class AddDocumentsRequest(BaseModel):
@@ -60,13 +76,6 @@ def _not_found(name: str) -> GatewayError:
     return GatewayError(404, f"collection {name[:128]!r} does not exist", code="collection_not_found")
 
 
-def _caller_and_store(request: Request):
-    """The caller and the document store, for an authenticated caller."""
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)
-    return gateway, caller, gateway.store
-
-
 def _info_or_404(store, name: str):
     try:
         info = store.collection(name)
@@ -83,8 +92,8 @@ def _visible_info_or_404(gateway: Gateway, caller: Caller, name: str):
     return _info_or_404(gateway.store, name)
 
 
-async def list_collections(request: Request) -> Response:
-    gateway, caller, store = _caller_and_store(request)
+async def list_collections(ctx: RequestContext) -> Response:
+    gateway, caller, store = ctx.gateway, ctx.caller, ctx.gateway.store
 
     def visible():
         owners = gateway.keys.collection_owners()
@@ -98,9 +107,9 @@ async def list_collections(request: Request) -> Response:
     return json_response({"object": "list", "data": data})
 
 
-async def get_collection(request: Request) -> Response:
-    gateway, caller, _ = _caller_and_store(request)
-    info = await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, request.path_params["name"])
+async def get_collection(ctx: RequestContext) -> Response:
+    info = await anyio.to_thread.run_sync(_visible_info_or_404, ctx.gateway, ctx.caller,
+                                          ctx.request.path_params["name"])
     return json_response({"object": "collection", **info.to_dict()})
 
 
@@ -138,26 +147,41 @@ def _claim_for_writing(gateway: Gateway, caller: Caller, name: str) -> None:
             raise _not_found(name)
 
 
-async def add_documents(request: Request) -> Response:
-    gateway, caller, store = _caller_and_store(request)
-    raw = await read_body(request, gateway.settings.max_body_bytes)
-    payload = _parse_add_documents(raw)
+def _ingest(gateway: Gateway, name: str, documents: list[Document], entry: RequestLedgerEntry) -> IngestReport:
+    """Embed and write the documents; the embedding is the request's one leg: the gateway's own model, at no
+    cost, over the tokens of the documents it embedded (so they count in the key's tokens per minute)."""
+    started = time.perf_counter()
+    try:
+        report = gateway.store.ingest(name, documents)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
+    embedded = set(report.added) | set(report.updated)
+    tokens = sum(count_tokens(d.text) for d in documents if d.id in embedded)
+    model = ModelConfig(model=local_embedding_model(gateway.policy), input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
+    entry.add_call(model, PASSTHROUGH, {"prompt_tokens": tokens, "completion_tokens": 0},
+                   (time.perf_counter() - started) * 1000.0)
+    return report
+
+
+async def add_documents(ctx: RequestContext) -> Response:
+    gateway, caller, entry = ctx.gateway, ctx.caller, ctx.entry
+    assert entry is not None  # metered
+    entry.record.route, entry.record.reason = PASSTHROUGH, INGEST_REASON
+    payload = _parse_add_documents(ctx.body)
+    await ctx.admit(None)  # the gateway's own embedding model: the key's budget and rates, no model list
     found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
                                            "documents", caller.key_id)
     documents = [_document(d) for d in payload.documents]
-    name = request.path_params["name"]
+    name = ctx.request.path_params["name"]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
-    try:
-        report = await anyio.to_thread.run_sync(store.ingest, name, documents)
-    except ValueError as exc:
-        raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
+    report = await anyio.to_thread.run_sync(_ingest, gateway, name, documents, entry)
     body = {"object": "ingest_report", **report.to_dict(), **({"flags": found} if found else {})}
     return json_response(body, status=201 if report.added else 200, headers=flag_headers(found))
 
 
-async def delete_document(request: Request) -> Response:
-    gateway, caller, store = _caller_and_store(request)
-    name, doc_id = request.path_params["name"], request.path_params["doc_id"]
+async def delete_document(ctx: RequestContext) -> Response:
+    gateway, caller, store = ctx.gateway, ctx.caller, ctx.gateway.store
+    name, doc_id = ctx.request.path_params["name"], ctx.request.path_params["doc_id"]
     await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, name)
     deleted = await anyio.to_thread.run_sync(store.delete_document, name, doc_id)
     if not deleted:
@@ -165,9 +189,9 @@ async def delete_document(request: Request) -> Response:
     return json_response({"id": doc_id, "object": "document", "collection": name, "deleted": True})
 
 
-async def delete_collection(request: Request) -> Response:
-    gateway, caller, store = _caller_and_store(request)
-    name = request.path_params["name"]
+async def delete_collection(ctx: RequestContext) -> Response:
+    gateway, caller, store = ctx.gateway, ctx.caller, ctx.gateway.store
+    name = ctx.request.path_params["name"]
     info = await anyio.to_thread.run_sync(_visible_info_or_404, gateway, caller, name)
     await anyio.to_thread.run_sync(store.delete_collection, name)
     # The documents go; the name stays its owner's (collection_owners), as a key's name is never reused: the
@@ -180,9 +204,9 @@ async def delete_collection(request: Request) -> Response:
 
 def collection_routes() -> list[Route]:
     return [
-        Route("/v1/collections", list_collections, methods=["GET"]),
-        Route("/v1/collections/{name}", get_collection, methods=["GET"]),
-        Route("/v1/collections/{name}", delete_collection, methods=["DELETE"]),
-        Route("/v1/collections/{name}/documents", add_documents, methods=["POST"]),
-        Route("/v1/collections/{name}/documents/{doc_id:path}", delete_document, methods=["DELETE"]),
+        Route("/v1/collections", keyed(list_collections), methods=["GET"]),
+        Route("/v1/collections/{name}", keyed(get_collection), methods=["GET"]),
+        Route("/v1/collections/{name}", keyed(delete_collection), methods=["DELETE"]),
+        Route("/v1/collections/{name}/documents", keyed(add_documents, metered=True), methods=["POST"]),
+        Route("/v1/collections/{name}/documents/{doc_id:path}", keyed(delete_document), methods=["DELETE"]),
     ]

@@ -12,6 +12,8 @@ from pipelines.cancellation import cancel_scope
 
 T = TypeVar("T")
 
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its answer was ready
+
 
 class ClientDisconnected(Exception):
     """The client went away before its answer was ready."""

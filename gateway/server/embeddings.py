@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import logging
 import time
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -11,22 +10,16 @@ from typing import Any, Literal, Union
 import anyio
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.ledger.errors import LedgerError
 from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
-from gateway.server.bodies import json_response, read_body
-from gateway.server.errors import from_ledger_error
-from gateway.server.limits import admit
-from gateway.server.state import gateway_of
+from gateway.server.bodies import json_response
+from gateway.server.context import RequestContext, keyed
 from policies.routes import PASSTHROUGH
 from policies.schema import ModelConfig, Policy
-
-logger = logging.getLogger(__name__)
 
 PACKAGED_EMBEDDING_MODEL = "local/all-minilm-l6-v2"
 
@@ -137,35 +130,20 @@ async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], e
     return answer
 
 
-async def create_embeddings(request: Request) -> Response:
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)  # a refused key is counted by the error handler, never ledgered
-    entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+async def create_embeddings(ctx: RequestContext) -> Response:
+    gateway, entry = ctx.gateway, ctx.entry
+    assert entry is not None  # metered
     entry.record.route, entry.record.reason = PASSTHROUGH, "embeddings"
-    entry.record.key_id = caller.key_id
-    try:
-        embeddings, body = _parse(await read_body(request, gateway.settings.max_body_bytes))
-        entry.record.alias = embeddings.model
-        # the embedding model is a model like any other: the policy's pass-through list, the key's models and limits
-        await admit(gateway.policy, gateway.keys, caller, embeddings.model)
-        name = local_embedding_model(gateway.policy)
-        if embeddings.model == name:
-            answer = await _local(gateway, embeddings, name, entry)
-        else:
-            answer = await _upstream(gateway, embeddings, body, entry)
-    except GatewayError as exc:
-        entry.finish(exc.status, exc.message)
-        raise
-    except LedgerError as exc:  # the key's limits live in the ledger database: answered by the error handler
-        error = from_ledger_error(exc)
-        entry.finish(error.status, error.message)
-        raise
-    except Exception as exc:
-        entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
-        raise
-    entry.finish(200)
+    embeddings, body = _parse(ctx.body)
+    # the embedding model is a model like any other: the policy's pass-through list, the key's models and limits
+    await ctx.admit(embeddings.model)
+    name = local_embedding_model(gateway.policy)
+    if embeddings.model == name:
+        answer = await _local(gateway, embeddings, name, entry)
+    else:
+        answer = await _upstream(gateway, embeddings, body, entry)
     return json_response(answer)
 
 
 def embeddings_route() -> Route:
-    return Route("/v1/embeddings", create_embeddings, methods=["POST"])
+    return Route("/v1/embeddings", keyed(create_embeddings, metered=True), methods=["POST"])

@@ -1,9 +1,12 @@
 """Errors as responses: GatewayError, the ledger's and the document store's errors and Starlette's own, all in
-OpenAI's envelope."""
+OpenAI's envelope, through one table (`failure`): the keyed endpoints' wrapper (gateway.server.context) records
+its status in the ledger and answers with its envelope; `handle_error` does the same for the app's other routes."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
@@ -37,41 +40,50 @@ def from_ledger_error(exc: LedgerError) -> GatewayError:
     return GatewayError(status, exc.message, param=exc.param, code=exc.code)
 
 
-async def handle_gateway_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, GatewayError)
-    if exc.status == 401:  # a missing or wrong key on any endpoint: counted, never ledgered
-        gateway = getattr(request.app.state, "gateway", None)
-        if gateway is not None:
-            gateway.metrics.unauthenticated.inc()
-    return error_response(exc, _request_id_header(request))
+@dataclass(frozen=True)
+class Failure:
+    """How a request that raised ends: the error its client is told, the text its ledger record keeps, and
+    whether it was a bug (logged with its traceback)."""
+
+    error: GatewayError
+    ledger_text: str
+    unexpected: bool = False
 
 
-async def handle_ledger_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, LedgerError)
-    return error_response(from_ledger_error(exc), _request_id_header(request))
+INTERNAL_ERROR = "internal error in the gateway; see the gateway log"
 
 
-async def handle_store_error(request: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, (StoreUnavailable, CollectionNotFound))
-    return error_response(from_store_error(exc), _request_id_header(request))
+def failure(exc: BaseException) -> Failure:
+    """The one exception table: every error a request can end with, as the status and envelope the client
+    gets (the ledger records the same status)."""
+    if isinstance(exc, GatewayError):
+        error = exc
+    elif isinstance(exc, LedgerError):  # key limits, owners, the admin API's queries
+        error = from_ledger_error(exc)
+    elif isinstance(exc, (StoreUnavailable, CollectionNotFound)):
+        error = from_store_error(exc)
+    elif isinstance(exc, HTTPException):  # Starlette's own 404/405 etc.
+        error = GatewayError(exc.status_code, str(exc.detail or "error"))
+    else:  # never a bare 500 with a traceback: the envelope, and the cause in the log and the ledger
+        return Failure(GatewayError(500, INTERNAL_ERROR, code="internal_error"),
+                       f"internal error: {type(exc).__name__}: {exc}", unexpected=True)
+    return Failure(error, error.message)
 
 
-async def handle_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    # Never a bare 500 with a traceback: log it, answer with the envelope.
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    error = GatewayError(500, "internal error in the gateway; see the gateway log", code="internal_error")
-    return error_response(error, _request_id_header(request))
-
-
-def _request_id_header(request: Request) -> dict[str, str]:
+def request_id_header(request: Request) -> dict[str, str]:
     request_id = getattr(request.state, "request_id", None)
     return {headers.REQUEST_ID: request_id} if request_id else {}
 
 
-async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
-    """Starlette's own 404/405 etc. in the OpenAI envelope."""
-    status = getattr(exc, "status_code", 500)
-    detail = getattr(exc, "detail", None) or "error"
-    if status == 404:
-        detail = f"no route for {request.method} {request.url.path}"
-    return error_response(GatewayError(status, str(detail)), _request_id_header(request))
+async def handle_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's handler for errors raised outside gateway.server.context.keyed (open endpoints, routing)."""
+    if isinstance(exc, HTTPException) and exc.status_code == 404:
+        exc = HTTPException(404, f"no route for {request.method} {request.url.path}")
+    failed = failure(exc)
+    if failed.unexpected:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    if failed.error.status == 401:  # a missing or wrong key: counted, never ledgered
+        gateway = getattr(request.app.state, "gateway", None)
+        if gateway is not None:
+            gateway.metrics.unauthenticated.inc()
+    return error_response(failed.error, request_id_header(request))

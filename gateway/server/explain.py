@@ -1,33 +1,39 @@
-"""POST /v1/route/explain: the routing decision for a chat body, with estimates, and no LLM call."""
+"""POST /v1/route/explain: the routing decision for a chat body, with estimates, and no LLM call.
+
+Admitted and metered like chat (planning can embed attached documents): its ledger record is a pass-through
+with reason "explain" and no legs."""
 from __future__ import annotations
 
 import anyio
-from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.protocol import parse_chat_request
 from gateway.routing.explain import explain_plan
 from gateway.server import headers
-from gateway.server.bodies import json_response, read_body
+from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
+from gateway.server.context import RequestContext
 from gateway.server.injection import flag_headers, screen_attached
-from gateway.server.state import gateway_of
 from pipelines.embedding import scope_queries
+from policies.routes import PASSTHROUGH
+
+EXPLAIN_REASON = "explain"
 
 
-async def explain_route(request: Request) -> Response:
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)
-    raw = await read_body(request, gateway.settings.max_body_bytes)
-    chat, body = parse_chat_request(raw)
-    chat.scope_to(caller.key_id)
-    scope_queries(caller.key_id)
+async def explain_route(ctx: RequestContext) -> Response:
+    gateway, entry = ctx.gateway, ctx.entry
+    assert entry is not None  # metered
+    entry.record.route, entry.record.reason = PASSTHROUGH, EXPLAIN_REASON
+    chat, body = parse_chat_request(ctx.body)
+    chat.scope_to(ctx.key_id)
+    scope_queries(ctx.key_id)
+    await ctx.admit(chat.model)
     found = await screen_attached(gateway.policy, chat)
-    check_collection_access(gateway, caller, requested_collection(chat, request))
+    check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
-        request.headers.get(headers.COLLECTION), gateway.routing.warm,
+        ctx.request.headers.get(headers.COLLECTION), gateway.routing.warm,
     )
     if found:
         result["flags"] = found

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.ledger.keys import KeyConflict, expiry_time
 from gateway.protocol import parse_json_object
-from gateway.server.bodies import json_response, read_body
-from gateway.server.state import gateway_of
+from gateway.server.bodies import json_response
+from gateway.server.context import RequestContext, keyed
 
 MAX_KEYS_BODY = 64 * 1024
 
@@ -32,10 +31,9 @@ class CreateKeyRequest(BaseModel):
     expires: str | None = Field(None, description="an age from now: 30m, 12h, 30d, 8w")
 
 
-async def create_key(request: Request) -> Response:
-    gateway = gateway_of(request)
-    gateway.auth.check_admin(request)
-    body = parse_json_object(await read_body(request, MAX_KEYS_BODY))
+async def create_key(ctx: RequestContext) -> Response:
+    gateway = ctx.gateway
+    body = parse_json_object(ctx.body)
     try:
         spec = CreateKeyRequest.model_validate(body)
     except ValidationError as exc:
@@ -56,9 +54,8 @@ async def create_key(request: Request) -> Response:
     return json_response({**key.to_dict(), "key": secret}, status=201)
 
 
-async def list_keys(request: Request) -> Response:
-    gateway = gateway_of(request)
-    gateway.auth.check_admin(request)
+async def list_keys(ctx: RequestContext) -> Response:
+    gateway = ctx.gateway
 
     def listing():
         keys = gateway.keys.list()
@@ -68,17 +65,16 @@ async def list_keys(request: Request) -> Response:
     return json_response({"object": "list", "data": await anyio.to_thread.run_sync(listing)})
 
 
-async def revoke_key(request: Request) -> Response:
-    gateway = gateway_of(request)
-    gateway.auth.check_admin(request)
-    key = await anyio.to_thread.run_sync(gateway.keys.revoke, request.path_params["name"])
+async def revoke_key(ctx: RequestContext) -> Response:
+    gateway = ctx.gateway
+    key = await anyio.to_thread.run_sync(gateway.keys.revoke, ctx.request.path_params["name"])
     gateway.auth.forget()
     return json_response(key.to_dict())
 
 
 def key_routes() -> list[Route]:
     return [
-        Route("/v1/admin/keys", create_key, methods=["POST"]),
-        Route("/v1/admin/keys", list_keys, methods=["GET"]),
-        Route("/v1/admin/keys/{name}", revoke_key, methods=["DELETE"]),
+        Route("/v1/admin/keys", keyed(create_key, admin=True, body_limit=MAX_KEYS_BODY), methods=["POST"]),
+        Route("/v1/admin/keys", keyed(list_keys, admin=True), methods=["GET"]),
+        Route("/v1/admin/keys/{name}", keyed(revoke_key, admin=True), methods=["DELETE"]),
     ]

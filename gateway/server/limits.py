@@ -68,9 +68,11 @@ def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> None:
                                code="rate_limit_exceeded", headers=_retry_after(until_next))
 
 
-async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str) -> None:
-    """Raise the 403 or 429 this request deserves, or return to let it through."""
-    check_model(policy, caller, model)
+async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str | None) -> None:
+    """Raise the 403 or 429 this request deserves, or return to let it through. `model` None: work on the
+    gateway's own embedding model (adding documents), limited by the key's budget and rates only."""
+    if model is not None:
+        check_model(policy, caller, model)
     key = caller.key
     if key is not None and (key.budget_usd is not None or key.rpm is not None or key.tpm is not None):
         await anyio.to_thread.run_sync(_check_usage, keys, key, time.time())

@@ -4,16 +4,16 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.server.bodies import json_response
+from gateway.server.context import RequestContext, keyed
 from gateway.server.auth import Caller
 from gateway.server.embeddings import local_embedding_model
 from gateway.server.limits import model_usable
-from gateway.server.state import Gateway, gateway_of
+from gateway.server.state import Gateway
 
 
 class ModelCard(BaseModel):
@@ -40,17 +40,13 @@ def _cards(gateway: Gateway, caller: Caller) -> list[ModelCard]:
     return [card for card in cards if model_usable(policy, caller, card.id)]
 
 
-async def list_models(request: Request) -> Response:
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)
-    return json_response(ModelList(data=_cards(gateway, caller)).model_dump())
+async def list_models(ctx: RequestContext) -> Response:
+    return json_response(ModelList(data=_cards(ctx.gateway, ctx.caller)).model_dump())
 
 
-async def retrieve_model(request: Request) -> Response:
-    gateway = gateway_of(request)
-    caller = gateway.auth.check(request)
-    model_id = request.path_params["model_id"]  # may hold '/': openai/gpt-4o-mini, local/...
-    for card in _cards(gateway, caller):  # one this key may not use is as absent as an unknown one
+async def retrieve_model(ctx: RequestContext) -> Response:
+    model_id = ctx.request.path_params["model_id"]  # may hold '/': openai/gpt-4o-mini, local/...
+    for card in _cards(ctx.gateway, ctx.caller):  # one this key may not use is as absent as an unknown one
         if card.id == model_id:
             return json_response(card.model_dump())
     raise GatewayError(404, f"the model {model_id[:256]!r} does not exist", param="model", code="model_not_found")
@@ -58,6 +54,6 @@ async def retrieve_model(request: Request) -> Response:
 
 def model_routes() -> list[Route]:
     return [
-        Route("/v1/models", list_models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", retrieve_model, methods=["GET"]),
+        Route("/v1/models", keyed(list_models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", keyed(retrieve_model), methods=["GET"]),
     ]

@@ -77,10 +77,11 @@ def build_schema(routes: list[Route], title: str, version: str) -> dict[str, Any
                                         ref_template=REF)
     paths: dict[str, dict] = {}
     for endpoint in SchemaGenerator({}).get_endpoints(routes):
-        found = bodies.get(endpoint.func, Bodies())
+        handler = getattr(endpoint.func, "__wrapped__", endpoint.func)  # a keyed endpoint's own handler
+        found = bodies.get(handler, Bodies())
         operation: dict[str, Any] = {
-            "operationId": f"{endpoint.func.__name__}_{endpoint.http_method}",
-            "summary": _summary(endpoint.func),
+            "operationId": f"{handler.__name__}_{endpoint.http_method}",
+            "summary": _summary(handler),
             "responses": {
                 "200": {"description": "OK", **({"content": _json_content(found.response)} if found.response else {})},
                 "default": {"description": "an error", "content": _json_content(ErrorEnvelope)},

@@ -10,13 +10,11 @@ from starlette.responses import StreamingResponse
 
 from gateway.errors import GatewayError
 from gateway.routing.calls import Streamed, StreamFinish
+from gateway.server.disconnect import CLIENT_CLOSED
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
 
 logger = logging.getLogger(__name__)
-
-CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before the stream ended
-
 
 class EventStreamResponse(StreamingResponse):
     """SSE that always watches for the client leaving (Starlette only does so for older ASGI servers), so

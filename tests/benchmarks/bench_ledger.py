@@ -223,7 +223,6 @@ def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None
     from gateway.server.admin import admin_routes
     from gateway.server.auth import Authenticator
     from gateway.errors import GatewayError
-    from gateway.server.errors import handle_gateway_error  # noqa: F401
 
     print("admin endpoints (Starlette app in process, httpx test client, admin key):")
     from tests.ledger_fixtures import admin_app

@@ -275,7 +275,10 @@ def test_explain_decides_without_calling_a_model(start, upstream):
     assert estimates["rag"]["prompt_tokens"] < estimates["long"]["prompt_tokens"]
     assert estimates["long"]["cost_usd"] > estimates["rag"]["cost_usd"]
     assert len(upstream[1].state.received) == before
-    assert ledger_rows(app) == []
+    # explain is metered (issue 18): one record of the request, no model leg, nothing spent
+    [row] = ledger_rows(app)
+    assert (row["route"], row["reason"], row["cost_usd"]) == ("passthrough", "explain", 0)
+    assert ledger_rows(app, "upstream_calls") == []
 
 
 def test_a_question_too_long_for_the_window_is_a_400(start):

@@ -1,0 +1,116 @@
+"""One request to an endpoint that takes a key, opened and closed in one place.
+
+Every such endpoint is an `async def handler(ctx: RequestContext) -> Response`, registered through `keyed`:
+
+    Route("/v1/route/explain", keyed(explain_route, metered=True), methods=["POST"])
+    Route("/v1/admin/costs", keyed(costs, admin=True), methods=["GET"])
+
+`keyed` does, in this order, what every endpoint used to do for itself:
+
+1. authenticates (`admin=True`: the admin key). A refused key is counted (`selfroute_unauthenticated_requests`)
+   and never ledgered: anyone can send those, cheaply;
+2. opens the request's ledger entry (`metered=True`), with the caller's key id on it;
+3. reads the body of a POST under the size limit (`ctx.body`; `body_limit`, else the settings' max_body_bytes);
+4. runs the handler in the request's cancellation scope (gateway.server.disconnect): the client leaving stops
+   the work and is recorded as 499; a shutdown past its grace period is recorded as 503 and re-raised;
+5. records the final status once: the response's status, or for an exception the status of the error
+   `gateway.server.errors.failure` maps it to (the one exception table), and answers with that error.
+   A streamed answer records its own end when the stream ends (gateway.server.streaming).
+
+Inside, the handler calls `await ctx.admit(model)` once it knows which model the request uses: the
+policy's and the key's model allow-lists, the key's budget and rate limits (gateway.server.limits). It
+fills in what only it knows on `ctx.entry.record` (route, reason, ...) and adds the legs it ran.
+Endpoints that do model work (chat, embeddings, explain, adding documents) are metered and admitted;
+reading or deleting collections and the admin API are only authenticated.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.server.auth import Caller
+from gateway.server.bodies import read_body
+from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
+from gateway.server.errors import error_response, failure, request_id_header
+from gateway.server.limits import admit
+from gateway.server.state import Gateway, gateway_of
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN = 503
+
+Handler = Callable[["RequestContext"], Awaitable[Response]]
+
+
+@dataclass
+class RequestContext:
+    """What one keyed request carries from its authentication to its last ledger status."""
+
+    request: Request
+    gateway: Gateway
+    caller: Caller
+    entry: RequestLedgerEntry | None  # None on an endpoint that is not metered
+    body: bytes = b""
+
+    @property
+    def key_id(self) -> str | None:
+        return self.caller.key_id
+
+    async def admit(self, model: str | None) -> None:
+        """Raise the 403 (model not allowed) or 429 (budget, rate limit) this request deserves. `model` None
+        (work on the gateway's own embedding model, such as adding documents) checks budget and rates only."""
+        if self.entry is not None and model is not None:
+            self.entry.record.alias = model
+        await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
+
+
+def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_limit: int | None = None):
+    """The Starlette endpoint for `handler`: see the module's docstring."""
+
+    @functools.wraps(handler)
+    async def endpoint(request: Request) -> Response:
+        gateway = gateway_of(request)
+        try:
+            caller = gateway.auth.check_admin(request) if admin else gateway.auth.check(request)
+        except Exception as exc:  # refused before it touches the ledger
+            error = failure(exc).error
+            if error.status == 401:
+                gateway.metrics.unauthenticated.inc()
+            return error_response(error, request_id_header(request))
+        entry = None
+        if metered:
+            entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+            entry.record.key_id = caller.key_id
+        ctx = RequestContext(request, gateway, caller, entry)
+        try:
+            if request.method in ("POST", "PUT", "PATCH"):
+                ctx.body = await read_body(request, body_limit or gateway.settings.max_body_bytes)
+            response = await unless_disconnected(request, lambda: handler(ctx))
+        except ClientDisconnected:  # nobody to answer: the work was stopped
+            if entry is not None:
+                entry.finish(CLIENT_CLOSED, "client disconnected before the answer was ready")
+            return Response(status_code=CLIENT_CLOSED)
+        except anyio.get_cancelled_exc_class():  # a shutdown past its grace period: still ledgered
+            if entry is not None:
+                entry.finish(SHUTDOWN, "the gateway shut down before the answer was ready")
+            raise
+        except Exception as exc:
+            failed = failure(exc)
+            if failed.unexpected:  # logged once here, answered with the envelope, never a traceback
+                logger.exception("%s %s failed (request %s)", request.method, request.url.path,
+                                 request.state.request_id)
+            if entry is not None:
+                entry.finish(failed.error.status, failed.ledger_text)
+            return error_response(failed.error, request_id_header(request))
+        if entry is not None and not isinstance(response, StreamingResponse):
+            entry.finish(response.status_code)  # a stream records how it really ended, when it ends
+        return response
+
+    return endpoint

@@ -180,7 +180,7 @@ def test_every_error_class_is_ledgered_with_the_status_it_answers(raising_app):
     answered = [httpx.post(f"{url}/raise/{i}", timeout=30) for i in range(len(CLASSES))]
     assert [r.status_code for r in answered] == [status for _, status in CLASSES]
     rows = _rows_by_id(app)
-    for (exc, status), response in zip(CLASSES, answered):
+    for (exc, status), response in zip(CLASSES, answered, strict=True):
         row = rows[response.headers["x-selfroute-request-id"]]
         assert row["status"] == status, type(exc).__name__
         if status != 499:

@@ -56,6 +56,8 @@ class Settings:
     policy_path: Path | None = None  # None: the shipped default policy
     cheap_model: str | None = None  # overrides the policy's cheap model
     long_model: str | None = None  # overrides the policy's long model
+    cheap_window: int | None = None  # the overriding cheap model's context window, when litellm does not know it
+    long_window: int | None = None  # the overriding long model's context window, when litellm does not know it
     keys_file: Path | None = None
     max_body_bytes: int = 32 * 1024 * 1024
     vector_store_uri: str | None = field(default_factory=lambda: os.environ.get(STORE_URI_ENV) or None)

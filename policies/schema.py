@@ -30,7 +30,12 @@ class ModelConfig(_Strict):
     cache_write_cost_per_mtok: float | None = Field(
         None, ge=0, description="USD per million prompt tokens written to the prompt cache (Anthropic; default: input)"
     )
-    context_window: int | None = Field(None, ge=256)
+    context_window: int | None = Field(
+        None, ge=256, description="tokens the model accepts; default: litellm's model information (policies.limits)"
+    )
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="the most tokens the model answers with; default: litellm's model information"
+    )
     cache_control: bool | None = Field(
         None, description="mark the long route's document block cacheable (Anthropic cache_control); "
         "default: on for Claude models"

@@ -18,6 +18,7 @@ cheap:
   api_base: {base}/v1
   input_cost_per_mtok: 1.0
   output_cost_per_mtok: 2.0
+  context_window: 8192
 long:
   model: openai/fake-long
   api_base: {base}/v1

@@ -56,7 +56,8 @@ def live(upstream, tmp_path_factory):
     port = _free_port()
     log = open(work / "serve.log", "w")
     server = subprocess.Popen([str(wrapper), "serve", "--port", str(port), "--cheap-model", "openai/fake-cheap",
-                               "--long-model", "openai/fake-long"], cwd=work, env=env, stdout=log,
+                               "--long-model", "openai/fake-long", "--cheap-window", "8192", "--long-window", "16000"],
+                              cwd=work, env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180

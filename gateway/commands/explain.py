@@ -15,7 +15,12 @@ def register(subparsers, parents) -> None:
         "explain", parents=parents, help="the routing decision for a question about a collection or files",
         description="Route a question as the gateway would and print the decision, its features and each route's "
                     "estimated tokens and cost. No model is called; attached files are embedded like inline "
-                    "documents (and cached in the store).")
+                    "documents (and cached in the store).",
+        epilog="examples:\n"
+               "  selfroute explain \"Which court decides disputes under the berth lease?\" --collection harbour\n"
+               "  selfroute explain \"What is the notice period?\" --file contract.pdf --json\n"
+               "  selfroute explain \"Summarise section 4\" -c harbour --policy policies/hosted-example.yaml",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("question", help="the question, as the last user message")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", "--collection", help="an ingested collection (see `selfroute collections list`)")
@@ -51,9 +56,11 @@ def explain(args: argparse.Namespace) -> dict:
     from gateway.routing.explain import explain_plan
     from gateway.routing.model_files import load_route_model
     from gateway.routing.planner import RoutePlanner
+    from policies.limits import effective_policy
     from policies.loader import load_policy
 
     policy, policy_path = load_policy(args.policy)
+    policy, _ = effective_policy(policy)  # the windows the gateway would pack for
     chat, body = parse_chat_request(json.dumps(_body(args, policy.aliases[0])).encode())
     planner = RoutePlanner(policy, open_store(args, policy), Router(policy, load_route_model(policy, policy_path)))
     return explain_plan(policy, PriceBook(), planner, chat, body["messages"], None)

@@ -15,7 +15,16 @@ DEFAULT_SHUTDOWN_TIMEOUT = 15.0
 def register(subparsers, parents) -> None:
     from gateway.commands._common import add_ledger_argument
 
-    parser = subparsers.add_parser("serve", parents=parents, help="run the OpenAI-compatible gateway")
+    parser = subparsers.add_parser(
+        "serve", parents=parents, help="run the OpenAI-compatible gateway",
+        description="Run the gateway. At start-up it prints the effective limits: each model's window, output limit, "
+                    "prices, timeout, and what the long, direct and rag routes pack.",
+        epilog="examples:\n"
+               "  selfroute serve                                   # the embedded default on 127.0.0.1:8000\n"
+               "  selfroute serve --cheap-model openai/gpt-4o-mini --long-model openai/gpt-4.1\n"
+               "  selfroute serve --long-model hosted_vllm/qwen2.5-72b --long-window 32768\n"
+               "  selfroute serve --policy policies/hosted-example.yaml --host 0.0.0.0 --workers 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_ledger_argument(parser)  # replicas share a PostgreSQL ledger: --ledger-url postgresql://...
     parser.add_argument("--store-uri", default=None,
                         help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
@@ -23,8 +32,7 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--cheap-model", default=None, help="override the policy's cheap model (litellm model string)")
-    parser.add_argument("--long-model", default=None, help="override the policy's long model (litellm model string)")
+    add_model_override_arguments(parser)
     parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes sharing the port, the ledger and the document store (default 1)")
@@ -35,6 +43,38 @@ def register(subparsers, parents) -> None:
     parser.set_defaults(func=run)
 
 
+def add_model_override_arguments(parser: argparse.ArgumentParser) -> None:
+    """--cheap-model / --long-model and their windows (serve, and policy check to preview them)."""
+    parser.add_argument("--cheap-model", default=None,
+                        help="replace the policy's cheap model (litellm model string): its window, output limit and "
+                             "prices come from litellm's model information, the RAG budget from its class")
+    parser.add_argument("--long-model", default=None,
+                        help="replace the policy's long model (litellm model string): the long route packs its "
+                             "window less the answer reserve")
+    parser.add_argument("--cheap-window", type=_window, default=None, metavar="TOKENS",
+                        help="the --cheap-model's context window, for a model litellm does not know")
+    parser.add_argument("--long-window", type=_window, default=None, metavar="TOKENS",
+                        help="the --long-model's context window, for a model litellm does not know")
+
+
+def override_problem(args: argparse.Namespace) -> str | None:
+    for role in ("cheap", "long"):
+        if getattr(args, f"{role}_window") and not getattr(args, f"{role}_model"):
+            return (f"--{role}-window goes with --{role}-model (a policy gives its models' windows as "
+                    f"{role}.context_window)")
+    return None
+
+
+def _window(text: str) -> int:
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 256:
+        raise argparse.ArgumentTypeError(f"expected a context window of at least 256 tokens, got {text!r}")
+    return value
+
+
 def _settings(values: dict):
     from gateway.settings import Settings
 
@@ -43,6 +83,8 @@ def _settings(values: dict):
         policy_path=Path(values["policy_path"]) if values["policy_path"] else None,
         cheap_model=values["cheap_model"],
         long_model=values["long_model"],
+        cheap_window=values.get("cheap_window"),
+        long_window=values.get("long_window"),
         keys_file=Path(values["keys_file"]) if values["keys_file"] else None,
     )
     if values["store_uri"]:
@@ -71,9 +113,14 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("selfroute serve: --workers must be at least 1", file=sys.stderr)
         return 2
+    problem = override_problem(args)
+    if problem:
+        print(f"selfroute serve: {problem}", file=sys.stderr)
+        return 2
     values = {
         "data_dir": str(resolve_data_dir(args.data_dir)), "policy_path": str(args.policy) if args.policy else None,
         "cheap_model": args.cheap_model, "long_model": args.long_model,
+        "cheap_window": args.cheap_window, "long_window": args.long_window,
         "keys_file": str(args.keys_file) if args.keys_file else None, "store_uri": args.store_uri,
         "ledger_url": args.ledger_url,
     }
@@ -96,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}; "
           f"{args.workers} worker(s)", flush=True)
+    for line in app.state.limits.lines():  # what the routes pack for, and what an override changed
+        print(f"selfroute: {line}", flush=True)
     common = {"host": args.host, "port": args.port, "log_level": str(args.log_level).lower(), "access_log": False,
               "timeout_graceful_shutdown": args.shutdown_timeout}
     if args.workers == 1:

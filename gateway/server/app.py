@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -36,6 +36,7 @@ from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
 from pipelines.errors import CollectionNotFound, StoreUnavailable
+from policies.limits import effective_policy
 from policies.loader import load_policy
 from policies.schema import Policy
 
@@ -43,21 +44,6 @@ if TYPE_CHECKING:
     from pipelines.embedding import Embedder
 
 logger = logging.getLogger(__name__)
-
-
-_NO_CACHE_PRICES = {"cached_input_cost_per_mtok": None, "cache_write_cost_per_mtok": None}
-
-
-def apply_model_overrides(policy: Policy, settings: Settings) -> Policy:
-    """--cheap-model / --long-model replace the policy's model strings (keeping nothing model-specific)."""
-    update: dict[str, Any] = {}
-    if settings.cheap_model:
-        update["cheap"] = policy.cheap.model_copy(update={"model": settings.cheap_model, "input_cost_per_mtok": None,
-                                                          "output_cost_per_mtok": None, **_NO_CACHE_PRICES})
-    if settings.long_model:
-        update["long"] = policy.long.model_copy(update={"model": settings.long_model, "input_cost_per_mtok": None,
-                                                        "output_cost_per_mtok": None, **_NO_CACHE_PRICES})
-    return policy.model_copy(update=update) if update else policy
 
 
 def default_upstream() -> Upstream:
@@ -94,9 +80,13 @@ def create_app(
 ) -> Starlette:
     """Build the gateway. Tests inject fakes; the CLI passes what it built from flags and environment."""
     policy_path = settings.policy_path
+    strict = policy is None  # a policy file must give the window of a model litellm does not know
     if policy is None:
         policy, policy_path = load_policy(settings.policy_path)
-    policy = apply_model_overrides(policy, settings)
+    # --cheap-model / --long-model, and every model's window, output limit, timeout and retries filled in
+    policy, limits = effective_policy(policy, cheap_model=settings.cheap_model, long_model=settings.long_model,
+                                      cheap_window=settings.cheap_window, long_window=settings.long_window,
+                                      strict=strict)
     private_dir(settings.data_dir)
     ledger = ledger or Ledger(settings.ledger_location, dead_letter_dir=settings.data_dir)
     keys = KeyStore(ledger.location)
@@ -149,5 +139,6 @@ def create_app(
                                                              CollectionNotFound, HTTPException, Exception)},
     )
     app.state.gateway = gateway
+    app.state.limits = limits  # what `serve` prints at start-up (policies.limits.EffectiveLimits)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -20,9 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 POLICY = """
 name: serve-test
 aliases: [selfroute]
-cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0}}
+cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0,
+         context_window: 8192}}
 long: {{model: "openai/{long}", api_base: "{base}/v1", timeout: 300, input_cost_per_mtok: 10.0,
-        output_cost_per_mtok: 20.0}}
+        output_cost_per_mtok: 20.0, context_window: 128000}}
 routing: {{classifier: null, default_route: long}}
 """
 

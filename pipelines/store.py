@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import json
 import logging
+import os
 import re
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -49,6 +52,11 @@ _INLINE_USAGE = "selfroute-inline-usage"
 # a process re-records a use at most this often per collection (each record is a write to the store), and never
 # less often than a quarter of the idle period, so a collection in use always looks recently used
 _USAGE_REFRESH_S = 60.0
+# the store's secret that inline collection names are keyed with (HMAC-SHA256), so no client can derive the name of
+# another key's attached documents: one row, kept in the store itself so every replica sharing it (an S3 bucket) names
+# the same documents alike. Not a collection either.
+_INLINE_SECRET = "selfroute-inline-secret"
+_SECRET_ROW = "inline-names"
 _USAGE_COMPACT_EVERY = 100  # usage records (each a table version) between compactions
 # Ingestion writes in batches: one LanceDB write per batch keeps the number of fragments low.
 _WRITE_BATCH_CHUNKS = 4096
@@ -128,6 +136,16 @@ def validate_collection_name(name: str) -> str:
         raise ValueError(
             f"invalid collection name {name!r}: use 1-128 letters, digits, '-', '_' or '.' (not starting with '.')"
         )
+    return name
+
+
+def check_writable_name(name: str) -> str:
+    """A collection name a client or `selfroute ingest` may write to: valid, and not an inline collection's
+    (`inline-*` is reserved for the documents attached to requests, which the gateway alone writes)."""
+    validate_collection_name(name)
+    if name.startswith(_INLINE_PREFIX):
+        raise ValueError(f"collection names starting with {_INLINE_PREFIX!r} are reserved for the gateway's "
+                         "attached-document caches; choose another name")
     return name
 
 
@@ -211,6 +229,8 @@ class DocumentStore:
         self._usage_lock = threading.Lock()
         self._recorded_use: dict[str, float] = {}  # inline collection -> when this process last recorded its use
         self._usage_writes = 0
+        self._secret: bytes | None = None
+        self._secret_lock = threading.Lock()
         # (collection, doc id, content hash) -> ChunkVectors; the hash keeps a replaced document from
         # being scored with its old vectors
         self._vectors: OrderedDict[tuple[str, str, str], ChunkVectors] = OrderedDict()
@@ -447,25 +467,65 @@ class DocumentStore:
         requests with the same new documents embed them once. Read it through read_inline, which survives
         its being dropped meanwhile."""
         name = self.inline_name(docs)
-        wanted = len({d.id for d in docs})
         # recorded before ingesting: from now on no process takes it for idle
         self._record_inline_use(name)
-        if not self._holds(name, wanted):
+        if not self._holds(name, docs):
             with self._ingesting.hold(name):
-                if not self._holds(name, wanted):
+                if not self._holds(name, docs):
                     self.ingest(name, docs, should_stop=should_stop)
+                    self._drop_foreign(name, docs)
                     self._drop_idle_inline()  # only a new collection can take the store past the cap
         return name
 
-    @staticmethod
-    def inline_name(docs: list[Document]) -> str:
-        """The inline collection of these documents: named by their ids and content hashes."""
+    def inline_name(self, docs: list[Document]) -> str:
+        """The inline collection of these documents: an HMAC of their ids and content hashes under the store's
+        secret, so nobody without the store can compute it (the content hash of attached documents includes the
+        key that sent them)."""
         if not docs:
             raise ValueError("no documents to make an inline collection from")
-        digest = hashlib.sha256()
+        digest = hmac.new(self._inline_secret(), digestmod=hashlib.sha256)
         for doc in sorted(docs, key=lambda d: d.id):
             digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
-        return _INLINE_PREFIX + digest.hexdigest()[:24]
+        return _INLINE_PREFIX + digest.hexdigest()[:32]
+
+    def _inline_secret(self) -> bytes:
+        with self._secret_lock:
+            if self._secret is None:
+                self._secret = self._load_or_create_secret()
+            return self._secret
+
+    def _load_or_create_secret(self) -> bytes:
+        """The store's inline-name secret, made by the first process that needs it. Two replicas making it at once:
+        the row is an insert-if-absent on an (unenforced) primary key, so the second's insert conflicts, retries,
+        finds the row and inserts nothing; both then read the one that won."""
+        table = self._open(_INLINE_SECRET)
+        if table is None:
+            schema = pa.schema([pa.field("id", pa.string(), nullable=False, metadata=_PRIMARY_KEY),
+                                ("secret", pa.string())])
+            table = self.db.create_table(_INLINE_SECRET, schema=schema, exist_ok=True)
+        secret = self._read_secret(table)
+        if secret is None:
+            row = pa.table({"id": [_SECRET_ROW], "secret": [secrets.token_hex(32)]}, schema=table.schema)
+            table.merge_insert("id").when_not_matched_insert_all().execute(row)
+            secret = self._read_secret(table)
+        self._tighten_local(_INLINE_SECRET)
+        return bytes.fromhex(secret)
+
+    @staticmethod
+    def _read_secret(table) -> str | None:
+        rows = table.search().where(f"id = {_sql_str(_SECRET_ROW)}").select(["secret"]).limit(None).to_list()
+        return rows[0]["secret"] if rows else None
+
+    def _tighten_local(self, table_name: str) -> None:
+        """On a local store, the secret's files are the owner's alone (0700 folders, 0600 files). An object
+        store's access is its bucket policy's."""
+        if "://" in self.uri and not self.uri.startswith("file://"):
+            return
+        root = os.path.join(self.uri.removeprefix("file://"), table_name + ".lance")
+        for folder, _, files in os.walk(root):
+            os.chmod(folder, 0o700)
+            for name in files:
+                os.chmod(os.path.join(folder, name), 0o600)
 
     @_io_as_unavailable
     def read_inline(self, docs: list[Document], read: Callable[[str], T],
@@ -477,7 +537,7 @@ class DocumentStore:
         try:
             return read(self.inline_collection(docs, should_stop))
         except (CollectionNotFound, StoreUnavailable):
-            if self._holds(name, len({d.id for d in docs})):
+            if self._holds(name, docs):
                 raise  # still there: a real failure, not a drop
         log.info("inline collection %s was dropped while in use (by another process sharing the store?); "
                  "embedding its documents again", name)
@@ -487,14 +547,27 @@ class DocumentStore:
             # dropped twice in a moment: a store too busy to keep anything; the client may try again
             raise StoreUnavailable(StoreUnavailable.message) from None
 
-    def _holds(self, collection: str, n_documents: int) -> bool:
+    def _holds(self, collection: str, docs: list[Document]) -> bool:
+        """Whether the inline collection holds exactly these documents: the same ids with the same content hashes,
+        and nothing else (a count would take any documents of the right number for these)."""
         docs_table = self._open(collection + _DOCS)
+        if docs_table is None:
+            return False
         try:
-            return docs_table is not None and docs_table.count_rows() >= n_documents
+            return self._known_hashes(docs_table) == {d.id: content_hash(d) for d in docs}
         except RuntimeError as exc:
-            if _dropped(exc):  # dropped between opening and counting
+            if _dropped(exc):  # dropped between opening and reading
                 return False
             raise
+
+    def _drop_foreign(self, collection: str, docs: list[Document]) -> None:
+        """After an inline ingest: documents in the collection that are not these go (none can be there unless
+        something other than the gateway wrote it)."""
+        docs_table, _ = self._tables(collection)
+        wanted = {d.id for d in docs}
+        for doc_id in sorted(set(self._known_hashes(docs_table)) - wanted):
+            log.warning("inline collection %s held a document it was not made from; removed", collection)
+            self.delete_document(collection, doc_id)
 
     def _usage_table(self):
         table = self._open(_INLINE_USAGE)

@@ -140,9 +140,12 @@ class SecuritySettings(_Strict):
 
 
 class PassthroughSettings(_Strict):
-    allow: list[str] | None = Field(
-        None, description="fnmatch patterns of the model names any key may use by pass-through; "
-        "null (the default): any model name; []: none, only the routed aliases"
+    allow: list[str] = Field(
+        default_factory=list,
+        description="fnmatch patterns of the model names any key may use by pass-through, beside the models the "
+        "policy names (cheap, long, alternates) and the gateway's embedding model; [] (the default): only those. "
+        "Providers that reach local services (ollama/, llamafile/, local/, ...: policies.passthrough) need a "
+        "pattern naming the provider itself ('ollama/*'); '*' does not reach them",
     )
 
 

@@ -28,6 +28,8 @@ long:
 routing:
   classifier: null
   default_route: long
+passthrough:
+  allow: ["*"]  # the tests pass any name through to the fake upstream (not providers of local services)
 """
 
 

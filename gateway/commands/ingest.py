@@ -29,7 +29,7 @@ def register(subparsers, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipelines.ingest import ingest_paths
     from pipelines.samples import SAMPLE_COLLECTION, sample_path
-    from pipelines.store import validate_collection_name
+    from pipelines.store import check_writable_name
     from policies.loader import PolicyError, load_policy
 
     if args.sample:
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         policy, _ = load_policy(args.policy)
-        validate_collection_name(args.collection)
+        check_writable_name(args.collection)
     except (PolicyError, ValueError) as exc:
         print(f"selfroute ingest: {exc}", file=sys.stderr)
         return 2

@@ -132,6 +132,17 @@ def _document(item: InlineDocument) -> Document:
     return doc if item.id else replace(doc, id="doc-" + content_hash(doc)[:12])
 
 
+def _check_writable(name: str) -> None:
+    """400 for a name no client may write: invalid, or an inline collection's (`inline-*`, the gateway's own), for
+    every caller, the admin key too: a document written there would be answered from as another key's attachment."""
+    from pipelines.store import check_writable_name
+
+    try:
+        check_writable_name(name)
+    except ValueError as exc:
+        raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
+
+
 def _claim_for_writing(gateway: Gateway, caller: Caller, name: str) -> None:
     """A caller may write to a collection it may see; a new collection becomes the caller's."""
     try:
@@ -167,12 +178,13 @@ async def add_documents(ctx: RequestContext) -> Response:
     gateway, caller, entry = ctx.gateway, ctx.caller, ctx.entry
     assert entry is not None  # metered
     entry.record.route, entry.record.reason = PASSTHROUGH, INGEST_REASON
+    name = ctx.request.path_params["name"]
+    _check_writable(name)
     payload = _parse_add_documents(ctx.body)
     await ctx.admit(None)  # the gateway's own embedding model: the key's budget and rates, no model list
     found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
                                            "documents", caller.key_id)
     documents = [_document(d) for d in payload.documents]
-    name = ctx.request.path_params["name"]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
     report = await anyio.to_thread.run_sync(_ingest, gateway, name, documents, entry)
     body = {"object": "ingest_report", **report.to_dict(), **({"flags": found} if found else {})}

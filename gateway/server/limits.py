@@ -17,6 +17,7 @@ import anyio
 from gateway.errors import GatewayError
 from gateway.ledger.keys import KeyStore, NamedKey
 from gateway.server.auth import Caller
+from policies.passthrough import passthrough_allowed
 from policies.schema import Policy
 
 TPM_WINDOW_S = 60.0
@@ -32,8 +33,11 @@ def _not_allowed(model: str) -> GatewayError:
 
 
 def model_usable(policy: Policy, caller: Caller, model: str) -> bool:
-    """A routed alias, or a pass-through model the policy allows; and one the caller's key may use."""
-    if model not in policy.aliases and not model_allowed(policy.passthrough.allow, model):
+    """A routed alias, or a pass-through model the policy allows (policies.passthrough); and one the caller's key
+    may use."""
+    from gateway.server.embeddings import local_embedding_model  # it admits through this module
+
+    if not passthrough_allowed(policy, model, (local_embedding_model(policy),)):
         return False
     return caller.key is None or model_allowed(caller.key.models, model)
 

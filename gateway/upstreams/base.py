@@ -10,6 +10,7 @@ import re
 from typing import Any, AsyncIterator, Protocol
 
 from gateway.errors import GatewayError
+from gateway.upstreams.scrub import scrub
 from policies.schema import ModelConfig
 
 class Upstream(Protocol):
@@ -31,10 +32,17 @@ _HOST_PORT = re.compile(r"\b(?:[A-Za-z0-9\-]+\.)*[A-Za-z0-9\-]+:\d{1,5}\b|\[[0-9
 _IP = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b(?:'?,\s*\d{1,5})?")  # with a (host, port) tuple's port
 
 
-def client_safe(message: str) -> str:
-    """An upstream's message as a client may see it: no URLs, hosts, ports or addresses of the gateway's
-    upstreams, printable characters only, and short (raw upstream bodies can be anything)."""
-    text = _URL.sub("<url>", message)
+# litellm's wrapping of a provider's message: "litellm.BadRequestError: BadRequestError: OpenAIException - ..."
+_LITELLM_PREFIX = re.compile(r"^(?:\s*(?:litellm\.)?[A-Za-z]+(?:Error|Exception)\s*(?::|-)\s*)+")
+
+
+def client_safe(message: str, secret_env: tuple[str, ...] = ()) -> str:
+    """An upstream's message as a client (and the log, and the ledger) may see it: no secrets (key-shaped strings,
+    the configured keys' values, gateway.upstreams.scrub), tracebacks or file paths, no URLs, hosts, ports or
+    addresses of the gateway's upstreams, printable characters only, and short (raw upstream bodies can be
+    anything)."""
+    text = _LITELLM_PREFIX.sub("", scrub(message, secret_env)) or "no message"
+    text = _URL.sub("<url>", text)
     text = _HOST_PORT.sub("<host>", text)
     text = _IP.sub("<address>", text)
     text = "".join(c if c.isprintable() else " " for c in text)
@@ -43,16 +51,19 @@ def client_safe(message: str) -> str:
     return text
 
 
-def upstream_error(status: int | None, message: str, model: str) -> GatewayError:
-    """Map an upstream failure to the status the client should see."""
-    text = f"upstream model {model!r} failed: {client_safe(message)}"
+def upstream_error(status: int | None, message: str, model: str, secret_env: tuple[str, ...] = ()) -> GatewayError:
+    """Map an upstream failure to the status the client should see, with the provider's message summarised:
+    scrubbed (client_safe), and for a refused credential not passed on at all (providers quote the key back).
+    secret_env: names of environment variables holding this upstream's key (the policy's api_key_env)."""
+    if status in (401, 403):
+        # the gateway's credentials for the provider are wrong: not the client's fault, nor its business
+        return GatewayError(502, f"upstream model {model!r} failed: the provider refused the gateway's credentials "
+                                 f"(HTTP {status})", code="upstream_authentication_failed")
+    text = f"upstream model {model!r} failed: {client_safe(message, secret_env)}"
     if status is None:
         return GatewayError(502, text, code="upstream_unreachable")
     if status in (400, 404, 413, 422):
         return GatewayError(status, text, code="upstream_rejected_request")
-    if status in (401, 403):
-        # the gateway's credentials for the provider are wrong: not the client's fault
-        return GatewayError(502, text, code="upstream_authentication_failed")
     if status == 429:
         return GatewayError(429, text, code="upstream_rate_limited")
     if status in (408, 504):
@@ -61,11 +72,13 @@ def upstream_error(status: int | None, message: str, model: str) -> GatewayError
 
 
 def malformed_chunk(exc: Exception) -> GatewayError:
-    return GatewayError(502, f"the upstream sent a malformed stream chunk: {exc}", code="upstream_error")
+    return GatewayError(502, f"the upstream sent a malformed stream chunk: {client_safe(str(exc))}",
+                        code="upstream_error")
 
 
 def malformed_answer(model: str, problem: str) -> GatewayError:
-    return GatewayError(502, f"upstream model {model!r} sent a malformed answer: {problem}", code="upstream_error")
+    return GatewayError(502, f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}",
+                        code="upstream_error")
 
 
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")

@@ -80,15 +80,25 @@ def _stop(attempts: int):
     return stop
 
 
-def _error_message(payload: bytes) -> str:
+def error_message(payload: bytes) -> str:
+    """The message of an upstream's error body, whatever its shape: OpenAI's `{"error": {"message": ...}}`, any
+    other JSON (a list, a string, a number: `[...]`, `"bad request"`, `5`), or text. Never raises."""
     try:
         data = json.loads(payload)
-        error = data.get("error", data)
-        if isinstance(error, dict):
-            return str(error.get("message") or error)
-        return str(error)
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         return payload.decode("utf-8", "replace")[:500] or "no message"
+    error = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(error, dict):
+        message = error.get("message")
+        return str(message) if message else json.dumps(error)[:500]
+    if isinstance(error, str):
+        return error[:500] or "no message"
+    return json.dumps(error)[:500]
+
+
+def _secret_env(config: ModelConfig) -> tuple[str, ...]:
+    """The environment variable holding this upstream's key, whose value never appears in an error."""
+    return (config.api_key_env,) if config.api_key_env else ()
 
 
 class DirectOpenAIUpstream:
@@ -138,12 +148,13 @@ class DirectOpenAIUpstream:
                     504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
                 )) from None
             except aiohttp.ClientError as exc:
-                raise _Retryable(upstream_error(None, f"{type(exc).__name__}: {exc}", config.model)) from None
+                raise _Retryable(upstream_error(None, f"{type(exc).__name__}: {exc}", config.model,
+                                                _secret_env(config))) from None
             if response.status < 400:
                 return response
             content = await response.read()
             response.release()
-            error = upstream_error(response.status, _error_message(content), config.model)
+            error = upstream_error(response.status, error_message(content), config.model, _secret_env(config))
             if response.status not in RETRY_STATUSES:
                 raise error
             raise _Retryable(error, retry_after_seconds(response.headers))
@@ -178,7 +189,7 @@ class DirectOpenAIUpstream:
                 # a JSON answer (or an HTML page) to a stream request: relaying nothing would look like an empty 200
                 content = await response.read()
                 raise malformed_answer(config.model, f"asked for a stream, it answered {kind.split(';')[0]}: "
-                                                     f"{_error_message(content)[:200]}")
+                                                     f"{error_message(content)[:200]}")
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue

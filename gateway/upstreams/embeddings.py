@@ -10,7 +10,7 @@ import aiohttp
 
 from gateway.errors import GatewayError
 from gateway.upstreams.base import split_provider, upstream_error
-from gateway.upstreams.direct import DIRECT_PROVIDERS, DirectOpenAIUpstream
+from gateway.upstreams.direct import DIRECT_PROVIDERS, DirectOpenAIUpstream, error_message
 from policies.schema import ModelConfig
 
 _CHAT_PATH = "/chat/completions"
@@ -38,11 +38,8 @@ async def upstream_embeddings(config: ModelConfig, body: dict[str, Any]) -> dict
     except aiohttp.ClientError as exc:
         raise upstream_error(None, f"{type(exc).__name__}: {exc}", config.model) from None
     if status >= 400:
-        try:
-            message = json.loads(content)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = content[:200].decode("utf-8", "replace")
-        raise upstream_error(status, message, config.model)
+        raise upstream_error(status, error_message(content), config.model,
+                             (config.api_key_env,) if config.api_key_env else ())
     try:
         answer = json.loads(content)
     except ValueError:

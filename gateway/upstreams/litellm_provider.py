@@ -25,16 +25,17 @@ def _litellm():
     import litellm
 
     litellm.telemetry = False
+    litellm.suppress_debug_info = True  # else it prints help banners (and the failing call) to stdout
     return litellm
 
 
-def _map_exception(exc: Exception, model: str) -> GatewayError:
+def _map_exception(exc: Exception, model: str, secret_env: tuple[str, ...] = ()) -> GatewayError:
     litellm = _litellm()
     if isinstance(exc, litellm.Timeout):
         return GatewayError(504, f"upstream model {model!r} timed out", code="upstream_timeout")
     status = getattr(exc, "status_code", None)
     message = getattr(exc, "message", None) or str(exc)
-    return upstream_error(status if isinstance(status, int) else None, message, model)
+    return upstream_error(status if isinstance(status, int) else None, message, model, secret_env)
 
 
 # litellm reads `metadata` as its own logging options; the model comes from the config
@@ -86,7 +87,7 @@ class LiteLLMUpstream:
         except GatewayError:
             raise
         except Exception as exc:  # litellm raises its own exception family per provider
-            raise _map_exception(exc, config.model) from None
+            raise _map_exception(exc, config.model, (config.api_key_env,) if config.api_key_env else ()) from None
         return response.model_dump(exclude_none=True)
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -98,7 +99,7 @@ class LiteLLMUpstream:
         except GatewayError:
             raise
         except Exception as exc:
-            raise _map_exception(exc, config.model) from None
+            raise _map_exception(exc, config.model, (config.api_key_env,) if config.api_key_env else ()) from None
 
     async def aclose(self) -> None:
         return None

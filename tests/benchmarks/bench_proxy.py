@@ -80,6 +80,7 @@ name: bench
 cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
 long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
 routing: {{classifier: null}}
+passthrough: {{allow: ["*"]}}
 """)
     app = create_app(Settings(data_dir=Path(data_dir), ledger_url=ledger_url), policy=policy)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)

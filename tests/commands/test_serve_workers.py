@@ -25,6 +25,7 @@ cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", input_cost_per_mtok: 1
 long: {{model: "openai/{long}", api_base: "{base}/v1", timeout: 300, input_cost_per_mtok: 10.0,
         output_cost_per_mtok: 20.0, context_window: 128000}}
 routing: {{classifier: null, default_route: long}}
+passthrough: {{allow: ["*"]}}
 """
 
 

@@ -420,3 +420,33 @@ def test_a_failed_usage_record_is_logged_and_tried_again_not_raised(tmp_path, em
     name = store.inline_collection(docs)
     assert store.collection(name) is not None and "could not record the use" in caplog.text
     assert store.inline_collection(docs) == name and len(attempts) == 2  # not taken for recorded: tried again
+
+
+def test_inline_names_are_keyed_by_a_secret_the_store_keeps(tmp_path, embedder):
+    """Two stores on one directory (two replicas on one bucket) name the same documents alike, made at the same
+    moment too; another store names them differently, so the name cannot be computed from the documents alone.
+    On a local store the secret's files are the owner's alone."""
+    import os
+    import stat
+    from concurrent.futures import ThreadPoolExecutor
+
+    docs = [Document("a", "The vault code is 4417.")]
+    replicas = [DocumentStore(str(tmp_path / "shared"), embedder) for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        names = set(pool.map(lambda s: s.inline_name(docs), replicas))
+    assert len(names) == 1
+    assert DocumentStore(str(tmp_path / "shared"), embedder).inline_name(docs) in names  # a restart: the same
+    assert DocumentStore(str(tmp_path / "other"), embedder).inline_name(docs) not in names
+    root = tmp_path / "shared" / "selfroute-inline-secret.lance"
+    modes = {stat.S_IMODE(os.stat(os.path.join(d, f)).st_mode) for d, _, fs in os.walk(root) for f in fs}
+    assert modes == {0o600}
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    assert "selfroute-inline-secret" not in {c.name for c in replicas[0].collections()}
+
+
+def test_inline_collection_names_are_reserved_for_the_gateway(store):
+    from pipelines.store import check_writable_name
+
+    with pytest.raises(ValueError, match="reserved"):
+        check_writable_name("inline-0123456789abcdef")
+    assert check_writable_name("contracts") == "contracts"

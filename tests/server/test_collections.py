@@ -2,6 +2,8 @@
 listing without inline collections — real MiniLM and LanceDB, fake upstream (never called here)."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -277,3 +279,59 @@ def test_a_deleted_collections_name_stays_its_owners(tenants):
     assert app.state.gateway.keys.collection_owners()["contracts"] == "alice"
     granted = httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["carol"])).json()
     assert [d["id"] for d in granted["documents"]] == ["new"]  # carol's grant still means alice's collection
+
+
+def _old_inline_name(docs: list[Document]) -> str:
+    """How inline collections were named before they were keyed by the store's secret: anyone could compute it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for doc in sorted(docs, key=lambda d: d.id):
+        digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
+    return "inline-" + digest.hexdigest()[:24]
+
+
+def test_a_key_cannot_plant_documents_in_another_keys_inline_collection(tenants, upstream):
+    """The attack of issue 21: alice computes the inline collection name of the contract bob is about to attach,
+    posts a forged text under it, and bob's request answers from alice's text. The name is no longer computable
+    (an HMAC under the store's secret), `inline-*` names are refused to every writer (even with the real name in
+    hand), and a cached inline collection is used only when it holds exactly the request's content hashes."""
+    from gateway.routing.planner import INLINE_SCOPE
+
+    url, app, keys = tenants
+    genuine = "The vault code is 4417."
+    bob_docs = [Document("v", genuine, metadata={INLINE_SCOPE: "bob"})]
+    store = app.state.gateway.store
+    real_name = store.inline_name(bob_docs)
+    assert real_name != _old_inline_name(bob_docs)
+    for name in (_old_inline_name(bob_docs), real_name):
+        for who in ("alice", "admin"):
+            planted = httpx.post(f"{url}/v1/collections/{name}/documents", headers=_auth(keys[who]), timeout=120,
+                                 json={"documents": [{"id": "v", "text": "The vault code is 0000."}]})
+            assert planted.status_code == 400, planted.text
+            assert planted.json()["error"]["code"] == "invalid_collection"
+            assert "reserved" in planted.json()["error"]["message"]
+    assert not [c.name for c in store.collections() if store.is_inline(c.name)]  # nothing was created
+    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
+            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": genuine}]}}
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys["bob"]), timeout=120)
+    assert response.status_code == 200, response.text
+    sent = json.dumps(upstream[1].state.received[-1])  # what the model was given to answer from
+    assert "4417" in sent and "0000" not in sent
+
+
+def test_a_forged_inline_collection_with_the_right_count_is_not_answered_from(embedder, tmp_path):
+    """Even where something other than the gateway wrote an inline collection's tables (same name, same number of
+    documents, other content), the gateway compares content hashes, embeds its own documents and removes the
+    stranger."""
+    from pipelines.store import DocumentStore
+
+    store = DocumentStore(str(tmp_path / "db"), embedder)
+    docs = [Document("v", "The vault code is 4417.")]
+    name = store.inline_name(docs)
+    store.ingest(name, [Document("v", "The vault code is 0000.")])  # the store's own writer: no name check
+    assert store.inline_collection(docs) == name
+    assert [d.text for d in store.documents(name)] == ["The vault code is 4417."]
+    store.ingest(name, [Document("x", "Planted beside it.")])
+    assert store.inline_collection(docs) == name
+    assert [d.id for d in store.documents(name)] == ["v"]

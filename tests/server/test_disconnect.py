@@ -27,6 +27,8 @@ long:
 routing:
   classifier: null
   default_route: long
+passthrough:
+  allow: ["*"]
 """
 
 

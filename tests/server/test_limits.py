@@ -100,10 +100,7 @@ def test_env_keys_and_the_admin_key_keep_working_beside_named_keys(upstream, tmp
         assert [r["key_id"] for r in ledger_rows(app)][-1] == "named"
 
 
-PASSTHROUGH_POLICY = POLICY_TEMPLATE + """
-passthrough:
-  allow: ["openai/*"]
-"""
+PASSTHROUGH_POLICY = POLICY_TEMPLATE.replace('allow: ["*"]', 'allow: ["openai/*"]')
 
 
 def test_policy_passthrough_allow_list_holds_for_everyone(upstream, tmp_path, monkeypatch):
@@ -113,3 +110,43 @@ def test_policy_passthrough_allow_list_holds_for_everyone(upstream, tmp_path, mo
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
         assert _ask(url, "any", "openai/fake-cheap").status_code == 200
         assert _ask(url, "any", "selfroute").status_code == 200
+
+
+DEFAULT_PASSTHROUGH_POLICY = POLICY_TEMPLATE.replace('passthrough:\n  allow: ["*"]', "")
+
+
+def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_path, monkeypatch):
+    """issue 21: with passthrough.allow at its default, {"model": "ollama/llama3"} made the gateway POST to
+    localhost:11434 and `local/smollm2...` ran in-process for any key. Now only the policy's models pass, and a
+    wildcard never reaches a local service's provider: the local service (a capture server) sees nothing."""
+    from tests.capture import capture_server
+
+    assert "passthrough" not in DEFAULT_PASSTHROUGH_POLICY
+    with capture_server() as ollama:
+        monkeypatch.setenv("OLLAMA_API_BASE", ollama.url)
+        monkeypatch.setenv("LLAMAFILE_API_BASE", ollama.url + "/v1")
+        monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+        for template in (DEFAULT_PASSTHROUGH_POLICY, POLICY_TEMPLATE):  # the default, and allow: ["*"]
+            with running_gateway(tmp_path / str(len(template)), make_policy(upstream[0], template)) as (url, _):
+                for model in ("ollama/llama3", "llamafile/x", "local/smollm2-135m-instruct"):
+                    for stream in (False, True):
+                        refused = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+                            "model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+                        assert refused.status_code == 403, (model, refused.text)
+                        assert refused.json()["error"]["code"] == "model_not_allowed"
+                assert _ask(url, "any", "openai/fake-cheap").status_code == 200  # the policy's own model
+                assert _ask(url, "any", "gpt-test").status_code == (403 if template is DEFAULT_PASSTHROUGH_POLICY
+                                                                   else 200)
+        assert ollama.connections == []
+
+
+def test_a_provider_error_carries_no_traceback_or_path(upstream, tmp_path, monkeypatch):
+    """huggingface/x answered with litellm's traceback, file paths of the install included."""
+    monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
+    with running_gateway(tmp_path, make_policy(upstream[0])) as (url, _):
+        response = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "huggingface/x", "messages": [{"role": "user", "content": "hi"}]})
+    assert 400 <= response.status_code < 600 and response.status_code != 500, response.text
+    text = response.text
+    assert "Traceback" not in text and ".py" not in text and "site-packages" not in text, text
+    assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in text

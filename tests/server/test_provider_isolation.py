@@ -21,6 +21,7 @@ name: isolation
 cheap: {{model: openai/fake-cheap, api_base: "{base}/v1"}}
 long: {{model: %s, api_key_env: ANTHROPIC_API_KEY, timeout: 10}}
 routing: {{classifier: null, default_route: long}}
+passthrough: {{allow: ["*"]}}
 """ % ANTHROPIC_MODEL
 
 # (model, selfroute options): direct pass-through, litellm pass-through, routed to each path

@@ -13,6 +13,7 @@ cheap: {{model: custom_openai/fake-cheap, api_base: "{base}/v1", api_key_env: FA
          input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0}}
 long: {{model: custom_openai/status-429, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY, timeout: 5}}
 routing: {{classifier: null}}
+passthrough: {{allow: ["custom_openai/*"]}}
 """
 
 

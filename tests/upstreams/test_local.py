@@ -97,7 +97,8 @@ routing: {classifier: null}
 def test_clients_cannot_load_arbitrary_local_files(gateway, tmp_path):
     url, _ = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    with pytest.raises(openai.NotFoundError):
+    # not a model the policy names: refused at admission (policies.passthrough), before any file is looked at
+    with pytest.raises(openai.PermissionDeniedError):
         client.chat.completions.create(model=f"local/{tmp_path}/evil.gguf", messages=[{"role": "user", "content": "x"}])
 
 

@@ -3,6 +3,7 @@ and held in one typed `Gateway` (gateway.server.state)."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import threading
 import time
@@ -67,6 +68,16 @@ def _build_in_background(routing: RoutingService) -> None:
                 time.perf_counter() - started)
 
 
+def _freeze_when_loaded(*loaders: threading.Thread) -> None:
+    """Once the start-up threads are done, move what they loaded (litellm and its cost map, the models, the
+    store: ~400k long-lived objects) out of the cyclic collector's sight. Scanning them made each full
+    collection under load stall the event loop for 0.4-1 s, every few hundred requests."""
+    for loader in loaders:
+        loader.join()
+    gc.collect()
+    gc.freeze()
+
+
 def create_app(
     settings: Settings,
     *,
@@ -103,12 +114,16 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         ledger.start()
-        threading.Thread(target=prices.warm, args=([policy.cheap, policy.long, *policy.long_alternates],),
-                         name="selfroute-warm-prices", daemon=True).start()
+        warm = threading.Thread(target=prices.warm, args=([policy.cheap, policy.long, *policy.long_alternates],),
+                                name="selfroute-warm-prices", daemon=True)
+        warm.start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
         # models and stores load after the server listens: liveness answers at once, readiness when they are in
-        threading.Thread(target=_build_in_background, args=(routing,), name="selfroute-build", daemon=True).start()
+        build = threading.Thread(target=_build_in_background, args=(routing,), name="selfroute-build", daemon=True)
+        build.start()
+        threading.Thread(target=_freeze_when_loaded, args=(warm, build), name="selfroute-gc-freeze",
+                         daemon=True).start()
         try:
             yield
         finally:

@@ -32,8 +32,9 @@ class EventStreamResponse(StreamingResponse):
                 try:
                     await self.stream_response(send)
                 except OSError:  # the socket went away mid-write
-                    pass
-                group.cancel_scope.cancel()
+                    group.cancel_scope.cancel()
+                # else the listener ends by itself: after the last body, receive() answers http.disconnect
+                # (ASGI). Cancelling it left a CancelledError and its frames in reference cycles per stream.
 
             group.start_soon(stream)
             await self.listen_for_disconnect(receive)

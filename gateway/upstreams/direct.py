@@ -159,10 +159,22 @@ class DirectOpenAIUpstream:
                 raise error
             raise _Retryable(error, retry_after_seconds(response.headers))
 
+        # the first attempt runs without tenacity: its retrying objects form reference cycles, garbage that
+        # made the cyclic collector run (and stall the event loop) every few hundred pass-through requests
+        try:
+            return await attempt()
+        except _Retryable as exc:
+            failures = [exc]
+
+        async def replay_then_attempt() -> aiohttp.ClientResponse:
+            if failures:  # tenacity counts and waits from the first failure as if it had made that attempt
+                raise failures.pop()
+            return await attempt()
+
         retrying = AsyncRetrying(stop=_stop(config.max_retries + 1), wait=_wait,
                                  retry=retry_if_exception_type(_Retryable), reraise=True)
         try:
-            return await retrying(attempt)
+            return await retrying(replay_then_attempt)
         except _Retryable as exc:
             raise exc.error from None
 

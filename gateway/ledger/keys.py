@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 import threading
@@ -28,7 +29,8 @@ KEY_PREFIX = "sr-"
 PREFIX_CHARS = 12  # "sr-" and 9 random characters: ~54 bits, enough to find one row
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # fullmatch: "$" would let a final newline through
 _COLUMNS = ("name", "prefix", "salt", "hash", "models", "collections", "budget_usd", "rpm", "tpm", "created_at",
-            "expires_at", "revoked_at")
+            "expires_at", "revoked_at", "admin", "budget_period_s", "period_anchor")
+ADMIN_NAME = "admin"  # the name `selfroute keys create --admin` gives the admin key unless told otherwise
 
 
 _AGE = re.compile(r"^\s*(\d{1,6})\s*([mhdw])\s*$", re.IGNORECASE)
@@ -42,6 +44,23 @@ def expiry_time(age: str, now: float | None = None) -> float:
         raise InvalidQuery(f"cannot read expiry {str(age)[:40]!r}: use an age such as 30m, 12h, 30d or 8w",
                            param="expires", code="invalid_expires")
     return (time.time() if now is None else now) + int(match.group(1)) * _AGE_SECONDS[match.group(2).lower()]
+
+
+def period_seconds(period: str) -> float:
+    """A budget period (LiteLLM's budget_duration): 1h, 24h, 7d, 30d, 4w. Hours at least, since spend is counted
+    from the hourly rollups."""
+    match = _AGE.match(period or "")
+    if not match or int(match.group(1)) == 0 or match.group(2).lower() == "m":
+        raise InvalidQuery(f"cannot read budget period {str(period)[:40]!r}: use 1h, 24h, 7d, 30d or 4w",
+                           param="budget_period", code="invalid_budget_period")
+    return float(int(match.group(1)) * _AGE_SECONDS[match.group(2).lower()])
+
+
+def describe_period(seconds: float) -> str:
+    for unit, size in (("w", 7 * 86400), ("d", 86400), ("h", 3600)):
+        if seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
 
 
 class KeyConflict(LedgerError):
@@ -60,19 +79,34 @@ class NamedKey:
     created_at: float
     expires_at: float | None
     revoked_at: float | None
+    admin: bool = False  # the admin key: the admin endpoints and dashboard, every collection, no limits
+    budget_period_s: float | None = None  # None: the budget holds for the key's whole life
+    period_anchor: float | None = None  # budget periods start here (when the period was set), one after another
+    rotated_at: float | None = None
 
     def active(self, now: float | None = None) -> bool:
         now = time.time() if now is None else now
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
 
-    def to_dict(self, spend_usd: float | None = None) -> dict:
-        item = {"name": self.name, "object": "api_key", "prefix": self.prefix,
+    def period_start(self, now: float | None = None) -> float | None:
+        """When the budget's current period began, or None for a budget without a period."""
+        if self.budget_period_s is None:
+            return None
+        now = time.time() if now is None else now
+        anchor = self.period_anchor if self.period_anchor is not None else self.created_at
+        return anchor + max(0.0, (now - anchor) // self.budget_period_s) * self.budget_period_s
+
+    def to_dict(self, spend_usd: float | None = None, now: float | None = None) -> dict:
+        start = self.period_start(now)
+        item = {"name": self.name, "object": "api_key", "prefix": self.prefix, "admin": self.admin,
                 "models": list(self.models) if self.models is not None else None,
-                "collections": list(self.collections), "budget_usd": self.budget_usd, "rpm": self.rpm,
-                "tpm": self.tpm, "created_at": self.created_at, "expires_at": self.expires_at,
-                "revoked_at": self.revoked_at, "active": self.active()}
+                "collections": list(self.collections), "budget_usd": self.budget_usd,
+                "budget_period": describe_period(self.budget_period_s) if self.budget_period_s else None,
+                "period_start": start, "period_end": start + self.budget_period_s if start is not None else None,
+                "rpm": self.rpm, "tpm": self.tpm, "created_at": self.created_at, "expires_at": self.expires_at,
+                "revoked_at": self.revoked_at, "rotated_at": self.rotated_at, "active": self.active(now)}
         if spend_usd is not None:
-            item["spend_usd"] = spend_usd
+            item["spend_usd"] = spend_usd  # in the current period when the budget has one
         return item
 
 
@@ -86,7 +120,23 @@ def _row_key(row) -> NamedKey:
         name=row["name"], prefix=row["prefix"], models=tuple(models) if models is not None else None,
         collections=tuple(json.loads(row["collections"] or "[]")), budget_usd=row["budget_usd"], rpm=row["rpm"],
         tpm=row["tpm"], created_at=row["created_at"], expires_at=row["expires_at"], revoked_at=row["revoked_at"],
+        admin=bool(row["admin"]), budget_period_s=row["budget_period_s"], period_anchor=row["period_anchor"],
+        rotated_at=row["rotated_at"],
     )
+
+
+def _new_secret() -> tuple[str, str]:
+    return KEY_PREFIX + secrets.token_urlsafe(32), secrets.token_hex(16)
+
+
+def _check_lists(models, collections) -> None:
+    for field, values in (("models", models), ("collections", collections)):
+        if values is not None and not all(isinstance(v, str) and 0 < len(v) <= 256 for v in values):
+            raise InvalidQuery(f"{field} must be a list of names", param=field, code=f"invalid_{field}")
+
+
+# what `edit` leaves as it is (None is a value there: no limit, any model)
+KEEP = object()
 
 
 def validate_name(name: str) -> str:
@@ -154,22 +204,26 @@ class KeyStore:
     @reachable
     def create(self, name: str, *, models: list[str] | None = None, collections: list[str] | None = None,
                budget_usd: float | None = None, rpm: int | None = None, tpm: int | None = None,
-               expires_at: float | None = None) -> tuple[NamedKey, str]:
-        """A new key: returns its record and the key itself, which is never available again."""
+               expires_at: float | None = None, admin: bool = False,
+               budget_period_s: float | None = None) -> tuple[NamedKey, str]:
+        """A new key: returns its record and the key itself, which is never available again. An admin key has no
+        model list, grants or limits: it may do everything."""
         validate_name(name)
-        for field, values in (("models", models), ("collections", collections)):
-            if values is not None and not all(isinstance(v, str) and 0 < len(v) <= 256 for v in values):
-                raise InvalidQuery(f"{field} must be a list of names", param=field, code=f"invalid_{field}")
+        _check_lists(models, collections)
         budget_usd = _positive(budget_usd, "budget_usd")
         rpm, tpm = _positive(rpm, "rpm", int), _positive(tpm, "tpm", int)
+        budget_period_s = _positive(budget_period_s, "budget_period")
+        if admin and any(v is not None for v in (models, collections, budget_usd, rpm, tpm, budget_period_s)):
+            raise InvalidQuery("the admin key has no model list, grants or limits: it may do everything",
+                               param="admin", code="invalid_admin_key")
         now = time.time()
         if expires_at is not None and expires_at <= now:
             raise InvalidQuery("expires must be in the future", param="expires", code="invalid_expires")
-        secret = KEY_PREFIX + secrets.token_urlsafe(32)
-        salt = secrets.token_hex(16)
+        secret, salt = _new_secret()
         row = (name, secret[:PREFIX_CHARS], salt, _hash(salt, secret),
                json.dumps(list(models)) if models is not None else None, json.dumps(list(collections or [])),
-               budget_usd, rpm, tpm, now, expires_at, None)
+               budget_usd, rpm, tpm, now, expires_at, None, int(admin), budget_period_s,
+               now if budget_period_s is not None else None)
         with self._lock:
             try:
                 with self._db() as conn:
@@ -209,6 +263,53 @@ class KeyStore:
         return self.get(name)
 
     @reachable
+    def edit(self, name: str, *, models=KEEP, collections=KEEP, budget_usd=KEEP, budget_period_s=KEEP, rpm=KEEP,
+             tpm=KEEP, expires_at=KEEP) -> NamedKey:
+        """Change a key's model list, grants and limits; what is not given stays. None clears a limit (and `models`:
+        any model). A new budget period starts counting now."""
+        key = self.get(name)
+        if key.revoked_at is not None:
+            raise InvalidQuery(f"key {name[:80]!r} is revoked", param="name", code="key_revoked")
+        changes: dict = {}
+        if models is not KEEP or collections is not KEEP:
+            _check_lists(None if models is KEEP else models, None if collections is KEEP else collections)
+        if models is not KEEP:
+            changes["models"] = json.dumps(list(models)) if models is not None else None
+        if collections is not KEEP:
+            changes["collections"] = json.dumps(list(collections or []))
+        for field, value, kind in (("budget_usd", budget_usd, float), ("rpm", rpm, int), ("tpm", tpm, int),
+                                   ("budget_period_s", budget_period_s, float)):
+            if value is not KEEP:
+                changes[field] = _positive(value, field.removesuffix("_s"), kind)
+        if "budget_period_s" in changes:
+            changes["period_anchor"] = time.time() if changes["budget_period_s"] is not None else None
+        if expires_at is not KEEP:
+            if expires_at is not None and expires_at <= time.time():
+                raise InvalidQuery("expires must be in the future", param="expires", code="invalid_expires")
+            changes["expires_at"] = expires_at
+        if key.admin and set(changes) - {"expires_at"}:
+            raise InvalidQuery("the admin key has no model list, grants or limits: it may do everything",
+                               param="admin", code="invalid_admin_key")
+        if changes:
+            assignments = ", ".join(f"{column} = ?" for column in changes)
+            with self._lock, self._db() as conn:
+                conn.execute(f"UPDATE api_keys SET {assignments} WHERE name = ?", (*changes.values(), name))
+        return self.get(name)
+
+    @reachable
+    def rotate(self, name: str) -> tuple[NamedKey, str]:
+        """A new secret for a key, keeping its name, limits, grants and spend; the old secret stops working (in this
+        process at once, in others within the authenticator's cache time)."""
+        key = self.get(name)
+        if not key.active():
+            raise InvalidQuery(f"key {name[:80]!r} is revoked or expired", param="name", code="key_inactive")
+        secret, salt = _new_secret()
+        with self._lock, self._db() as conn:
+            conn.execute("UPDATE api_keys SET prefix = ?, salt = ?, hash = ?, rotated_at = ? WHERE name = ?",
+                         (secret[:PREFIX_CHARS], salt, _hash(salt, secret), time.time(), name))
+        return self.get(name), secret
+
+    @reachable
     def lookup(self, presented: str) -> NamedKey | None:
         """The active key this secret belongs to, or None (unknown, revoked or expired)."""
         if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
@@ -224,11 +325,37 @@ class KeyStore:
 
     @reachable
     def any_keys(self) -> bool:
-        """Whether a named key was ever created: revoked and expired ones count, so revoking the last key
-        never opens a gateway to everyone."""
+        """Whether a key that was not revoked exists (an expired one counts: a key running out must never open
+        the gateway to everyone). Revoking the last key returns the gateway to its configured mode: open when no
+        key comes from the environment, a keys file or $SELFROUTE_ADMIN_KEY (`selfroute keys revoke` says so)."""
         with self._read_lock:
-            row = self._read_db().execute("SELECT 1 FROM api_keys LIMIT 1").fetchone()
+            row = self._read_db().execute("SELECT 1 FROM api_keys WHERE revoked_at IS NULL LIMIT 1").fetchone()
         return row is not None
+
+    @reachable
+    def has_admin_key(self) -> bool:
+        """Whether an admin key that was not revoked is stored."""
+        with self._read_lock:
+            row = self._read_db().execute(
+                "SELECT 1 FROM api_keys WHERE admin = 1 AND revoked_at IS NULL LIMIT 1").fetchone()
+        return row is not None
+
+    @reachable
+    def budget_spent(self, key: NamedKey, now: float | None = None) -> float:
+        """What counts against the key's budget: its spend in the current period (whole hours from the hourly
+        rollups, the period's first partial hour from the requests themselves), else all its spend."""
+        start = key.period_start(now)
+        if start is None:
+            return self.spend([key.name]).get(key.name, 0.0)
+        first_hour = math.ceil(start / 3600)  # the first whole hour of the period
+        with self._lock:
+            db = self._db()
+            hours = db.execute("SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_hourly"
+                               " WHERE key_id = ? AND hour >= ?", (key.name, first_hour)).fetchone()[0]
+            partial = db.execute("SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE key_id = ?"
+                                 " AND created_at >= ? AND created_at < ?",
+                                 (key.name, start, first_hour * 3600.0)).fetchone()[0]
+        return float(hours or 0.0) + float(partial or 0.0)
 
     @reachable
     def spend(self, names: list[str] | None = None) -> dict[str, float]:

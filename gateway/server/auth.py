@@ -1,5 +1,6 @@
 """API keys: named keys from the ledger database (gateway.ledger.keys), keys from an environment variable
-or a keys file, and the admin key. Keys are kept and logged only as hashes.
+or a keys file, and the admin key ($SELFROUTE_ADMIN_KEY, or a stored one made by `selfroute keys create --admin`).
+Keys are kept and logged only as hashes.
 
 A named key is looked up in the database at most every CACHE_S seconds per process, so a key revoked by
 `selfroute keys revoke` in another process stops working within that time (at once in this process).
@@ -57,6 +58,7 @@ class Authenticator:
         self._lock = threading.Lock()
         self._named: dict[bytes, tuple[float, NamedKey | None]] = {}
         self._any_named: tuple[float, bool] = (0.0, False)
+        self._stored_admin: tuple[float, bool] = (0.0, False)
 
     @classmethod
     def from_environment(cls, keys_file: str | Path | None = None, store: KeyStore | None = None) -> "Authenticator":
@@ -70,6 +72,7 @@ class Authenticator:
         with self._lock:
             self._named.clear()
             self._any_named = (0.0, False)
+            self._stored_admin = (0.0, False)
 
     def _has_named_keys(self) -> bool:
         if self.store is None:
@@ -79,6 +82,20 @@ class Authenticator:
             found = self.store.any_keys()
             self._any_named = (time.monotonic(), found)
         return found
+
+    def _has_stored_admin(self) -> bool:
+        """An admin key created by `selfroute keys create --admin` (kept hashed in the key store)."""
+        if self.store is None:
+            return False
+        checked, found = self._stored_admin
+        if time.monotonic() - checked > CACHE_S:
+            found = self.store.has_admin_key()
+            self._stored_admin = (time.monotonic(), found)
+        return found
+
+    @property
+    def admin_configured(self) -> bool:
+        return self._admin is not None or self._has_stored_admin()
 
     @property
     def open(self) -> bool:
@@ -124,6 +141,8 @@ class Authenticator:
             raise GatewayError(401, "missing API key: send 'Authorization: Bearer <key>'", code="missing_api_key")
         named = self._named_key(presented)
         if named is not None:
+            if named.admin:  # the stored admin key: no limits, every collection
+                return Caller(named.name, admin=True)
             return Caller(named.name, admin=False, key=named)
         kid = self._match(presented)
         if kid is None:
@@ -135,16 +154,21 @@ class Authenticator:
         """True only when an admin key is configured and this request presents it; never raises (for open endpoints
         that show the admin more)."""
         presented = self._presented(request)
-        if self._admin is None or presented is None or len(presented) > MAX_KEY_CHARS:
+        if presented is None or len(presented) > MAX_KEY_CHARS:
             return False
-        return hmac.compare_digest(self._admin, _digest(presented))
+        if self._admin is not None and hmac.compare_digest(self._admin, _digest(presented)):
+            return True
+        named = self._named_key(presented)
+        return named is not None and named.admin
 
     def check_admin(self, request: Request) -> Caller:
-        """Admin endpoints need the admin key; with no admin key configured they are open only if the gateway is."""
-        if self._admin is None:
+        """Admin endpoints need the admin key ($SELFROUTE_ADMIN_KEY or one made by `selfroute keys create --admin`);
+        with none configured they are open only if the gateway is."""
+        if not self.admin_configured:
             if self.open:
                 return Caller(None, admin=True, open=True)
-            raise GatewayError(403, f"admin endpoints are disabled: set {ADMIN_KEY_ENV}", code="admin_disabled")
+            raise GatewayError(403, "admin endpoints need the admin key, and none is configured: create one with "
+                               f"`selfroute keys create --admin` (or set {ADMIN_KEY_ENV})", code="admin_disabled")
         caller = self.check(request)
         if not caller.admin:
             raise GatewayError(403, "this endpoint needs the admin key", code="admin_key_required")

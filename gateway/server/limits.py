@@ -55,10 +55,11 @@ def _retry_after(seconds: float) -> dict[str, str]:
 def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> None:
     """Budget and rate limits, read from and counted in the ledger database (runs in a worker thread)."""
     if key.budget_usd is not None:
-        spent = keys.spend([key.name]).get(key.name, 0.0)
+        spent = keys.budget_spent(key, now)  # in the current period when the budget has one
         if spent >= key.budget_usd:
-            raise GatewayError(429, f"this key's budget of ${key.budget_usd:g} is spent (${spent:.4f} recorded)",
-                               code="budget_exceeded")
+            period = "" if key.budget_period_s is None else " for this period"
+            raise GatewayError(429, f"this key's budget of ${key.budget_usd:g}{period} is spent (${spent:.4f} "
+                               "recorded)", code="budget_exceeded")
     if key.tpm is not None:
         used, oldest = keys.tokens_since(key.name, now - TPM_WINDOW_S)
         if used >= key.tpm:

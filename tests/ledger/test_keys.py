@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gateway.ledger.errors import InvalidQuery, NotFound
-from gateway.ledger.keys import KeyConflict, KeyStore, expiry_time
+from gateway.ledger.keys import KeyConflict, KeyStore, expiry_time, period_seconds
 from gateway.ledger.records import RequestRecord
 from gateway.ledger.writer import Ledger
 
@@ -136,3 +136,71 @@ def test_the_database_file_is_private(tmp_path):
 def test_a_name_with_a_final_newline_is_no_name(store):
     with pytest.raises(InvalidQuery):
         store.create("alice\n")
+
+
+def test_edit_changes_only_what_is_given_and_none_clears(store):
+    store.create("gina", models=["openai/*"], budget_usd=5, rpm=10)
+    key = store.edit("gina", collections=["harbour"], tpm=1000)
+    assert (key.models, key.collections, key.budget_usd, key.rpm, key.tpm) == (("openai/*",), ("harbour",), 5, 10, 1000)
+    key = store.edit("gina", models=None, rpm=None)
+    assert key.models is None and key.rpm is None and key.budget_usd == 5
+    with pytest.raises(InvalidQuery):
+        store.edit("gina", rpm=-1)
+    with pytest.raises(NotFound):
+        store.edit("nobody", rpm=1)
+    store.revoke("gina")
+    with pytest.raises(InvalidQuery, match="revoked"):
+        store.edit("gina", rpm=1)
+
+
+def test_rotate_gives_a_new_secret_and_the_old_one_stops(store):
+    key, old = store.create("hal", budget_usd=3)
+    rotated, new = store.rotate("hal")
+    assert new != old and store.lookup(old) is None and store.lookup(new).name == "hal"
+    assert rotated.budget_usd == 3 and rotated.rotated_at is not None and rotated.created_at == key.created_at
+
+
+def test_the_admin_key_is_stored_hashed_and_has_no_limits(store):
+    assert not store.has_admin_key()
+    key, secret = store.create("admin", admin=True)
+    assert key.admin and store.has_admin_key() and store.lookup(secret).admin
+    with pytest.raises(InvalidQuery, match="no model list"):
+        store.create("admin2", admin=True, rpm=5)
+    with pytest.raises(InvalidQuery, match="no model list"):
+        store.edit("admin", budget_usd=1)
+    store.revoke("admin")
+    assert not store.has_admin_key()
+
+
+def test_only_keys_not_revoked_keep_the_gateway_keyed(store):
+    assert not store.any_keys()
+    store.create("ivy", expires_at=time.time() + 3600)
+    assert store.any_keys()
+    store.revoke("ivy")
+    assert not store.any_keys()  # back to the configured mode
+
+
+def test_a_budget_period_counts_only_the_current_periods_spend(store, tmp_path):
+    assert period_seconds("30d") == 30 * 86400 and period_seconds("1h") == 3600
+    for bad in ("30m", "0d", "monthly"):
+        with pytest.raises(InvalidQuery):
+            period_seconds(bad)
+    key, _ = store.create("jo", budget_usd=1, budget_period_s=86400)
+    now = key.created_at
+    ledger = Ledger(store.location, dead_letter_dir=tmp_path)
+    # one request in the previous day-long period (counted from when the period was set), two in this one: one in
+    # the period's first, partial hour (read from the requests) and one in a whole hour (read from the rollups)
+    periods_start = now + 86400
+    spends = [(now + 100, 0.5), (periods_start + 10, 0.25), (periods_start + 7200, 0.125)]
+    for i, (at, cost) in enumerate(spends):
+        ledger.submit(RequestRecord(id=f"p{i}", created_at=at, key_id="jo", policy="p", alias="m", route="passthrough",
+                                    reason=None, status=200, cost_usd=cost, prompt_tokens=1, completion_tokens=0))
+    ledger.flush()
+    ledger.close()
+    key = store.get("jo")
+    assert key.period_start(periods_start + 8000) == pytest.approx(periods_start)
+    assert store.budget_spent(key, periods_start + 8000) == pytest.approx(0.375)
+    assert store.budget_spent(key, now + 200) == pytest.approx(0.875)  # all rows after the first period's start
+    assert store.spend(["jo"]) == {"jo": pytest.approx(0.875)}
+    lifetime = store.edit("jo", budget_period_s=None)
+    assert lifetime.period_start() is None and store.budget_spent(lifetime) == pytest.approx(0.875)

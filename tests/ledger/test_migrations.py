@@ -12,7 +12,8 @@ EXPECTED_TABLES = {
         ("name", "TEXT", 0, 1), ("prefix", "TEXT", 1, 0), ("salt", "TEXT", 1, 0), ("hash", "TEXT", 1, 0),
         ("models", "TEXT", 0, 0), ("collections", "TEXT", 0, 0), ("budget_usd", "REAL", 0, 0),
         ("rpm", "INTEGER", 0, 0), ("tpm", "INTEGER", 0, 0), ("created_at", "REAL", 1, 0),
-        ("expires_at", "REAL", 0, 0), ("revoked_at", "REAL", 0, 0),
+        ("expires_at", "REAL", 0, 0), ("revoked_at", "REAL", 0, 0), ("admin", "INTEGER", 1, 0),
+        ("budget_period_s", "REAL", 0, 0), ("period_anchor", "REAL", 0, 0), ("rotated_at", "REAL", 0, 0),
     ],
     "call_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("model", "TEXT", 1, 2), ("route", "TEXT", 1, 3), ("policy", "TEXT", 1, 4),

@@ -96,9 +96,10 @@ def test_the_data_directory_and_ledger_are_private(gateway):
     assert stat.S_IMODE(app.state.gateway.ledger.path.stat().st_mode) == 0o600
 
 
-def test_a_gateway_with_only_named_keys_stays_closed_when_they_are_revoked(upstream, tmp_path, monkeypatch):
+def test_revoking_the_last_named_key_returns_to_the_configured_mode(upstream, tmp_path, monkeypatch):
+    """Open when nothing else gives keys (the CLI says so loudly); still keyed with keys from the environment."""
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+    with running_gateway(tmp_path / "open", make_policy(upstream[0]), auth=Authenticator()) as (url, app):
         assert _ask(url, "anything").status_code == 200  # no keys at all: open
         keys = app.state.gateway.keys
         _, secret = keys.create("only")
@@ -106,4 +107,31 @@ def test_a_gateway_with_only_named_keys_stays_closed_when_they_are_revoked(upstr
         assert _ask(url, "anything").status_code == 401 and _ask(url, secret).status_code == 200
         keys.revoke("only")
         app.state.gateway.auth.forget()
+        assert _ask(url, "anything").status_code == 200  # open again, as configured
+        assert _ask(url, secret).status_code == 200  # a revoked key is a key of nobody now, like any other
+    with running_gateway(tmp_path / "env", make_policy(upstream[0]), auth=Authenticator(["sk-env"])) as (url, app):
+        keys = app.state.gateway.keys
+        _, secret = keys.create("only")
+        keys.revoke("only")
+        app.state.gateway.auth.forget()
         assert _ask(url, "anything").status_code == 401 and _ask(url, secret).status_code == 401
+        assert _ask(url, "sk-env").status_code == 200
+
+
+def test_the_stored_admin_key_opens_the_admin_endpoints(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+        keys = app.state.gateway.keys
+        _, user = keys.create("team")
+        app.state.gateway.auth.forget()
+        refused = httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {user}"}, timeout=30)
+        assert refused.status_code == 403 and "selfroute keys create --admin" in refused.json()["error"]["message"]
+        _, admin = keys.create("admin", admin=True)
+        app.state.gateway.auth.forget()
+        listed = httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"}, timeout=30)
+        assert listed.status_code == 200 and {k["name"]: k["admin"] for k in listed.json()["data"]} == {
+            "team": False, "admin": True}
+        assert httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {user}"},
+                         timeout=30).status_code == 403
+        assert _ask(url, admin).status_code == 200  # the admin key may also ask
+        assert _ask(url, "anything").status_code == 401

@@ -110,6 +110,34 @@ class VerifierSettings(_Strict):
     threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
 
 
+class LearningSettings(_Strict):
+    """The router learning from its traffic (gateway.routing.learning): what it records and which labels it makes."""
+
+    record_features: bool = Field(
+        True, description="keep each routed request's features and scores in the ledger (request_features), "
+        "what `selfroute learn`, `whatif` and `calibrate --from-ledger` read",
+    )
+    judge: bool = Field(
+        False, description="on every escalation (both answers exist), ask the judge model whether the cheap "
+        "answer was as good as the long one; the verdict is a label in the ledger",
+    )
+    judge_model: ModelConfig | None = Field(None, description="the judge; null: the long model")
+    shadow_rate: float = Field(
+        0.0, ge=0.0, le=1.0, description="share of accepted cheap answers for which the long route also runs, "
+        "in the background after the client has its answer, then the judge (needs judge: true)",
+    )
+    daily_budget_usd: float = Field(
+        1.0, ge=0.0, description="most spent on shadow and judge legs per UTC day (as the ledger prices them); "
+        "past it no shadow or judge is started until the next day",
+    )
+
+    @model_validator(mode="after")
+    def _shadow_needs_judge(self) -> "LearningSettings":
+        if self.shadow_rate > 0 and not self.judge:
+            raise ValueError("shadow_rate > 0 needs judge: true (a shadow answer is only a label once judged)")
+        return self
+
+
 class RoutingSettings(_Strict):
     rules: list[RuleSpec] = Field(default_factory=list)
     classifier: ClassifierSettings | None = ClassifierSettings()
@@ -119,6 +147,7 @@ class RoutingSettings(_Strict):
         None, description="check cheap answers with the learned verifier (gateway.routing.escalation); "
         "null: escalate only answers that say they are unanswerable (Self-Route's literal rule)",
     )
+    learning: LearningSettings = LearningSettings()
 
 
 class SecuritySettings(_Strict):
@@ -136,6 +165,13 @@ class SecuritySettings(_Strict):
         0.5, ge=0.0, le=1.0,
         description="a sentence scoring below this is unsupported (0.6 x max cosine + 0.4 x word overlap, capped at 0.3 "
         "when it holds a number absent from the passages); 0.5 from tests/benchmarks/bench_grounding.py",
+    )
+
+
+class LedgerSettings(_Strict):
+    store_texts: bool = Field(
+        False, description="also keep the question, the passages sent and the answers with each routed request's "
+        "features (request_features); off: the ledger holds features and scores only, never prompts or documents",
     )
 
 
@@ -163,6 +199,7 @@ class Policy(_Strict):
     routing: RoutingSettings = RoutingSettings()
     security: SecuritySettings = SecuritySettings()
     passthrough: PassthroughSettings = PassthroughSettings()
+    ledger: LedgerSettings = LedgerSettings()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> "Policy":

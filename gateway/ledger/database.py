@@ -154,7 +154,7 @@ INSERT_LABEL = f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) VALUES ({', '.j
 
 
 def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
-    """The learning rows of a batch (migration 009), in the batch's transaction. Labels ride only on the judge's own
+    """The learning rows of a batch (migration 010), in the batch's transaction. Labels ride only on the judge's own
     request record, which is submitted once."""
     features = _feature_rows(records)
     if features:

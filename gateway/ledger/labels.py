@@ -1,4 +1,4 @@
-"""Labels and recorded features in the ledger database (migration 009): feedback labels written by the API, the
+"""Labels and recorded features in the ledger database (migration 010): feedback labels written by the API, the
 learning loop's spend, and what `selfroute learn`, `whatif` and `calibrate --from-ledger` read back."""
 from __future__ import annotations
 

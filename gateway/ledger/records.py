@@ -54,7 +54,7 @@ class RequestRecord:
     calls: list[UpstreamCall] = field(default_factory=list)
     cached_tokens: int = 0  # the legs' sums (migration 005)
     cache_saving_usd: float = 0.0
-    # what the router learns from (migration 009): the request_features row (gateway.routing.learning.features_record)
+    # what the router learns from (migration 010): the request_features row (gateway.routing.learning.features_record)
     # and labels this record produced (a judge request's verdict on another request); written with the request
     features: dict[str, Any] | None = None
     labels: list["LabelRecord"] = field(default_factory=list)
@@ -62,7 +62,7 @@ class RequestRecord:
 
 @dataclass
 class LabelRecord:
-    """A label of one routed request's cheap answer (migration 009): was it good enough, by whom, at what cost."""
+    """A label of one routed request's cheap answer (migration 010): was it good enough, by whom, at what cost."""
 
     request_id: str
     source: str  # LABEL_SOURCES

@@ -1,4 +1,4 @@
-"""Features and labels in the ledger (migration 009) on both engines: written with their request by the writer,
+"""Features and labels in the ledger (migration 010) on both engines: written with their request by the writer,
 read back by learning; feedback labels and their owner lookup; the learning routes' spend."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the ledger keeps for learning about one routed request (request_features, migration 009).
+"""What the ledger keeps for learning about one routed request (request_features, migration 010).
 
 A versioned JSON object: the pre-route features and P(cheap) the decision was made on, the classifier threshold in
 force, the decision, and, for a checked cheap answer, the verifier's features, P(good), its threshold and the

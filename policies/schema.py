@@ -185,6 +185,23 @@ class PassthroughSettings(_Strict):
     )
 
 
+class RequestLimits(_Strict):
+    """How much work one request may ask for (gateway.routing.request_limits): beyond these a request is refused
+    before anything is scanned, counted or embedded. Defaults sized on the 2-core development machine: MiniLM embeds
+    roughly 100-200 short texts a second there, so the defaults bound a request to seconds, not minutes."""
+    attached_documents: int = Field(
+        64, ge=1, description="documents attached to one request (selfroute.documents), and documents in one POST "
+        "/v1/collections/{name}/documents; more is a 400 too_many_documents")
+    attached_bytes: int = Field(
+        2_000_000, ge=1, description="UTF-8 bytes of those documents' texts together; more is a 413 "
+        "documents_too_large (rag.max_attached_tokens also applies)")
+    embedding_inputs: int = Field(
+        256, ge=1, description="inputs of one POST /v1/embeddings; more is a 400 too_many_inputs")
+    embedding_input_bytes: int = Field(
+        1_000_000, ge=1, description="UTF-8 bytes of one POST /v1/embeddings' inputs together; more is a 413 "
+        "input_too_large")
+
+
 class Policy(_Strict):
     name: str = "default"
     aliases: list[str] = Field(default_factory=lambda: ["selfroute"], min_length=1)
@@ -200,6 +217,7 @@ class Policy(_Strict):
     security: SecuritySettings = SecuritySettings()
     passthrough: PassthroughSettings = PassthroughSettings()
     ledger: LedgerSettings = LedgerSettings()
+    request_limits: RequestLimits = RequestLimits()
 
     @model_validator(mode="after")
     def _aliases_are_not_models(self) -> "Policy":

@@ -51,7 +51,7 @@ def ledger_rows(app, table: str = "requests") -> list[dict]:
     conn = sqlite3.connect(app.state.gateway.ledger.path)
     conn.row_factory = sqlite3.Row
     try:
-        order = "created_at" if table == "requests" else "id"
+        order = {"requests": "created_at", "requests_in_flight": "created_at"}.get(table, "id")
         return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY {order}")]
     finally:
         conn.close()

@@ -5,8 +5,6 @@ migrations with the same numbers and the same effect (tests/test_engines.py comp
 """
 from __future__ import annotations
 
-import json
-import math
 import sqlite3
 import time
 from importlib import resources
@@ -18,9 +16,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 from gateway.ledger.dialect import (
     POSTGRESQL, SQLITE, Dialect, PostgresConnection, connect_postgres, dialect_of, is_postgres,
 )
-from gateway.ledger.records import (
-    CALL_COLUMNS, FEATURE_COLUMNS, LABEL_COLUMNS, REQUEST_COLUMNS, LabelRecord, RequestRecord,
-)
+from gateway.ledger.records import CALL_COLUMNS, REQUEST_COLUMNS, RequestRecord, request_row
 
 # any constant: the advisory lock that makes two replicas starting at once migrate one after the other
 _MIGRATION_LOCK = 7_235_911
@@ -108,60 +104,12 @@ def _migrate_postgres(conn: PostgresConnection) -> list[int]:
 
 
 
-def _request_row(record: RequestRecord) -> tuple:
-    # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
-    values = [getattr(record, c) for c in REQUEST_COLUMNS]
-    values[REQUEST_COLUMNS.index("stream")] = int(record.stream)
-    values[REQUEST_COLUMNS.index("provenance")] = json.dumps(record.provenance) if record.provenance is not None else None
-    return tuple(values)
-
-
 def _call_rows(record: RequestRecord) -> list[tuple]:
     return [
         (record.id, c.created_at, c.model, c.route, c.prompt_tokens, c.completion_tokens, c.cost_usd,
          c.latency_ms, c.error, c.cached_tokens, c.cache_saving_usd, int(c.unpriced))
         for c in record.calls
     ]
-
-
-def _finite(value: Any) -> Any:
-    """JSON without NaN or infinity (PostgreSQL's JSON functions and strict readers refuse them): those become null."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _feature_rows(records: list[RequestRecord]) -> list[tuple]:
-    return [(r.id, r.created_at, int(r.features.get("version", 1)), json.dumps(_finite(r.features), default=str))
-            for r in records if r.features is not None]
-
-
-def label_row(label: LabelRecord) -> tuple:
-    return (label.request_id, label.created_at, label.source, label.key_id, label.verdict, int(label.good),
-            label.score, label.cost_usd, label.label_request_id)
-
-
-_UPSERT_FEATURES = (
-    f"INSERT INTO request_features ({', '.join(FEATURE_COLUMNS)}) VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})"
-    " ON CONFLICT (request_id) DO UPDATE SET created_at = excluded.created_at, version = excluded.version,"
-    " data = excluded.data"
-)
-INSERT_LABEL = f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) VALUES ({', '.join('?' * len(LABEL_COLUMNS))})"
-
-
-def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
-    """The learning rows of a batch (migration 010), in the batch's transaction. Labels ride only on the judge's own
-    request record, which is submitted once."""
-    features = _feature_rows(records)
-    if features:
-        conn.executemany(_UPSERT_FEATURES, features)
-    labels = [label_row(label) for r in records for label in r.labels]
-    if labels:
-        conn.executemany(INSERT_LABEL, labels)
 
 
 _UPSERT_REQUEST = (
@@ -176,8 +124,14 @@ def _rollup_order(record: RequestRecord) -> tuple:
             record.status, int(record.created_at // 3600), record.id)
 
 
+# a finished request's row replaces its reservation in the same transaction (gateway/ledger/budget.py): its key's
+# spend is never counted twice, nor missing for a moment
+_SETTLE = "DELETE FROM requests_in_flight WHERE request_id = ?"
+
+
 def write_records(conn: Any, records: list[RequestRecord]) -> None:
-    """Insert a batch of records in one transaction; a record re-submitted under the same id replaces the old."""
+    """Insert a batch of records in one transaction; a record re-submitted under the same id replaces the old, and
+    each record's in-flight row (its reservation) goes in the same transaction."""
     records = list({r.id: r for r in records}.values())  # the last version of an id wins within a batch too
     if dialect_of(conn) is POSTGRESQL:
         records.sort(key=_rollup_order)
@@ -185,12 +139,12 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
             # legs first (their delete trigger reads the request's dimensions), then an upsert whose UPDATE
             # trigger moves the request's rollup contribution, then the new legs
             conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
-            conn.executemany(_UPSERT_REQUEST, [_request_row(r) for r in records])
+            conn.executemany(_UPSERT_REQUEST, [request_row(r) for r in records])
             conn.executemany(
                 f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
                 [row for r in records for row in _call_rows(r)],
             )
-            _write_learning(conn, records)
+            conn.executemany(_SETTLE, [(r.id,) for r in records])
         return
     with conn:
         # a re-submitted record replaces its request row; its legs must be replaced too, not duplicated
@@ -198,12 +152,12 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
         conn.executemany(
             f"INSERT OR REPLACE INTO requests ({', '.join(REQUEST_COLUMNS)})"
             f" VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})",
-            [_request_row(r) for r in records],
+            [request_row(r) for r in records],
         )
         conn.executemany(
             f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
             [row for r in records for row in _call_rows(r)],
         )
-        _write_learning(conn, records)
+        conn.executemany(_SETTLE, [(r.id,) for r in records])
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gateway.ledger.budget import Estimate, InFlight, Limits
 from gateway.ledger.pricing import PriceBook
-from gateway.ledger.records import RequestRecord, UpstreamCall
+from gateway.ledger.records import CLIENT_CLOSED, RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger
-from policies.routes import LEARNING_ROUTES, LONG, PASSTHROUGH
+from policies.routes import LONG, PASSTHROUGH
 from policies.schema import ModelConfig
 
 
@@ -42,20 +43,40 @@ class RequestLedgerEntry:
             id=request_id, created_at=time.time(), key_id=None, policy=policy, alias=None, route=None,
             reason=None, status=0,
         )
+        self.estimate = Estimate()  # the reservation: an upper bound on what the request may cost
+        self._open_legs: list[tuple[ModelConfig, str, float]] = []  # upstream calls started and not yet recorded
 
-    def learning_entry(self, request_id: str, route: str, reason: str) -> "RequestLedgerEntry":
-        """A request of the learning loop (a shadow long answer, a judge) about this one, on the same ledger: its own
-        row under `route`, no client key (the operator pays for learning, not the key that asked), linked by its
-        provenance."""
-        entry = RequestLedgerEntry(self._ledger, self._prices, request_id, self.record.policy)
-        entry.record.route, entry.record.reason = route, reason
-        entry.record.provenance = {"of": self.record.id}
-        return entry
+    def reserve(self, estimate: Estimate, limits: Limits | None = None) -> None:
+        """Record the request as in flight with its reservation, before its first upstream call (blocking: from a
+        worker thread). With `limits`: budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""
+        self.estimate = estimate
+        self._ledger.reserve(InFlight.of(self.record, estimate), limits)
+
+    def leg_started(self, config: ModelConfig, route: str) -> None:
+        """An upstream call is about to start: if the request ends before the call is recorded (the client left,
+        a shutdown), the call is charged at its estimate, since the provider bills it all the same."""
+        self._open_legs.append((config, route, time.perf_counter()))
+
+    def _close_leg(self, config: ModelConfig, route: str | None) -> None:
+        for index, (open_config, open_route, _) in enumerate(self._open_legs):
+            if open_config.model == config.model and open_route == route:
+                del self._open_legs[index]
+                return
+
+    def _charge_estimate(self, config: ModelConfig, route: str | None, latency_ms: float, error: str) -> UpstreamCall:
+        """A leg the provider may bill but whose usage never arrived: charged at its estimate."""
+        leg = self.estimate.leg(config.model)
+        prompt, completion = (leg.prompt_tokens, leg.completion_tokens) if leg is not None else (0, 0)
+        call = self.add_call(config, route, {"prompt_tokens": prompt, "completion_tokens": completion}, latency_ms,
+                             error)
+        call.estimated = True
+        return call
 
     def add_call(
         self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
         error: str | None = None,
     ) -> UpstreamCall:
+        self._close_leg(config, route)
         prompt, completion = usage_tokens(usage)
         cached, written = cache_tokens(usage)
         price = self._prices.price(config)
@@ -68,6 +89,14 @@ class RequestLedgerEntry:
         )
         self.record.calls.append(call)
         return call
+
+    def stream_ended(self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
+                     error: str | None, status: int) -> UpstreamCall:
+        """A streamed leg's end: its usage, or, when the client left before the usage event came, its estimate."""
+        if usage is None and status == CLIENT_CLOSED:
+            return self._charge_estimate(config, route, latency_ms,
+                                         f"{error or 'client disconnected'}; no usage reported: charged at the estimate")
+        return self.add_call(config, route, usage, latency_ms, error)
 
     def counterfactual(self, long_config: ModelConfig, context_tokens: int, capacity: int, cached_tokens: int = 0,
                        cache_write_tokens: int = 0) -> None:
@@ -97,6 +126,10 @@ class RequestLedgerEntry:
         if self._finished:
             return
         self._finished = True
+        now = time.perf_counter()
+        for config, route, started in list(self._open_legs):  # cancelled mid-call: the usage will never come
+            self._charge_estimate(config, route, (now - started) * 1000.0,
+                                  "the request ended before the upstream answered: charged at the estimate")
         record = self.record
         record.status = status
         record.error = error if error is not None else record.error
@@ -108,10 +141,7 @@ class RequestLedgerEntry:
         record.cost_usd = sum(c.cost_usd for c in record.calls)
         record.cached_tokens = sum(c.cached_tokens for c in record.calls)
         record.cache_saving_usd = sum(c.cache_saving_usd for c in record.calls)
-        if record.route in LEARNING_ROUTES:
-            # always-long would not have run it: learning's whole cost counts against the saving
-            record.counterfactual_cost_usd, record.context_tokens = 0.0, 0
-        elif record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
+        if record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
             # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd
             record.context_tokens = record.context_tokens or record.prompt_tokens

@@ -96,6 +96,20 @@ class PriceBook:
                 )
         return None
 
+    def token_limits(self, config: ModelConfig) -> tuple[int | None, int | None]:
+        """(prompt window, most completion tokens per call) of a model: the policy's context_window, else
+        litellm's cost map (max_input_tokens, max_output_tokens); None where neither says."""
+        self._lookup_map("")  # loads the map once
+        provider, _, name = config.model.partition("/")
+        entry = next((self._cost_map.get(c) for c in (config.model, name, f"{provider}/{name}")
+                      if c and self._cost_map.get(c)), None) or {}
+
+        def whole(value) -> int | None:
+            return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+        window = config.context_window or whole(entry.get("max_input_tokens"))
+        return window, whole(entry.get("max_output_tokens")) or whole(entry.get("max_tokens"))
+
     def price(self, config: ModelConfig) -> Price:
         key = (config.model, config.input_cost_per_mtok, config.output_cost_per_mtok,
                config.cached_input_cost_per_mtok, config.cache_write_cost_per_mtok)

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 LEDGER_FILE = "ledger.sqlite3"  # inside the data directory
+
+# requests.status values that are not an answer sent: 499 (nginx's "client closed request") when the client left
+# before its answer was complete; IN_FLIGHT (0) for a request whose gateway process stopped (kill -9, a crash)
+# before it recorded how the request ended, charged at its reservation's estimate (gateway/ledger/budget.py)
+CLIENT_CLOSED = 499
+IN_FLIGHT = 0
 
 
 def key_id(key: str) -> str:
@@ -30,6 +37,9 @@ class UpstreamCall:
     # prompt tokens the provider wrote to its prompt cache (Anthropic); not a column: read in-process to learn which
     # upstreams cache (gateway.routing.warm_cache)
     cache_write_tokens: int = 0
+    # charged at the request's estimate, the provider's usage never having arrived (a client that left); not a
+    # column: the leg's error says so in the ledger
+    estimated: bool = False
 
 
 @dataclass
@@ -54,31 +64,6 @@ class RequestRecord:
     calls: list[UpstreamCall] = field(default_factory=list)
     cached_tokens: int = 0  # the legs' sums (migration 005)
     cache_saving_usd: float = 0.0
-    # what the router learns from (migration 010): the request_features row (gateway.routing.learning.features_record)
-    # and labels this record produced (a judge request's verdict on another request); written with the request
-    features: dict[str, Any] | None = None
-    labels: list["LabelRecord"] = field(default_factory=list)
-
-
-@dataclass
-class LabelRecord:
-    """A label of one routed request's cheap answer (migration 010): was it good enough, by whom, at what cost."""
-
-    request_id: str
-    source: str  # LABEL_SOURCES
-    good: bool
-    verdict: str | None = None
-    key_id: str | None = None
-    score: float | None = None
-    cost_usd: float = 0.0
-    label_request_id: str | None = None
-    created_at: float = field(default_factory=time.time)
-
-
-# where a label came from: the judge on an escalation (both answers existed), a shadow long answer and the judge,
-# or the client's own feedback (POST /v1/feedback)
-LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK = "judge", "shadow", "feedback"
-LABEL_SOURCES = (LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK)
 
 
 # the columns of the requests and upstream_calls tables, in table order (migrations 001 and 005)
@@ -91,9 +76,24 @@ CALL_COLUMNS = (
     "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
     "latency_ms", "error", "cached_tokens", "cache_saving_usd", "unpriced",
 )
-FEATURE_COLUMNS = ("request_id", "created_at", "version", "data")
-LABEL_COLUMNS = ("request_id", "created_at", "source", "key_id", "verdict", "good", "score", "cost_usd",
-                 "label_request_id")
 # what reports list: provenance only on request detail; a leg without its request id
 REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")
 CALL_FIELDS = tuple(c for c in CALL_COLUMNS if c != "request_id")
+
+
+def request_row(record: RequestRecord) -> tuple:
+    """The values of a requests row, in REQUEST_COLUMNS order."""
+    # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
+    values = [getattr(record, c) for c in REQUEST_COLUMNS]
+    values[REQUEST_COLUMNS.index("stream")] = int(record.stream)
+    values[REQUEST_COLUMNS.index("provenance")] = json.dumps(record.provenance) if record.provenance is not None else None
+    return tuple(values)
+
+
+def record_from_dict(data: dict[str, Any]) -> RequestRecord:
+    """A RequestRecord back from dataclasses.asdict (the dead-letter file's records)."""
+    known = set(RequestRecord.__dataclass_fields__)
+    call_fields = set(UpstreamCall.__dataclass_fields__)
+    values = {k: v for k, v in data.items() if k in known and k != "calls"}
+    calls = [UpstreamCall(**{k: v for k, v in c.items() if k in call_fields}) for c in data.get("calls") or []]
+    return RequestRecord(**values, calls=calls)

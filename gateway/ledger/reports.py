@@ -151,12 +151,13 @@ def _key_id(value: str) -> str:
 
 
 def parse_status(value: str | None) -> tuple[int, int] | None:
-    """'200' exactly, '4xx' a class, 'ok' below 400, 'error' 400 and above."""
+    """'200' exactly, '4xx' a class, 'ok' 100-399, 'error' 400 and above; '0' the requests left in flight by a
+    stopped process (charged at their estimate)."""
     if not value:
         return None
     text = value.strip().lower()
-    if text == "ok":
-        return (0, 400)
+    if text == "ok":  # answered: a row left in flight by a stopped process (status 0) never is
+        return (100, 400)
     if text == "error":
         return (400, 1000)
     if text.isdigit():

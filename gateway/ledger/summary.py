@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from gateway.ledger.dialect import LedgerConnection, dialect_of
+from gateway.ledger.records import IN_FLIGHT
 from gateway.ledger.reports import (
     REQUEST_COLUMNS, REQUEST_FIELDS, Filters, aggregate, attach_models, cost_row, row_dict, unpriced_models,
 )
@@ -165,13 +166,15 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
     cells = aggregate(conn, ["route", "status"], window_filter)
     by_route: dict[tuple, dict] = {}
     totals = dict.fromkeys(REQUEST_FIELDS, 0)
-    errors = 0
+    errors = unfinished = 0
     for (route, status), slot in cells.items():
         for target in (by_route.setdefault((route,), dict.fromkeys(REQUEST_FIELDS, 0)), totals):
             for name in REQUEST_FIELDS:
                 target[name] += slot[name]
-        if status >= 400:
+        if status >= 400 or status == IN_FLIGHT:  # a request its stopped process never finished is no success
             errors += slot["requests"]
+        if status == IN_FLIGHT:
+            unfinished += slot["requests"]
     routes = sorted((key[0] for key in by_route), key=lambda r: -by_route[(r,)]["cost_usd"])
     series_cells = _series_cells(conn, since, now + 1e-6, step)
     series = []
@@ -209,7 +212,7 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
         "bucket": bucket,
         "bucket_s": step,
         "routes": [_route_name(route) for route in routes],
-        "totals": {**total_row, "errors": errors,
+        "totals": {**total_row, "errors": errors, "unfinished": unfinished,
                    "error_rate": errors / totals["requests"] if totals["requests"] else 0.0,
                    "saving_pct": (total_row["saving_usd"] / counterfactual) if counterfactual else None,
                    "saved_tokens_pct": (total_row["saved_tokens"] / total_row["always_long_tokens"])

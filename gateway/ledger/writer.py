@@ -1,33 +1,50 @@
-"""The ledger's off-request writer.
+"""The ledger's off-request writer, and what keeps the ledger whole when its database is not there.
 
-Requests hand records to `Ledger.submit`, which only enqueues; a writer thread batches them
-into the database so the ledger never sits on a request's critical path. The database is a SQLite file or a
-shared PostgreSQL (several gateway replicas writing to one ledger); a batch that cannot be written is retried
-over about half a minute (a PostgreSQL restart or failover), then record by record, and what still fails is kept
-in a dead-letter file.
+Requests hand records to `Ledger.submit`, which only enqueues; a writer thread batches them into the database so
+the ledger never sits on a request's critical path. The database is a SQLite file or a shared PostgreSQL (several
+gateway replicas writing to one ledger).
+
+Durability: before its first upstream call a request is recorded as in flight (`Ledger.reserve`, synchronous,
+gateway/ledger/budget.py), so a process killed with kill -9 leaves a record of the spend it had started. A batch
+the database does not take goes to the dead-letter file at once, appended and fsynced (a deadlock between two
+replicas' writers is retried first), and so does an in-flight row that cannot be written. The writer replays that
+file into the database at start-up and, while it is not empty, every few seconds until the database takes it:
+records are upserts by request id, so a record replayed twice (a kill -9 mid-replay) is still one row. Closing
+the ledger writes or dead-letters everything submitted; nothing is dropped.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import queue
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
+from gateway.ledger import budget
+from gateway.ledger.budget import InFlight, Limits
 from gateway.ledger.database import connect, migrate, write_records
-from gateway.ledger.dialect import database_error_types, is_postgres
-from gateway.ledger.records import RequestRecord
+from gateway.ledger.dialect import UNAVAILABLE_MESSAGE, database_error_types, is_postgres
+from gateway.ledger.errors import Unavailable
+from gateway.ledger.records import RequestRecord, record_from_dict
 from gateway.settings import private_file
 
 logger = logging.getLogger(__name__)
 
 
-# seconds to wait before each retry of a failed batch: ~30 s in all covers a database restart
-RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+# seconds to wait before each retry of a batch that lost a deadlock or serialization conflict to another replica's
+# writer (PostgreSQL aborts one of them); any other failure sends the batch to the dead-letter file at once
+RETRY_DELAYS = (0.05, 0.2, 0.5)
 DEAD_LETTER_FILE = "ledger.failed.jsonl"  # where a PostgreSQL ledger's unwritable records go (in dead_letter_dir)
+REPLAY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)  # after a failure: how long until the database is tried again
+SWEEP_INTERVAL_S = 30.0  # how often abandoned in-flight rows are looked for
+CLOSE_TIMEOUT_S = 30.0
+_RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
 
 
 class Ledger:
@@ -38,7 +55,8 @@ class Ledger:
     """
 
     def __init__(self, location: str | Path, *, batch_size: int = 256, dead_letter_dir: str | Path | None = None,
-                 retry_delays: tuple[float, ...] = RETRY_DELAYS):
+                 retry_delays: tuple[float, ...] = RETRY_DELAYS, replay_backoff: tuple[float, ...] = REPLAY_BACKOFF_S,
+                 close_timeout: float = CLOSE_TIMEOUT_S):
         self.location: str | Path = location if is_postgres(location) else Path(location)
         self.path: Path | None = None if is_postgres(location) else Path(location)
         if self.path is not None:
@@ -48,27 +66,63 @@ class Ledger:
             raise ValueError("a PostgreSQL ledger needs a local dead_letter_dir for the records it cannot write")
         self._dead_letter_dir = Path(dead_letter_dir) if dead_letter_dir is not None else None
         self._retry_delays = retry_delays
+        self._backoff = replay_backoff
+        self._close_timeout = close_timeout
         self._errors, self._transient = database_error_types()
         self._batch_size = batch_size
-        self._queue: queue.Queue[RequestRecord | None] = queue.Queue()
+        self._queue: queue.Queue[Any] = queue.Queue()
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._current: list[RequestRecord] = []  # the batch the writer thread holds (dead-lettered if it hangs)
+        # the database failed lately: until this monotonic moment, writes go to the dead-letter file untried
+        self._down_until = 0.0
+        self._failures = 0
+        self._next_replay = 0.0
+        self._replay_due = False  # a write failed since the last replay (a refused record alone waits for a restart)
+        self._next_sweep = 0.0
+        self._state_lock = threading.Lock()
+        self._request_lock = threading.Lock()  # the request path's own connection (reservations)
+        self._request_conn = None
         conn = connect(self.location)
         try:
             migrate(conn)
+            self._recover(conn)
         finally:
             conn.close()
 
+    # -- the request path -----------------------------------------------------------------------
     def subscribe(self, callback: Callable[[RequestRecord], None]) -> None:
         """Call `callback(record)` for every submitted record (from the submitting thread)."""
         self._subscribers.append(callback)
 
-    def start(self) -> None:
-        self._closed = False
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="selfroute-ledger", daemon=True)
-            self._thread.start()
+    def reserve(self, row: InFlight, limits: Limits | None = None) -> None:
+        """Record a request as in flight before its first upstream call, with its reservation (blocking: call it
+        from a worker thread). With `limits`, the key's budget and TPM are checked against what is recorded and
+        reserved, atomically with the insert: budget.BudgetExceeded / TokenLimitExceeded. An unreachable database
+        is Unavailable for a request with limits (they cannot be checked); without limits its row goes to the
+        dead-letter file, fsynced, and the request goes on."""
+        limited = limits is not None and limits.any
+        if not limited and self._database_down():
+            self._dead_letter([{"error": "ledger database unavailable", "in_flight": row.to_dict()}])
+            return
+        try:
+            with self._request_lock:
+                if self._request_conn is not None and getattr(self._request_conn, "broken", False):
+                    self._drop_request_conn()
+                if self._request_conn is None:
+                    self._request_conn = connect(self.location)
+                budget.reserve(self._request_conn, row, limits)
+        except self._errors as exc:
+            with self._request_lock:
+                self._drop_request_conn()
+            transient = isinstance(exc, self._transient)
+            if transient:
+                self._note_failure()
+            logger.warning("ledger could not record request %s in flight (%s)", row.request_id, exc)
+            if limited and transient:
+                raise Unavailable(UNAVAILABLE_MESSAGE, code="ledger_unavailable") from None
+            self._dead_letter([{"error": str(exc), "in_flight": row.to_dict()}])
 
     def submit(self, record: RequestRecord) -> None:
         for callback in self._subscribers:
@@ -85,28 +139,206 @@ class Ledger:
             self.start()
         self._queue.put(record)
 
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._closed = False
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="selfroute-ledger", daemon=True)
+            self._thread.start()
+
     def flush(self, timeout: float = 10.0) -> None:
-        """Block until everything submitted so far is on disk."""
+        """Block until everything submitted so far is in the database or the dead-letter file."""
         done = threading.Event()
         if self._thread is None:  # nobody started the writer yet: the marker would wait out the timeout
             self.start()
-        self._queue.put(_FlushMarker(done))  # type: ignore[arg-type]
+        self._queue.put(_FlushMarker(done))
         done.wait(timeout)
 
     def close(self) -> None:
+        """Stop the writer once it has written (or dead-lettered) everything submitted; a writer stuck past
+        `close_timeout` (a database that hangs) leaves its batch and the queue to the dead-letter file."""
         self._closed = True
-        if self._thread is not None:
+        thread = self._thread
+        if thread is not None:
             self._queue.put(None)
-            self._thread.join(timeout=30)
+            thread.join(timeout=self._close_timeout)
             self._thread = None
+            if thread.is_alive():
+                left = list(self._current)
+                while True:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, RequestRecord):
+                        left.append(item)
+                logger.error("ledger writer did not finish in %.0f s: %d records kept in %s", self._close_timeout,
+                             len(left), self.dead_letter_path)
+                self._dead_letter([{"error": "the ledger writer did not finish before shutdown",
+                                    "record": asdict(r)} for r in left])
+        with self._request_lock:
+            self._drop_request_conn()
 
     @property
     def dead_letter_path(self) -> Path:
-        """Records the database would not take (disk full, locked past the timeout, PostgreSQL down for longer
-        than the retries) are kept here as JSON lines."""
+        """Records the database would not take (down, restarting, disk full, locked past the timeout) are kept
+        here as JSON lines until they are replayed."""
         if self.path is not None:
             return self.path.with_name(self.path.name + ".failed.jsonl")
         return self._dead_letter_dir / DEAD_LETTER_FILE
+
+    # -- the dead-letter file -------------------------------------------------------------------
+    @contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Every process on this data directory appends to, and replays, one file: they take turns."""
+        path = self.dead_letter_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(str(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _dead_letter(self, entries: list[dict]) -> None:
+        if not entries:
+            return
+        data = "".join(json.dumps(e, default=str) + "\n" for e in entries).encode("utf-8")
+        with self._file_lock():
+            # the ledger's records, like the database file: its owner's only
+            fd = os.open(self.dead_letter_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)  # on disk before the request that made it is answered or the process goes
+            finally:
+                os.close(fd)
+        private_file(self.dead_letter_path)
+
+    def _pending_files(self) -> list[Path]:
+        path = self.dead_letter_path
+        return sorted(path.parent.glob(path.name + ".replaying.*"))
+
+    def has_dead_letters(self) -> bool:
+        path = self.dead_letter_path
+        return (path.exists() and path.stat().st_size > 0) or bool(self._pending_files())
+
+    def replay(self, conn=None) -> int:
+        """Write the dead-letter file's records and in-flight rows into the database; returns how many records
+        were written. The file is moved aside first (new failures start a new one) and removed once written; a
+        replay cut short leaves it to the next one. Idempotent by request id."""
+        path = self.dead_letter_path
+        with self._file_lock():
+            if path.exists() and path.stat().st_size > 0:
+                os.replace(path, path.with_name(f"{path.name}.replaying.{time.time_ns()}.{os.getpid()}"))
+        files = self._pending_files()
+        if not files:
+            return 0
+        own = conn is None
+        written = 0
+        try:
+            if own:
+                conn = connect(self.location)
+            for file in files:
+                written += self._replay_file(conn, file)
+        finally:
+            if own and conn is not None:
+                conn.close()
+        return written
+
+    def _replay_file(self, conn, file: Path) -> int:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:  # another process replayed it meanwhile
+            return 0
+        records: dict[str, RequestRecord] = {}
+        flights: dict[str, InFlight] = {}
+        rejected: list[str] = []
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if "record" in entry:
+                    record = record_from_dict(entry["record"])
+                    records[record.id] = record  # the last version of an id wins, as in the database
+                else:
+                    row = InFlight.from_dict(entry["in_flight"])
+                    flights.setdefault(row.request_id, row)
+            except (ValueError, TypeError, KeyError):  # a line torn by a kill -9 mid-write: kept, never replayed
+                rejected.append(line)
+        ordered = list(records.values())
+        for start in range(0, len(ordered), self._batch_size):
+            batch = ordered[start:start + self._batch_size]
+            try:
+                write_records(conn, batch)
+            except self._transient:
+                raise
+            except self._errors:  # a record the database refuses: the others still go in
+                for record in batch:
+                    try:
+                        write_records(conn, [record])
+                    except self._transient:
+                        raise
+                    except self._errors as exc:
+                        logger.error("replayed ledger record %s refused (%s): kept in the rejected file", record.id,
+                                     exc)
+                        rejected.append(json.dumps({"error": str(exc), "record": asdict(record)}, default=str))
+        for row in flights.values():
+            if row.request_id not in records:
+                budget.reserve(conn, row)  # skipped when its request's row is already there
+        if rejected:
+            with self._file_lock():
+                target = file.with_name(self.dead_letter_path.name + ".rejected")
+                with private_file(target).open("a", encoding="utf-8") as out:
+                    out.write("".join(line + "\n" for line in rejected))
+        file.unlink(missing_ok=True)
+        if records or flights:
+            logger.warning("ledger: replayed %d records and %d in-flight rows from %s", len(records), len(flights),
+                           file.name)
+        return len(records)
+
+    # -- the writer thread ----------------------------------------------------------------------
+    def _database_down(self) -> bool:
+        with self._state_lock:
+            return time.monotonic() < self._down_until
+
+    def _note_failure(self) -> None:
+        with self._state_lock:
+            delay = self._backoff[min(self._failures, len(self._backoff) - 1)]
+            self._failures += 1
+            self._down_until = self._next_replay = time.monotonic() + delay
+            self._replay_due = True
+
+    def _note_success(self) -> None:
+        with self._state_lock:
+            self._failures = 0
+            self._down_until = 0.0
+
+    def _drop_request_conn(self) -> None:
+        if self._request_conn is not None:
+            try:
+                self._request_conn.close()
+            except self._errors:
+                pass
+            self._request_conn = None
+
+    def _recover(self, conn) -> None:
+        """Start-up: the dead-letter file into the database, then the in-flight rows of processes that are gone
+        charged at their estimate."""
+        try:
+            self.replay(conn)
+            self._sweep(conn)
+        except self._errors as exc:
+            logger.warning("ledger recovery at start-up failed (%s); the writer tries again", exc)
+            if getattr(conn, "in_transaction", False):
+                conn.rollback()
+
+    def _sweep(self, conn) -> None:
+        rows = budget.abandoned(conn)
+        if rows:
+            written = budget.settle_abandoned(conn, rows)
+            logger.warning("ledger: %d requests left in flight by stopped processes recorded at their estimate",
+                           written)
 
     def _try(self, conn, records: list[RequestRecord]):
         """Write `records` on `conn` (connecting first when it is None); returns (connection or None, error)."""
@@ -116,48 +348,88 @@ class Ledger:
             write_records(conn, records)
             return conn, None
         except self._errors as exc:
-            if conn is not None and getattr(conn, "in_transaction", False):
-                try:
-                    conn.rollback()
-                except self._errors:
-                    pass
-            if conn is not None and is_postgres(self.location):  # it may be broken: a new one next time
-                try:
-                    conn.close()
-                except self._errors:
-                    pass
-                conn = None
-            return conn, exc
+            return self._discard(conn), exc
+
+    def _discard(self, conn):
+        """After a failure: roll back, and drop a PostgreSQL connection (it may be broken)."""
+        if conn is not None and getattr(conn, "in_transaction", False):
+            try:
+                conn.rollback()
+            except self._errors:
+                pass
+        if conn is not None and is_postgres(self.location):
+            try:
+                conn.close()
+            except self._errors:
+                pass
+            conn = None
+        return conn
 
     def _write(self, conn, batch: list[RequestRecord]):
-        """Write a batch; on failure retry with back-off, then record by record; what still fails is kept in
-        the dead-letter file, so an accepted request is never silently lost. Returns the connection to reuse."""
+        """Write a batch; what the database does not take goes to the dead-letter file now. Returns the
+        connection to reuse."""
+        if self._database_down():  # it failed a moment ago: do not wait on it again for every batch
+            self._dead_letter([{"error": "ledger database unavailable", "record": asdict(r)} for r in batch])
+            return conn
         conn, error = self._try(conn, batch)
-        for attempt, delay in enumerate(self._retry_delays):
-            # a refused record (a constraint, a bad value) gets one retry; an unreachable, restarting or
-            # locked database (OperationalError, deadlocks included) gets them all
-            if error is None or (attempt and not isinstance(error, self._transient)):
+        for delay in self._retry_delays:  # only a lost deadlock or serialization conflict is worth a retry now
+            if error is None or getattr(error, "sqlstate", None) not in _RETRYABLE_SQLSTATES:
                 break
-            logger.warning("ledger write of %d records failed (%s); retrying in %.1f s", len(batch), error, delay)
             time.sleep(delay)
             conn, error = self._try(conn, batch)
-        if error is not None:
-            logger.error("ledger batch of %d records kept failing; writing them one by one", len(batch))
-            for record in batch:
-                conn, error = self._try(conn, [record])
-                if error is not None:
-                    logger.error("ledger write failed for %s (%s): kept in %s", record.id, error, self.dead_letter_path)
-                    self.dead_letter_path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                    # the ledger's records, like the database file: its owner's only
-                    with private_file(self.dead_letter_path).open("a", encoding="utf-8") as out:
-                        out.write(json.dumps({"error": str(error), "record": asdict(record)}, default=str) + "\n")
+        if error is None:
+            self._note_success()
+            return conn
+        if isinstance(error, self._transient):
+            self._note_failure()
+            logger.error("ledger write of %d records failed (%s): kept in %s until the database takes them",
+                         len(batch), error, self.dead_letter_path)
+            self._dead_letter([{"error": str(error), "record": asdict(r)} for r in batch])
+            return conn
+        # a record the database refuses (a constraint, a bad value) must not take its batch with it
+        for record in batch:
+            conn, error = self._try(conn, [record])
+            if error is not None:
+                logger.error("ledger write failed for %s (%s): kept in %s", record.id, error, self.dead_letter_path)
+                self._dead_letter([{"error": str(error), "record": asdict(record)}])
+        return conn
+
+    def _maintain(self, conn):
+        """Between batches: replay the dead-letter file once the database may be back; sweep now and then."""
+        now = time.monotonic()
+        try:
+            if self._replay_due and now >= self._next_replay and not self._database_down():
+                self._replay_due = False  # a failure from here on sets it again
+                if self.has_dead_letters():
+                    if conn is None:
+                        conn = connect(self.location)
+                    self.replay(conn)
+                    self._note_success()
+            if now >= self._next_sweep:
+                self._next_sweep = now + SWEEP_INTERVAL_S
+                if conn is None:
+                    conn = connect(self.location)
+                self._sweep(conn)
+        except self._errors as exc:
+            if isinstance(exc, self._transient):
+                self._note_failure()
+            else:
+                with self._state_lock:
+                    self._next_replay = time.monotonic() + self._backoff[-1]
+                    self._replay_due = True
+            logger.warning("ledger replay or sweep failed (%s); trying again later", exc)
+            conn = self._discard(conn)
         return conn
 
     def _run(self) -> None:
         conn = None
         try:
             while True:
-                item = self._queue.get()
+                try:
+                    item = self._queue.get(timeout=0.5)
+                except queue.Empty:
+                    conn = self._maintain(conn)
+                    continue
                 batch: list[RequestRecord] = []
                 markers: list[_FlushMarker] = []
                 stop = False
@@ -175,11 +447,14 @@ class Ledger:
                     except queue.Empty:
                         break
                 if batch:
+                    self._current = batch
                     conn = self._write(conn, batch)
+                    self._current = []
                 for marker in markers:
                     marker.done.set()
                 if stop:
                     return
+                conn = self._maintain(conn)
         finally:
             if conn is not None:
                 conn.close()

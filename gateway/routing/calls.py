@@ -43,6 +43,7 @@ async def complete_upstream(
 ) -> dict[str, Any]:
     """One non-streaming upstream call, recorded as a leg of the request whether it succeeds or fails."""
     started = time.perf_counter()
+    entry.leg_started(config, route)  # cancelled before it answers (the client left): charged at the estimate
     try:
         # a body of the wrong shape is the upstream's failure: a 502 with its leg kept, never a 500 that loses it
         completion = check_completion(await upstream.complete(config, body), config.model)
@@ -73,6 +74,7 @@ async def stream_upstream(
 ) -> Streamed:
     """Open one upstream stream as a leg of the request; its leg and the request are settled when it ends."""
     started = time.perf_counter()
+    entry.leg_started(config, route)
     try:
         first, chunks = await open_stream(upstream, config, body)
     except GatewayError as exc:
@@ -80,7 +82,8 @@ async def stream_upstream(
         raise
 
     def finish(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
-        entry.add_call(config, route, usage, (time.perf_counter() - started) * 1000, error)
+        # a client that left before the usage event came is charged the leg's estimate
+        entry.stream_ended(config, route, usage, (time.perf_counter() - started) * 1000, error, status)
         if before_finish is not None:
             before_finish()
         entry.finish(status, error)

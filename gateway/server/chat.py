@@ -55,7 +55,7 @@ async def chat_completions(ctx: RequestContext) -> Response:
     entry.record.stream = bool(chat.stream)
     chat.scope_to(ctx.key_id)
     scope_queries(ctx.key_id)
-    await ctx.admit(chat.model)
+    await ctx.admit(chat.model, chat)  # reserves the request's estimated cost before any upstream call
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     if chat.model in gateway.policy.aliases:
         entry.flags = await screen_attached(gateway.policy, chat)

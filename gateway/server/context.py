@@ -18,7 +18,8 @@ Every such endpoint is an `async def handler(ctx: RequestContext) -> Response`, 
    A streamed answer records its own end when the stream ends (gateway.server.streaming).
 
 Inside, the handler calls `await ctx.admit(model)` once it knows which model the request uses: the
-policy's and the key's model allow-lists, the key's budget and rate limits (gateway.server.limits). It
+policy's and the key's model allow-lists, the key's budget and rate limits (gateway.server.limits), and, on a
+metered request, its reservation (recorded in flight before any upstream call; the entry's finish settles it). It
 fills in what only it knows on `ctx.entry.record` (route, reason, ...) and adds the legs it ran.
 Endpoints that do model work (chat, embeddings, explain, adding documents) are metered and admitted;
 reading or deleting collections and the admin API are only authenticated.
@@ -35,11 +36,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway.ledger.entry import RequestLedgerEntry
+from gateway.protocol import ChatCompletionRequest
 from gateway.server.auth import Caller
 from gateway.server.bodies import read_body
 from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from gateway.server.errors import error_response, failure, request_id_header
-from gateway.server.limits import admit
+from gateway.server.limits import admit, reserve
 from gateway.server.state import Gateway, gateway_of
 
 logger = logging.getLogger(__name__)
@@ -63,12 +65,17 @@ class RequestContext:
     def key_id(self) -> str | None:
         return self.caller.key_id
 
-    async def admit(self, model: str | None) -> None:
+    async def admit(self, model: str | None, chat: ChatCompletionRequest | None = None) -> None:
         """Raise the 403 (model not allowed) or 429 (budget, rate limit) this request deserves. `model` None
-        (work on the gateway's own embedding model, such as adding documents) checks budget and rates only."""
+        (work on the gateway's own embedding model, such as adding documents) checks budget and rates only.
+        A metered request is then recorded in flight with its reservation (gateway.server.limits.reserve: for a
+        `chat` request an upper bound on its cost, else none), held against the key's budget and TPM until the
+        entry's finished row replaces it."""
         if self.entry is not None and model is not None:
             self.entry.record.alias = model
         await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
+        if self.entry is not None:
+            await reserve(self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat)
 
 
 def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_limit: int | None = None):

@@ -1,13 +1,15 @@
 """What a key may do before its request is routed: the policy's pass-through allow-list, and a named key's
-model allow-list, budget and rate limits.
+model allow-list, budget and rate limits; and each request's reservation.
 
 Limits live in the ledger database, so every worker of one host that shares it enforces the same ones:
-requests per minute are counted in rate_windows at admission (an atomic upsert), tokens per minute and
-spend are read from what the ledger recorded. Replicas with their own databases each enforce the limits
-on their own share of the traffic.
+requests per minute are counted in rate_windows at admission (an atomic upsert); spend and tokens per minute
+are reserved before the first upstream call (gateway/ledger/budget.py: the request's estimated cost and tokens
+against what the ledger recorded and what requests in flight reserved, in one transaction). Replicas with their
+own databases each enforce the limits on their own share of the traffic.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from fnmatch import fnmatchcase
@@ -15,12 +17,24 @@ from fnmatch import fnmatchcase
 import anyio
 
 from gateway.errors import GatewayError
+from gateway.ledger.budget import BudgetExceeded, Estimate, LegEstimate, Limits, TokenLimitExceeded
+from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.keys import KeyStore, NamedKey
+from gateway.ledger.pricing import PriceBook
+from gateway.protocol import ChatCompletionRequest
+from gateway.routing.service import passthrough_config
 from gateway.server.auth import Caller
+from pipelines.tokens import count_tokens
+from policies.limits import model_info
 from policies.passthrough import passthrough_allowed
-from policies.schema import Policy
+from policies.schema import ModelConfig, Policy
 
 TPM_WINDOW_S = 60.0
+# a completion's bound when neither the request (max_tokens) nor the model's known limits give one
+DEFAULT_COMPLETION_BOUND = 4096
+# the routed prompts' windows when the policy gives none (policies/limits.py assumes these for made-up names)
+DEFAULT_WINDOWS = {"cheap": 8192, "long": 128_000}
+MESSAGE_OVERHEAD_TOKENS = 4  # role and separators per message, as OpenAI counts them
 
 
 def model_allowed(patterns: tuple[str, ...] | list[str] | None, model: str) -> bool:
@@ -53,18 +67,8 @@ def _retry_after(seconds: float) -> dict[str, str]:
 
 
 def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> None:
-    """Budget and rate limits, read from and counted in the ledger database (runs in a worker thread)."""
-    if key.budget_usd is not None:
-        spent = keys.budget_spent(key, now)  # in the current period when the budget has one
-        if spent >= key.budget_usd:
-            period = "" if key.budget_period_s is None else " for this period"
-            raise GatewayError(429, f"this key's budget of ${key.budget_usd:g}{period} is spent (${spent:.4f} "
-                               "recorded)", code="budget_exceeded")
-    if key.tpm is not None:
-        used, oldest = keys.tokens_since(key.name, now - TPM_WINDOW_S)
-        if used >= key.tpm:
-            raise GatewayError(429, f"this key's limit of {key.tpm} tokens per minute is reached",
-                               code="rate_limit_exceeded", headers=_retry_after(oldest + TPM_WINDOW_S - now))
+    """Requests per minute, counted in the ledger database (runs in a worker thread). Budget and TPM are held by
+    the request's reservation (`reserve`)."""
     if key.rpm is not None:
         count, until_next = keys.count_request(key.name, now)
         if count > key.rpm:
@@ -79,5 +83,93 @@ async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str | Non
     if model is not None:
         check_model(policy, caller, model)
     key = caller.key
-    if key is not None and (key.budget_usd is not None or key.rpm is not None or key.tpm is not None):
+    if key is not None and key.rpm is not None:
         await anyio.to_thread.run_sync(_check_usage, keys, key, time.time())
+
+def _text_tokens(value) -> int:
+    """Tokens of the text in a message's content (strings and text parts; images and audio are not text)."""
+    if isinstance(value, str):
+        return count_tokens(value)
+    if isinstance(value, list):
+        return sum(_text_tokens(part) for part in value)
+    if isinstance(value, dict):
+        return sum(_text_tokens(v) for k, v in value.items() if k in ("text", "content", "arguments", "name"))
+    return 0
+
+
+def prompt_tokens(chat: ChatCompletionRequest) -> int:
+    """The prompt's tokens as sent: every message's text, tool calls and the tool definitions."""
+    total = 3
+    for message in chat.messages:
+        total += MESSAGE_OVERHEAD_TOKENS + _text_tokens(message.model_dump(exclude_none=True).get("content"))
+        for calls in (message.tool_calls, [message.function_call] if message.function_call else None):
+            total += sum(_text_tokens(call.get("function", call)) for call in calls or [])
+    for tools in (chat.tools, chat.functions):
+        if tools:
+            total += count_tokens(json.dumps(tools))
+    return total
+
+
+def token_limits(config: ModelConfig) -> tuple[int | None, int | None]:
+    """(prompt window, most completion tokens per call) of a model: the policy's (filled in from litellm's model
+    information at start-up, policies/limits.py), else litellm's entry for a pass-through name; None if unknown."""
+    entry = model_info(config.model) or {}
+
+    def whole(value) -> int | None:
+        return int(value) if isinstance(value, (int, float)) and value > 0 else None
+
+    window = config.context_window or whole(entry.get("max_input_tokens")) or whole(entry.get("max_tokens"))
+    return window, config.max_output_tokens or whole(entry.get("max_output_tokens"))
+
+
+def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
+    _, output_limit = token_limits(config)
+    asked = chat.max_completion_tokens or chat.max_tokens
+    completion = (asked or output_limit or DEFAULT_COMPLETION_BOUND) * max(chat.n or 1, 1)
+    return LegEstimate(config.model, prompt, completion, prices.price(config).cost(prompt, completion))
+
+
+def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest) -> Estimate:
+    """An upper bound on what a chat request can cost: a pass-through call of its prompt; for a routed alias the
+    cheap leg and the dearest long leg (a rag>long request makes both; a long alternate is called only when the
+    long model failed, unbilled), each prompt the context (messages and attached documents; a named collection's
+    size is not known here, so the model's window) capped at the model's window, each completion at max_tokens,
+    else the model's output limit."""
+    prompt = prompt_tokens(chat)
+    if chat.model not in policy.aliases:
+        return Estimate((_leg(prices, passthrough_config(policy, chat.model), prompt, chat),))
+    options = chat.selfroute
+    documents = sum(count_tokens(d.text) + MESSAGE_OVERHEAD_TOKENS for d in (options.documents or [])) \
+        if options is not None else 0
+    unknown = options is not None and options.collection is not None
+
+    def leg(config: ModelConfig, default_window: int) -> LegEstimate:
+        window = token_limits(config)[0] or default_window
+        return _leg(prices, config, window if unknown else min(prompt + documents, window), chat)
+
+    cheap = leg(policy.cheap, DEFAULT_WINDOWS["cheap"])
+    longs = [leg(config, DEFAULT_WINDOWS["long"]) for config in (policy.long, *policy.long_alternates)]
+    dearest = max(longs, key=lambda item: item.cost_usd)
+    return Estimate((cheap, dearest), tuple(item for item in longs if item is not dearest))
+
+
+async def reserve(policy: Policy, prices: PriceBook, entry: RequestLedgerEntry, caller: Caller,
+                  chat: ChatCompletionRequest | None = None) -> None:
+    """Record the request in flight with its reservation before any upstream call: the key's budget and TPM hold
+    it atomically in the ledger database (429 when there is no room), and a request that ends without usage (the
+    client left) is charged at it."""
+    key = caller.key
+    limits = Limits(key.budget_usd, key.tpm, key.period_start()) if key is not None else None
+
+    def work() -> None:
+        estimate = estimate_chat(policy, prices, chat) if chat is not None else Estimate()
+        entry.reserve(estimate, limits)
+
+    try:
+        await anyio.to_thread.run_sync(work)
+    except BudgetExceeded as exc:
+        period = "" if key is None or key.budget_period_s is None else " for this period"
+        raise GatewayError(429, exc.message.replace(" is spent", f"{period} is spent", 1),
+                           code="budget_exceeded") from None
+    except TokenLimitExceeded as exc:
+        raise GatewayError(429, exc.message, code="rate_limit_exceeded", headers=_retry_after(exc.retry_after)) from None

@@ -6,6 +6,9 @@ import sqlite3
 import stat
 import threading
 import time
+from dataclasses import asdict
+
+import pytest
 
 from gateway.ledger.writer import Ledger
 
@@ -60,36 +63,65 @@ def pg_ids(url: str) -> list[str]:
         return [r[0] for r in conn.execute("SELECT id FROM requests ORDER BY id")]
 
 
-def test_postgres_ledger_survives_a_server_restart(postgres_server, postgres_url, tmp_path):
-    """Records accepted while PostgreSQL is down are retried until it is back: none lost, none dead-lettered."""
+def _wait(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_postgres_down_dead_letters_at_once_and_replays_when_it_is_back(postgres_server, postgres_url, tmp_path):
+    """Records accepted while PostgreSQL is down are in the dead-letter file (fsynced) within a second of the
+    failed write, not after a retry window, and are written into the database, once each, when it is back."""
     ledger = Ledger(postgres_url, dead_letter_dir=tmp_path)
     ledger.submit(record("before", BASE, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
     ledger.flush()
     postgres_server.stop()
     try:
+        started = time.monotonic()
         for i in range(20):
             ledger.submit(record(f"down{i:02d}", BASE + i, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
-        time.sleep(1.5)  # the writer has failed at least once by now and is backing off
+        ledger.flush(timeout=30)
+        kept = [json.loads(line)["record"]["id"] for line in ledger.dead_letter_path.read_text().splitlines()]
+        assert sorted(kept) == [f"down{i:02d}" for i in range(20)]
+        assert time.monotonic() - started < 5  # the old writer sat in a 30 s retry window first
+        assert ledger.dead_letter_path.parent == tmp_path
+        assert stat.S_IMODE(ledger.dead_letter_path.stat().st_mode) == 0o600
     finally:
         postgres_server.start()
-    ledger.flush(timeout=60)
+    _wait(lambda: len(pg_ids(postgres_url)) == 21)  # replayed by the writer once the database answers again
+    _wait(lambda: not ledger.has_dead_letters())
     ledger.close()
     assert pg_ids(postgres_url) == ["before", *(f"down{i:02d}" for i in range(20))]
-    assert not ledger.dead_letter_path.exists()
+    assert not list(tmp_path.glob("ledger.failed.jsonl*[0-9]"))
 
 
-def test_postgres_ledger_keeps_what_it_cannot_write_in_the_dead_letter_file(postgres_server, postgres_url, tmp_path):
-    ledger = Ledger(postgres_url, dead_letter_dir=tmp_path, retry_delays=(0.1, 0.1))
-    postgres_server.stop()
+def test_a_dead_letter_file_is_replayed_at_start_up_once_even_when_replayed_twice(postgres_url, tmp_path):
+    """A later process on the same data directory replays what an earlier one left (a kill -9 during an outage);
+    records are upserts by request id, so lines written twice (or a replay cut short and run again) are one row."""
+    first = Ledger(postgres_url, dead_letter_dir=tmp_path)
+    lines = [json.dumps({"error": "down", "record": asdict(record(f"x{i}", BASE + i, "rag",
+                                                                   [call(CHEAP, "rag", 10, 1, 0.001)]))})
+             for i in range(5)]
+    first.dead_letter_path.write_text("\n".join(lines + lines[:3]) + "\n")
+    # a replay interrupted after it moved the file aside but before it removed it
+    (tmp_path / "ledger.failed.jsonl.replaying.1.1").write_text("\n".join(lines[2:]) + "\n{\"torn")
+    first.close()
+    second = Ledger(postgres_url, dead_letter_dir=tmp_path)
     try:
-        ledger.submit(record("lost?", BASE, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
-        ledger.flush(timeout=30)
+        assert pg_ids(postgres_url) == [f"x{i}" for i in range(5)]
+        assert not second.has_dead_letters()
+        assert (tmp_path / "ledger.failed.jsonl.rejected").read_text() == '{"torn\n'  # kept, not replayed
+        from gateway.ledger import reports
+
+        conn = reports.connect_reader(postgres_url)
+        try:
+            total = reports.costs(conn, "route")["total"]
+            assert total["requests"] == 5 and total["cost_usd"] == pytest.approx(0.005)  # no leg counted twice
+        finally:
+            conn.close()
     finally:
-        postgres_server.start()
-    ledger.close()
-    [kept] = [json.loads(line) for line in ledger.dead_letter_path.read_text().splitlines()]
-    assert kept["record"]["id"] == "lost?" and ledger.dead_letter_path.parent == tmp_path
-    assert pg_ids(postgres_url) == []
+        second.close()
 
 
 def test_two_postgres_writers_on_the_same_rollup_rows_lose_nothing(postgres_url, tmp_path):
@@ -119,3 +151,32 @@ def test_two_postgres_writers_on_the_same_rollup_rows_lose_nothing(postgres_url,
         assert reports.costs(conn, "model")["groups"][0]["calls"] == 600
     finally:
         conn.close()
+
+
+def test_close_never_drops_what_a_stuck_writer_holds(tmp_path, monkeypatch):
+    """A database that hangs past the shutdown's patience: the writer's batch and the queue go to the dead-letter
+    file, and the next start replays them."""
+    import gateway.ledger.writer as writer_module
+
+    path = tmp_path / "l.sqlite3"
+    ledger = Ledger(path, close_timeout=0.5)
+    stuck = threading.Event()
+    real = writer_module.write_records
+
+    def hang(conn, records):
+        stuck.set()
+        time.sleep(3)
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(writer_module, "write_records", hang)
+    ledger.submit(record("held", BASE, "rag", []))
+    assert stuck.wait(10)
+    for i in range(3):
+        ledger.submit(record(f"queued{i}", BASE + i, "rag", []))
+    ledger.close()
+    kept = sorted({json.loads(line)["record"]["id"] for line in ledger.dead_letter_path.read_text().splitlines()})
+    assert kept == ["held", "queued0", "queued1", "queued2"]
+    monkeypatch.setattr(writer_module, "write_records", real)
+    time.sleep(3)  # the stuck thread gives up (and dead-letters its batch again: replays are idempotent)
+    Ledger(path).close()
+    assert rows(path) == ["held", "queued0", "queued1", "queued2"]

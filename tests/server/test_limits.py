@@ -150,3 +150,159 @@ def test_a_provider_error_carries_no_traceback_or_path(upstream, tmp_path, monke
     text = response.text
     assert "Traceback" not in text and ".py" not in text and "site-packages" not in text, text
     assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in text
+
+
+# ------------------------------------------------------------------------------ reservations: bursts, disconnects
+
+PRICED_POLICY = """
+name: test
+aliases: [selfroute]
+cheap:
+  model: openai/sleep-1
+  api_base: {base}/v1
+  input_cost_per_mtok: 1000.0
+  output_cost_per_mtok: 2000.0
+long:
+  model: openai/dribble-long
+  api_base: {base}/v1
+  input_cost_per_mtok: 1000.0
+  output_cost_per_mtok: 2000.0
+  context_window: 16000
+routing:
+  classifier: null
+  default_route: long
+"""
+SLOW = "openai/sleep-1"  # answers after a second: a burst's requests are all in flight at once
+DRIBBLE = "openai/dribble-long"  # streams a word every 0.25 s for 10 s, usage at the end
+# "a b c" with max_tokens 10: reserved 10 prompt tokens (3 + 4 + 3 of overhead) + 10 = $0.03; the fake upstream
+# reports 3 + 4 words: $0.011
+RESERVATION_USD = 10 * 0.001 + 10 * 0.002
+COST_USD = 3 * 0.001 + 4 * 0.002
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def priced(request, upstream, tmp_path, monkeypatch):
+    """(url, app, rows()) of a gateway on SQLite or PostgreSQL with the priced slow models."""
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    kwargs = {}
+    if request.param == "postgresql":
+        kwargs["ledger_url"] = request.getfixturevalue("postgres_url")
+    with running_gateway(tmp_path, make_policy(upstream[0], PRICED_POLICY), auth=Authenticator(admin_key=ADMIN),
+                         **kwargs) as (url, app):
+        yield url, app, lambda table="requests": _rows(app, table)
+
+
+def _rows(app, table: str) -> list[dict]:
+    ledger = app.state.gateway.ledger
+    ledger.flush()
+    if ledger.path is not None:
+        return ledger_rows(app, table)
+    import psycopg
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(str(ledger.location), row_factory=dict_row) as conn:
+        return list(conn.execute(f"SELECT * FROM {table}"))
+
+
+def _burst(url: str, key: str, n: int = 20, **body) -> list[int]:
+    import concurrent.futures
+
+    def one(_):
+        return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
+                          json={"model": SLOW, "max_tokens": 10, "messages": [{"role": "user", "content": "a b c"}],
+                                **body}).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_bursts_of_20_overshoot_a_budget_by_at_most_one_reservation(priced):
+    """$0.05 budget, bursts of 20 concurrent requests until one is refused whole: the spend stays within one
+    reservation of the budget (before: all 20 of the first burst passed, $0.22, 4.3x)."""
+    url, app, rows = priced
+    keys = app.state.gateway.keys
+    _, key = keys.create("burst", budget_usd=0.05)
+    answered = []
+    for _ in range(8):
+        statuses = _burst(url, key)
+        assert set(statuses) <= {200, 429}
+        answered.append(statuses.count(200))
+        if not answered[-1]:
+            break
+    assert answered[0] < 20 and answered[-1] == 0
+    mine = [r for r in rows() if r["key_id"] == "burst"]
+    spent = sum(r["cost_usd"] for r in mine)
+    assert sum(answered) == sum(1 for r in mine if r["status"] == 200)
+    assert spent == pytest.approx(sum(answered) * COST_USD)
+    assert 0.05 - COST_USD <= spent <= 0.05 + RESERVATION_USD
+    assert keys.spend(["burst"])["burst"] == pytest.approx(spent)
+    assert rows("requests_in_flight") == []  # every reservation settled by its request's row
+    refused = [r for r in mine if r["status"] == 429]
+    assert refused and all(r["cost_usd"] == 0 for r in refused)
+
+
+def test_a_burst_of_20_overshoots_tpm_by_at_most_one_reservation(priced):
+    """TPM 300, 20 concurrent requests of ~120 tokens each: the tokens of the minute stay within one reservation
+    of the limit (before: TPM 3,000 let 8,060 through)."""
+    url, app, rows = priced
+    _, key = app.state.gateway.keys.create("tpm", tpm=300)
+    text = " ".join(["tok"] * 100)  # 107 prompt tokens reserved, 30 of completion; the fake reports 100 + 21
+    statuses = _burst(url, key, messages=[{"role": "user", "content": text}], max_tokens=30)
+    assert 1 <= statuses.count(200) < 20 and set(statuses) == {200, 429}
+    used = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows() if r["key_id"] == "tpm")
+    assert used <= 300 + 107 + 30
+    assert rows("requests_in_flight") == []
+
+
+def _wait_rows(rows, predicate, timeout: float = 15.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r for r in rows() if predicate(r)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
+def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spent(priced):
+    """The attack: a $0.05 budget and clients that disconnect before the answer (plain requests with a short
+    client timeout, streams closed after the first event). Before, 60 such requests were all ledgered at $0.00
+    and never refused. Now each 499 carries the upstream's usage or, when none arrived, the estimate, and the key
+    is refused once that is spent."""
+    url, app, rows = priced
+    _, key = app.state.gateway.keys.create("leaver", budget_usd=0.05)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    outcomes = []
+    for attempt in range(60):
+        try:
+            if attempt % 2:  # plain, the client gives up after 0.3 s of a 1 s answer
+                response = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
+                                      timeout=0.3, json={"model": SLOW, "max_tokens": 10,
+                                                         "messages": [{"role": "user", "content": "a b c"}]})
+                if response.status_code == 429:
+                    assert response.json()["error"]["code"] == "budget_exceeded"
+                    outcomes.append("refused")
+                    break
+                outcomes.append("answered")
+            else:  # a stream read to its first event, then closed
+                stream = client.chat.completions.create(model=DRIBBLE, max_tokens=10, stream=True,
+                                                        messages=[{"role": "user", "content": "a b c"}])
+                next(iter(stream))
+                stream.close()
+                outcomes.append("left")
+        except httpx.ReadTimeout:
+            outcomes.append("left")
+        except openai.RateLimitError as exc:
+            assert exc.body["code"] == "budget_exceeded"
+            outcomes.append("refused")
+            break
+        # the gateway ledgers the leaver's request a moment after the client has gone
+        assert _wait_rows(rows, lambda r: r["key_id"] == "leaver" and r["status"] == 499
+                          and len([x for x in rows() if x["key_id"] == "leaver"]) > attempt)
+    assert outcomes == ["left", "left", "refused"]  # a stream and a plain request charged $0.03 each: spent
+    left = [r for r in rows() if r["key_id"] == "leaver" and r["status"] == 499]
+    assert len(left) == len(outcomes) - 1
+    assert all(r["cost_usd"] == pytest.approx(RESERVATION_USD) for r in left)  # no usage came: the estimate
+    legs = [c for c in rows("upstream_calls") if c["request_id"] in {r["id"] for r in left}]
+    assert len(legs) == len(left) and all("charged at the estimate" in c["error"] for c in legs)
+    assert 0.05 <= sum(r["cost_usd"] for r in left) <= 0.05 + RESERVATION_USD
+    assert rows("requests_in_flight") == []

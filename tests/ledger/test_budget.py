@@ -1,0 +1,138 @@
+"""Reservations in the ledger database (gateway/ledger/budget.py): atomic against concurrent reservers on SQLite and
+PostgreSQL, replaced by the request's row in the writer's transaction, and rows left in flight by a dead process
+charged at their estimate without being counted twice or as a success."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gateway.ledger import budget, reports, summary
+from gateway.ledger.budget import BudgetExceeded, InFlight, Limits, TokenLimitExceeded
+from gateway.ledger.database import connect, write_records
+from gateway.ledger.records import IN_FLIGHT
+from gateway.ledger.writer import Ledger
+from tests.ledger_fixtures import CHEAP, call, record
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request, tmp_path):
+    if request.param == "sqlite":
+        return tmp_path / "ledger.sqlite3"
+    return request.getfixturevalue("postgres_url")
+
+
+def _row(rid: str, key: str = "k", cost: float = 0.03, tokens: tuple[int, int] = (10, 10), **kwargs) -> InFlight:
+    return InFlight(rid, time.time(), key, "default", "selfroute", False, tokens[0], tokens[1], cost, **kwargs)
+
+
+def _concurrently(location, rows: list[InFlight], limits: Limits) -> tuple[list[str], list[BaseException]]:
+    """Each row reserved from its own connection, all released at once."""
+    start = threading.Barrier(len(rows))
+    admitted, refused = [], []
+
+    def one(row: InFlight) -> None:
+        conn = connect(location)
+        try:
+            start.wait(timeout=30)
+            budget.reserve(conn, row, limits)
+            admitted.append(row.request_id)
+        except (BudgetExceeded, TokenLimitExceeded) as exc:
+            refused.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one, args=(row,)) for row in rows]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return admitted, refused
+
+
+def test_twenty_concurrent_reservations_stop_at_the_budget(location, tmp_path):
+    """20 reservers at once, $0.03 each against $0.05: two get in (0 < 0.05, 0.03 < 0.05), never more."""
+    Ledger(location, dead_letter_dir=tmp_path).close()
+    admitted, refused = _concurrently(location, [_row(f"r{i}") for i in range(20)], Limits(budget_usd=0.05))
+    assert len(admitted) == 2 and len(refused) == 18
+    assert all(exc.code == "budget_exceeded" for exc in refused)
+    conn = connect(location)
+    try:
+        assert sorted(r.request_id for r in budget.in_flight(conn, "k")) == sorted(admitted)
+    finally:
+        conn.close()
+
+
+def test_twenty_concurrent_reservations_stop_at_the_tpm(location, tmp_path):
+    Ledger(location, dead_letter_dir=tmp_path).close()
+    admitted, refused = _concurrently(location, [_row(f"t{i}", tokens=(100, 30)) for i in range(20)],
+                                      Limits(tpm=300))
+    assert len(admitted) == 3  # 0, 130 and 260 tokens are below 300; 390 is not
+    assert all(exc.code == "rate_limit_exceeded" and exc.retry_after >= 1 for exc in refused)
+
+
+def test_the_requests_row_replaces_its_reservation_in_one_transaction(location, tmp_path):
+    """Spend is recorded + reserved: while the request is in flight its estimate counts, once its row is written
+    the actual cost counts, and never both."""
+    Ledger(location, dead_letter_dir=tmp_path).close()
+    conn = connect(location)
+    try:
+        budget.reserve(conn, _row("a", cost=0.04), Limits(budget_usd=0.05))
+        with pytest.raises(BudgetExceeded):  # 0.04 reserved + 0.02 of a finished request: over 0.05
+            write_records(conn, [record("done", time.time(), "rag", [call(CHEAP, "rag", 1, 1, 0.02)], key="k")])
+            budget.reserve(conn, _row("b", cost=0.001), Limits(budget_usd=0.05))
+        # "a" finishes at $0.01: its reservation goes with its row, and there is room again
+        write_records(conn, [record("a", time.time(), "rag", [call(CHEAP, "rag", 1, 1, 0.01)], key="k")])
+        assert budget.in_flight(conn) == []
+        budget.reserve(conn, _row("b", cost=0.001), Limits(budget_usd=0.05))
+        assert [r.request_id for r in budget.in_flight(conn)] == ["b"]
+    finally:
+        conn.close()
+
+
+def test_rows_left_by_a_dead_process_are_charged_once_and_never_a_success(location, tmp_path):
+    ledger = Ledger(location, dead_letter_dir=tmp_path)
+    ledger.close()
+    conn = connect(location)
+    try:
+        dead = _row("dead", cost=0.03, owner=f"{budget.owner_id().rpartition(':')[0]}:999999999")
+        alive = _row("alive", cost=0.02)  # this process: still being served
+        elsewhere = _row("elsewhere", cost=0.02, owner="another-host:1")  # another host: only its lease ends it
+        expired = _row("expired", cost=0.01, owner="another-host:2", expires_at=time.time() - 1)
+        for row in (dead, alive, elsewhere, expired):
+            budget.reserve(conn, row)
+        found = budget.abandoned(conn)
+        assert sorted(r.request_id for r in found) == ["dead", "expired"]
+        assert budget.settle_abandoned(conn, found) == 2
+        assert sorted(r.request_id for r in budget.in_flight(conn)) == ["alive", "elsewhere"]
+        costs = reports.costs(conn, "route")
+        assert costs["total"]["requests"] == 2 and costs["total"]["cost_usd"] == pytest.approx(0.04)
+        assert reports.costs(conn, "route", reports.Filters.parse(status="ok"))["total"]["requests"] == 0
+        assert reports.costs(conn, "route", reports.Filters.parse(status="0"))["total"]["requests"] == 2
+        totals = summary.summary(conn, window=3600)["totals"]
+        assert (totals["unfinished"], totals["errors"]) == (2, 2)
+        row = conn.execute("SELECT status, error, cost_usd FROM requests WHERE id = ?", ("dead",)).fetchone()
+        assert row["cost_usd"] == pytest.approx(0.03)
+        assert row["status"] == IN_FLIGHT and "charged at its estimate" in row["error"]
+        # the process was not dead after all (a request outliving its lease): its real row replaces the estimate
+        write_records(conn, [record("expired", expired.created_at, "rag", [call(CHEAP, "rag", 1, 1, 0.002)], key="k")])
+        costs = reports.costs(conn, "route")
+        assert costs["total"]["requests"] == 2 and costs["total"]["cost_usd"] == pytest.approx(0.032)
+        # and settling again never overwrites a real row
+        budget.reserve(conn, _row("expired", cost=9.0, expires_at=time.time() - 1))  # a stale replayed row
+        assert budget.in_flight(conn, "k") == [r for r in budget.in_flight(conn, "k") if r.request_id != "expired"]
+    finally:
+        conn.close()
+
+
+def test_a_replayed_reservation_whose_request_has_its_row_is_dropped(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    Ledger(path).close()
+    conn = connect(path)
+    try:
+        write_records(conn, [record("r", time.time(), "rag", [], key="k")])
+        budget.reserve(conn, _row("r"))  # e.g. from the dead-letter file, after the row was written directly
+        assert budget.in_flight(conn) == []
+    finally:
+        conn.close()

@@ -9,6 +9,7 @@ parameter, so that no request can point the gateway, and the provider key it hol
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Iterator, Literal, Union
 
@@ -159,6 +160,21 @@ def _may_hold_surrogates(raw: bytes) -> bool:
     return b"\xed" in raw or (b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None)
 
 
+class _NonFinite(ValueError):
+    """A number JSON cannot carry: 1e400 (infinite as a float), or the non-standard Infinity / NaN literals."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(text[:40])
+    return value
+
+
+def _no_constant(text: str) -> float:
+    raise _NonFinite(text)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object; anything else is a 400 saying what is wrong.
 
@@ -169,9 +185,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
     too_deep = GatewayError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
     except RecursionError:
         raise too_deep from None
+    except _NonFinite as exc:
+        raise GatewayError(400, f"the JSON body holds a number that is not finite ({exc}): JSON has no Infinity or "
+                                "NaN, and no upstream accepts them", code="invalid_value") from None
     except ValueError as exc:
         raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):

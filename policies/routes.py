@@ -2,7 +2,8 @@
 
 A policy chooses among the three routes of `Route`. What the ledger records for a request is one of those,
 or `PASSTHROUGH` (a model name that is not a routed alias) or `FALLBACK` (the cheap route answered first, its
-answer was not trusted, and the long route answered again).
+answer was not trusted, and the long route answered again); `SHADOW` and `JUDGE` are the learning loop's own
+requests (labels for the router, never an answer to a client).
 """
 from __future__ import annotations
 
@@ -18,5 +19,10 @@ class Route(StrEnum):
 DIRECT, RAG, LONG = Route.DIRECT.value, Route.RAG.value, Route.LONG.value
 PASSTHROUGH = "passthrough"
 FALLBACK = "rag>long"
+# learning legs (gateway.routing.learning): the long route run in the background on an accepted cheap answer, and
+# the judge comparing a cheap answer with a long one. Each is its own ledgered request, never the client's answer.
+SHADOW = "shadow"
+JUDGE = "judge"
+LEARNING_ROUTES = (SHADOW, JUDGE)
 # the replay's name for a cheap refusal that the policy let stand (the live ledger records it as RAG)
 KEPT_REFUSAL = "kept-refusal"

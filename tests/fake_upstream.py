@@ -3,6 +3,7 @@
 - any name: answers "echo: <last user text>" (first 80 chars), usage from word counts;
 - a name containing "refuser": answers "unanswerable";
 - a name containing "scripted": answers `app.state.scripted` (a test sets it);
+- a name containing "judge": answers `app.state.judge_reply` (a test sets it; a grading verdict by default);
 - "status-NNN": fails with HTTP NNN and an OpenAI error body;
 - "slow": sleeps 5 s before answering (for timeout tests); "sleep-N": sleeps N seconds (work that outlasts a test);
 - a name containing "breaks": a stream that sends one chunk, then drops the connection;
@@ -125,7 +126,8 @@ async def completions(request: Request):
         await asyncio.sleep(5)
     if model.startswith("sleep-"):
         await asyncio.sleep(float(model.split("-")[1]))
-    answer = request.app.state.scripted if "scripted" in model else answer_for(body)
+    answer = (request.app.state.judge_reply if "judge" in model else
+              request.app.state.scripted if "scripted" in model else answer_for(body))
     usage = {**usage_for(body, answer), **cache_usage(request.app.state, body)}
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
     if body.get("stream") and model == "text-stream":
@@ -184,6 +186,7 @@ def create_fake_upstream() -> Starlette:
                             Route("/v1/embeddings", embeddings, methods=["POST"])])
     app.state.received = []
     app.state.scripted = ""
+    app.state.judge_reply = '{"verdict": "worse"}'
     app.state.prompt_cache = set()  # Anthropic-style cache blocks seen
     app.state.prefixes = {}  # model -> earlier prompts' words (OpenAI-style prefix caching)
     return app

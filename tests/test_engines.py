@@ -20,7 +20,8 @@ from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  #
 REPO = Path(__file__).resolve().parents[1]
 MIGRATIONS = ["001_ledger.sql", "002_hourly_rollups.sql", "003_daily_rollups.sql", "004_keys.sql",
               "005_cached_tokens.sql", "006_unpriced_calls.sql", "007_cache_rollups.sql",
-              "008_rollup_cache_columns.sql", "009_key_admin_periods.sql", "010_in_flight.sql"]
+              "008_rollup_cache_columns.sql", "009_key_admin_periods.sql", "010_learning.sql",
+              "011_in_flight.sql"]
 ROLLUPS = ["request_rollup_hourly", "call_rollup_hourly", "request_rollup_daily", "call_rollup_daily",
            "latency_rollup_hourly"]
 
@@ -247,7 +248,8 @@ def test_postgres_migrations_match_sqlite_schema(postgres_url):
     with postgres_ledger(postgres_url) as pg:
         assert postgres_schema(pg) == sqlite_schema(lite)
         assert set(postgres_schema(pg)) == {"requests", "upstream_calls", "latency_buckets", *ROLLUPS, "api_keys",
-                                            "collection_owners", "rate_windows", "requests_in_flight"}
+                                            "collection_owners", "rate_windows", "request_features", "labels",
+                                            "requests_in_flight"}
         assert pg.execute("SELECT bucket, upper_ms FROM latency_buckets ORDER BY bucket").fetchall() == \
             lite.execute("SELECT bucket, upper_ms FROM latency_buckets ORDER BY bucket").fetchall()
 

@@ -10,6 +10,13 @@ from pathlib import Path
 # how the parent hands its settings to worker processes, which build their own app (uvicorn's factory)
 WORKER_SETTINGS_ENV = "SELFROUTE_WORKER_SETTINGS"
 DEFAULT_SHUTDOWN_TIMEOUT = 15.0
+# a connection's request line and headers must arrive within this many seconds of the connection opening (or of the
+# previous response on a kept-alive connection); uvicorn has no such deadline, so a client that opens connections
+# and sends nothing, or a header a byte at a time, holds them for ever
+DEFAULT_HEADER_TIMEOUT = 10.0
+DEFAULT_KEEP_ALIVE_TIMEOUT = 5  # idle seconds between requests on a kept-alive connection (uvicorn's own default)
+DEFAULT_BODY_TIMEOUT = 30.0  # the whole body, once the headers are in (gateway.server.bodies)
+
 
 
 def register(subparsers, parents) -> None:
@@ -36,6 +43,14 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
     parser.add_argument("--workers", type=int, default=1,
                         help="worker processes sharing the port, the ledger and the document store (default 1)")
+    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
+                        help="seconds a connection may take to send a request's line and headers, from opening or "
+                             f"from the previous response (default {DEFAULT_HEADER_TIMEOUT:g})")
+    parser.add_argument("--keep-alive-timeout", type=int, default=DEFAULT_KEEP_ALIVE_TIMEOUT,
+                        help=f"idle seconds a kept-alive connection stays open (default {DEFAULT_KEEP_ALIVE_TIMEOUT})")
+    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                        help="seconds a request's whole body may take to arrive once its headers are in; later is "
+                             f"a 408 body_timeout (default {DEFAULT_BODY_TIMEOUT:g})")
     parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="on SIGTERM or Ctrl-C: seconds in-flight requests may take to finish before they are "
                              f"cancelled (and ledgered); then the ledger is flushed and the process exits "
@@ -94,11 +109,22 @@ def _settings(values: dict):
     return settings
 
 
+def _set_deadlines(values: dict) -> None:
+    """This process's header and body deadlines (a worker process sets its own from the parent's values)."""
+    from gateway.commands import _http_deadline
+    from gateway.server import bodies
+
+    _http_deadline.HEADER_TIMEOUT_S = values.get("header_timeout", DEFAULT_HEADER_TIMEOUT)
+    bodies.BODY_READ_TIMEOUT_S = values.get("body_timeout", DEFAULT_BODY_TIMEOUT)
+
+
 def worker_app():
     """The app of one worker process (uvicorn calls this factory in each worker)."""
     from gateway.server.app import create_app
 
-    return create_app(_settings(json.loads(os.environ[WORKER_SETTINGS_ENV])))
+    values = json.loads(os.environ[WORKER_SETTINGS_ENV])
+    _set_deadlines(values)
+    return create_app(_settings(values))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -145,8 +171,13 @@ def run(args: argparse.Namespace) -> int:
           f"{args.workers} worker(s)", flush=True)
     for line in app.state.limits.lines():  # what the routes pack for, and what an override changed
         print(f"selfroute: {line}", flush=True)
+    from gateway.commands._http_deadline import HeaderDeadlineProtocol
+
+    values.update(header_timeout=args.header_timeout, body_timeout=args.body_timeout)
+    _set_deadlines(values)
     common = {"host": args.host, "port": args.port, "log_level": str(args.log_level).lower(), "access_log": False,
-              "timeout_graceful_shutdown": args.shutdown_timeout}
+              "timeout_graceful_shutdown": args.shutdown_timeout, "timeout_keep_alive": args.keep_alive_timeout,
+              "http": HeaderDeadlineProtocol}
     if args.workers == 1:
         uvicorn.run(app, **common)
         return 0

@@ -1,7 +1,7 @@
 """Reservations: what a request in flight may spend, held against its key's budget and TPM in the ledger database.
 
 A request reserves its estimated cost before its first upstream call: one row in requests_in_flight (migration
-010), inserted in the same transaction as the check against the key's limits, under a per-key lock (SQLite's
+011), inserted in the same transaction as the check against the key's limits, under a per-key lock (SQLite's
 write lock, a PostgreSQL advisory lock), so requests on every worker and replica sharing the database see each
 other's reservations. The request's finished row replaces its reservation in one transaction of the ledger writer
 (database.write_records): at every moment a key's spend is its finished requests plus its reservations, never

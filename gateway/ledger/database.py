@@ -5,6 +5,8 @@ migrations with the same numbers and the same effect (tests/test_engines.py comp
 """
 from __future__ import annotations
 
+import json
+import math
 import sqlite3
 import time
 from importlib import resources
@@ -16,7 +18,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 from gateway.ledger.dialect import (
     POSTGRESQL, SQLITE, Dialect, PostgresConnection, connect_postgres, dialect_of, is_postgres,
 )
-from gateway.ledger.records import CALL_COLUMNS, REQUEST_COLUMNS, RequestRecord, request_row
+from gateway.ledger.records import (
+    CALL_COLUMNS, FEATURE_COLUMNS, LABEL_COLUMNS, REQUEST_COLUMNS, LabelRecord, RequestRecord, request_row,
+)
 
 # any constant: the advisory lock that makes two replicas starting at once migrate one after the other
 _MIGRATION_LOCK = 7_235_911
@@ -112,6 +116,46 @@ def _call_rows(record: RequestRecord) -> list[tuple]:
     ]
 
 
+def _finite(value: Any) -> Any:
+    """JSON without NaN or infinity (PostgreSQL's JSON functions and strict readers refuse them): those become null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _feature_rows(records: list[RequestRecord]) -> list[tuple]:
+    return [(r.id, r.created_at, int(r.features.get("version", 1)), json.dumps(_finite(r.features), default=str))
+            for r in records if r.features is not None]
+
+
+def label_row(label: LabelRecord) -> tuple:
+    return (label.request_id, label.created_at, label.source, label.key_id, label.verdict, int(label.good),
+            label.score, label.cost_usd, label.label_request_id)
+
+
+_UPSERT_FEATURES = (
+    f"INSERT INTO request_features ({', '.join(FEATURE_COLUMNS)}) VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})"
+    " ON CONFLICT (request_id) DO UPDATE SET created_at = excluded.created_at, version = excluded.version,"
+    " data = excluded.data"
+)
+INSERT_LABEL = f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) VALUES ({', '.join('?' * len(LABEL_COLUMNS))})"
+
+
+def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
+    """The learning rows of a batch (migration 010), in the batch's transaction. Labels ride only on the judge's own
+    request record, which is submitted once."""
+    features = _feature_rows(records)
+    if features:
+        conn.executemany(_UPSERT_FEATURES, features)
+    labels = [label_row(label) for r in records for label in r.labels]
+    if labels:
+        conn.executemany(INSERT_LABEL, labels)
+
+
 _UPSERT_REQUEST = (
     f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})"
     f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REQUEST_COLUMNS if c != 'id')}"
@@ -144,6 +188,7 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
                 f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
                 [row for r in records for row in _call_rows(r)],
             )
+            _write_learning(conn, records)
             conn.executemany(_SETTLE, [(r.id,) for r in records])
         return
     with conn:
@@ -158,6 +203,7 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
             f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
             [row for r in records for row in _call_rows(r)],
         )
+        _write_learning(conn, records)
         conn.executemany(_SETTLE, [(r.id,) for r in records])
 
 

@@ -8,7 +8,7 @@ from gateway.ledger.budget import Estimate, InFlight, Limits
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.records import CLIENT_CLOSED, RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger
-from policies.routes import LONG, PASSTHROUGH
+from policies.routes import LEARNING_ROUTES, LONG, PASSTHROUGH
 from policies.schema import ModelConfig
 
 
@@ -71,6 +71,15 @@ class RequestLedgerEntry:
                              error)
         call.estimated = True
         return call
+
+    def learning_entry(self, request_id: str, route: str, reason: str) -> "RequestLedgerEntry":
+        """A request of the learning loop (a shadow long answer, a judge) about this one, on the same ledger: its own
+        row under `route`, no client key (the operator pays for learning, not the key that asked), linked by its
+        provenance."""
+        entry = RequestLedgerEntry(self._ledger, self._prices, request_id, self.record.policy)
+        entry.record.route, entry.record.reason = route, reason
+        entry.record.provenance = {"of": self.record.id}
+        return entry
 
     def add_call(
         self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
@@ -141,7 +150,10 @@ class RequestLedgerEntry:
         record.cost_usd = sum(c.cost_usd for c in record.calls)
         record.cached_tokens = sum(c.cached_tokens for c in record.calls)
         record.cache_saving_usd = sum(c.cache_saving_usd for c in record.calls)
-        if record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
+        if record.route in LEARNING_ROUTES:
+            # always-long would not have run it: learning's whole cost counts against the saving
+            record.counterfactual_cost_usd, record.context_tokens = 0.0, 0
+        elif record.route == PASSTHROUGH or (record.counterfactual_cost_usd == 0 and not record.context_tokens):
             # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd
             record.context_tokens = record.context_tokens or record.prompt_tokens

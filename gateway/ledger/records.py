@@ -64,6 +64,31 @@ class RequestRecord:
     calls: list[UpstreamCall] = field(default_factory=list)
     cached_tokens: int = 0  # the legs' sums (migration 005)
     cache_saving_usd: float = 0.0
+    # what the router learns from (migration 010): the request_features row (gateway.routing.learning.features_record)
+    # and labels this record produced (a judge request's verdict on another request); written with the request
+    features: dict[str, Any] | None = None
+    labels: list["LabelRecord"] = field(default_factory=list)
+
+
+@dataclass
+class LabelRecord:
+    """A label of one routed request's cheap answer (migration 010): was it good enough, by whom, at what cost."""
+
+    request_id: str
+    source: str  # LABEL_SOURCES
+    good: bool
+    verdict: str | None = None
+    key_id: str | None = None
+    score: float | None = None
+    cost_usd: float = 0.0
+    label_request_id: str | None = None
+    created_at: float = field(default_factory=time.time)
+
+
+# where a label came from: the judge on an escalation (both answers existed), a shadow long answer and the judge,
+# or the client's own feedback (POST /v1/feedback)
+LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK = "judge", "shadow", "feedback"
+LABEL_SOURCES = (LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK)
 
 
 # the columns of the requests and upstream_calls tables, in table order (migrations 001 and 005)
@@ -76,6 +101,9 @@ CALL_COLUMNS = (
     "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
     "latency_ms", "error", "cached_tokens", "cache_saving_usd", "unpriced",
 )
+FEATURE_COLUMNS = ("request_id", "created_at", "version", "data")
+LABEL_COLUMNS = ("request_id", "created_at", "source", "key_id", "verdict", "good", "score", "cost_usd",
+                 "label_request_id")
 # what reports list: provenance only on request detail; a leg without its request id
 REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")
 CALL_FIELDS = tuple(c for c in CALL_COLUMNS if c != "request_id")
@@ -94,6 +122,8 @@ def record_from_dict(data: dict[str, Any]) -> RequestRecord:
     """A RequestRecord back from dataclasses.asdict (the dead-letter file's records)."""
     known = set(RequestRecord.__dataclass_fields__)
     call_fields = set(UpstreamCall.__dataclass_fields__)
-    values = {k: v for k, v in data.items() if k in known and k != "calls"}
+    label_fields = set(LabelRecord.__dataclass_fields__)
+    values = {k: v for k, v in data.items() if k in known and k not in ("calls", "labels")}
     calls = [UpstreamCall(**{k: v for k, v in c.items() if k in call_fields}) for c in data.get("calls") or []]
-    return RequestRecord(**values, calls=calls)
+    labels = [LabelRecord(**{k: v for k, v in item.items() if k in label_fields}) for item in data.get("labels") or []]
+    return RequestRecord(**values, calls=calls, labels=labels)

@@ -14,7 +14,7 @@ the gateway applies.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 from gateway.routing.decision import RouteDecision, missing
@@ -40,6 +40,9 @@ class Verdict:
     outcome: str  # the decision's route (answer accepted), KEPT_REFUSAL (a refusal let stand) or FALLBACK
     note: str | None = None  # appended to the decision's reason
     score: float | None = None  # the verifier's P(good), when it scored the answer
+    # what the live check read (kept with the request for learning: gateway.routing.learning.features_record)
+    features: dict[str, float] | None = field(default=None, compare=False)
+    refused: bool | None = None  # the answer said the passages lack the answer
 
     def reason(self, decision: RouteDecision) -> str:
         return f"{decision.reason}; {self.note}" if self.note else decision.reason
@@ -107,8 +110,10 @@ class CheapAnswerCheck:
         """The live path: refusal cue and verifier score of this answer, then `verdict`."""
         if not self.applies(decision):
             return Verdict(False, decision.route)
-        return self.verdict(decision, self.detector.is_unanswerable(answer.text),
-                            self.score(answer, decision.probability))
+        features = self.features(answer, decision.probability) if self.verifier is not None else None
+        score = self.verifier.score(features) if features is not None else None
+        refused = self.detector.is_unanswerable(answer.text)
+        return replace(self.verdict(decision, refused, score), features=features, refused=refused)
 
     def verdict(self, decision: RouteDecision, refused: bool, score: float | None) -> Verdict:
         """The rule itself. `refused`: the answer says the passages lack the answer; `score`: the verifier's

@@ -18,6 +18,7 @@ from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_featu
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
+from gateway.routing.request_limits import check_documents
 from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
@@ -155,6 +156,7 @@ class RoutePlanner:
             if collection:
                 raise GatewayError(400, "send either selfroute.documents or a collection, not both",
                                    param="selfroute", code="conflicting_context")
+            check_documents(self.policy.request_limits, [d.text for d in options.documents], "selfroute.documents")
             documents = [
                 Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title,
                          metadata={**d.metadata, INLINE_SCOPE: chat.key_scope} if chat.key_scope else d.metadata)

@@ -23,6 +23,8 @@ from gateway.protocol import ChatCompletionRequest
 from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream, open_stream, stream_upstream
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
+from gateway.routing.learning import features_record
+from gateway.routing.learning.loop import JudgeInput, LearningLoop
 from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.routing.prompt_cache import mark_document_block, needs_cache_control, stable_document_block
 from gateway.routing.warm_cache import WarmPrefixes
@@ -31,7 +33,7 @@ from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
 from pipelines.base import PreparedPrompt
 from pipelines.tokens import count_tokens
-from policies.routes import LONG, PASSTHROUGH
+from policies.routes import LONG, PASSTHROUGH, SHADOW
 from policies.schema import ModelConfig, Policy
 
 if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported when the service is built, not with the app
@@ -69,6 +71,14 @@ def _chunk_text(data: bytes) -> str:
     return delta.get("content") or ""
 
 
+def _text_or_nothing(data: bytes) -> str:
+    """A chunk's text for the judge; a malformed chunk is the relay's to report, not the collector's."""
+    try:
+        return _chunk_text(data)
+    except GatewayError:
+        return ""
+
+
 def passthrough_config(policy: Policy, model: str) -> ModelConfig:
     """A model named in the policy keeps its settings (base, key, prices); any other name goes as is,
     except in-process models: a client may only run the packaged one or those the policy names, never
@@ -94,30 +104,21 @@ class RoutingService:
         self.store: DocumentStore | None = None
         self.planner: RoutePlanner | None = None
         self.build_error: str | None = None  # why build() failed: for the log and the admin's readiness view only
-        self.missing_credentials: list[dict] = []  # hosted models whose key variable is unset (readiness says so)
         self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
         self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
+        self.learning = LearningLoop(policy, upstream)  # judge and shadow work, in the background
 
     def build(self) -> None:
         """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
         from gateway.routing.planner import RoutePlanner
-        from gateway.upstreams.credentials import missing_credentials
         from pipelines.embedding import Embedder
         from pipelines.store import DocumentStore
 
         rag = self.policy.rag
         embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size)
-        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
-        # first routed request does not load it (seconds) and a ready gateway has every model it needs
-        getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
         self.store = DocumentStore(self.settings.store_uri, embedder, rag)
         router = Router(self.policy, load_route_model(self.policy, self.policy_path))
         self.check = CheapAnswerCheck(self.policy, load_verifier_model(self.policy, self.policy_path))
-        self.missing_credentials = missing_credentials(self.policy)  # logged as warnings
-        local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
-        for config in (self.policy.cheap, self.policy.long):
-            if config.model.startswith("local/") and hasattr(local, "load"):
-                local.load(config)
         self.planner = RoutePlanner(self.policy, self.store, router)
 
     @property
@@ -159,6 +160,8 @@ class RoutingService:
         plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection)
         decision = plan.decision
         entry.record.route, entry.record.reason = decision.route, decision.reason
+        if self.policy.routing.learning.record_features:
+            entry.record.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
         route = decision.route
         prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
         checked = self.check.applies(decision, plan.has_document)
@@ -173,8 +176,10 @@ class RoutingService:
         else:
             completion = await self._call(self.policy.cheap, body, prepared, route, entry)
         fallback_error = None
+        judged: JudgeInput | None = None
         if checked:
-            verdict = await self._verdict(plan, prepared, route, completion_text(completion))
+            cheap_text = completion_text(completion)
+            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, entry)
             entry.record.reason = verdict.reason(decision)
             if verdict.escalate:
                 long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
@@ -182,6 +187,9 @@ class RoutingService:
                 try:
                     completion = await self._call_long(body, long_prepared, entry)
                     route, prepared = verdict.outcome, long_prepared
+                    self._keep_texts(entry, long_answer=completion_text(completion))
+                    self.learning.judge_escalation(entry, judged, completion_text(completion))
+                    judged = None
                 except GatewayError as exc:
                     if self.policy.routing.fallback.on_long_error == "error":
                         raise
@@ -197,7 +205,28 @@ class RoutingService:
         }
         if fallback_error is not None:
             completion["selfroute"]["fallback_error"] = fallback_error.body()["error"]
+        elif judged is not None:  # the cheap answer stood: maybe answer again on the long route in the background
+            self._maybe_shadow(body, plan, entry, judged)
         return Completed(completion, sent=prepared.messages, fallback_error=fallback_error)
+
+    def _maybe_shadow(self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry,
+                      judged: JudgeInput) -> None:
+        """For routing.learning.shadow_rate of the accepted cheap answers, once the client has its answer: the long
+        model answers too (its own ledgered request, route shadow), then the judge compares the two."""
+        if not self.learning.wants_shadow():
+            return
+        planner = self.ready_planner()
+        shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
+
+        async def run_long(shadow: RequestLedgerEntry) -> dict[str, Any]:
+            long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
+            return await self._call(self.policy.long, shadow_body, long_prepared, SHADOW, shadow)
+
+        self.learning.shadow(entry, judged, run_long)
+
+    def _keep_texts(self, entry: RequestLedgerEntry, **texts: Any) -> None:
+        if entry.record.features is not None and "texts" in entry.record.features:
+            entry.record.features["texts"].update(texts)
 
     @staticmethod
     def _kept_cheap(entry: RequestLedgerEntry, exc: GatewayError, route: str) -> None:
@@ -206,16 +235,25 @@ class RoutingService:
         entry.record.route = route
         entry.record.reason = f"{entry.record.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
 
-    async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> Verdict:
+    async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
+                       entry: RequestLedgerEntry) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
-        so they are computed in a worker thread, the literal rule needs no thread hop."""
+        so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
+        read go into the request's learning record; the judge's input (question, passages, answer) comes back."""
         if not self.check.reads_whole_answer:
-            return self.check.check(plan.decision, CheapAnswer(text))
+            answer = CheapAnswer(text, plan.context.question)
+            verdict = self.check.check(plan.decision, answer)
+        else:
+            def verify() -> tuple[Verdict, CheapAnswer]:
+                answer = self.ready_planner().cheap_answer(plan, prepared, route, text)
+                return self.check.check(plan.decision, answer), answer
 
-        def verify() -> Verdict:
-            return self.check.check(plan.decision, self.ready_planner().cheap_answer(plan, prepared, route, text))
-
-        return await anyio.to_thread.run_sync(verify)
+            verdict, answer = await anyio.to_thread.run_sync(verify)
+        if entry.record.features is not None:
+            features_record.add_verdict(entry.record.features, verdict, self.check.threshold)
+            if self.policy.ledger.store_texts:
+                features_record.add_texts(entry.record.features, answer.query, list(answer.passages), text)
+        return verdict, JudgeInput(answer.query or plan.context.question, list(answer.passages), text or "")
 
     def _counterfactual(self, entry: RequestLedgerEntry, plan: RoutePlan) -> None:
         """What always-long would have cost, then what this request tells the warm-prefix record."""
@@ -319,7 +357,7 @@ class RoutingService:
             await chunks.aclose()
             raise
         decision = plan.decision
-        verdict = await self._verdict(plan, prepared, route, text)
+        verdict, judged = await self._verdict(plan, prepared, route, text, entry)
         entry.record.reason = verdict.reason(decision)
         if not verdict.escalate:
             entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
@@ -338,6 +376,8 @@ class RoutingService:
                 entry.stream_ended(cheap, route, final_usage, (time.perf_counter() - started) * 1000, error, status)
                 self._counterfactual(entry, plan)
                 entry.finish(status, error)
+                if status == 200 and error is None:  # the client has the whole answer now
+                    self._maybe_shadow(body, plan, entry, judged)
 
             return Streamed(held[0], held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
         # the refusal never reaches the client: close the cheap stream and answer from the long route
@@ -349,7 +389,7 @@ class RoutingService:
         entry.record.route = verdict.outcome
         long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
         try:
-            return await self._stream_long(chat, body, plan, long_prepared, entry)
+            return self._judged_stream(await self._stream_long(chat, body, plan, long_prepared, entry), entry, judged)
         except GatewayError as exc:
             if self.policy.routing.fallback.on_long_error == "error":
                 raise
@@ -368,6 +408,33 @@ class RoutingService:
             entry.finish(status, error)
 
         return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept, failure)
+
+
+    def _judged_stream(self, streamed: Streamed, entry: RequestLedgerEntry, judged: JudgeInput) -> Streamed:
+        """An escalated stream whose text is collected as it is relayed, for the judge once it has ended whole."""
+        if not self.learning.settings.judge:
+            return streamed
+        parts = [_text_or_nothing(streamed.first)] if streamed.first else []
+        chunks, finish = streamed.chunks, streamed.finish
+
+        async def collected() -> AsyncIterator[bytes]:
+            try:
+                async for item in chunks:
+                    parts.append(_text_or_nothing(item))
+                    yield item
+            finally:
+                await chunks.aclose()
+
+        def finish_judged(usage, error, status) -> None:
+            whole = status == 200 and error is None
+            if whole:
+                self._keep_texts(entry, long_answer="".join(parts))
+            finish(usage, error, status)
+            if whole:
+                self.learning.judge_escalation(entry, judged, "".join(parts))
+
+        return Streamed(streamed.first, collected(), streamed.client_wants_usage, finish_judged,
+                        streamed.fallback_error)
 
 
 LONG_FAILED = "the long route failed, answered with the cheap route's reply"

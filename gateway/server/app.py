@@ -3,6 +3,7 @@ and held in one typed `Gateway` (gateway.server.state)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import threading
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.errors import LedgerError
 from gateway.ledger.keys import KeyStore
+from gateway.ledger.labels import LabelStore, learning_spend
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
@@ -27,6 +29,7 @@ from gateway.server.context import keyed
 from gateway.server.errors import handle_error
 from gateway.server.embeddings import embeddings_route
 from gateway.server.explain import explain_route
+from gateway.server.feedback import feedback_routes
 from gateway.server.health import health_routes
 from gateway.server.keys import key_routes
 from gateway.server.metrics import GatewayMetrics, metrics_route
@@ -107,8 +110,10 @@ def create_app(
     upstream = upstream or default_upstream()
     prices = prices or PriceBook()
     routing = RoutingService(settings, policy, policy_path, upstream, embedder=embedder)
+    routing.learning.budget.read_spend = functools.partial(learning_spend, ledger.location)
+    labels = LabelStore(ledger.location)
     metrics = metrics or GatewayMetrics()
-    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys)
+    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels)
     ledger.subscribe(metrics.observe)
 
     @contextlib.asynccontextmanager
@@ -127,9 +132,11 @@ def create_app(
         try:
             yield
         finally:
+            await routing.learning.aclose()  # shadow and judge work: waited for, or cancelled and ledgered
             await upstream.aclose()
             ledger.close()
             keys.close()
+            labels.close()
 
     routes = [
         *health_routes(),
@@ -140,6 +147,7 @@ def create_app(
         embeddings_route(),
         *collection_routes(),
         Route("/v1/route/explain", keyed(explain_route, metered=True), methods=["POST"]),
+        *feedback_routes(),
         *admin_routes(),
         *key_routes(),
         metrics_route(),

@@ -4,15 +4,30 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
 
 JSON_HEADERS = {"content-type": "application/json"}
+# the whole body must arrive within this many seconds of the handler asking for it: a Content-Length larger than
+# what is sent (or a client trickling bytes) would otherwise hold the request open for ever; `selfroute serve
+# --body-timeout` sets it
+BODY_READ_TIMEOUT_S = 30.0
 
 
 async def read_body(request: Request, limit: int) -> bytes:
+    """The body, at most `limit` bytes (413 beyond), read within BODY_READ_TIMEOUT_S (408 after)."""
+    try:
+        with anyio.fail_after(BODY_READ_TIMEOUT_S):
+            return await _read(request, limit)
+    except TimeoutError:
+        raise GatewayError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g}s",
+                           code="body_timeout") from None
+
+
+async def _read(request: Request, limit: int) -> bytes:
     too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes",
                              code="body_too_large")
     declared = request.headers.get("content-length")

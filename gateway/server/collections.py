@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
+from gateway.routing.request_limits import check_documents
 from gateway.server import headers
 from gateway.server.auth import Caller
 from gateway.ledger.entry import RequestLedgerEntry
@@ -123,6 +124,17 @@ def _parse_add_documents(raw: bytes) -> AddDocumentsRequest:
         raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
 
 
+def _check_sources(items: list[InlineDocument]) -> None:
+    """metadata.source becomes the document's source, a text column of the store: any other JSON value (a number, an
+    object) is the client's mistake, a 400 naming it (it was pyarrow's ArrowTypeError, a 500)."""
+    for i, item in enumerate(items):
+        source = item.metadata.get("source")
+        if source is not None and not isinstance(source, str):
+            raise GatewayError(400, f"invalid value for 'documents.{i}.metadata.source': a string, not a JSON "
+                                    f"{type(source).__name__}", param=f"documents.{i}.metadata.source",
+                               code="invalid_value")
+
+
 def _document(item: InlineDocument) -> Document:
     from pipelines.store import content_hash  # pyarrow and lancedb load with the store, not with the app
 
@@ -181,6 +193,8 @@ async def add_documents(ctx: RequestContext) -> Response:
     name = ctx.request.path_params["name"]
     _check_writable(name)
     payload = _parse_add_documents(ctx.body)
+    _check_sources(payload.documents)
+    check_documents(gateway.policy.request_limits, [d.text for d in payload.documents], "documents")
     await ctx.admit(None)  # the gateway's own embedding model: the key's budget and rates, no model list
     found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
                                            "documents", caller.key_id)

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
+from gateway.routing.request_limits import check_embedding_inputs
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
 from policies.routes import PASSTHROUGH
@@ -98,6 +99,7 @@ def _encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | st
 
 async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestLedgerEntry) -> dict[str, Any]:
     texts = _texts(request)
+    check_embedding_inputs(gateway.policy.request_limits, texts)  # the gateway's own CPU: bounded per request
     embedder = gateway.store.embedder  # 503 until the store (and its model) is loaded
     started = time.perf_counter()
     vectors, tokens = await anyio.to_thread.run_sync(_embed_local, embedder, texts)

@@ -16,6 +16,7 @@ import anyio
 
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, InlineDocument
+from gateway.routing.request_limits import check_documents
 from gateway.server import headers
 from policies.schema import Policy
 
@@ -77,6 +78,8 @@ def flag_headers(found: list[dict[str, Any]]) -> dict[str, str]:
 async def screen_attached(policy: Policy, chat: ChatCompletionRequest) -> list[dict[str, Any]]:
     """The documents attached to a routed request, screened off the event loop (nothing to do without any)."""
     documents = chat.selfroute.documents if chat.selfroute else None
+    if documents:  # bounded before the scan, which reads every byte
+        check_documents(policy.request_limits, [d.text for d in documents], "selfroute.documents")
     if not documents or policy.security.injection == "off":
         return []
     return await anyio.to_thread.run_sync(screen_documents, policy.security.injection, documents,

@@ -7,6 +7,7 @@ from pathlib import Path
 from starlette.requests import Request
 
 from gateway.ledger.keys import KeyStore
+from gateway.ledger.labels import LabelStore
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
@@ -29,6 +30,7 @@ class Gateway:
     routing: RoutingService
     metrics: GatewayMetrics
     keys: KeyStore  # named keys, their spend and rate windows, and who owns which collection
+    labels: LabelStore | None = None  # feedback labels (POST /v1/feedback) and who sent which request
 
     @property
     def store(self):

@@ -8,7 +8,7 @@ bulk-loads the same rows with COPY into the raw tables, applies the later migrat
 the admin endpoints (no CLI or write-path figures).
 
 Fills a ledger (fixed seed; 60% of the long legs read most of their prompt from the provider's prompt cache) with
-the raw tables only (migrations 001, 005, 006, 010), applies the rest (their backfills build the rollups), then times:
+the raw tables only (migrations 001, 005, 006, 011), applies the rest (their backfills build the rollups), then times:
 the report functions, the CLI commands as subprocesses (Python start-up included), the admin endpoints through
 a Starlette app, and the write path: Ledger.submit on the caller's thread and the writer's per-row cost with
 and without the rollup triggers. Prints figures; asserts nothing.
@@ -42,10 +42,10 @@ CHEAP, LONG = "openai/gpt-4o-mini", "openai/gpt-4.1"
 
 
 # The raw tables without rollups or triggers: 001, plus the columns 005 (prompt cache) and 006 (unpriced) add to
-# them, and 010's requests in flight (the writer settles them with each row). They depend on no rollup, so
-# migrate() applies 002-004 and 007-009 afterwards (their backfills build the
+# them, and 011's requests in flight (the writer settles them with each row). They depend on no rollup, so
+# migrate() applies 002-004 and 007-010 afterwards (their backfills build the
 # rollups) and the schema ends as the gateway's.
-RAW_MIGRATIONS = (1, 5, 6, 10)
+RAW_MIGRATIONS = (1, 5, 6, 11)
 CACHE_READS = 0.6  # the share of long legs that read 90% of their prompt from OpenAI's prompt cache
 REQUEST_LOADED = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
                   "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",

@@ -238,3 +238,59 @@ def test_serve_takes_ledger_url_and_reports_a_database_it_cannot_open_without_th
         err = capsys.readouterr().err
         assert err.startswith("selfroute serve: cannot open the ledger database: ") and "Traceback" not in err, err
         assert secret[:7] not in err and secret[7:] not in err, err
+
+
+def _closed_within(sock, seconds: float) -> tuple[bool, bytes]:
+    """(whether the server closed the connection within `seconds`, what it sent before)."""
+    import socket
+
+    sock.settimeout(seconds)
+    received = b""
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True, received
+            received += data
+    except (ConnectionResetError, BrokenPipeError):
+        return True, received
+    except socket.timeout:
+        return False, received
+
+
+def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
+    """issue 21: no header, body or idle timeouts (3 slow connections still open at 45 s; a Content-Length larger than
+    the body waited for ever). With --header-timeout 1 --body-timeout 1 --keep-alive-timeout 1: a silent connection,
+    a trickled request head and an idle kept-alive connection are closed, a short body is a 408 body_timeout, and
+    ordinary requests still work."""
+    import socket
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY_TEMPLATE.format(base=upstream[0]))
+    proc, url = start_replica(tmp_path, "slow", policy, str(tmp_path / "ledger.sqlite3"),
+                              flags=["--header-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1"])
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        wait_healthy(proc, url, tmp_path / "slow.log")
+        silent = socket.create_connection(("127.0.0.1", port))
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        assert _closed_within(silent, 8)[0] and _closed_within(trickle, 8)[0]
+        assert time.monotonic() - started < 6
+        short = socket.create_connection(("127.0.0.1", port))
+        short.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + USER_KEY.encode()
+                      + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        closed, answer = _closed_within(short, 10)
+        assert answer.split(b"\r\n", 1)[0].endswith(b"408 Request Timeout"), answer[:300]
+        assert b"body_timeout" in answer
+        kept = socket.create_connection(("127.0.0.1", port))
+        kept.sendall(b"GET /health/liveness HTTP/1.1\r\nHost: x\r\n\r\n")
+        closed, answer = _closed_within(kept, 8)
+        assert closed and b" 200 " in answer.split(b"\r\n", 1)[0]  # answered, then closed once idle
+        ok = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60,
+                        json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200, ok.text
+    finally:
+        proc.terminate()
+        proc.wait(30)

@@ -30,11 +30,20 @@ EXPECTED_TABLES = {
         ("cache_hits", "INTEGER", 1, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
     ],
     "collection_owners": [("collection", "TEXT", 0, 1), ("owner", "TEXT", 1, 0), ("created_at", "REAL", 1, 0)],
+    "labels": [
+        ("id", "INTEGER", 0, 1), ("request_id", "TEXT", 1, 0), ("created_at", "REAL", 1, 0), ("source", "TEXT", 1, 0),
+        ("key_id", "TEXT", 0, 0), ("verdict", "TEXT", 0, 0), ("good", "INTEGER", 1, 0), ("score", "REAL", 0, 0),
+        ("cost_usd", "REAL", 1, 0), ("label_request_id", "TEXT", 0, 0),
+    ],
     "latency_buckets": [("bucket", "INTEGER", 0, 1), ("upper_ms", "REAL", 1, 0)],
     "latency_rollup_hourly": [
         ("hour", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("bucket", "INTEGER", 1, 3), ("requests", "INTEGER", 1, 0),
     ],
     "rate_windows": [("key_id", "TEXT", 1, 1), ("minute", "INTEGER", 1, 2), ("requests", "INTEGER", 1, 0)],
+    "request_features": [
+        ("request_id", "TEXT", 0, 1), ("created_at", "REAL", 1, 0), ("version", "INTEGER", 1, 0),
+        ("data", "TEXT", 1, 0),
+    ],
     "request_rollup_daily": [
         ("day", "INTEGER", 1, 1), ("route", "TEXT", 1, 2), ("policy", "TEXT", 1, 3), ("key_id", "TEXT", 1, 4),
         ("status", "INTEGER", 1, 5), ("requests", "INTEGER", 1, 0), ("prompt_tokens", "INTEGER", 1, 0),
@@ -75,8 +84,9 @@ EXPECTED_TABLES = {
     ],
 }
 EXPECTED_INDEXES = [
-    "api_keys_prefix", "requests_created_at", "requests_in_flight_expires", "requests_in_flight_key",
-    "requests_key_created_at", "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
+    "api_keys_prefix", "labels_created_at", "labels_request_id", "request_features_created_at",
+    "requests_created_at", "requests_in_flight_expires", "requests_in_flight_key", "requests_key_created_at",
+    "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
     "upstream_calls_model_created_at", "upstream_calls_request_id",
     "upstream_calls_unpriced",
 ]

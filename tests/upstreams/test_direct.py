@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import time
 
+import httpx
 import openai
 import pytest
 from tenacity import RetryCallState
@@ -112,3 +113,43 @@ def test_backoff_is_jittered_and_grows_unless_the_upstream_names_a_wait():
     first, fourth = waits(1, None), waits(4, None)
     assert len(first) > 10 and max(first) <= 0.5  # random, not one fixed delay
     assert max(fourth) > max(first) and max(fourth) <= 4.0
+
+
+ODD_BODIES = [b'[{"message": "no"}]', b'"bad request"', b"5", b"null", b'{"error": 7}', b'{"error": ["x"]}',
+              b"<html>oops</html>", b""]
+
+
+@pytest.mark.parametrize("status", [400, 500])
+@pytest.mark.parametrize("payload", ODD_BODIES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_error_bodies_of_any_shape_are_typed_errors_not_500s(tmp_path, monkeypatch, status, payload, stream):
+    """issue 21: a JSON error body that is not an object ([...], "bad request", 5) was a 500 internal_error
+    (_error_message called .get on it); 26 of 500 in a random-fault load."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from tests.servers import serve_app
+
+    async def chat(request):
+        return Response(payload, status_code=status, media_type="application/json")
+
+    with serve_app(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])) as base:
+        monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
+        with running_gateway(tmp_path, make_policy(base)) as (url, app):
+            for model in ("openai/odd", "selfroute"):
+                response = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
+                    "model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+                assert response.status_code == (400 if status == 400 else 502), response.text
+                assert response.json()["error"]["code"] in ("upstream_rejected_request", "upstream_error")
+            assert {r["status"] for r in ledger_rows(app)} == {400 if status == 400 else 502}
+
+
+def test_error_message_reads_every_shape():
+    from gateway.upstreams.direct import error_message
+
+    assert error_message(b'{"error": {"message": "nope"}}') == "nope"
+    assert error_message(b'"bad request"') == "bad request"
+    assert error_message(b"5") == "5" and error_message(b"[1, 2]") == "[1, 2]"
+    assert error_message(b'{"error": {"code": "x"}}') == '{"code": "x"}'
+    assert error_message(b"") == "no message" and error_message(b"\xff\xfe") != ""

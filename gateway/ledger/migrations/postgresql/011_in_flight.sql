@@ -1,4 +1,4 @@
--- PostgreSQL twin of sqlite/010_in_flight.sql: requests in flight, each also the request's reservation against
+-- PostgreSQL twin of sqlite/011_in_flight.sql: requests in flight, each also the request's reservation against
 -- its key's budget and TPM until the finished row replaces it (gateway/ledger/budget.py).
 CREATE TABLE requests_in_flight (
     request_id text PRIMARY KEY,

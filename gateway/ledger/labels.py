@@ -1,0 +1,127 @@
+"""Labels and recorded features in the ledger database (migration 010): feedback labels written by the API, the
+learning loop's spend, and what `selfroute learn`, `whatif` and `calibrate --from-ledger` read back."""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gateway.ledger.database import INSERT_LABEL, connect, label_row
+from gateway.ledger.dialect import is_postgres, reachable
+from gateway.ledger.records import LabelRecord
+from policies.routes import LEARNING_ROUTES
+
+
+@dataclass
+class RecordedRequest:
+    """One routed request as learning reads it: its ledger row's cost figures, its features, and its labels."""
+
+    id: str
+    created_at: float
+    key_id: str | None
+    route: str | None
+    cost_usd: float
+    counterfactual_cost_usd: float
+    features: dict[str, Any]
+    labels: list[dict[str, Any]]
+
+    def label(self) -> bool | None:
+        """The label learning uses: the latest judge or shadow verdict, else the latest feedback on a cheap answer
+        that stood (feedback on a long answer says nothing about the cheap one); None when unlabelled."""
+        judged = [lab for lab in self.labels if lab["source"] != "feedback"]
+        if judged:
+            return bool(judged[-1]["good"])
+        if self.features.get("escalated") is False and self.features.get("p_good") is not None:
+            fed = [lab for lab in self.labels if lab["source"] == "feedback"]
+            if fed:
+                return bool(fed[-1]["good"])
+        return None
+
+
+def recorded_requests(location: str | Path, since: float = 0.0, until: float | None = None,
+                      policy: str | None = None) -> list[RecordedRequest]:
+    """The routed requests with recorded features since `since` (unix seconds), oldest first, with their labels."""
+    conn = connect(location)
+    try:
+        where, params = ["f.created_at >= ?"], [since]
+        if until is not None:
+            where.append("f.created_at < ?")
+            params.append(until)
+        if policy is not None:
+            where.append("r.policy = ?")
+            params.append(policy)
+        rows = conn.execute(
+            "SELECT f.request_id, f.created_at, r.key_id, r.route, r.cost_usd, r.counterfactual_cost_usd, f.data"
+            " FROM request_features f JOIN requests r ON r.id = f.request_id"
+            f" WHERE {' AND '.join(where)} ORDER BY f.created_at, f.request_id", tuple(params)).fetchall()
+        labels: dict[str, list[dict]] = {}
+        for request_id, source, verdict, good, score, cost, created in conn.execute(
+                "SELECT request_id, source, verdict, good, score, cost_usd, created_at FROM labels"
+                " WHERE created_at >= ? ORDER BY created_at, id", (since,)).fetchall():
+            labels.setdefault(request_id, []).append(
+                {"source": source, "verdict": verdict, "good": good, "score": score, "cost_usd": cost,
+                 "created_at": created})
+    finally:
+        conn.close()
+    return [RecordedRequest(r[0], r[1], r[2], r[3], r[4] or 0.0, r[5] or 0.0, json.loads(r[6]), labels.get(r[0], []))
+            for r in rows]
+
+
+def learning_spend(location: str | Path, since: float) -> float:
+    """USD spent on shadow and judge requests since `since`."""
+    conn = connect(location)
+    try:
+        marks = ", ".join("?" * len(LEARNING_ROUTES))
+        row = conn.execute(f"SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE route IN ({marks})"
+                           " AND created_at >= ?", (*LEARNING_ROUTES, since)).fetchone()
+    finally:
+        conn.close()
+    return float(row[0] or 0.0)
+
+
+class LabelStore:
+    """Feedback labels: who sent a request, and a label written at once (not through the batching writer: the
+    client is told its label is kept)."""
+
+    def __init__(self, location: str | Path):
+        self.location = location
+        self._lock = threading.Lock()
+        self._conn: Any = None
+
+    def _connection(self):
+        if self._conn is None:
+            self._conn = connect(self.location)
+        return self._conn
+
+    def _run(self, work):
+        with self._lock:
+            try:
+                return work(self._connection())
+            except Exception:
+                if is_postgres(self.location) and self._conn is not None:  # it may be broken: a new one next time
+                    try:
+                        self._conn.close()
+                    finally:
+                        self._conn = None
+                raise
+
+    @reachable
+    def request_owner(self, request_id: str) -> tuple[bool, str | None]:
+        """(found, the key id that sent it) for a request of the ledger."""
+        row = self._run(lambda c: c.execute("SELECT key_id FROM requests WHERE id = ?", (request_id,)).fetchone())
+        return (False, None) if row is None else (True, row[0])
+
+    @reachable
+    def add(self, label: LabelRecord) -> None:
+        def write(conn):
+            with conn:
+                conn.execute(INSERT_LABEL, label_row(label))
+        self._run(write)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -1,0 +1,48 @@
+"""What the ledger keeps for learning about one routed request (request_features, migration 010).
+
+A versioned JSON object: the pre-route features and P(cheap) the decision was made on, the classifier threshold in
+force, the decision, and, for a checked cheap answer, the verifier's features, P(good), its threshold and the
+outcome. `selfroute learn`, `whatif` and `calibrate --from-ledger` read it back and recompute decisions with the
+live decision functions (gateway.routing.decision, gateway.routing.escalation). The question, passages and answers
+are kept only when the policy sets `ledger.store_texts: true`.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from gateway.routing.decision import RouteDecision
+from gateway.routing.escalation import Verdict
+
+VERSION = 1
+
+
+def pre_route(decision: RouteDecision, threshold: float | None, group: str | None = None) -> dict[str, Any]:
+    """The decision's part, recorded when the route is chosen. `group`: the documents' identity (a hash of
+    content hashes), so refits can fold by document without keeping any text."""
+    return {
+        "version": VERSION,
+        "features": dict(decision.features),
+        "p_cheap": decision.probability,
+        "threshold": threshold,
+        "rule": decision.rule,
+        "decision": str(decision.route),
+        "group": hashlib.sha256(group.encode("utf-8")).hexdigest()[:16] if group else None,
+    }
+
+
+def add_verdict(record: dict[str, Any], verdict: Verdict, threshold: float | None) -> dict[str, Any]:
+    """The check's part: what the verifier read, its score and the outcome."""
+    record.update({
+        "verifier_features": verdict.features, "p_good": verdict.score, "verifier_threshold": threshold,
+        "refused": verdict.refused, "escalated": verdict.escalate, "outcome": verdict.outcome,
+    })
+    return record
+
+
+def add_texts(record: dict[str, Any], question: str | None, passages: list[str] | None, cheap: str | None,
+              long: str | None = None) -> dict[str, Any]:
+    """Only with ledger.store_texts: the question, the passages sent to the cheap model and the answers."""
+    record["texts"] = {"question": question, "passages": list(passages or []), "cheap_answer": cheap,
+                       "long_answer": long}
+    return record

@@ -1,0 +1,200 @@
+"""The learning loop of one gateway process: judge escalations, run shadow long answers, ledger both.
+
+Everything here runs in background tasks started after the client's answer is complete, so it never delays or
+changes that answer; a failure (the judge's or the shadow's upstream, a malformed verdict) is logged and ledgered
+and never reaches the client. Shadow and judge calls are ledgered as their own requests (routes `shadow` and
+`judge`, no client key), costed, and capped together by routing.learning.daily_budget_usd per UTC day. At shutdown
+`aclose` waits for the work in flight, then cancels what is left; a cancelled request is ledgered as such (503).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+
+from gateway.errors import GatewayError
+from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
+from gateway.routing.calls import complete_upstream
+from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
+from policies.routes import JUDGE, SHADOW
+
+if TYPE_CHECKING:
+    from gateway.ledger.entry import RequestLedgerEntry
+    from gateway.upstreams.base import Upstream
+    from policies.schema import Policy
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 10.0  # how long a shutdown waits for shadow and judge work before cancelling it
+BUDGET_REFRESH_S = 60.0  # how often the day's learning spend is read again from the (maybe shared) ledger
+SHUTDOWN_ERROR = "the gateway shut down before this learning request finished"
+
+
+def learning_request_id() -> str:
+    return f"req_{uuid.uuid4().hex}"
+
+
+@dataclass(frozen=True)
+class JudgeInput:
+    question: str
+    passages: Sequence[str]
+    cheap_answer: str
+
+
+class DailyBudget:
+    """The learning spend of the current UTC day: the ledger's figure (all replicas), re-read every minute, plus
+    what this process spent since. The check is made before a job starts, so a day can end one job over."""
+
+    def __init__(self, limit_usd: float, read_spend: Callable[[float], float] | None):
+        self.limit = limit_usd
+        self.read_spend = read_spend
+        self._lock = threading.Lock()
+        self._day = -1
+        self._ledger = 0.0
+        self._local = 0.0
+        self._read_at = 0.0
+
+    def _refresh(self, now: float) -> None:
+        day = int(now // 86400)
+        if day != self._day:
+            self._day, self._ledger, self._local, self._read_at = day, 0.0, 0.0, 0.0
+        if self.read_spend is not None and now - self._read_at >= BUDGET_REFRESH_S:
+            try:
+                self._ledger = self.read_spend(day * 86400.0)
+                self._local = 0.0
+            except Exception:  # an unreachable ledger: keep counting locally
+                logger.warning("could not read the day's learning spend from the ledger", exc_info=True)
+            self._read_at = now
+
+    def spent(self, now: float | None = None) -> float:
+        now = time.time() if now is None else now
+        with self._lock:
+            self._refresh(now)
+            return self._ledger + self._local
+
+    def allows(self) -> bool:
+        return self.spent() < self.limit
+
+    def add(self, usd: float) -> None:
+        with self._lock:
+            self._local += usd
+
+
+class LearningLoop:
+    def __init__(self, policy: Policy, upstream: Upstream, read_spend: Callable[[float], float] | None = None,
+                 seed: int | None = None):
+        self.policy = policy
+        self.settings = policy.routing.learning
+        self.upstream = upstream
+        self.budget = DailyBudget(self.settings.daily_budget_usd, read_spend)
+        self._rng = random.Random(seed)
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+        self.shutdown_grace_s = SHUTDOWN_GRACE_S
+
+    @property
+    def judge_model(self):
+        return self.settings.judge_model or self.policy.long
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def _spawn(self, work: Awaitable[Any]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def wants_judge(self) -> bool:
+        return self.settings.judge and not self._closing and self.budget.allows()
+
+    def wants_shadow(self) -> bool:
+        """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate."""
+        rate = self.settings.shadow_rate
+        return (rate > 0 and not self._closing and self._rng.random() < rate and self.wants_judge())
+
+    def judge_escalation(self, parent: RequestLedgerEntry, given: JudgeInput, long_answer: str | None) -> None:
+        """Both answers exist (the cheap one was escalated): judge them in the background."""
+        if long_answer is None or not self.wants_judge():
+            return
+        self._spawn(self._judge(parent, given, long_answer, LABEL_JUDGE, 0.0))
+
+    def shadow(self, parent: RequestLedgerEntry, given: JudgeInput,
+               run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]]) -> None:
+        """The client has its (cheap) answer: answer again on the long route in the background, then judge."""
+        self._spawn(self._shadow(parent, given, run_long))
+
+    async def _shadow(self, parent, given: JudgeInput, run_long) -> None:
+        from gateway.routing.service import completion_text
+
+        entry = parent.learning_entry(learning_request_id(), SHADOW, f"shadow long answer of {parent.record.id}")
+        try:
+            completion = await run_long(entry)
+        except asyncio.CancelledError:
+            entry.finish(503, SHUTDOWN_ERROR)
+            raise
+        except GatewayError as exc:
+            entry.finish(exc.status, exc.message)
+            self.budget.add(entry.record.cost_usd)
+            return
+        except Exception as exc:  # never the client's problem: logged and ledgered
+            logger.exception("shadow answer of %s failed", parent.record.id)
+            entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        entry.finish(200)
+        self.budget.add(entry.record.cost_usd)
+        await self._judge(parent, given, completion_text(completion), LABEL_SHADOW, entry.record.cost_usd,
+                          shadow_id=entry.record.id)
+
+    async def _judge(self, parent, given: JudgeInput, long_answer: str | None, source: str, extra_cost: float,
+                     shadow_id: str | None = None) -> None:
+        from gateway.routing.service import completion_text
+
+        entry = parent.learning_entry(learning_request_id(), JUDGE, f"judge of {parent.record.id} ({source})")
+        if shadow_id is not None:
+            entry.record.provenance["shadow"] = shadow_id
+        config = self.judge_model
+        body = judge_body(config.model, given.question, given.passages, given.cheap_answer, long_answer or "")
+        try:
+            completion = await complete_upstream(self.upstream, entry, config, JUDGE, body)
+        except asyncio.CancelledError:
+            entry.finish(503, SHUTDOWN_ERROR)
+            raise
+        except GatewayError as exc:
+            entry.finish(exc.status, exc.message)
+            self.budget.add(entry.record.cost_usd)
+            return
+        except Exception as exc:
+            logger.exception("judge of %s failed", parent.record.id)
+            entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+            return
+        verdict = parse_verdict(completion_text(completion))
+        cost = entry.record.calls[-1].cost_usd if entry.record.calls else 0.0
+        if verdict is None:
+            entry.record.reason += ": malformed verdict, no label"
+        else:
+            entry.record.reason += f": {verdict}"
+            entry.record.labels.append(LabelRecord(
+                request_id=parent.record.id, source=source, good=verdict_good(verdict), verdict=verdict,
+                key_id=parent.record.key_id, cost_usd=cost + extra_cost, label_request_id=entry.record.id))
+        entry.finish(200)
+        self.budget.add(cost)
+
+    async def aclose(self, grace_s: float | None = None) -> None:
+        """Start nothing new; wait up to `grace_s` (default shutdown_grace_s) for the work in flight, then cancel the
+        rest (each cancelled request is ledgered with a 503 before the ledger closes)."""
+        self._closing = True
+        if not self._tasks:
+            return
+        pending = set(self._tasks)
+        _, late = await asyncio.wait(pending, timeout=self.shutdown_grace_s if grace_s is None else grace_s)
+        for task in late:
+            task.cancel()
+        if late:
+            logger.warning("cancelled %d shadow/judge requests at shutdown (ledgered as 503)", len(late))
+            await asyncio.gather(*late, return_exceptions=True)

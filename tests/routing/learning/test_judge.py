@@ -1,0 +1,171 @@
+"""The judge's verdicts: parsing (malformed is no label), and through a gateway on every escalation, ledgered as
+its own request, never touching the client's answer."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from gateway.routing.learning.judge import JUDGE_PROMPT, judge_messages, parse_verdict, verdict_good
+from policies.schema import LearningSettings, ModelConfig
+
+
+@pytest.mark.parametrize("reply, verdict", [
+    ('{"verdict": "as_good"}', "as_good"),
+    ('Sure. {"verdict": "worse"} because A misses the date.', "worse"),
+    ('```json\n{"verdict": "Both wrong"}\n```', "both_wrong"),
+    ('{"verdict": "as-good", "why": "same"}', "as_good"),
+    ('{"verdict": "better"}', None),  # not one of the three
+    ('{"score": 1}', None),
+    ("A is as good as B.", None),  # no JSON: no label, never a guess
+    ('{"verdict": worse}', None),
+    ("", None),
+    (None, None),
+])
+def test_parse_verdict(reply, verdict):
+    assert parse_verdict(reply) == verdict
+
+
+def test_labels_and_the_fixed_prompt():
+    assert [verdict_good(v) for v in ("as_good", "worse", "both_wrong")] == [True, False, True]
+    messages = judge_messages("Q?", ["p1", "p2"], "cheap", "long")
+    assert messages[0] == {"role": "system", "content": JUDGE_PROMPT}
+    assert "Answer A:\ncheap" in messages[1]["content"] and "Answer B:\nlong" in messages[1]["content"]
+
+
+# through the gateway ---------------------------------------------------------------------------------------------
+from tests.routing.test_service import (  # noqa: E402  (the routed-gateway fixtures: MiniLM, LanceDB, uvicorn)
+    QUESTION, ask, embedder, manual, policy_for, verifier_file,
+)
+
+__all__ = ["embedder", "verifier_file"]  # fixtures
+DOUBTED = "It is PURPLE-GIRAFFE-99, printed on the lid."  # the toy verifier escalates it
+TRUSTED = "The maintenance password is BLUE-HERON-42."
+
+
+def learning_policy(base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False,
+                    **learning):
+    policy = policy_for(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
+    settings = LearningSettings(judge=True, judge_model=ModelConfig(
+        model=f"openai/{judge}", api_base=f"{base}/v1", input_cost_per_mtok=5.0, output_cost_per_mtok=5.0), **learning)
+    return policy.model_copy(update={
+        "routing": policy.routing.model_copy(update={"learning": settings}),
+        "ledger": policy.ledger.model_copy(update={"store_texts": store_texts})})
+
+
+@pytest.fixture()
+def gateway(upstream, embedder, tmp_path):
+    """gateway(policy) -> (url, app), stopped (shutdown included) at the end of the test or by stop()."""
+    from gateway.server.app import create_app
+    from gateway.settings import Settings
+    from tests.servers import serve_app
+
+    running = []
+    upstream[1].state.received.clear()
+    upstream[1].state.judge_reply = '{"verdict": "worse"}'
+
+    def start(policy, name="g"):
+        app = create_app(Settings(data_dir=tmp_path / name), policy=policy, embedder=embedder)
+        server = serve_app(app)
+        url = server.__enter__()
+        running.append(server)
+        return url, app, server
+
+    yield start
+    for server in running:
+        server.__exit__(None, None, None)
+
+
+def rows(app, table: str) -> list[dict]:
+    conn = sqlite3.connect(app.state.gateway.ledger.path)
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY created_at")]
+    finally:
+        conn.close()
+
+
+def settle(app, server) -> None:
+    """Stop the gateway: its shutdown waits for the learning work, then the ledger is flushed and closed."""
+    server.__exit__(None, None, None)
+
+
+def test_every_escalation_is_judged_and_ledgered_as_its_own_request(upstream, verifier_file, gateway):
+    upstream[1].state.scripted = DOUBTED
+    upstream[1].state.judge_reply = 'Looking at both: {"verdict": "worse"}'
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file))
+    raw = ask(url, QUESTION, documents=[{"text": manual()}])
+    assert raw.headers["x-selfroute-route"] == "rag>long"
+    assert raw.parse().choices[0].message.content.startswith("echo:")  # the long answer, as without a judge
+    request_id = raw.headers["x-selfroute-request-id"]
+    settle(app, server)
+    requests = {r["route"]: r for r in rows(app, "requests")}
+    assert set(requests) == {"rag>long", "judge"}
+    judge = requests["judge"]
+    assert judge["key_id"] is None and json.loads(judge["provenance"]) == {"of": request_id}
+    assert judge["cost_usd"] > 0 and judge["counterfactual_cost_usd"] == 0  # learning's cost counts against savings
+    assert judge["reason"].endswith(": worse")
+    [label] = rows(app, "labels")
+    assert (label["request_id"], label["source"], label["verdict"], label["good"]) == (request_id, "judge", "worse", 0)
+    assert label["label_request_id"] == judge["id"] and label["cost_usd"] == pytest.approx(judge["cost_usd"])
+    graded = next(r["body"] for r in upstream[1].state.received if r["body"]["model"] == "judge")
+    assert DOUBTED in graded["messages"][1]["content"] and "echo:" in graded["messages"][1]["content"]
+    # what the ledger keeps for learning: features and scores, never the texts unless the policy opts in
+    [features] = rows(app, "request_features")
+    data = json.loads(features["data"])
+    assert features["request_id"] == request_id and features["version"] == data["version"] == 1
+    assert data["escalated"] is True and data["outcome"] == "rag>long" and data["decision"] == "rag"
+    assert data["p_good"] < data["verifier_threshold"] == 0.5
+    assert set(data["verifier_features"]) >= {"ans_support_passages", "ans_refusal"}
+    assert "context_tokens" in data["features"] and "texts" not in data
+    assert "PURPLE" not in features["data"] and "Zephyr" not in features["data"]
+
+
+def test_texts_are_kept_only_when_the_policy_says_so(upstream, verifier_file, gateway):
+    upstream[1].state.scripted = DOUBTED
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, store_texts=True))
+    ask(url, QUESTION, documents=[{"text": manual()}])
+    settle(app, server)
+    [features] = rows(app, "request_features")
+    texts = json.loads(features["data"])["texts"]
+    assert texts["cheap_answer"] == DOUBTED and texts["question"] == QUESTION
+    assert texts["long_answer"].startswith("echo:") and any("BLUE-HERON-42" in p for p in texts["passages"])
+
+
+@pytest.mark.parametrize("judge, reply, status", [
+    ("judge", "I think A is fine.", 200),  # malformed: no label
+    ("status-500", None, 502),  # the judge's upstream fails (a bad gateway, as for a client)
+])
+def test_a_bad_verdict_or_a_failed_judge_is_no_label_and_never_the_clients_problem(
+        upstream, verifier_file, gateway, judge, reply, status):
+    upstream[1].state.scripted = DOUBTED
+    if reply is not None:
+        upstream[1].state.judge_reply = reply
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, judge=judge))
+    raw = ask(url, QUESTION, documents=[{"text": manual()}])
+    assert raw.http_response.status_code == 200 and raw.headers["x-selfroute-route"] == "rag>long"
+    assert raw.parse().choices[0].message.content.startswith("echo:")
+    settle(app, server)
+    judged = [r for r in rows(app, "requests") if r["route"] == "judge"]
+    assert [r["status"] for r in judged] == [status]
+    assert rows(app, "labels") == []
+    client_row = next(r for r in rows(app, "requests") if r["route"] == "rag>long")
+    assert client_row["status"] == 200
+
+
+def test_a_streamed_escalation_is_judged_on_the_text_the_client_got(upstream, verifier_file, gateway):
+    from tests.routing.test_service import client
+
+    upstream[1].state.scripted = DOUBTED
+    upstream[1].state.judge_reply = '{"verdict": "as_good"}'
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file))
+    with client(url).chat.completions.with_streaming_response.create(
+            model="selfroute", messages=[{"role": "user", "content": QUESTION}], stream=True,
+            extra_body={"selfroute": {"documents": [{"text": manual()}]}}) as response:
+        text = "".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices)
+    settle(app, server)
+    graded = next(r["body"] for r in upstream[1].state.received if r["body"]["model"] == "judge")
+    assert f"Answer B:\n{text}" in graded["messages"][1]["content"]
+    [label] = rows(app, "labels")
+    assert (label["source"], label["verdict"], label["good"]) == ("judge", "as_good", 1)

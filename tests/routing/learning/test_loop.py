@@ -1,0 +1,102 @@
+"""Shadow answers: the long route runs in the background for accepted cheap answers, after the client has its
+answer, never delaying it; ledgered as its own request, judged, capped by the day's budget; a shutdown waits for it
+or cancels and ledgers it."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+
+from gateway.routing.learning.loop import DailyBudget
+from tests.routing.learning.test_judge import TRUSTED, gateway, learning_policy, rows, settle  # noqa: F401
+from tests.routing.test_service import QUESTION, ask, embedder, manual, verifier_file  # noqa: F401
+
+
+def client_latencies(url: str, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        started = time.perf_counter()
+        raw = ask(url, f"{QUESTION} ({i})", documents=[{"text": manual()}])
+        out.append(time.perf_counter() - started)
+        assert raw.headers["x-selfroute-route"] == "rag"
+        assert raw.parse().choices[0].message.content == TRUSTED  # the cheap answer, never changed
+    return out
+
+
+def test_shadow_rate_one_does_not_delay_the_client(upstream, verifier_file, gateway):
+    """The long model takes 1.5 s: a shadow run on the request's path would add at least that to every answer."""
+    upstream[1].state.scripted = TRUSTED
+    upstream[1].state.judge_reply = '{"verdict": "as_good"}'
+    url0, app0, server0 = gateway(learning_policy(upstream[0], verifier_file, long="sleep-1.5", shadow_rate=0.0), "r0")
+    url1, app1, server1 = gateway(learning_policy(upstream[0], verifier_file, long="sleep-1.5", shadow_rate=1.0), "r1")
+    client_latencies(url0, 1), client_latencies(url1, 1)  # warm both (document embedded, caches filled)
+    off, on = client_latencies(url0, 5), client_latencies(url1, 5)
+    assert statistics.median(on) < statistics.median(off) + 0.5, (off, on)
+    settle(app0, server0)
+    settle(app1, server1)
+    assert {r["route"] for r in rows(app0, "requests")} == {"rag"}
+    routes = [r["route"] for r in rows(app1, "requests")]
+    assert routes.count("rag") == routes.count("shadow") == routes.count("judge") == 6
+    shadows = [r for r in rows(app1, "requests") if r["route"] == "shadow"]
+    assert all(r["status"] == 200 and r["key_id"] is None and r["cost_usd"] > 0 for r in shadows)
+    assert all(r["counterfactual_cost_usd"] == 0 for r in shadows)
+    labels = rows(app1, "labels")
+    assert len(labels) == 6 and {(lab["source"], lab["good"]) for lab in labels} == {("shadow", 1)}
+    judges = {r["id"]: r for r in rows(app1, "requests") if r["route"] == "judge"}
+    for label in labels:  # the label's cost is its shadow's and its judge's
+        judge = judges[label["label_request_id"]]
+        shadow = next(r for r in shadows if r["id"] == json.loads(judge["provenance"])["shadow"])
+        assert json.loads(shadow["provenance"]) == {"of": label["request_id"]}
+        assert label["cost_usd"] == pytest.approx(judge["cost_usd"] + shadow["cost_usd"])
+    calls = rows(app1, "upstream_calls")
+    assert {c["route"] for c in calls} == {"rag", "shadow", "judge"}
+
+
+def test_a_shutdown_waits_for_shadow_work(upstream, verifier_file, gateway):
+    upstream[1].state.scripted = TRUSTED
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, long="sleep-1", shadow_rate=1.0))
+    ask(url, QUESTION, documents=[{"text": manual()}])
+    settle(app, server)  # at once: the shadow is still waiting for the long model
+    assert sorted(r["route"] for r in rows(app, "requests")) == ["judge", "rag", "shadow"]
+    assert [lab["source"] for lab in rows(app, "labels")] == ["shadow"]
+
+
+def test_a_shutdown_past_its_grace_cancels_and_ledgers_shadow_work(upstream, verifier_file, gateway):
+    upstream[1].state.scripted = TRUSTED
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, long="sleep-30", shadow_rate=1.0))
+    app.state.gateway.routing.learning.shutdown_grace_s = 0.5
+    ask(url, QUESTION, documents=[{"text": manual()}])
+    started = time.perf_counter()
+    settle(app, server)
+    assert time.perf_counter() - started < 10
+    shadow = next(r for r in rows(app, "requests") if r["route"] == "shadow")
+    assert shadow["status"] == 503 and "shut down" in shadow["error"]
+    assert rows(app, "labels") == []
+
+
+def test_the_daily_budget_stops_shadows(upstream, verifier_file, gateway):
+    upstream[1].state.scripted = TRUSTED
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, shadow_rate=1.0, daily_budget_usd=1e-9))
+    for i in range(3):
+        ask(url, f"{QUESTION} {i}", documents=[{"text": manual()}])
+        time.sleep(0.5)  # the first shadow is done and counted before the next answer
+    settle(app, server)
+    routes = [r["route"] for r in rows(app, "requests")]
+    assert routes.count("shadow") == 1 and routes.count("rag") == 3
+
+
+def test_the_budget_reads_the_days_spend_from_the_ledger_and_resets_each_day():
+    reads = []
+
+    def read(since):
+        reads.append(since)
+        return 0.75
+
+    budget = DailyBudget(1.0, read)
+    day = 20_000 * 86400.0
+    assert budget.spent(day + 10) == 0.75 and reads == [day]
+    budget.add(0.3)
+    assert budget.spent(day + 20) == pytest.approx(1.05)  # local spend counts until the next read
+    assert budget.spent(day + 86400 + 1) == 0.75 and reads[-1] == day + 86400  # a new day, read again

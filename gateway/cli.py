@@ -65,6 +65,22 @@ def configure_environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# libraries whose INFO lines (model loading, HTTP requests, table opens) are noise in a command's output
+THIRD_PARTY_LOGGERS = ("sentence_transformers", "transformers", "huggingface_hub", "httpx", "httpcore", "LiteLLM",
+                       "litellm", "lancedb", "urllib3", "filelock", "aiohttp", "botocore", "asyncio")
+
+
+def quiet_third_parties(level: int) -> None:
+    """Below DEBUG, third-party INFO logs and weight-loading progress bars are silenced (a command's own progress
+    bar, `ingest`'s, is not theirs). Set before the libraries are imported: they read the variables at import."""
+    if level <= logging.DEBUG:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # huggingface_hub's and transformers' tqdm bars
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(max(level, logging.WARNING))
+
+
 def _quiet_broken_pipe() -> int:
     """The reader went away (`selfroute export | head`): what is still buffered has nowhere to go. Point stdout
     at /dev/null so the interpreter's final flush does not raise again, and exit like a program killed by SIGPIPE."""
@@ -79,10 +95,9 @@ def _quiet_broken_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     configure_environment()
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    level = getattr(logging, str(args.log_level).upper(), logging.INFO)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_third_parties(level)
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:

@@ -78,6 +78,16 @@ class Embedder:
         self._queries: OrderedDict[tuple[str | None, str], np.ndarray] = OrderedDict()
         self._queries_lock = threading.Lock()
 
+    def load(self) -> None:
+        """Load both copies now (start-up, before readiness), not on the first document and the first question."""
+        for copy in (self._documents, self._queries_model):
+            with copy.lock:
+                copy.get()
+
+    @property
+    def loaded(self) -> bool:
+        return self._documents._model is not None and self._queries_model._model is not None
+
     @property
     def model(self):
         with self._documents.lock:

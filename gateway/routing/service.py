@@ -104,6 +104,7 @@ class RoutingService:
         self.store: DocumentStore | None = None
         self.planner: RoutePlanner | None = None
         self.build_error: str | None = None  # why build() failed: for the log and the admin's readiness view only
+        self.missing_credentials: list[dict] = []  # hosted models whose key variable is unset (readiness says so)
         self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
         self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
         self.learning = LearningLoop(policy, upstream)  # judge and shadow work, in the background
@@ -111,14 +112,23 @@ class RoutingService:
     def build(self) -> None:
         """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
         from gateway.routing.planner import RoutePlanner
+        from gateway.upstreams.credentials import missing_credentials
         from pipelines.embedding import Embedder
         from pipelines.store import DocumentStore
 
         rag = self.policy.rag
         embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size)
+        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
+        # first routed request does not load it (seconds) and a ready gateway has every model it needs
+        getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
         self.store = DocumentStore(self.settings.store_uri, embedder, rag)
         router = Router(self.policy, load_route_model(self.policy, self.policy_path))
         self.check = CheapAnswerCheck(self.policy, load_verifier_model(self.policy, self.policy_path))
+        self.missing_credentials = missing_credentials(self.policy)  # logged as warnings
+        local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
+        for config in (self.policy.cheap, self.policy.long):
+            if config.model.startswith("local/") and hasattr(local, "load"):
+                local.load(config)
         self.planner = RoutePlanner(self.policy, self.store, router)
 
     @property

@@ -1,5 +1,7 @@
-"""Health probes. Liveness: the process answers. Readiness: the embedding model, document store and routing
-classifier are loaded (they load in the background after the server starts listening), 503 until then."""
+"""Health probes. Liveness: the process answers. Readiness: every model the policy needs in-process is loaded (the
+embedding model, both of its copies, the routing classifier and the verifier) and the document store is open (they
+load in the background after the server starts listening), 503 until then. A ready answer names the hosted models
+whose key variable is unset (`missing_credentials`): their calls will fail until it is set."""
 from __future__ import annotations
 
 from starlette.requests import Request
@@ -22,7 +24,10 @@ async def readiness(request: Request) -> Response:
     routing = gateway.routing
     reason = routing.not_ready_reason
     if reason is None:
-        return json_response({"status": "ready"})
+        body = {"status": "ready"}
+        if routing.missing_credentials:  # variable names, never values
+            body["missing_credentials"] = routing.missing_credentials
+        return json_response(body)
     body = {"status": "failed" if reason == BUILD_FAILED else "starting", "reason": reason}
     if routing.build_error is not None and gateway.auth.presents_admin_key(request):
         body["error"] = routing.build_error

@@ -103,3 +103,23 @@ def test_ingest_names_what_it_found_in_its_text_output(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert "selfroute ingest: hidden.txt: instruction-like text (rules: " in err and "blocked, not ingested" in err
     assert out.startswith("fees: 1 added, 0 updated, 0 unchanged, ") and out.strip().endswith("; 1 blocked")
+
+
+def test_ingest_prints_no_third_party_logs_or_weight_bars_below_debug(tmp_path):
+    """sentence-transformers' INFO lines and the weights' progress bar used to show even with --no-progress."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "note.txt").write_text("The harbour office opens at nine.")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY"):
+        env.pop(name, None)
+    run = subprocess.run([sys.executable, "-m", "gateway.cli", "ingest", "notes", str(tmp_path / "note.txt"),
+                          "--no-progress", "--data-dir", str(tmp_path / "data")], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=root)
+    assert run.returncode == 0, run.stderr
+    assert "sentence_transformers" not in run.stderr and "Loading weights" not in run.stderr, run.stderr
+    assert "notes: 1 added" in run.stdout

@@ -77,3 +77,51 @@ def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstr
         listing = httpx.get(f"{url}/v1/collections", headers={"Authorization": "Bearer user-key"})
         assert listing.status_code == 503 and listing.json()["error"]["code"] == "build_failed"
     assert "/srv/secret/nowhere.skops" in caplog.text  # the operator still finds it
+
+
+class GatedLoadEmbedder(Embedder):
+    """A real embedder whose loading waits for the test."""
+
+    def __init__(self, release: threading.Event):
+        super().__init__()
+        self.release = release
+
+    def load(self) -> None:
+        self.release.wait(60)
+        super().load()
+
+
+def test_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path):
+    """Ready means loaded: both copies of the embedding model (documents and questions), the one /v1/embeddings
+    answers with too, are in memory before readiness is 200, not at the first routed request."""
+    release = threading.Event()
+    embedder = GatedLoadEmbedder(release)
+    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=embedder)
+    with serve_app(app, wait_ready=False) as url:
+        for _ in range(20):
+            starting = httpx.get(f"{url}/health/readiness")
+            assert starting.status_code == 503 and starting.json()["reason"] == "not_ready"
+        assert not embedder.loaded
+        release.set()
+        for _ in range(3000):
+            ready = httpx.get(f"{url}/health/readiness")
+            if ready.status_code == 200:
+                break
+        assert ready.json() == {"status": "ready"}
+        assert embedder.loaded and app.state.gateway.store.embedder is embedder  # one embedder, loaded
+
+
+def test_a_hosted_model_without_its_key_is_a_warning_and_a_readiness_detail(upstream, tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    policy = make_policy(upstream[0], """
+cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", context_window: 8192}}
+long: {{model: anthropic/claude-sonnet-4-5}}
+routing: {{classifier: null}}
+""")
+    app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=Embedder())
+    with serve_app(app) as url:
+        ready = httpx.get(f"{url}/health/readiness")
+        assert ready.status_code == 200
+        assert ready.json()["missing_credentials"] == [
+            {"role": "long", "model": "anthropic/claude-sonnet-4-5", "missing": "ANTHROPIC_API_KEY"}]
+    assert "long model anthropic/claude-sonnet-4-5: ANTHROPIC_API_KEY is not set" in caplog.text

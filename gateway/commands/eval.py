@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gateway.commands._common import add_cache_arguments, cache_options
+from gateway.commands import _simulate as simulate
 from gateway.evaluation import live as eval_live
 
 REPLAY_NOTES = """\
@@ -85,6 +86,7 @@ def register(subparsers, parents) -> None:
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--json", action="store_true", help="print the results as JSON")
     replay.add_argument("--plot", type=Path, default=None, help="write the cost-quality curve (PNG)")
+    simulate.add_arguments(replay)
     replay.set_defaults(func=run_replay)
 
     absent = sub.add_parser("absent", parents=parents,
@@ -140,6 +142,8 @@ def run_replay(args: argparse.Namespace) -> int:
     except (PolicyError, ExampleFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
+    if args.simulate_learning:
+        return simulate.run(args, policy, policy_file, examples, prices)
     data_dir = resolve_data_dir(args.data_dir)
     builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
                                 cache_dir=data_dir / "cache")

@@ -69,3 +69,16 @@ def test_closed_pipe_ends_quietly(tmp_path):
     assert len(result.stdout.splitlines()) == 2
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
     assert result.returncode == 141
+
+
+def test_the_operators_commands_show_examples_in_their_help(capsys):
+    import pytest as _pytest
+
+    from gateway.cli import main as cli_main
+
+    for argv in (["serve"], ["policy", "check"], ["keys"], ["keys", "create"], ["keys", "edit"], ["keys", "rotate"],
+                 ["costs"], ["collections"], ["ingest"], ["explain"]):
+        with _pytest.raises(SystemExit):
+            cli_main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert "examples:\n  selfroute " + argv[0] in out, argv

@@ -9,7 +9,14 @@ from gateway.commands._common import add_store_arguments, open_store, print_tabl
 
 
 def register(subparsers, parents) -> None:
-    parser = subparsers.add_parser("collections", parents=parents, help="list, inspect or delete document collections")
+    parser = subparsers.add_parser(
+        "collections", parents=parents, help="list, inspect or delete document collections",
+        description="The collections in the store (the data directory's, or --store-uri's), as the gateway sees them.",
+        epilog="examples:\n"
+               "  selfroute collections list --json\n"
+               "  selfroute collections show harbour\n"
+               "  selfroute collections delete old-contracts",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = parser.add_subparsers(dest="collections_command", metavar="ACTION")
     actions.required = True
 

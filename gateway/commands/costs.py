@@ -1,4 +1,5 @@
-"""`selfroute costs --by route|model|policy|key|day|hour`: spend, always-long counterfactual and saving per group."""
+"""`selfroute costs --by route|model|policy|key|day|week|hour`: spend, always-long counterfactual and saving per
+group."""
 from __future__ import annotations
 
 import argparse
@@ -14,16 +15,23 @@ def register(subparsers, parents) -> None:
     from gateway.commands._common import add_filter_arguments
 
     parser = subparsers.add_parser(
-        "costs", parents=parents, help="spend and savings per route, model, policy, key, day or hour",
+        "costs", parents=parents, help="spend and savings per route, model, policy, key, day, week or hour",
         description="Request count, tokens, cost, what always-long-context would have cost (context tokens at the "
-                    "long model's price plus completion tokens) and the saving, per group. Days and hours are UTC. "
+                    "long model's price plus completion tokens) and the saving, per group. Days, ISO weeks "
+                    "(2026-W49: Monday to Sunday) and hours are UTC. "
                     "'tok saved' is prompt tokens: what always-long would have sent (capped at the long model's window) "
                     "less what was sent, meaningful at any price. --by model counts upstream calls; savings are per "
                     "request, so they show as '-' there. Models with no known price are marked 'unpriced': their "
                     "calls are counted at $0. When the provider's prompt cache served prompt tokens, three more "
                     "columns: requests (or calls) that hit it, cached prompt tokens, and what caching saved "
-                    "(negative: Anthropic's dearer cache writes).")
-    parser.add_argument("--by", default="route", choices=["route", "model", "policy", "key", "day", "hour"])
+                    "(negative: Anthropic's dearer cache writes).",
+        epilog="examples:\n"
+               "  selfroute costs                                 # per route, all time\n"
+               "  selfroute costs --by week --since 30d\n"
+               "  selfroute costs --by key --since 2026-11-01 --until 2026-12-01\n"
+               "  selfroute costs --by model --json",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--by", default="route", choices=["route", "model", "policy", "key", "day", "week", "hour"])
     add_filter_arguments(parser)
     parser.add_argument("--json", action="store_true", help="the report as one JSON document")
     parser.set_defaults(func=run)

@@ -13,6 +13,14 @@ def register(subparsers, parents) -> None:
     parser = subparsers.add_parser(
         "ingest", parents=parents,
         help="ingest .txt/.md/.pdf/.html files or folders into a collection (unchanged files are skipped)",
+        description="Ingest files or folders into a collection: chunked, embedded and stored; unchanged files are "
+                    "skipped. The policy's security.injection applies to each file.",
+        epilog="examples:\n"
+               "  selfroute ingest --sample                       # the harbour sample, collection 'harbour'\n"
+               "  selfroute ingest contracts ./contracts/ --no-progress\n"
+               "  selfroute ingest manuals pumps.pdf valves.md --json\n"
+               "  selfroute ingest docs ./docs --store-uri s3://bucket/selfroute",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("collection", nargs="?", help="collection name (letters, digits, '-', '_', '.'); "
                                                       "with --sample, default 'harbour'")

@@ -26,7 +26,7 @@ from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
-GROUPINGS = ("route", "model", "policy", "key", "day", "hour")
+GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week")
 MAX_PAGE = 1000
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
@@ -303,7 +303,25 @@ def _group_sql(source: str, group_exprs: list[str], sums: str, conds: list[str])
     return f"SELECT {select} FROM {source}{where}{group}"
 
 
+def _week_start(day: int) -> int:
+    """The Monday (a day index) of a UTC day's ISO week: day 0, 1970-01-01, was a Thursday."""
+    return day - (day + 3) % 7
+
+
+def _weeks(days: dict) -> dict:
+    """Daily sums merged into ISO weeks (Monday to Sunday, UTC)."""
+    weeks: dict = {}
+    for (day,), slot in days.items():
+        week = weeks.setdefault((_week_start(int(day)),), dict.fromkeys(slot, 0))
+        for field, value in slot.items():
+            week[field] += value or 0
+    return weeks
+
+
 def group_label(by: str, value: Any) -> str | None:
+    if by == "week":  # ISO year and week, e.g. 2026-W49 (Monday 2026-11-30)
+        year, week, _ = datetime.fromtimestamp(int(value) * 86400, timezone.utc).isocalendar()
+        return f"{year}-W{week:02d}"
     if by == "day":
         return datetime.fromtimestamp(int(value) * 86400, timezone.utc).strftime("%Y-%m-%d")
     if by == "hour":
@@ -345,9 +363,9 @@ def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict
         raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
                               code="invalid_grouping")
     calls = by == "model"
-    groups = aggregate(conn, [by], filters, calls=calls)
+    groups = _weeks(aggregate(conn, ["day"], filters)) if by == "week" else aggregate(conn, [by], filters, calls=calls)
     rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
-    if by in ("day", "hour"):
+    if by in ("day", "hour", "week"):
         rows.sort(key=lambda r: r["group"])
     else:
         rows.sort(key=lambda r: (-r["cost_usd"], r["group"] or ""))

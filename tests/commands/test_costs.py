@@ -94,3 +94,22 @@ def test_a_malformed_ledger_url_is_reported_without_its_password(tmp_path, capsy
             err = capsys.readouterr().err
             assert err.startswith(f"selfroute {command}: cannot reach the ledger database"), err
             assert secret[:7] not in err and secret[7:] not in err, err
+
+
+def test_costs_by_week_sums_the_days_of_each_iso_week(tmp_path, capsys):
+    """Monday 2026-01-05 starts ISO week 2; the Sunday before it still belongs to week 1."""
+    from datetime import datetime, timezone
+
+    def at(day: str) -> float:
+        return datetime.fromisoformat(day).replace(tzinfo=timezone.utc).timestamp() + 3600
+
+    rows = [record(f"w{i}", at(day), "rag", [call(LONG, "rag", 10, 1, cost)]) for i, (day, cost) in
+            enumerate([("2026-01-04", 0.5), ("2026-01-05", 0.25), ("2026-01-11", 0.125), ("2026-01-12", 1.0)])]
+    write_ledger(tmp_path / "ledger.sqlite3", rows).close()
+    assert main(["costs", "--data-dir", str(tmp_path), "--by", "week", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [(g["group"], g["requests"], g["cost_usd"]) for g in report["groups"]] == [
+        ("2026-W01", 1, 0.5), ("2026-W02", 2, 0.375), ("2026-W03", 1, 1.0)]
+    assert report["total"]["cost_usd"] == pytest.approx(1.875)
+    assert main(["costs", "--data-dir", str(tmp_path), "--by", "week"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].split()[0] == "week"

@@ -29,8 +29,8 @@ def _document(sentences: int) -> str:
 
 def _long_prompt(fake, model: str) -> str:
     body = next(r["body"] for r in reversed(fake.state.received) if r["body"]["model"].endswith(model))
-    return "\n".join(m["content"] if isinstance(m["content"], str) else " ".join(p.get("text", "") for p in m["content"])
-                     for m in body["messages"])
+    return "\n".join(m["content"] if isinstance(m["content"], str)
+                     else " ".join(p.get("text", "") for p in m["content"]) for m in body["messages"])
 
 
 def test_serve_long_model_packs_the_whole_document_for_that_models_window(upstream, tmp_path):

@@ -182,23 +182,12 @@ def _when(value: float | None) -> str:
     return "-" if value is None else datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%d %H:%M")
 
 
-def _listing(store) -> list[dict]:
-    items = []
-    for key in store.list():
-        items.append(key.to_dict(spend_usd=store.budget_spent(key) if key.budget_period_s else None))
-    lifetime = store.spend()
-    for item in items:
-        item["spend_total_usd"] = lifetime.get(item["name"], 0.0)
-        item.setdefault("spend_usd", item["spend_total_usd"])
-    return items
-
-
 def run_list(args: argparse.Namespace) -> int:
     from gateway.commands._common import print_table
 
     store = _store(args)
     try:
-        items = _listing(store)
+        items = store.listing()
     except _failures() as error:
         return _fail(args, error)
     finally:

@@ -357,6 +357,17 @@ class KeyStore:
                                  (key.name, start, first_hour * 3600.0)).fetchone()[0]
         return float(hours or 0.0) + float(partial or 0.0)
 
+    def listing(self, now: float | None = None) -> list[dict]:
+        """Every key as a dict (NamedKey.to_dict) with `spend_usd`, what counts against its budget (the current
+        period's spend for a budget with a period), and `spend_total_usd`, all it ever spent."""
+        lifetime = self.spend()
+        items = []
+        for key in self.list():
+            total = lifetime.get(key.name, 0.0)
+            spent = self.budget_spent(key, now) if key.budget_period_s else total
+            items.append({**key.to_dict(spend_usd=spent, now=now), "spend_total_usd": total})
+        return items
+
     @reachable
     def spend(self, names: list[str] | None = None) -> dict[str, float]:
         """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""

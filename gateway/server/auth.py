@@ -98,6 +98,11 @@ class Authenticator:
         return self._admin is not None or self._has_stored_admin()
 
     @property
+    def open_before_keys(self) -> bool:
+        """Whether the gateway is open when the key store holds no key (nothing from the environment)."""
+        return not self._digests
+
+    @property
     def open(self) -> bool:
         return not self._digests and not self._has_named_keys()
 

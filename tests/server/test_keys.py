@@ -135,3 +135,32 @@ def test_the_stored_admin_key_opens_the_admin_endpoints(upstream, tmp_path, monk
                          timeout=30).status_code == 403
         assert _ask(url, admin).status_code == 200  # the admin key may also ask
         assert _ask(url, "anything").status_code == 401
+
+
+def test_edit_rotate_and_the_notices_over_http(upstream, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+        def call(method: str, path: str, key: str = "none", **kwargs) -> httpx.Response:
+            app.state.gateway.auth.forget()
+            return httpx.request(method, f"{url}{path}", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                                 **kwargs)
+
+        admin = call("POST", "/v1/admin/keys", json={"name": "ops", "admin": True})
+        assert admin.status_code == 201 and "first key" in admin.json()["notice"]
+        admin_key = admin.json()["key"]
+        assert call("GET", "/v1/admin/keys").status_code == 401  # keyed now
+        team = call("POST", "/v1/admin/keys", admin_key, json={"name": "team", "budget_usd": 5, "budget_period": "30d"})
+        assert team.status_code == 201 and "notice" not in team.json()
+        assert team.json()["budget_period"] == "30d" and team.json()["period_start"] is not None
+        edited = call("PATCH", "/v1/admin/keys/team", admin_key, json={"rpm": 7, "budget_period": None})
+        assert edited.status_code == 200 and edited.json()["rpm"] == 7 and edited.json()["budget_period"] is None
+        assert edited.json()["budget_usd"] == 5
+        assert call("PATCH", "/v1/admin/keys/team", admin_key, json={"rpm": -1}).status_code == 400
+        assert call("PATCH", "/v1/admin/keys/team", team.json()["key"], json={"rpm": 1}).status_code == 403
+        rotated = call("POST", "/v1/admin/keys/team/rotate", admin_key)
+        assert rotated.status_code == 200 and rotated.json()["key"] != team.json()["key"]
+        assert _ask(url, team.json()["key"]).status_code == 401 and _ask(url, rotated.json()["key"]).status_code == 200
+        assert "notice" not in call("DELETE", "/v1/admin/keys/team", admin_key).json()
+        last = call("DELETE", "/v1/admin/keys/ops", admin_key)
+        assert last.status_code == 200 and "configured mode" in last.json()["notice"]
+        assert call("GET", "/v1/admin/keys").status_code == 200  # open again

@@ -12,6 +12,15 @@ any finding in a negative, is a false positive. Strip check: after strip(), no f
 the inserted span unchanged (whitespace aside).
 
     .venv/bin/python tests/benchmarks/bench_injection.py --data ../shared/data
+
+Second set, written by others (--public, default tests/benchmarks/injection_public.jsonl): attack strings from
+published benchmarks and public collections (BIPIA, InjecAgent, Greshake et al., jailbreak prompts, public
+red-team configs; each line names its source), in styles: exfiltration, tool_call, persona, task_hijack, chinese,
+obfuscated (others' text, obfuscated by us after Hackett et al. 2025's character injection). Each line is marked
+`tune` (rules may have been written looking at it) or `heldout` (never looked at while writing rules): report
+the held-out figure. Each is inserted into --public-hosts random CUAD contracts (whole files). Reported per style and
+split: recall, and for strip, how many detected documents still hold a whole sentence of the payload afterwards
+(a working instruction left behind).
 """
 from __future__ import annotations
 
@@ -69,12 +78,64 @@ def insert(host: str, payload: str, rng: random.Random) -> tuple[str, int, int]:
     return host[:at] + piece + host[at:], at + 1, at + 1 + len(payload)
 
 
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s*")
+
+
+def instruction_left(cleaned: str, payload: str) -> bool:
+    """Whether strip() left a whole sentence of the payload (3+ words, or 6+ CJK characters) in the text."""
+    for sentence in _SENTENCE.split(payload):
+        sentence = sentence.strip()
+        words = len(sentence.split())
+        cjk = sum(1 for c in sentence if "\u3400" <= c <= "\u9fff")
+        if (words >= 3 or cjk >= 6) and sentence in cleaned:
+            return True
+    return False
+
+
+def public_set(path: str, contracts: list[str], hosts: int, rng: random.Random) -> None:
+    """Recall per style and split on strings written by others, inserted into whole CUAD contracts."""
+    strings = [json.loads(line) for line in open(path) if line.strip()]
+    print(f"\nstrings written by others ({path}): {len(strings)}; "
+          + ", ".join(f"{k} {v}" for k, v in sorted(collections.Counter(s["kind"] for s in strings).items())))
+    table = collections.defaultdict(lambda: [0, 0, 0, 0])  # (kind, split) -> hit, total, detected, instruction left
+    misses = []
+    for s in strings:
+        for _ in range(hosts):
+            host = rng.choice(contracts)
+            text, a, b = insert(host, s["text"], rng)
+            found = scan(text)
+            row = table[(s["kind"], s["split"])]
+            row[1] += 1
+            if any(f.start < b and f.end > a for f in found):
+                row[0] += 1
+                row[2] += 1
+                row[3] += instruction_left(strip(text, found), s["text"])
+            elif (s["split"], s["text"][:80]) not in misses:
+                misses.append((s["split"], s["text"][:80]))
+    print(f"{'style':14s} {'split':8s} {'recall':>14s} {'strip left an instruction':>27s}")
+    for split in ("tune", "heldout"):
+        hit = total = left = detected = 0
+        for (kind, sp), (h, t, d, l) in sorted(table.items()):
+            if sp != split:
+                continue
+            hit, total, detected, left = hit + h, total + t, detected + d, left + l
+            print(f"{kind:14s} {split:8s} {h:5d}/{t:<4d} {h / t:5.1%} {l:12d} of {d}")
+        print(f"{'all':14s} {split:8s} {hit:5d}/{total:<4d} {hit / total:5.1%} {left:12d} of {detected}")
+    if misses:
+        print("missed strings (split, opening):")
+        for m in misses:
+            print("   ", m)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="../shared/data")
     ap.add_argument("--strings", default=str(HERE / "injection_strings.jsonl"))
     ap.add_argument("--hosts", type=int, default=5, help="benign host windows per injection string")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--public", default=str(HERE / "injection_public.jsonl"),
+                    help="attack strings written by others (with kind, split, source); '' to skip")
+    ap.add_argument("--public-hosts", type=int, default=5, help="CUAD contracts per string of --public")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     data = Path(args.data)
@@ -171,6 +232,15 @@ def main() -> None:
         print("missed strings:")
         for m in misses:
             print("   ", m)
+    strip_left = 0
+    for s in strings:  # the same check as for the public set, on our own strings (one host each)
+        name, doc = rng.choice(host_pool)
+        text, a, b = insert(doc[:8000], s["text"], rng)
+        found = scan(text)
+        strip_left += bool(found) and instruction_left(strip(text, found), s["text"])
+    print(f"our strings, strip left a whole payload sentence: {strip_left} of {len(strings)}")
+    if args.public:
+        public_set(args.public, corpora["cuad"], args.public_hosts, rng)
 
 
 if __name__ == "__main__":

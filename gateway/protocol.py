@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any, Iterator, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gateway.errors import GatewayError
 
@@ -120,17 +120,6 @@ class ChatCompletionRequest(_Open):
     verbosity: str | None = None
     web_search_options: dict[str, Any] | None = None
     selfroute: SelfrouteOptions | None = None
-    # set by the server, never by a client: whose request this is (a key's ledger id); attached documents
-    # are cached per key, so one key's request never reuses, or times, another key's embedded documents
-    _key_scope: str | None = PrivateAttr(None)
-
-    @property
-    def key_scope(self) -> str | None:
-        return self._key_scope
-
-    def scope_to(self, key_id: str | None) -> None:
-        self._key_scope = key_id
-
     @field_validator("model")
     @classmethod
     def _model_name(cls, value: str) -> str:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from pipelines.chunking import ScoredChunk
 from pipelines.documents import Document
+from pipelines.scope import SHARED, KeyScope
 
 
 @dataclass
@@ -13,6 +14,7 @@ class ContextRequest:
     messages: list[dict]  # the caller's OpenAI chat messages
     collection: str | None = None  # an ingested collection to answer from
     documents: list[Document] | None = None  # documents attached to the request (or the conversation's text)
+    scope: KeyScope = SHARED  # whose request: its question vector and attached documents are cached under it
 
 
 @dataclass

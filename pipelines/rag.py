@@ -21,6 +21,7 @@ import numpy as np
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.chunking import Chunk, ScoredChunk
 from pipelines.messages import carry_history, count_message_tokens
+from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import RagSettings
 from pipelines.store import DocumentStore
 from pipelines.tokens import count_tokens
@@ -110,8 +111,8 @@ class RagPipeline:
         self.history_budget_tokens = history_budget_tokens
 
     # -- retrieval -------------------------------------------------------------------------------
-    def retrieve(self, collection: str, question: str) -> Retrieval:
-        query_vector = self.store.embedder.embed_query(question)
+    def retrieve(self, collection: str, question: str, scope: KeyScope = SHARED) -> Retrieval:
+        query_vector = self.store.embedder.embed_query(question, scope)
         hits = self.store.search(collection, question, self.settings.top_k, query_vector=query_vector)
         candidates = self._expand(collection, hits, query_vector)
         titles = {d: t for d, (t, _) in self.store.titles(collection, {c.chunk.doc_id for c in candidates}).items()}
@@ -208,7 +209,7 @@ class RagPipeline:
         """Retrieve (unless a Retrieval for this request is passed in) and build the prompt. Attached
         documents are ingested into a cached inline collection first."""
         inline = bool(request.documents)
-        collection = self.store.inline_name(request.documents) if inline else request.collection
+        collection = self.store.inline_name(request.documents, request.scope) if inline else request.collection
         if retrieval is None or retrieval.collection != collection or retrieval.question != request.question:
             retrieval = self.retrieve_for(request)
         return self.build_prompt(request.question, request.messages, retrieval, inline)
@@ -217,9 +218,11 @@ class RagPipeline:
         """Retrieval from the request's collection, or from its attached documents' inline collection (ingested
         if need be, and again should it be dropped while being read)."""
         if request.documents:
-            return self.store.read_inline(request.documents, lambda name: self.retrieve(name, request.question))
+            return self.store.read_inline(request.documents,
+                                          lambda name: self.retrieve(name, request.question, request.scope),
+                                          scope=request.scope)
         if request.collection:
-            return self.retrieve(request.collection, request.question)
+            return self.retrieve(request.collection, request.question, request.scope)
         raise ValueError("a RAG request needs a collection or attached documents")
 
 

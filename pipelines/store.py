@@ -35,6 +35,7 @@ from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 from pipelines.embedding import Embedder
+from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import RagSettings
 from pipelines.structure import find_cross_references, split_sections
 from pipelines.tokens import count_tokens
@@ -460,13 +461,14 @@ class DocumentStore:
     # again and reads once more (read_inline): slower, never an error.
 
     @_io_as_unavailable
-    def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None) -> str:
+    def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None,
+                          scope: KeyScope = SHARED) -> str:
         """A collection holding exactly these documents, named by their content hashes; ingested only
         the first time, so asking again about the same documents neither re-chunks nor re-embeds them.
         Requests for documents already ingested never wait for another document's ingestion; two
         requests with the same new documents embed them once. Read it through read_inline, which survives
-        its being dropped meanwhile."""
-        name = self.inline_name(docs)
+        its being dropped meanwhile. Each key scope has its own (pipelines.scope)."""
+        name = self.inline_name(docs, scope)
         # recorded before ingesting: from now on no process takes it for idle
         self._record_inline_use(name)
         if not self._holds(name, docs):
@@ -477,13 +479,15 @@ class DocumentStore:
                     self._drop_idle_inline()  # only a new collection can take the store past the cap
         return name
 
-    def inline_name(self, docs: list[Document]) -> str:
-        """The inline collection of these documents: an HMAC of their ids and content hashes under the store's
-        secret, so nobody without the store can compute it (the content hash of attached documents includes the
-        key that sent them)."""
+    def inline_name(self, docs: list[Document], scope: KeyScope = SHARED) -> str:
+        """The inline collection of these documents under this key scope (pipelines.scope): an HMAC of the scope,
+        the documents' ids and content hashes under the store's secret, so nobody without the store can compute
+        it, and one key's attached documents are never another's."""
         if not docs:
             raise ValueError("no documents to make an inline collection from")
         digest = hmac.new(self._inline_secret(), digestmod=hashlib.sha256)
+        if scope.tag:
+            digest.update(scope.tag.encode("utf-8") + b"\0")
         for doc in sorted(docs, key=lambda d: d.id):
             digest.update(doc.id.encode("utf-8") + b"\0" + content_hash(doc).encode() + b"\0")
         return _INLINE_PREFIX + digest.hexdigest()[:32]
@@ -529,20 +533,20 @@ class DocumentStore:
 
     @_io_as_unavailable
     def read_inline(self, docs: list[Document], read: Callable[[str], T],
-                    should_stop: Callable[[], bool] | None = None) -> T:
+                    should_stop: Callable[[], bool] | None = None, scope: KeyScope = SHARED) -> T:
         """read(name) of these documents' inline collection. Should it have been dropped before or during the read
         (the read raises CollectionNotFound, or a storage error, and the collection no longer holds the
         documents), the documents are ingested again and read once more."""
-        name = self.inline_name(docs)
+        name = self.inline_name(docs, scope)
         try:
-            return read(self.inline_collection(docs, should_stop))
+            return read(self.inline_collection(docs, should_stop, scope))
         except (CollectionNotFound, StoreUnavailable):
             if self._holds(name, docs):
                 raise  # still there: a real failure, not a drop
         log.info("inline collection %s was dropped while in use (by another process sharing the store?); "
                  "embedding its documents again", name)
         try:
-            return read(self.inline_collection(docs, should_stop))
+            return read(self.inline_collection(docs, should_stop, scope))
         except CollectionNotFound:
             # dropped twice in a moment: a store too busy to keep anything; the client may try again
             raise StoreUnavailable(StoreUnavailable.message) from None

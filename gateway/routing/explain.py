@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.warm_cache import WarmPrefixes
+from pipelines.scope import SHARED, KeyScope
 from policies.routes import Route
 from policies.schema import Policy
 
@@ -51,9 +52,11 @@ def _estimate(policy: Policy, prices: PriceBook, planner: RoutePlanner, plan: Ro
 
 
 def explain_plan(policy: Policy, prices: PriceBook, planner: RoutePlanner, chat: ChatCompletionRequest,
-                 messages: list[dict], header_collection: str | None, warm: WarmPrefixes | None = None) -> dict[str, Any]:
-    """`warm`: the serving process's record of warm prompt prefixes; None (the CLI): nothing is known warm."""
-    plan = planner.plan(chat, messages, header_collection)
+                 messages: list[dict], header_collection: str | None, warm: WarmPrefixes | None = None,
+                 scope: KeyScope = SHARED) -> dict[str, Any]:
+    """`warm`: the serving process's record of warm prompt prefixes; None (the CLI): nothing is known warm.
+    `scope`: the caller's key scope (pipelines.scope)."""
+    plan = planner.plan(chat, messages, header_collection, scope)
     completion = chat.max_completion_tokens or chat.max_tokens or DEFAULT_COMPLETION_ESTIMATE
     decision = plan.decision
     warm = warm if warm is not None else WarmPrefixes()

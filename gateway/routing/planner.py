@@ -27,6 +27,7 @@ from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCac
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
 from pipelines.question import extract_question
 from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS, RagPipeline, Retrieval
+from pipelines.scope import SHARED, KeyScope
 from pipelines.store import DocumentStore, content_hash
 from pipelines.tokens import count_tokens
 from policies.routes import LONG, RAG
@@ -37,7 +38,6 @@ logger = logging.getLogger(__name__)
 PROMPT_DOCUMENT_ID = "prompt"
 # attached documents (and the conversation as a document) carry their key's id in their metadata, so their inline
 # collection (named by content) and cached statistics are per key; metadata never reaches a prompt
-INLINE_SCOPE = "selfroute_key"
 STATS_CACHE_SIZE = 256
 # document term indexes for the answer verifier: larger than the statistics, so fewer are kept
 INDEX_CACHE_SIZE = 32
@@ -50,6 +50,12 @@ def documents_key(documents: list[Document]) -> tuple:
     return tuple((d.id, content_hash(d)) for d in documents)
 
 
+def scoped_key(documents: list[Document], scope: KeyScope) -> tuple:
+    """The caches' key of documents attached (or a conversation sent) under a key scope: one key's statistics,
+    units, term index and warm-prefix record are never another's."""
+    return (*documents_key(documents), ("key", scope.key_id))
+
+
 @dataclass
 class RoutePlan:
     source: str  # "collection" | "documents" | "prompt"
@@ -58,7 +64,8 @@ class RoutePlan:
     decision: RouteDecision
     retrieval: Retrieval | None = None
     original_messages: list[dict] = field(default_factory=list)
-    # the context's documents as the caches know them: ids and content hashes (content, title, metadata), in order
+    # the context's documents as the caches know them: ids and content hashes (content, title, metadata), in order,
+    # and the key scope of attached documents or a conversation (scoped_key)
     documents_key: tuple = ()
     verbatim_tokens: int | None = None  # the conversation's tokens, once counted (source "prompt")
 
@@ -147,9 +154,11 @@ class RoutePlanner:
 
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
-        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None
+        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None,
+        scope: KeyScope = SHARED,
     ) -> tuple[str, ContextRequest, DocumentStats, tuple]:
-        """(source, context, document statistics, the documents' key: ids and content hashes in order)."""
+        """(source, context, document statistics, the documents' key: ids and content hashes in order, and for
+        attached documents or the conversation the key scope they were sent under)."""
         options = chat.selfroute
         collection = (options.collection if options else None) or header_collection
         if options and options.documents:
@@ -157,18 +166,15 @@ class RoutePlanner:
                 raise GatewayError(400, "send either selfroute.documents or a collection, not both",
                                    param="selfroute", code="conflicting_context")
             check_documents(self.policy.request_limits, [d.text for d in options.documents], "selfroute.documents")
-            documents = [
-                Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title,
-                         metadata={**d.metadata, INLINE_SCOPE: chat.key_scope} if chat.key_scope else d.metadata)
-                for i, d in enumerate(options.documents)
-            ]
+            documents = [Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, metadata=d.metadata)
+                         for i, d in enumerate(options.documents)]
             if len({d.id for d in documents}) != len(documents):
                 raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
                                    code="duplicate_document_id")
             question = self._last_user_text(messages)
-            key = documents_key(documents)
+            key = scoped_key(documents, scope)
             stats = self._document_stats(documents, key, check_size=True)
-            return "documents", ContextRequest(question, messages, documents=documents), stats, key
+            return "documents", ContextRequest(question, messages, documents=documents, scope=scope), stats, key
         if collection:
             try:
                 info = self.store.collection(collection)
@@ -179,7 +185,7 @@ class RoutePlanner:
                                    param="selfroute.collection", code="collection_not_found")
             question = self._last_user_text(messages)
             key = ("collection", collection, tuple((d.id, d.content_hash) for d in info.documents))
-            return ("collection", ContextRequest(question, messages, collection=collection),
+            return ("collection", ContextRequest(question, messages, collection=collection, scope=scope),
                     document_stats_from_info(info), key)
         try:
             question, context_text = extract_question(messages, self.policy.rag.question_marker)
@@ -189,12 +195,10 @@ class RoutePlanner:
             raise GatewayError(400, "the last user message has no text to answer", param="messages",
                                code="empty_question")
         # scoped like attached documents: a long conversation's statistics, units and embeddings are cached per key
-        documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation",
-                              metadata={INLINE_SCOPE: chat.key_scope} if chat.key_scope else {})]
-        key = documents_key(documents)
-        # the key is in the content hash now (metadata); named again so the warm-cache record says whose it is
-        return ("prompt", ContextRequest(question, messages, documents=documents), self._document_stats(documents, key),
-                (*key, ("key", chat.key_scope)))
+        documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
+        key = scoped_key(documents, scope)
+        return ("prompt", ContextRequest(question, messages, documents=documents, scope=scope),
+                self._document_stats(documents, key), key)
 
     def _check_attached_size(self, documents: list[Document]) -> None:
         """413 for attached documents over the policy's cap, before anything is counted, split or embedded
@@ -240,9 +244,12 @@ class RoutePlanner:
         return self.rag.retrieve_for(context)
 
     def plan(
-        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None
+        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None,
+        scope: KeyScope = SHARED,
     ) -> RoutePlan:
-        source, context, stats, key = self.resolve_context(chat, messages, header_collection)
+        """`scope`: the caller's key scope (pipelines.scope), under which attached documents, the conversation and
+        the question's vector are cached."""
+        source, context, stats, key = self.resolve_context(chat, messages, header_collection, scope)
         features = extract_features(context.question, stats, None)
         retrieval = None
         forced = chat.selfroute.route if chat.selfroute else None
@@ -288,7 +295,7 @@ class RoutePlanner:
             passages = [content_text(m.get("content")) for m in prepared.messages]
         documents = plan.context.documents
         if documents:
-            index = self._document_index(documents)
+            index = self._document_index(documents, plan.documents_key)
         else:
             index = self._collection_index(plan.context.collection) if plan.context.collection else None
         return CheapAnswer(text, plan.context.question, passages, index)

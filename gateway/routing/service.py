@@ -32,6 +32,7 @@ from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
 from pipelines.base import PreparedPrompt
+from pipelines.scope import SHARED, KeyScope
 from pipelines.tokens import count_tokens
 from policies.routes import LONG, PASSTHROUGH, SHADOW
 from policies.schema import ModelConfig, Policy
@@ -164,10 +165,11 @@ class RoutingService:
 
     # -- routed ---------------------------------------------------------------------------------
     async def route(
-        self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, header_collection: str | None
+        self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, header_collection: str | None,
+        scope: KeyScope = SHARED,
     ) -> Answer:
         planner = self.ready_planner()
-        plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection)
+        plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
         decision = plan.decision
         entry.record.route, entry.record.reason = decision.route, decision.reason
         if self.policy.routing.learning.record_features:

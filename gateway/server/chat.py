@@ -15,7 +15,6 @@ from gateway.server.grounding import check_answer
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.state import Gateway
 from gateway.server.streaming import stream_response
-from pipelines.embedding import scope_queries
 
 
 def route_headers(entry: RequestLedgerEntry) -> dict[str, str]:
@@ -53,13 +52,11 @@ async def chat_completions(ctx: RequestContext) -> Response:
     chat, body = parse_chat_request(ctx.body)
     entry.record.alias = chat.model
     entry.record.stream = bool(chat.stream)
-    chat.scope_to(ctx.key_id)
-    scope_queries(ctx.key_id)
     await ctx.admit(chat.model, chat)  # reserves the request's estimated cost before any upstream call
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     if chat.model in gateway.policy.aliases:
-        entry.flags = await screen_attached(gateway.policy, chat)
+        entry.flags = await screen_attached(gateway.policy, chat, ctx.scope)
         collection = ctx.request.headers.get(headers.COLLECTION)
-        answer = await gateway.routing.route(chat, body, entry, collection)
+        answer = await gateway.routing.route(chat, body, entry, collection, ctx.scope)
         return render(answer, {**route_headers(entry), **await security_notes(gateway, answer, entry.flags)})
     return render(await gateway.routing.passthrough(chat, body, entry), {})

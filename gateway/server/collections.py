@@ -197,7 +197,7 @@ async def add_documents(ctx: RequestContext) -> Response:
     check_documents(gateway.policy.request_limits, [d.text for d in payload.documents], "documents")
     await ctx.admit(None)  # the gateway's own embedding model: the key's budget and rates, no model list
     found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
-                                           "documents", caller.key_id)
+                                           "documents", ctx.scope)
     documents = [_document(d) for d in payload.documents]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
     report = await anyio.to_thread.run_sync(_ingest, gateway, name, documents, entry)

@@ -20,7 +20,8 @@ Every such endpoint is an `async def handler(ctx: RequestContext) -> Response`, 
 Inside, the handler calls `await ctx.admit(model)` once it knows which model the request uses: the
 policy's and the key's model allow-lists, the key's budget and rate limits (gateway.server.limits), and, on a
 metered request, its reservation (recorded in flight before any upstream call; the entry's finish settles it). It
-fills in what only it knows on `ctx.entry.record` (route, reason, ...) and adds the legs it ran.
+fills in what only it knows on `ctx.entry.record` (route, reason, ...) and adds the legs it ran, and passes
+`ctx.scope` (the caller's key scope, pipelines.scope) to whatever caches work per key.
 Endpoints that do model work (chat, embeddings, explain, adding documents) are metered and admitted;
 reading or deleting collections and the admin API are only authenticated.
 """
@@ -43,6 +44,7 @@ from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_
 from gateway.server.errors import error_response, failure, request_id_header
 from gateway.server.limits import admit, reserve
 from gateway.server.state import Gateway, gateway_of
+from pipelines.scope import KeyScope
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +66,11 @@ class RequestContext:
     @property
     def key_id(self) -> str | None:
         return self.caller.key_id
+
+    @property
+    def scope(self) -> KeyScope:
+        """Whose request this is, for every cache and store that keeps keys apart (pipelines.scope): pass it down."""
+        return KeyScope(self.caller.key_id)
 
     async def admit(self, model: str | None, chat: ChatCompletionRequest | None = None) -> None:
         """Raise the 403 (model not allowed) or 429 (budget, rate limit) this request deserves. `model` None

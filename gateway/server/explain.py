@@ -14,7 +14,6 @@ from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
 from gateway.server.injection import flag_headers, screen_attached
-from pipelines.embedding import scope_queries
 from policies.routes import PASSTHROUGH
 
 EXPLAIN_REASON = "explain"
@@ -25,15 +24,13 @@ async def explain_route(ctx: RequestContext) -> Response:
     assert entry is not None  # metered
     entry.record.route, entry.record.reason = PASSTHROUGH, EXPLAIN_REASON
     chat, body = parse_chat_request(ctx.body)
-    chat.scope_to(ctx.key_id)
-    scope_queries(ctx.key_id)
     await ctx.admit(chat.model)
-    found = await screen_attached(gateway.policy, chat)
+    found = await screen_attached(gateway.policy, chat, ctx.scope)
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
-        ctx.request.headers.get(headers.COLLECTION), gateway.routing.warm,
+        ctx.request.headers.get(headers.COLLECTION), gateway.routing.warm, ctx.scope,
     )
     if found:
         result["flags"] = found

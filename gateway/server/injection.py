@@ -18,6 +18,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, InlineDocument
 from gateway.routing.request_limits import check_documents
 from gateway.server import headers
+from pipelines.scope import SHARED, KeyScope
 from policies.schema import Policy
 
 INJECTION_FLAG = "injection"
@@ -27,11 +28,11 @@ SCAN_CACHE_SIZE = 256
 # Scanning a 100k-token document takes ~100 ms; asking about the same attached document again reuses the
 # result, like the document's embeddings and statistics: keyed by the text's hash and by the key that sent it, so
 # nothing is shared between different texts, and a key's timing never tells it that another key sent this text.
-_scans: OrderedDict[tuple[str | None, str, str], Any] = OrderedDict()
+_scans: OrderedDict[tuple[KeyScope, str, str], Any] = OrderedDict()
 _scans_lock = threading.Lock()
 
 
-def _scan(scanner, mode: str, text: str, scope: str | None):
+def _scan(scanner, mode: str, text: str, scope: KeyScope):
     key = (scope, mode, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
     with _scans_lock:
         if key in _scans:
@@ -46,9 +47,9 @@ def _scan(scanner, mode: str, text: str, scope: str | None):
 
 
 def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str,
-                     scope: str | None = None) -> list[dict[str, Any]]:
+                     scope: KeyScope = SHARED) -> list[dict[str, Any]]:
     """Apply `mode` to documents in place (strip rewrites their text); returns what was found, per document.
-    `scope` is the sending key's id (its scans are remembered apart from other keys'). CPU work over the whole
+    `scope` is the sending key's (pipelines.scope: its scans are remembered apart from other keys'). CPU work over the whole
     text: call it in a worker thread."""
     if mode == "off" or not documents:
         return []
@@ -75,7 +76,7 @@ def flag_headers(found: list[dict[str, Any]]) -> dict[str, str]:
     return {headers.FLAGS: INJECTION_FLAG} if found else {}
 
 
-async def screen_attached(policy: Policy, chat: ChatCompletionRequest) -> list[dict[str, Any]]:
+async def screen_attached(policy: Policy, chat: ChatCompletionRequest, scope: KeyScope) -> list[dict[str, Any]]:
     """The documents attached to a routed request, screened off the event loop (nothing to do without any)."""
     documents = chat.selfroute.documents if chat.selfroute else None
     if documents:  # bounded before the scan, which reads every byte
@@ -83,4 +84,4 @@ async def screen_attached(policy: Policy, chat: ChatCompletionRequest) -> list[d
     if not documents or policy.security.injection == "off":
         return []
     return await anyio.to_thread.run_sync(screen_documents, policy.security.injection, documents,
-                                          "selfroute.documents", chat.key_scope)
+                                          "selfroute.documents", scope)

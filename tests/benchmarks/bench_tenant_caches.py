@@ -12,15 +12,15 @@ import argparse
 import statistics
 import sys
 import time
-from contextvars import copy_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gateway.protocol import InlineDocument  # noqa: E402
 from gateway.server.injection import screen_documents  # noqa: E402
-from pipelines.embedding import Embedder, scope_queries  # noqa: E402
+from pipelines.embedding import Embedder  # noqa: E402
 from pipelines.samples import sample_path  # noqa: E402
+from pipelines.scope import KeyScope  # noqa: E402
 
 
 def timed(work) -> float:
@@ -48,12 +48,11 @@ def main() -> None:
         question = f"Which berth may the tanker number {i} use after the inspection?"
 
         def ask(key: str):
-            scope_queries(key)
-            return timed(lambda: embedder.embed_query(question))
+            return timed(lambda: embedder.embed_query(question, KeyScope(key)))
 
-        misses.append(copy_context().run(ask, "first-key"))  # not seen before: embedded
-        hits.append(copy_context().run(ask, "first-key"))  # the same key again: remembered
-        copy_context().run(ask, "second-key")  # per-key caches: embedded again (this is the miss measured above)
+        misses.append(ask("first-key"))  # not seen before: embedded
+        hits.append(ask("first-key"))  # the same key again: remembered
+        ask("second-key")  # per-key caches: embedded again (this is the miss measured above)
     summary("question embedding, miss (another key)", misses)
     summary("question embedding, hit (same key)", hits)
 
@@ -66,8 +65,8 @@ def main() -> None:
     scan_misses, scan_hits = [], []
     for i in range(max(3, args.repeats // 3)):
         body = text + f"\n\nrevision {i}\n"  # a new text each round: the first scan is a miss
-        scan_misses.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", "first")))
-        scan_hits.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", "first")))
+        scan_misses.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first"))))
+        scan_hits.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first"))))
     summary("injection scan, miss (another key)", scan_misses)
     summary("injection scan, hit (same key)", scan_hits)
 

@@ -46,21 +46,18 @@ def test_queries_use_their_own_model_copy_and_are_remembered(embedder):
 
 def test_remembered_questions_are_kept_apart_by_scope(embedder):
     """A question remembered for one key is embedded again for another: the cache's speed never tells one key
-    what another asked. Each run starts from a copy of the current context, as each request's task does."""
-    from contextvars import copy_context
-
-    from pipelines.embedding import scope_queries
+    what another asked. The key scope is passed explicitly (pipelines.scope)."""
+    from pipelines.scope import KeyScope
 
     question = "Which pier does the ferry to the outer islands leave from?"
 
     def asked_by(key):
-        scope_queries(key)
-        return embedder.embed_query(question)
+        return embedder.embed_query(question, KeyScope(key))
 
-    alice = copy_context().run(asked_by, "alice")
-    assert copy_context().run(asked_by, "alice") is alice  # her own question, remembered
-    bob = copy_context().run(asked_by, "bob")
+    alice = asked_by("alice")
+    assert asked_by("alice") is alice  # her own question, remembered
+    bob = asked_by("bob")
     assert bob is not alice and np.allclose(bob, alice)  # bob's is embedded anew, to the same vector
-    assert copy_context().run(asked_by, "bob") is bob
+    assert asked_by("bob") is bob
     unscoped = embedder.embed_query(question)  # no scope (the CLI): a third, shared entry
     assert unscoped is not alice and unscoped is not bob and embedder.embed_query(question) is unscoped

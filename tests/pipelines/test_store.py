@@ -13,6 +13,7 @@ import pytest
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
+from pipelines.scope import SHARED
 from pipelines.settings import ChunkingSettings, RagSettings
 from pipelines.store import DocumentStore, IngestCancelled, validate_collection_name
 from tests.pipelines_fixtures import MANUAL_PATH, CountingEmbedder, distractor_documents, manual_document
@@ -183,8 +184,8 @@ def test_a_reader_whose_inline_collection_another_replica_dropped_embeds_it_agai
     real = one.inline_collection
     drops = []
 
-    def then_dropped_by_the_other_replica(docs, should_stop=None):
-        name = real(docs, should_stop)
+    def then_dropped_by_the_other_replica(docs, should_stop=None, scope=SHARED):
+        name = real(docs, should_stop, scope)
         if not drops:  # once: the documents are embedded again and read
             drops.append(name)
             two.inline_collection(other)  # its one-collection cap drops the vault's, which it found in the store

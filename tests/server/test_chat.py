@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from gateway.server.auth import Authenticator
+from pipelines.scope import SHARED
 from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
 
 
@@ -338,8 +339,8 @@ def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_
         real = store.inline_collection
         dropped = []
 
-        def then_dropped_by_the_other_replica(docs, should_stop=None):
-            name = real(docs, should_stop)
+        def then_dropped_by_the_other_replica(docs, should_stop=None, scope=SHARED):
+            name = real(docs, should_stop, scope)
             if not dropped:
                 dropped.append(name)
                 other.inline_collection([Document("gate", "The harbour gate opens at six.")])

@@ -296,15 +296,16 @@ def test_a_key_cannot_plant_documents_in_another_keys_inline_collection(tenants,
     posts a forged text under it, and bob's request answers from alice's text. The name is no longer computable
     (an HMAC under the store's secret), `inline-*` names are refused to every writer (even with the real name in
     hand), and a cached inline collection is used only when it holds exactly the request's content hashes."""
-    from gateway.routing.planner import INLINE_SCOPE
+    from pipelines.scope import KeyScope
 
     url, app, keys = tenants
     genuine = "The vault code is 4417."
-    bob_docs = [Document("v", genuine, metadata={INLINE_SCOPE: "bob"})]
+    # the old formula saw bob's key in the documents' metadata; the key scope is now passed to the name itself
+    old_name = _old_inline_name([Document("v", genuine, metadata={"selfroute_key": "bob"})])
     store = app.state.gateway.store
-    real_name = store.inline_name(bob_docs)
-    assert real_name != _old_inline_name(bob_docs)
-    for name in (_old_inline_name(bob_docs), real_name):
+    real_name = store.inline_name([Document("v", genuine)], KeyScope("bob"))
+    assert real_name != old_name
+    for name in (old_name, real_name):
         for who in ("alice", "admin"):
             planted = httpx.post(f"{url}/v1/collections/{name}/documents", headers=_auth(keys[who]), timeout=120,
                                  json={"documents": [{"id": "v", "text": "The vault code is 0000."}]})

@@ -306,3 +306,16 @@ def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spe
     assert len(legs) == len(left) and all("charged at the estimate" in c["error"] for c in legs)
     assert 0.05 <= sum(r["cost_usd"] for r in left) <= 0.05 + RESERVATION_USD
     assert rows("requests_in_flight") == []
+
+
+def test_a_request_that_fails_before_any_upstream_call_releases_its_reservation(priced):
+    url, app, rows = priced
+    _, key = app.state.gateway.keys.create("release", budget_usd=0.05)
+    for _ in range(3):  # each reserves an estimate far above the budget; none may keep it
+        missing = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                             json={"model": "selfroute", "messages": [{"role": "user", "content": "a b c"}],
+                                   "selfroute": {"collection": "nope"}})
+        assert missing.status_code == 404, missing.text
+    assert rows("requests_in_flight") == []
+    assert [r["cost_usd"] for r in rows() if r["key_id"] == "release"] == [0, 0, 0]
+    assert _burst(url, key, n=1) == [200]  # nothing was held against the budget

@@ -122,6 +122,16 @@ def token_limits(config: ModelConfig) -> tuple[int | None, int | None]:
     return window, config.max_output_tokens or whole(entry.get("max_output_tokens"))
 
 
+def capped_tokens(text: str, cap: int) -> int:
+    """The tokens of `text`, or at least `cap` of them: a text whose first 8 x cap characters already hold `cap`
+    tokens is not counted further (a long attached document costs a bounded count, not a second full pass)."""
+    head = text[: 8 * cap]
+    counted = count_tokens(head)
+    if counted >= cap or len(head) == len(text):
+        return counted
+    return count_tokens(text)
+
+
 def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
     _, output_limit = token_limits(config)
     asked = chat.max_completion_tokens or chat.max_tokens
@@ -139,9 +149,14 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     if chat.model not in policy.aliases:
         return Estimate((_leg(prices, passthrough_config(policy, chat.model), prompt, chat),))
     options = chat.selfroute
-    documents = sum(count_tokens(d.text) + MESSAGE_OVERHEAD_TOKENS for d in (options.documents or [])) \
-        if options is not None else 0
     unknown = options is not None and options.collection is not None
+    configs = (policy.cheap, policy.long, *policy.long_alternates)
+    cap = max(token_limits(c)[0] or DEFAULT_WINDOWS["long"] for c in configs)
+    documents = 0  # only as far as the widest window: past it every leg's prompt is its window anyway
+    for document in (options.documents or []) if options is not None and not unknown else []:
+        if documents >= cap:
+            break
+        documents += capped_tokens(document.text, cap - documents) + MESSAGE_OVERHEAD_TOKENS
 
     def leg(config: ModelConfig, default_window: int) -> LegEstimate:
         window = token_limits(config)[0] or default_window

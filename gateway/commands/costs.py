@@ -62,6 +62,13 @@ def _cache_cells(row: dict) -> list[str]:
     return [f"{row['cache_hits']:,}", f"{row['cached_tokens']:,}", _money(row["cache_saving_usd"])]
 
 
+def _unpriced_notes(report: dict) -> None:
+    for item in report["unpriced_models"]:
+        print(f"unpriced: {item['model']} has no known price; its {item['calls']:,} calls "
+              f"({item['prompt_tokens'] + item['completion_tokens']:,} tokens) are counted at $0. Set "
+              "input_cost_per_mtok / output_cost_per_mtok in the policy.")
+
+
 def run(args: argparse.Namespace) -> int:
     from gateway.ledger import reports
     from gateway.commands._common import print_table, run_report
@@ -79,15 +86,22 @@ def run(args: argparse.Namespace) -> int:
         unpriced = {u["model"] for u in report["unpriced_models"]}
         rows = [_row(r, args.by, unpriced) for r in report["groups"]]
         rows.append(_row({**report["total"], "group": "TOTAL"}, args.by, unpriced))
+        total = report["total"]
+        if total["requests"] and not total["cost_usd"] and not total["counterfactual_cost_usd"]:
+            # nothing priced above $0 (the embedded default's local models): tokens saved first, no $0 columns
+            keep = [0, 1, 2, 3, 8, 9]
+            print_table([[r[i] for i in keep] for r in rows], tuple(header[i] for i in keep), sys.stdout,
+                        right=set(range(1, len(keep))))
+            print("no spend priced above $0 here (local models are free): dollar columns left out; 'tok saved' is "
+                  "the prompt tokens always-long would have sent less those sent")
+            _unpriced_notes(report)
+            return 0
         if report["total"]["cached_tokens"] or report["total"]["cache_saving_usd"]:
             header += CACHE_HEADER
             for cells, row in zip(rows, [*report["groups"], report["total"]]):
                 cells += _cache_cells(row)
         print_table(rows, tuple(header), sys.stdout, right=set(range(1, len(header))))
-        for item in report["unpriced_models"]:
-            print(f"unpriced: {item['model']} has no known price; its {item['calls']:,} calls "
-                  f"({item['prompt_tokens'] + item['completion_tokens']:,} tokens) are counted at $0. Set "
-                  "input_cost_per_mtok / output_cost_per_mtok in the policy.")
+        _unpriced_notes(report)
         return 0
 
     return run_report(args, work)

@@ -56,9 +56,13 @@ def test_costs_show_token_savings_at_zero_prices_and_mark_unpriced_models(tmp_pa
     rag = next(line.split() for line in out.splitlines() if line.startswith("rag "))
     assert rag[-2:] == ["7,000", "87.5%"]  # at $0 the dollar saving says nothing; the tokens still do
     assert "unpriced: openai/mystery-model has no known price; its 1 calls (340 tokens) are counted at $0" in out
+    # nothing is priced above $0: tokens saved come first and the $0 columns are left out, said so
+    assert out.splitlines()[0].split() == ["route", "requests", "prompt", "tok", "completion", "tok", "tok", "saved",
+                                           "tok", "saved", "%"]
+    assert "dollar columns left out" in out and "$0.0000" not in out
     assert main(["costs", "--data-dir", str(tmp_path), "--by", "model"]) == 0
     mystery = next(line.split() for line in capsys.readouterr().out.splitlines() if "mystery" in line)
-    assert mystery[:2] == ["openai/mystery-model", "(unpriced)"] and mystery[5] == "unpriced"
+    assert mystery[:3] == ["openai/mystery-model", "(unpriced)", "1"]
     assert main(["costs", "--data-dir", str(tmp_path), "--by", "model", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert {g["group"]: g["unpriced"] for g in report["groups"]} == {"openai/mystery-model": True,

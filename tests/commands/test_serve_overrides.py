@@ -15,7 +15,9 @@ import openai
 from pipelines.tokens import count_tokens
 from tests.commands.test_serve import wait_healthy
 from tests.engines import free_port
-from tests.gateway_fixtures import running_gateway
+from gateway.server.app import create_app
+from gateway.settings import Settings
+from tests.servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,7 +49,7 @@ def test_serve_long_model_packs_the_whole_document_for_that_models_window(upstre
                                 stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(proc, url, log_path)
+        wait_healthy(proc, url, log_path, timeout=300)
         started = log_path.read_text()
         assert "long: openai/gpt-4.1: window 1,047,576 (litellm), output 32,768, $2/$8 per Mtok (litellm)" in started
         assert "long route: packs up to 1,046,552 tokens (window 1,047,576 less 1,024 kept for the answer)" in started
@@ -77,11 +79,13 @@ def test_a_smaller_long_model_is_packed_to_its_window_less_the_reserve(upstream,
     base, fake = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-fake-upstream")
-    for name in ("SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY"):
+    for name in ("SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_LEDGER_URL", "SELFROUTE_STORE_URI"):
         monkeypatch.delenv(name, raising=False)
-    with running_gateway(tmp_path, None, long_model="openai/gpt-4") as (url, app):
-        assert app.state.limits.long_packing_tokens == 8192 - 1024
-        deadline = time.monotonic() + 120
+    app = create_app(Settings(data_dir=tmp_path, long_model="openai/gpt-4"))
+    assert app.state.limits.long_packing_tokens == 8192 - 1024
+    # the default policy loads its classifier, verifier, embedding model and local model before it is ready
+    with serve_app(app, wait_ready=False) as url:
+        deadline = time.monotonic() + 300
         while httpx.get(f"{url}/health/readiness").status_code != 200:
             assert time.monotonic() < deadline
             time.sleep(0.2)

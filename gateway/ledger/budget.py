@@ -23,8 +23,9 @@ import math
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from gateway.ledger.dialect import POSTGRESQL, LedgerConnection, dialect_of
 from gateway.ledger.errors import LedgerError
@@ -147,7 +148,7 @@ class InFlight:
             self.expires_at = self.created_at + LEASE_S
 
     @classmethod
-    def of(cls, record: RequestRecord, estimate: Estimate) -> "InFlight":
+    def of(cls, record: RequestRecord, estimate: Estimate) -> InFlight:
         return cls(record.id, record.created_at, record.key_id, record.policy, record.alias, record.stream,
                    estimate.prompt_tokens, estimate.completion_tokens, estimate.cost_usd)
 
@@ -158,7 +159,7 @@ class InFlight:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "InFlight":
+    def from_dict(cls, data: dict[str, Any]) -> InFlight:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def abandoned_record(self, error: str = ABANDONED_ERROR) -> RequestRecord:
@@ -255,7 +256,7 @@ def in_flight(conn: LedgerConnection, key_id: str | None = None) -> list[InFligh
     sql = f"SELECT {', '.join(_COLUMNS)} FROM requests_in_flight"
     rows = conn.execute(sql + " WHERE key_id = ? ORDER BY created_at", (key_id,)) if key_id is not None else \
         conn.execute(sql + " ORDER BY created_at")
-    return [InFlight(**dict(zip(_COLUMNS, r))) for r in rows.fetchall()]
+    return [InFlight(**dict(zip(_COLUMNS, r, strict=True))) for r in rows.fetchall()]
 
 
 def abandoned(conn: LedgerConnection, now: float | None = None,

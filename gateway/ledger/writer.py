@@ -21,10 +21,11 @@ import os
 import queue
 import threading
 import time
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gateway.ledger import budget
 from gateway.ledger.budget import InFlight, Limits
@@ -316,10 +317,8 @@ class Ledger:
 
     def _drop_request_conn(self) -> None:
         if self._request_conn is not None:
-            try:
+            with suppress(self._errors):
                 self._request_conn.close()
-            except self._errors:
-                pass
             self._request_conn = None
 
     def _recover(self, conn) -> None:
@@ -353,15 +352,11 @@ class Ledger:
     def _discard(self, conn):
         """After a failure: roll back, and drop a PostgreSQL connection (it may be broken)."""
         if conn is not None and getattr(conn, "in_transaction", False):
-            try:
+            with suppress(self._errors):
                 conn.rollback()
-            except self._errors:
-                pass
         if conn is not None and is_postgres(self.location):
-            try:
+            with suppress(self._errors):
                 conn.close()
-            except self._errors:
-                pass
             conn = None
         return conn
 

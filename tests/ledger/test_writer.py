@@ -11,7 +11,6 @@ from dataclasses import asdict
 import pytest
 
 from gateway.ledger.writer import Ledger
-
 from tests.ledger_fixtures import BASE, CHEAP, call, record
 
 

@@ -296,8 +296,8 @@ def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spe
             outcomes.append("refused")
             break
         # the gateway ledgers the leaver's request a moment after the client has gone
-        assert _wait_rows(rows, lambda r: r["key_id"] == "leaver" and r["status"] == 499
-                          and len([x for x in rows() if x["key_id"] == "leaver"]) > attempt)
+        assert _wait_rows(rows, lambda r, seen=attempt: r["key_id"] == "leaver" and r["status"] == 499
+                          and len([x for x in rows() if x["key_id"] == "leaver"]) > seen)
     assert outcomes == ["left", "left", "refused"]  # a stream and a plain request charged $0.03 each: spent
     left = [r for r in rows() if r["key_id"] == "leaver" and r["status"] == 499]
     assert len(left) == len(outcomes) - 1

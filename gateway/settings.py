@@ -62,6 +62,7 @@ class Settings:
     max_body_bytes: int = 32 * 1024 * 1024
     vector_store_uri: str | None = field(default_factory=lambda: os.environ.get(STORE_URI_ENV) or None)
     ledger_url: str | None = field(default_factory=resolve_ledger_url)  # a SQLite path or postgresql://...
+    access_log: bool = True  # one line per request on the selfroute.access logger (INFO)
 
     @property
     def ledger_path(self) -> Path:

@@ -26,3 +26,9 @@ JUDGE = "judge"
 LEARNING_ROUTES = (SHADOW, JUDGE)
 # the replay's name for a cheap refusal that the policy let stand (the live ledger records it as RAG)
 KEPT_REFUSAL = "kept-refusal"
+
+
+def answered_by(route: str) -> tuple[str, ...]:
+    """The recorded routes whose answer `route`'s model gave: the long route answers `long` and the escalations
+    (`rag>long`, a cheap answer not trusted); any other route only itself."""
+    return (LONG, FALLBACK) if route == LONG else (route,)

@@ -33,7 +33,7 @@ def filters_from_args(args: argparse.Namespace):
     from gateway.ledger.reports import Filters
 
     filters = Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
-                            status=args.status)
+                            status=args.status, answered_by=getattr(args, "answered_by", None))
     location = ledger_location(args)
     if args.key and ledger_exists(location):  # a named key is recorded by its name, not a hash
         store = KeyStore(location)

@@ -55,6 +55,11 @@ def register(subparsers, parents) -> None:
                         help="on SIGTERM or Ctrl-C: seconds in-flight requests may take to finish before they are "
                              f"cancelled (and ledgered); then the ledger is flushed and the process exits "
                              f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
+    parser.add_argument("--log-format", choices=("plain", "json"), default="plain",
+                        help="plain log lines, or one JSON object a line for every log line, access lines included "
+                             "(default plain)")
+    parser.add_argument("--no-access-log", dest="access_log", action="store_false",
+                        help="no access-log line per request (they are INFO lines: --log-level WARNING hides them too)")
     parser.set_defaults(func=run)
 
 
@@ -106,6 +111,7 @@ def _settings(values: dict):
         settings.vector_store_uri = values["store_uri"]
     if values.get("ledger_url"):
         settings.ledger_url = values["ledger_url"]
+    settings.access_log = values.get("access_log", True)
     return settings
 
 
@@ -120,11 +126,25 @@ def _set_deadlines(values: dict) -> None:
 
 def worker_app():
     """The app of one worker process (uvicorn calls this factory in each worker)."""
+    from gateway.server.access_log import configure_logging
     from gateway.server.app import create_app
 
     values = json.loads(os.environ[WORKER_SETTINGS_ENV])
     _set_deadlines(values)
+    configure_logging(values["log_level"], values["log_format"])  # a spawned worker starts with no logging set up
     return create_app(_settings(values))
+
+
+def _fresh_multiprocess_dir(data_dir: Path) -> Path:
+    """An empty directory for the workers' metric files (prometheus_client's multiprocess mode): emptied at every
+    start, as that mode requires, so counts begin at zero with the processes, like a single process's."""
+    import shutil
+
+    from gateway.settings import private_dir
+
+    path = private_dir(data_dir) / "metrics"
+    shutil.rmtree(path, ignore_errors=True)
+    return private_dir(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -148,8 +168,12 @@ def run(args: argparse.Namespace) -> int:
         "cheap_model": args.cheap_model, "long_model": args.long_model,
         "cheap_window": args.cheap_window, "long_window": args.long_window,
         "keys_file": str(args.keys_file) if args.keys_file else None, "store_uri": args.store_uri,
-        "ledger_url": args.ledger_url,
+        "ledger_url": args.ledger_url, "access_log": args.access_log, "log_level": str(args.log_level),
+        "log_format": args.log_format,
     }
+    from gateway.server.access_log import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
     settings = _settings(values)
     errors, _ = database_error_types()
     try:
@@ -175,14 +199,22 @@ def run(args: argparse.Namespace) -> int:
 
     values.update(header_timeout=args.header_timeout, body_timeout=args.body_timeout)
     _set_deadlines(values)
+    # uvicorn's own access log stays off: ours (gateway.server.access_log) knows the key, route, tokens and cost.
+    # With JSON lines uvicorn leaves logging alone (log_config None), so its lines go through our JSON handler.
     common = {"host": args.host, "port": args.port, "log_level": str(args.log_level).lower(), "access_log": False,
               "timeout_graceful_shutdown": args.shutdown_timeout, "timeout_keep_alive": args.keep_alive_timeout,
               "http": HeaderDeadlineProtocol}
+    if args.log_format == "json":
+        common["log_config"] = None
     if args.workers == 1:
         uvicorn.run(app, **common)
         return 0
     # the app built above has migrated the ledger's schema, once, so workers do not race to at start-up;
     # each worker then has its own writer on the shared SQLite file (WAL)
     os.environ[WORKER_SETTINGS_ENV] = json.dumps(values)
+    # set before the workers start (they import prometheus_client fresh): one /metrics over all of them
+    from gateway.server.metrics import MULTIPROC_ENV
+
+    os.environ.setdefault(MULTIPROC_ENV, str(_fresh_multiprocess_dir(settings.data_dir)))
     uvicorn.run("gateway.commands.serve:worker_app", factory=True, workers=args.workers, **common)
     return 0

@@ -64,6 +64,8 @@ class RequestRecord:
     calls: list[UpstreamCall] = field(default_factory=list)
     cached_tokens: int = 0  # the legs' sums (migration 005)
     cache_saving_usd: float = 0.0
+    # the client's own X-Request-Id when it sent a valid one (migration 012); `id` stays the gateway's, unique
+    client_request_id: str | None = None
     # what the router learns from (migration 010): the request_features row (gateway.routing.learning.features_record)
     # and labels this record produced (a judge request's verdict on another request); written with the request
     features: dict[str, Any] | None = None
@@ -91,11 +93,11 @@ LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK = "judge", "shadow", "feedback"
 LABEL_SOURCES = (LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK)
 
 
-# the columns of the requests and upstream_calls tables, in table order (migrations 001 and 005)
+# the columns of the requests and upstream_calls tables, in table order (migrations 001, 005 and 012)
 REQUEST_COLUMNS = (
     "id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
     "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-    "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd",
+    "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd", "client_request_id",
 )
 CALL_COLUMNS = (
     "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",

@@ -24,10 +24,12 @@ from gateway.ledger.dialect import (
 )
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
+from policies.routes import DIRECT, LONG, PASSTHROUGH, RAG, answered_by
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
 GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week")
 MAX_PAGE = 1000
+ANSWERING_ROUTES = (DIRECT, RAG, LONG, PASSTHROUGH)  # what --answered-by takes
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -123,6 +125,7 @@ class Filters:
     key: str | None = None  # a stored key id (k_...)
     policy: str | None = None
     status: tuple[int, int] | None = None  # [low, high) status codes
+    answered_by: str | None = None  # the route whose model answered: long matches long and rag>long
 
     @classmethod
     def parse(
@@ -134,6 +137,7 @@ class Filters:
         key: str | None = None,
         policy: str | None = None,
         status: str | None = None,
+        answered_by: str | None = None,
         now: float | None = None,
     ) -> "Filters":
         now = time.time() if now is None else now
@@ -141,7 +145,11 @@ class Filters:
         end = parse_time(until, now=now) if until else None
         if start is not None and end is not None and end <= start:
             raise InvalidQuery("'until' must be after 'since'", param="until", code="invalid_time")
-        return cls(start, end, route or None, _key_id(key) if key else None, policy or None, parse_status(status))
+        if answered_by and answered_by not in ANSWERING_ROUTES:
+            raise InvalidQuery(f"cannot read answered-by {answered_by!r}: use one of {', '.join(ANSWERING_ROUTES)}",
+                               param="answered_by", code="invalid_route")
+        return cls(start, end, route or None, _key_id(key) if key else None, policy or None, parse_status(status),
+                   answered_by or None)
 
 
 def _key_id(value: str) -> str:
@@ -178,6 +186,10 @@ def _where(filters: Filters, cols: dict[str, str]) -> tuple[list[str], list]:
         if value is not None:
             conds.append(f"{cols[name]} = ?")
             params.append(value)
+    if filters.answered_by is not None:
+        routes = answered_by(filters.answered_by)
+        conds.append(f"{cols['route']} IN ({', '.join('?' * len(routes))})")
+        params.extend(routes)
     if filters.status is not None:
         conds.append(f"{cols['status']} >= ? AND {cols['status']} < ?")
         params.extend(filters.status)
@@ -467,6 +479,16 @@ def list_requests(conn: LedgerConnection, filters: Filters = Filters(), *, limit
     return {"object": "list", "data": items, "has_more": more, "next_cursor": next_cursor}
 
 
+def _detail(conn: LedgerConnection, row) -> dict:
+    item = row_dict(row)
+    item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
+    item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
+    item["calls"] = [dict(zip(CALL_COLUMNS, call)) for call in conn.execute(
+        f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (item["id"],))]
+    item["models"] = [call["model"] for call in item["calls"]]
+    return item
+
+
 def get_request(conn: LedgerConnection, request_id: str) -> dict:
     """One request with its upstream legs and provenance; 404 if unknown."""
     row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
@@ -474,13 +496,21 @@ def get_request(conn: LedgerConnection, request_id: str) -> dict:
     if row is None:
         raise NotFound(f"no request with id {request_id!r} in the ledger", param="id",
                            code="request_not_found")
-    item = row_dict(row)
-    item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
-    item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
-    item["calls"] = [dict(zip(CALL_COLUMNS, call)) for call in conn.execute(
-        f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (request_id,))]
-    item["models"] = [call["model"] for call in item["calls"]]
-    return item
+    return _detail(conn, row)
+
+
+def find_requests(conn: LedgerConnection, request_id: str, *, limit: int = 20) -> list[dict]:
+    """The request with this gateway id, else those the client sent with this X-Request-Id (a client may reuse
+    one), newest first, each with its legs and provenance; 404 if none."""
+    row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
+                       (request_id,)).fetchone()
+    rows = [row] if row is not None else conn.execute(
+        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE client_request_id = ?"
+        " ORDER BY created_at DESC, id DESC LIMIT ?", (request_id, limit)).fetchall()
+    if not rows:
+        raise NotFound(f"no request with id {request_id!r} in the ledger (neither the gateway's id nor a client's "
+                       "X-Request-Id)", param="id", code="request_not_found")
+    return [_detail(conn, r) for r in rows]
 
 
 # --follow on PostgreSQL: there is no rowid in write order, so it re-reads the rows created in the last

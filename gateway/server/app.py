@@ -33,7 +33,8 @@ from gateway.server.feedback import feedback_routes
 from gateway.server.health import health_routes
 from gateway.server.keys import key_routes
 from gateway.server.metrics import GatewayMetrics, metrics_route
-from gateway.server.middleware import RequestIdMiddleware
+from gateway.server.access_log import AccessLog
+from gateway.server.middleware import RequestMiddleware
 from gateway.server.models import model_routes
 from gateway.server.openapi import openapi_route
 from gateway.server.state import Gateway
@@ -137,6 +138,7 @@ def create_app(
             ledger.close()
             keys.close()
             labels.close()
+            metrics.close()
 
     routes = [
         *health_routes(),
@@ -163,5 +165,5 @@ def create_app(
     )
     app.state.gateway = gateway
     app.state.limits = limits  # what `serve` prints at start-up (policies.limits.EffectiveLimits)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestMiddleware, metrics=metrics, access_log=AccessLog(settings.access_log))
     return app

@@ -43,6 +43,7 @@ from gateway.server.bodies import read_body
 from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from gateway.server.errors import error_response, failure, request_id_header
 from gateway.server.limits import admit, reserve
+from gateway.server.middleware import start_entry
 from gateway.server.state import Gateway, gateway_of
 from pipelines.scope import KeyScope
 
@@ -100,7 +101,7 @@ def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_
             return error_response(error, request_id_header(request))
         entry = None
         if metered:
-            entry = RequestLedgerEntry(gateway.ledger, gateway.prices, request.state.request_id, gateway.policy.name)
+            entry = start_entry(request, gateway)  # with the client's X-Request-Id; the access log reads it
             entry.record.key_id = caller.key_id
         ctx = RequestContext(request, gateway, caller, entry)
         try:

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse
 
 from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
-from gateway.server import headers
+from gateway.server.middleware import request_ids
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -71,8 +71,7 @@ def failure(exc: BaseException) -> Failure:
 
 
 def request_id_header(request: Request) -> dict[str, str]:
-    request_id = getattr(request.state, "request_id", None)
-    return {headers.REQUEST_ID: request_id} if request_id else {}
+    return request_ids(request)  # the 500 handler answers outside the middleware that adds them
 
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:

@@ -5,19 +5,34 @@ Labels stay low-cardinality: the request's route, model, status; never key ids o
 Clients choose model names on pass-through requests, so only the first MAX_MODEL_LABELS distinct
 names get a label of their own; later ones are counted under "other", and a label value is at most
 MAX_LABEL_CHARS long. Requests refused for a missing or wrong key are only counted here, never ledgered.
+
+Under `selfroute serve --workers N` every worker writes its values to files in $PROMETHEUS_MULTIPROC_DIR
+(prometheus_client's multiprocess mode, set up by `serve` before the workers start) and a scrape, whichever
+worker answers it, adds up all of them, so counters never jump back between scrapes. process_* then comes
+once per live worker, labelled with its pid. No `_created` series in either mode.
 """
 from __future__ import annotations
 
 import logging
+import os
+import platform
+import re
 import threading
+from pathlib import Path
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
+    generate_latest, values,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.ledger.records import RequestRecord
+from gateway.settings import package_version
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
 logger = logging.getLogger(__name__)
@@ -26,10 +41,37 @@ MAX_MODEL_LABELS = 64
 MAX_LABEL_CHARS = 128
 OTHER_MODEL = "other"
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+TTFT_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_WORKER_FILE = re.compile(r"_(\d+)\.db$")  # prometheus_client names each worker's files TYPE[_MODE]_PID.db
+
+
+def multiprocess_dir() -> str | None:
+    """The multiprocess directory when prometheus_client is in multiprocess mode (the variable was set before it
+    was imported), else None."""
+    path = os.environ.get(MULTIPROC_ENV) or os.environ.get(MULTIPROC_ENV.lower())
+    return path if path and values.ValueClass is not values.MutexValue else None
 
 
 def _route(value: str | None) -> str:
     return value or "unknown"
+
+
+class WorkerProcesses:
+    """process_* of every live worker writing to the multiprocess directory, each labelled with its pid."""
+
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def collect(self):
+        pids = sorted({int(m.group(1)) for f in self.path.glob("*.db") if (m := _WORKER_FILE.search(f.name))})
+        families: dict[str, Metric] = {}
+        for pid in pids:
+            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # nothing for a dead one
+                merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    merged.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+        return list(families.values())
 
 
 class GatewayMetrics:
@@ -37,8 +79,12 @@ class GatewayMetrics:
         self.max_model_labels = max_model_labels
         self._models: set[str] = set()
         self._models_lock = threading.Lock()
+        disable_created_metrics()  # a _created series per child doubles the output and no dashboard reads it
+        self.multiprocess_dir = multiprocess_dir()
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        if self.multiprocess_dir is None:  # one process: its own process_* (multiprocess: every worker's, at scrape)
+            ProcessCollector(registry=r)
         self.requests = Counter("selfroute_requests", "Requests answered, by route and HTTP status.",
                                 ["route", "status"], registry=r)
         self.request_cost = Counter("selfroute_request_cost_usd", "Cost of requests in USD (all their legs), by route.",
@@ -66,6 +112,15 @@ class GatewayMetrics:
         self.unauthenticated = Counter("selfroute_unauthenticated_requests",
                                        "Requests refused for a missing or unknown API key (not ledgered).",
                                        registry=r)
+        # livesum: a worker that exits takes its share with it (gateway.server.app marks it dead on shutdown)
+        self.in_flight = Gauge("selfroute_requests_in_flight", "HTTP requests being answered now (scrapes not counted).",
+                               registry=r, multiprocess_mode="livesum")
+        self.ttft = Histogram("selfroute_time_to_first_token_seconds",
+                              "Streamed answers: from the request's arrival to its first event sent, by route.",
+                              ["route"], buckets=TTFT_BUCKETS_S, registry=r)
+        self.build_info = Gauge("selfroute_build_info", "The running selfroute: version and Python (always 1).",
+                                ["version", "python"], registry=r, multiprocess_mode="max")
+        self.build_info.labels(package_version(), platform.python_version()).set(1)
         self._children: dict[tuple, Any] = {}
 
     def _child(self, metric, *labels: str):
@@ -110,8 +165,21 @@ class GatewayMetrics:
             if call.latency_ms is not None:
                 self._child(self.upstream_latency, route, model).observe(call.latency_ms / 1000)
 
+    def time_to_first_token(self, route: str | None, seconds: float) -> None:
+        self._child(self.ttft, _route(route)).observe(seconds)
+
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()  # a fresh one per scrape, as prometheus_client's multiprocess guide says
+        MultiProcessCollector(registry, path=self.multiprocess_dir)
+        registry.register(WorkerProcesses(self.multiprocess_dir))
+        return generate_latest(registry)
+
+    def close(self) -> None:
+        """This worker is going away: its live gauges (in flight) stop counting; its counters stay in the sum."""
+        if self.multiprocess_dir is not None:
+            mark_process_dead(os.getpid(), self.multiprocess_dir)
 
 
 async def metrics_endpoint(request: Request) -> Response:

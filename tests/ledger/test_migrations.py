@@ -67,6 +67,7 @@ EXPECTED_TABLES = {
         ("prompt_tokens", "INTEGER", 1, 0), ("completion_tokens", "INTEGER", 1, 0), ("cost_usd", "REAL", 1, 0),
         ("context_tokens", "INTEGER", 1, 0), ("counterfactual_cost_usd", "REAL", 1, 0),
         ("provenance", "TEXT", 0, 0), ("cached_tokens", "INTEGER", 1, 0), ("cache_saving_usd", "REAL", 1, 0),
+        ("client_request_id", "TEXT", 0, 0),
     ],
     "requests_in_flight": [
         ("request_id", "TEXT", 0, 1), ("created_at", "REAL", 1, 0), ("expires_at", "REAL", 1, 0),
@@ -85,7 +86,8 @@ EXPECTED_TABLES = {
 }
 EXPECTED_INDEXES = [
     "api_keys_prefix", "labels_created_at", "labels_request_id", "request_features_created_at",
-    "requests_created_at", "requests_in_flight_expires", "requests_in_flight_key", "requests_key_created_at",
+    "requests_client_request_id", "requests_created_at",
+    "requests_in_flight_expires", "requests_in_flight_key", "requests_key_created_at",
     "requests_policy_created_at", "requests_route_created_at", "requests_status_created_at",
     "upstream_calls_model_created_at", "upstream_calls_request_id",
     "upstream_calls_unpriced",

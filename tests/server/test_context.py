@@ -18,7 +18,7 @@ from gateway.server.context import RequestContext, keyed
 from gateway.server.disconnect import ClientDisconnected
 from gateway.server.errors import handle_error
 from gateway.server.metrics import GatewayMetrics
-from gateway.server.middleware import RequestIdMiddleware
+from gateway.server.middleware import RequestMiddleware
 from pipelines.embedding import Embedder
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
@@ -168,7 +168,7 @@ def raising_app(tmp_path):
 
     app = Starlette(routes=[Route("/raise/{index}", keyed(handler, metered=True), methods=["POST"])],
                     exception_handlers={Exception: handle_error})
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(RequestMiddleware)
     app.state.gateway = bare_gateway(Ledger(tmp_path / "ledger.sqlite3", dead_letter_dir=tmp_path), Authenticator(),
                                      GatewayMetrics())
     with serve_app(app) as url:

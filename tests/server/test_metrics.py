@@ -114,3 +114,51 @@ def test_model_label_values_are_capped_in_length():
     metrics.observe(record)
     text = metrics.render().decode()
     assert "m" * MAX_LABEL_CHARS in text and "m" * (MAX_LABEL_CHARS + 1) not in text
+
+
+def test_no_created_series_and_process_build_in_flight_and_time_to_first_token():
+    metrics = GatewayMetrics()
+    for rec in sample_records():
+        metrics.observe(rec)
+    metrics.time_to_first_token("rag", 0.2)
+    metrics.time_to_first_token(None, 3.0)
+    text = metrics.render().decode()
+    assert "_created" not in text
+    assert sample(text, "process_resident_memory_bytes") > 0 and "process_cpu_seconds_total" in text
+    import platform
+
+    from gateway.settings import package_version
+
+    assert sample(text, "selfroute_build_info", version=package_version(), python=platform.python_version()) == 1
+    assert sample(text, "selfroute_requests_in_flight") == 0
+    assert sample(text, "selfroute_time_to_first_token_seconds_count", route="rag") == 1
+    assert sample(text, "selfroute_time_to_first_token_seconds_bucket", route="rag", le="0.25") == 1
+    assert sample(text, "selfroute_time_to_first_token_seconds_bucket", route="unknown", le="2.5") == 0
+
+
+def test_a_stream_is_timed_to_its_first_event_and_requests_in_flight_are_counted(upstream, tmp_path, monkeypatch):
+    import threading
+
+    import httpx
+
+    from tests.gateway_fixtures import make_policy, running_gateway
+
+    base, _ = upstream
+    monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")  # "dribble" is passed through to the fake upstream
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream-test")
+    with running_gateway(tmp_path, make_policy(base)) as (url, _):
+        seen_in_flight: list[float] = []
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
+                "model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+            lines = response.iter_lines()
+            next(lines)  # the stream is open: this request is in flight while /metrics is read
+            seen_in_flight.append(sample(httpx.get(f"{url}/metrics").text, "selfroute_requests_in_flight"))
+            for _ in lines:
+                pass
+        threading.Event().wait(0.2)  # observed once the response is done on the server
+        text = httpx.get(f"{url}/metrics").text
+    assert seen_in_flight == [1]  # the stream, not the scrape
+    assert sample(text, "selfroute_requests_in_flight") == 0
+    assert sample(text, "selfroute_time_to_first_token_seconds_count", route="passthrough") == 1
+    # the first of 40 words a quarter of a second apart: well under the whole stream's ten seconds
+    assert sample(text, "selfroute_time_to_first_token_seconds_sum", route="passthrough") < 5

@@ -36,7 +36,7 @@ from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.access_log import AccessLog
 from gateway.server.middleware import RequestMiddleware
 from gateway.server.models import model_routes
-from gateway.server.openapi import openapi_route
+from gateway.server.openapi import docs_routes, openapi_route
 from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
@@ -154,6 +154,7 @@ def create_app(
         *key_routes(),
         metrics_route(),
         openapi_route(),
+        *docs_routes(),
     ]
     app = Starlette(
         routes=routes,

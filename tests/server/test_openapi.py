@@ -1,18 +1,25 @@
 """GET /openapi.json describes every route of the real app, with bodies from the pydantic models."""
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from starlette.schemas import SchemaGenerator
 
 from gateway.protocol import ChatCompletionRequest
+from gateway.server.auth import Authenticator
 from gateway.server.embeddings import EmbeddingsRequest
 from tests.gateway_fixtures import make_policy, running_gateway
 
 
+ADMIN = "sk-admin-openapi"
+
+
 @pytest.fixture(scope="module")
 def gateway(upstream, tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("openapi"), make_policy(upstream[0])) as (url, app):
+    with running_gateway(tmp_path_factory.mktemp("openapi"), make_policy(upstream[0]),
+                         auth=Authenticator(admin_key=ADMIN)) as (url, app):
         yield url, app
 
 
@@ -24,6 +31,15 @@ def _resolve(schema: dict, ref: str) -> dict:
 def test_every_route_is_described(gateway):
     url, app = gateway
     schema = httpx.get(f"{url}/openapi.json").json()
+    operations = [op for ops in schema["paths"].values() for op in ops.values()]
+    assert len({op["operationId"] for op in operations}) == len(operations)  # unique, aliases included
+    # each handler its own summary (two paths to one handler share it), and a described success answer
+    by_handler = {op["operationId"].split("_get")[0].split("_post")[0].split("_delete")[0]: op["summary"]
+                  for op in operations}
+    assert len(set(by_handler.values())) == len(by_handler)
+    for op in operations:
+        success = op["responses"].get("200") or op["responses"]["201"]
+        assert success["content"], op["operationId"]
     assert schema["openapi"].startswith("3.1") and schema["info"]["title"] == "selfroute"
     served = {(e.path, e.http_method) for e in SchemaGenerator({}).get_endpoints(app.routes)}
     described = {(path, method) for path, ops in schema["paths"].items() for method in ops}
@@ -64,3 +80,62 @@ def _walk(node):
             yield from _walk(value)
     else:
         yield node
+
+
+def _validator(schema: dict, ref: str):
+    from jsonschema import Draft202012Validator
+
+    return Draft202012Validator({"$ref": ref, "components": schema["components"]})
+
+
+def test_real_answers_match_their_declared_schemas(gateway):
+    """The response schemas are what the endpoints answer: each one checked against a real answer."""
+    url, app = gateway
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    schema = httpx.get(f"{url}/openapi.json").json()
+    chat = {"model": "selfroute", "messages": [{"role": "user", "content": "Which pump is first?"}],
+            "selfroute": {"documents": [{"id": "m", "text": "Start pump P1 before P2. " * 20}]}}
+    httpx.post(f"{url}/v1/collections/manual/documents", headers=admin,
+               json={"documents": [{"id": "a", "text": "Section 1. Open valve V2 first."}]}, timeout=120)
+    request_id = httpx.post(f"{url}/v1/chat/completions", headers=admin, json=chat,
+                            timeout=120).headers["x-selfroute-request-id"]
+    app.state.gateway.ledger.flush()
+    calls = [
+        ("get", "/healthz", None), ("get", "/health/readiness", None), ("get", "/v1/models", None),
+        ("get", "/v1/models/{model_id}", {"model_id": "selfroute"}), ("post", "/v1/chat/completions", chat),
+        ("post", "/v1/route/explain", chat), ("get", "/v1/collections", None),
+        ("get", "/v1/collections/{name}", {"name": "manual"}),
+        ("post", "/v1/collections/{name}/documents", {"name": "manual", "documents": [{"id": "b", "text": "More."}]}),
+        ("delete", "/v1/collections/{name}/documents/{doc_id}", {"name": "manual", "doc_id": "b"}),
+        ("post", "/v1/feedback", {"request_id": request_id, "good": True}), ("get", "/v1/admin/requests", None), ("get", "/v1/admin/requests/{request_id}", {"request_id": request_id}),
+        ("get", "/v1/admin/costs", None), ("get", "/v1/admin/summary", None),
+        ("post", "/v1/admin/keys", {"name": "openapi-team"}), ("get", "/v1/admin/keys", None),
+        ("patch", "/v1/admin/keys/{name}", {"name": "openapi-team", "rpm": 600}),
+        ("post", "/v1/admin/keys/{name}/rotate", {"name": "openapi-team"}),
+        ("delete", "/v1/admin/keys/{name}", {"name": "openapi-team"}),
+        ("delete", "/v1/collections/{name}", {"name": "manual"}), ("get", "/openapi.json", None),
+    ]
+    for method, path, payload in calls:
+        params = {k: v for k, v in (payload or {}).items() if "{" + k + "}" in path}
+        body = {k: v for k, v in (payload or {}).items() if k not in params} if method in ("post", "patch") else None
+        response = httpx.request(method, url + path.format(**params), headers=admin, json=body, timeout=120)
+        assert response.status_code in (200, 201), (path, response.text)
+        declared = schema["paths"][path][method]["responses"][str(response.status_code)]
+        ref = declared["content"]["application/json"]["schema"]["$ref"]
+        errors = [e.message for e in _validator(schema, ref).iter_errors(response.json())]
+        assert errors == [], (path, errors[:3])
+    error = httpx.get(f"{url}/v1/models/nope", headers=admin)
+    assert error.status_code == 404 and not list(_validator(schema, "#/components/schemas/ErrorEnvelope")
+                                                 .iter_errors(error.json()))
+
+
+def test_docs_serve_swagger_ui_from_the_package(gateway):
+    url, _ = gateway
+    page = httpx.get(f"{url}/docs")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/openapi.json" in page.text and "SwaggerUIBundle" in page.text
+    assert "http://" not in page.text and "https://" not in page.text and "//cdn" not in page.text  # nothing remote
+    for asset in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+        served = httpx.get(url + asset)
+        assert served.status_code == 200 and len(served.content) > 10_000, asset
+    assert "SwaggerUIBundle" in httpx.get(f"{url}/docs/assets/swagger-ui-bundle.js").text

@@ -25,6 +25,12 @@ def _scalar(value) -> str:
 def set_threshold(text: str, threshold: float, source: str, section: str = "classifier") -> tuple[str, bool]:
     """The policy text with routing.<section>.threshold and threshold_source set (section: classifier or
     verifier). Returns (text, comments_kept)."""
+    return set_values(text, {"threshold": float(threshold), "threshold_source": source}, section)
+
+
+def set_values(text: str, values: dict, section: str = "classifier") -> tuple[str, bool]:
+    """The policy text with routing.<section>.<key> set for each key of `values` (strings or numbers), e.g. a new
+    model_path with its threshold (selfroute learn). Returns (text, comments_kept)."""
     root = yaml.compose(text)
     routing = _mapping_item(root, "routing")
     classifier = _mapping_item(routing[1] if routing else None, section)
@@ -32,13 +38,13 @@ def set_threshold(text: str, threshold: float, source: str, section: str = "clas
     if not isinstance(block, yaml.MappingNode) or block.flow_style or not block.value:
         data = yaml.safe_load(text) or {}
         settings = data.setdefault("routing", {}).get(section) or {}
-        settings.update(threshold=float(threshold), threshold_source=source)
+        settings.update(values)
         data["routing"][section] = settings
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True), False
 
     lines = text.splitlines(keepends=True)
     indent = " " * block.value[0][0].start_mark.column
-    edits: dict[str, str] = {"threshold": _scalar(threshold), "threshold_source": _scalar(source)}
+    edits: dict[str, str] = {key: _scalar(value) for key, value in values.items()}
     inserts: list[str] = []
     # replace existing values in place, bottom-up so earlier offsets stay valid
     found = {}

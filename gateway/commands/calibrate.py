@@ -25,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from gateway.commands._common import add_cache_arguments, cache_options
+from gateway.commands._common import add_cache_arguments, add_ledger_argument, cache_options, ledger_location
 
 
 def register(subparsers, parents) -> None:
@@ -36,8 +36,9 @@ def register(subparsers, parents) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", required=True, type=Path,
-                        help="out-of-fold predictions (lines with p_cheap) or held-out examples (JSON lines)")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="out-of-fold predictions (lines with p_cheap) or held-out examples (JSON lines); "
+                             "not with --from-ledger")
     parser.add_argument("--docs", type=Path, default=None, help="folder of <doc_id>.txt for held-out examples")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--target-long-share", type=float, help="share routed long, 0..1 (classifier threshold)")
@@ -61,6 +62,12 @@ def register(subparsers, parents) -> None:
     add_cache_arguments(replay)
     replay.add_argument("--fixed-classifier", action="store_true",
                         help="keep the policy's classifier threshold; tune only the verifier's")
+    ledger = parser.add_argument_group("from the ledger (--from-ledger --max-cost-share X)")
+    ledger.add_argument("--from-ledger", action="store_true",
+                        help="set the verifier threshold from the recorded P(good) of routed requests (no labels): the "
+                             "most escalations with the estimated cost <= --max-cost-share of always-long")
+    ledger.add_argument("--since", default="7d", help="recorded requests since this age (default 7d)")
+    add_ledger_argument(ledger)
     parser.set_defaults(func=run)
 
 
@@ -104,6 +111,11 @@ def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_ledger:
+        return run_from_ledger(args)
+    if args.data is None:
+        print("selfroute calibrate: --data is required (or --from-ledger)", file=sys.stderr)
+        return 2
     if args.target_long_share is None:
         return run_replay_target(args)
     from classifier.calibration import calibrate_threshold, long_share
@@ -208,6 +220,42 @@ def run_replay_target(args: argparse.Namespace) -> int:
         text, kept = set_threshold(text, pick.verifier_threshold, source, "verifier")
         comments_kept &= kept
     return write_policy(policy_file, text, comments_kept, "the thresholds", "a routing block")
+
+
+def run_from_ledger(args: argparse.Namespace) -> int:
+    """The verifier threshold from the recorded score distribution (gateway.evaluation.recorded)."""
+    from gateway.commands.whatif import since_time
+    from gateway.evaluation.recorded import thresholds_for_cost_share
+    from gateway.ledger.dialect import database_error_types
+    from gateway.ledger.errors import LedgerError
+    from gateway.ledger.labels import recorded_requests
+    from policies.edit import set_threshold
+    from policies.loader import PolicyError, load_policy
+
+    if args.max_cost_share is None or not 0 < args.max_cost_share <= 1:
+        print("selfroute calibrate: --from-ledger needs --max-cost-share within (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        policy, policy_file = load_policy(args.policy)
+        requests = recorded_requests(ledger_location(args), since=since_time(args.since), policy=policy.name)
+    except (PolicyError, OSError, ValueError, LedgerError, *database_error_types()[0]) as exc:
+        print(f"selfroute calibrate: {exc}", file=sys.stderr)
+        return 2
+    pick = thresholds_for_cost_share(requests, args.max_cost_share)
+    if pick is None:
+        print(f"selfroute calibrate: no request of policy {policy.name!r} since {args.since} was checked by the "
+              "verifier: nothing to calibrate on", file=sys.stderr)
+        return 1
+    threshold, figures = pick
+    print(f"verifier threshold {threshold:.4f}: escalates {figures['escalated_share']:.1%} of {figures['checked']} "
+          f"checked answers; estimated cost {figures['cost_share']:.1%} of always-long over {len(requests)} recorded "
+          f"requests (target <= {args.max_cost_share:.1%})")
+    if args.dry_run:
+        return 0
+    source = (f"calibrate --from-ledger: {len(requests)} requests since {args.since}, estimated cost "
+              f"{figures['cost_share']:.3f} <= {args.max_cost_share} of always-long")
+    text, kept = set_threshold(policy_file.read_text(encoding="utf-8"), threshold, source, "verifier")
+    return write_policy(policy_file, text, kept, "routing.verifier.threshold", "routing.verifier")
 
 
 def write_policy(policy_file: Path, text: str, comments_kept: bool, written: str, block: str) -> int:

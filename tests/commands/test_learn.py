@@ -1,0 +1,142 @@
+"""`selfroute learn`, `selfroute whatif` and `selfroute calibrate --from-ledger` on a small recorded ledger: routed
+requests with their stored features, scores and labels (judge, shadow), written by the ledger's own writer."""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+
+from gateway.cli import main
+from gateway.ledger.records import LabelRecord, RequestRecord
+from gateway.ledger.writer import Ledger
+from gateway.routing.model_files import load_verifier_model
+from policies.loader import load_policy
+
+POLICY = """name: learned
+cheap: {{model: local/smollm2-135m-instruct, context_window: 8192}}
+long: {{model: local/smollm2-135m-instruct, context_window: 8192}}
+routing:
+  classifier: null
+  default_route: rag
+  verifier:
+    model_path: builtin:verifier
+    threshold: {threshold}
+    threshold_source: shipped
+  learning:
+    judge: true
+    shadow_rate: 0.2
+"""
+
+
+def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True) -> float:
+    """Cheap answers whose goodness the shipped verifier cannot see: good when ans_support_passages is LOW (a
+    deployment where the shipped features mean something else), judged on every escalation and some shadows."""
+    policy, _ = load_policy(None)
+    verifier = load_verifier_model(policy, None)
+    rng = random.Random(seed)
+    ledger = Ledger(path)
+    now = time.time() - 3600
+    rows = []
+    for _ in range(n):
+        row = {name: rng.random() for name in verifier.feature_names}  # varied: no ties in P(good)
+        row.update(pre_route_probability=0.8)
+        rows.append(row)
+    scores = verifier.scores(rows)
+    threshold = sorted(scores)[n // 2]  # the policy in force escalates half
+    for i, (row, p_good) in enumerate(zip(rows, scores)):
+        support = row["ans_support_passages"]
+        escalated = p_good < threshold
+        good = (support < 0.5) if rng.random() < 0.9 else (support >= 0.5)
+        cheap, long_cost = 0.001, 0.01
+        rid = f"req_{i:04d}"
+        ledger.submit(RequestRecord(
+            id=rid, created_at=now + i, key_id="k_a", policy="learned", alias="selfroute",
+            route="rag>long" if escalated else "rag", reason=None, status=200,
+            cost_usd=cheap + (long_cost if escalated else 0.0), counterfactual_cost_usd=long_cost,
+            features={"version": 1, "features": {"context_tokens": 5000.0, "top_score": None}, "p_cheap": None,
+                      "threshold": None, "rule": None, "decision": "rag", "group": f"g{i % 12}",
+                      "verifier_features": row, "p_good": p_good, "verifier_threshold": threshold, "refused": False,
+                      "escalated": escalated, "outcome": "rag>long" if escalated else "rag"}))
+        source = "judge" if escalated else ("shadow" if rng.random() < 0.2 else None)
+        if labelled and source:
+            ledger.submit(RequestRecord(
+                id=f"judge_{i:04d}", created_at=now + i + 0.5, key_id=None, policy="learned", alias=None,
+                route="judge", reason=None, status=200, cost_usd=0.0005,
+                labels=[LabelRecord(rid, source, good, "as_good" if good else "worse", "k_a", cost_usd=0.0005)]))
+    ledger.flush()
+    ledger.close()
+    return threshold
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    ledger = tmp_path / "ledger.sqlite3"
+    threshold = recorded_ledger(ledger)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(threshold=threshold), encoding="utf-8")
+    return policy, ledger
+
+
+def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
+    policy, ledger = setup
+    before = policy.read_text()
+    assert main(["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--dry-run", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["labelled"] > 120 and report["gain_points"] > 5 and report["written"] is None
+    assert policy.read_text() == before  # a dry run writes nothing
+    assert main(["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    written = policy.parent / report["model_path"]
+    assert written.is_file() and report["written"] == str(written)
+    learned, _ = load_policy(policy)
+    assert learned.routing.verifier.model_path == written.name
+    assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
+    assert "learn " in learned.routing.verifier.threshold_source and "learning:" in policy.read_text()
+    verifier = load_verifier_model(learned, policy)  # the policy loads with the new model
+    low, high = ({n: 0.0 for n in verifier.feature_names} | {"ans_support_passages": s, "ans_words": 12.0,
+                                                              "pre_route_probability": 0.8} for s in (0.1, 0.9))
+    assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
+
+
+def test_learn_keeps_the_model_without_enough_labels(tmp_path, capsys):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(threshold=0.5), encoding="utf-8")
+    recorded_ledger(tmp_path / "l.sqlite3", labelled=False)
+    assert main(["learn", "--policy", str(policy), "--ledger-url", str(tmp_path / "l.sqlite3")]) == 0
+    assert "not refitted: 0 labelled" in capsys.readouterr().out
+    assert "builtin:verifier" in policy.read_text()
+
+
+def test_whatif_recomputes_recorded_decisions_under_a_candidate(setup, capsys):
+    policy, ledger = setup
+    candidate = policy.parent / "never-escalate.yaml"
+    candidate.write_text(POLICY.format(threshold=0.0), encoding="utf-8")
+    assert main(["whatif", "--policy", str(candidate), "--ledger-url", str(ledger), "--since", "7d", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    now, cand = out["in_force"], out["candidate"]
+    assert now["requests"] == cand["requests"] == 240  # judge rows have no features: not routed requests
+    assert now["routes"].get("rag>long", 0) > 0 and cand["routes"] == {"rag": 240}
+    assert cand["cost_usd"] == pytest.approx(240 * 0.001) and cand["cost_usd"] < now["cost_usd"]
+    assert cand["labelled"] == now["labelled"] > 0 and cand["quality"] < now["quality"]
+    # the same policy as in force reproduces what was recorded
+    assert main(["whatif", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)["candidate"]
+    assert same["routes"] == now["routes"] and same["cost_usd"] == pytest.approx(now["cost_usd"])
+    assert main(["whatif", "--policy", str(candidate), "--ledger-url", str(ledger)]) == 0
+    assert "candidate" in capsys.readouterr().out
+
+
+def test_calibrate_from_the_ledger_holds_a_cost_share(setup, capsys):
+    policy, ledger = setup
+    assert main(["calibrate", "--from-ledger", "--max-cost-share", "0.4", "--policy", str(policy),
+                 "--ledger-url", str(ledger)]) == 0
+    assert "of always-long" in capsys.readouterr().out
+    calibrated, _ = load_policy(policy)
+    threshold = calibrated.routing.verifier.threshold
+    assert "--from-ledger" in calibrated.routing.verifier.threshold_source
+    assert main(["whatif", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]) == 0
+    share = json.loads(capsys.readouterr().out)["candidate"]["cost_share"]
+    assert 0.3 < share <= 0.4 + 1e-9 and threshold > 0  # as many escalations as the share allows
+    assert main(["calibrate", "--from-ledger", "--policy", str(policy), "--target-long-share", "0.2"]) == 2

@@ -95,7 +95,8 @@ class ChatCompletionRequest(_Open):
     logprobs: bool | None = None
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
-    metadata: dict[str, str] | None = None
+    # OpenAI's string values, and LiteLLM's `tags` list (recorded and reported by the gateway, never sent upstream)
+    metadata: dict[str, Union[str, list[str]]] | None = None
     modalities: list[str] | None = None
     n: int | None = None
     parallel_tool_calls: bool | None = None
@@ -244,7 +245,41 @@ def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any
     except ValidationError as exc:
         raise _validation_error(exc) from None
     body.pop("selfroute", None)
+    _take_tags(body)
     return request, body
+
+
+MAX_TAGS, MAX_TAG_CHARS = 32, 128
+
+
+def request_tags(request: ChatCompletionRequest) -> list[str]:
+    """The request's LiteLLM-style `metadata.tags` (checked by parse_chat_request), in order, without repeats."""
+    tags = (request.metadata or {}).get("tags") or []
+    return list(dict.fromkeys(tags)) if isinstance(tags, list) else [tags]
+
+
+def _take_tags(body: dict[str, Any]) -> None:
+    """Check `metadata.tags` and keep it from the upstream (OpenAI takes only string metadata values); any other
+    metadata value must be a string, as OpenAI requires."""
+    metadata = body.get("metadata")
+    if not isinstance(metadata, dict):
+        return
+    for name, value in metadata.items():
+        if name != "tags" and not isinstance(value, str):
+            raise GatewayError(400, f"metadata.{name[:64]} must be a string (only metadata.tags may be a list)",
+                               param=f"metadata.{name[:64]}", code="invalid_value")
+    if "tags" not in metadata:
+        return
+    tags = metadata["tags"]
+    tags = [tags] if isinstance(tags, str) else tags
+    if len(tags) > MAX_TAGS or not all(0 < len(t) <= MAX_TAG_CHARS for t in tags):
+        raise GatewayError(400, f"metadata.tags: at most {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters",
+                           param="metadata.tags", code="invalid_value")
+    rest = {k: v for k, v in metadata.items() if k != "tags"}
+    if rest:
+        body["metadata"] = rest
+    else:
+        body.pop("metadata")
 
 
 # What a request may carry to any upstream: the documented OpenAI chat-completion parameters. Paths that

@@ -15,7 +15,7 @@ def register(subparsers, parents) -> None:
     from gateway.commands._common import add_filter_arguments
 
     parser = subparsers.add_parser(
-        "costs", parents=parents, help="spend and savings per route, model, policy, key, day, week or hour",
+        "costs", parents=parents, help="spend and savings per route, model, policy, key, day, week, hour or tag",
         description="Request count, tokens, cost, what always-long-context would have cost (context tokens at the "
                     "long model's price plus completion tokens) and the saving, per group. Days, ISO weeks "
                     "(2026-W49: Monday to Sunday) and hours are UTC. "
@@ -29,9 +29,12 @@ def register(subparsers, parents) -> None:
                "  selfroute costs                                 # per route, all time\n"
                "  selfroute costs --by week --since 30d\n"
                "  selfroute costs --by key --since 2026-11-01 --until 2026-12-01\n"
-               "  selfroute costs --by model --json",
+               "  selfroute costs --by model --json\n"
+               "  selfroute costs --by tag --since 7d",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--by", default="route", choices=["route", "model", "policy", "key", "day", "week", "hour"])
+    parser.add_argument("--by", default="route",
+                        choices=["route", "model", "policy", "key", "day", "week", "hour", "tag"],
+                        help="tag: the requests' metadata.tags (a request with two tags counts under both)")
     add_filter_arguments(parser)
     parser.add_argument("--json", action="store_true", help="the report as one JSON document")
     parser.set_defaults(func=run)

@@ -39,6 +39,7 @@ class RequestLedgerEntry:
         self._started = time.perf_counter()
         self._finished = False
         self.flags: list[dict[str, Any]] = []  # security findings, kept in the record's provenance
+        self.tags: list[str] = []  # the client's metadata.tags, kept in the provenance (`costs --by tag`)
         self.record = RequestRecord(
             id=request_id, created_at=time.time(), key_id=None, policy=policy, alias=None, route=None,
             reason=None, status=0,
@@ -145,6 +146,8 @@ class RequestLedgerEntry:
         record.latency_ms = (time.perf_counter() - self._started) * 1000.0
         if self.flags:
             record.provenance = {**(record.provenance or {}), "flags": self.flags}
+        if self.tags:
+            record.provenance = {**(record.provenance or {}), "tags": self.tags}
         record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
         record.completion_tokens = sum(c.completion_tokens for c in record.calls)
         record.cost_usd = sum(c.cost_usd for c in record.calls)

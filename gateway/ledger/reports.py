@@ -27,7 +27,7 @@ from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import DIRECT, LONG, PASSTHROUGH, RAG, answered_by
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
-GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week")
+GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week", "tag")
 MAX_PAGE = 1000
 ANSWERING_ROUTES = (DIRECT, RAG, LONG, PASSTHROUGH)  # what --answered-by takes
 
@@ -330,6 +330,25 @@ def _weeks(days: dict) -> dict:
     return weeks
 
 
+def _tags(conn: LedgerConnection, filters: Filters) -> dict:
+    """Sums per tag of the requests' metadata.tags (kept in their provenance): a request with two tags counts under
+    both. Read from the requests themselves (no rollup holds tags), within the filters' time range."""
+    conds, params = _where(filters, {"route": "coalesce(route, '')", "key": "coalesce(key_id, '')",
+                                     "policy": "coalesce(policy, '')", "status": "status"})
+    for bound, op in ((filters.since, ">="), (filters.until, "<")):
+        if bound is not None:
+            conds.append(f"created_at {op} ?")
+            params.append(bound)
+    if dialect_of(conn) is POSTGRESQL:
+        source = ("requests, jsonb_array_elements_text(coalesce(provenance::jsonb -> 'tags', '[]'::jsonb)) AS t(value)")
+        conds.append("provenance IS NOT NULL AND jsonb_typeof(provenance::jsonb -> 'tags') = 'array'")
+    else:
+        source = "requests, json_each(requests.provenance, '$.tags') AS t"
+        conds.append("provenance IS NOT NULL AND json_type(provenance, '$.tags') = 'array'")
+    sql = f"SELECT t.value, {_RAW_REQUEST_SUMS} FROM {source} WHERE {' AND '.join(conds)} GROUP BY t.value"
+    return {(row[0],): dict(zip(REQUEST_FIELDS, (v or 0 for v in row[1:]))) for row in conn.execute(sql, params)}
+
+
 def group_label(by: str, value: Any) -> str | None:
     if by == "week":  # ISO year and week, e.g. 2026-W49 (Monday 2026-11-30)
         year, week, _ = datetime.fromtimestamp(int(value) * 86400, timezone.utc).isocalendar()
@@ -375,7 +394,12 @@ def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict
         raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
                               code="invalid_grouping")
     calls = by == "model"
-    groups = _weeks(aggregate(conn, ["day"], filters)) if by == "week" else aggregate(conn, [by], filters, calls=calls)
+    if by == "week":
+        groups = _weeks(aggregate(conn, ["day"], filters))
+    elif by == "tag":
+        groups = _tags(conn, filters)
+    else:
+        groups = aggregate(conn, [by], filters, calls=calls)
     rows = [cost_row(group_label(by, key[0]), slot, calls=calls) for key, slot in groups.items()]
     if by in ("day", "hour", "week"):
         rows.sort(key=lambda r: r["group"])

@@ -5,7 +5,7 @@ import anyio
 from starlette.responses import Response
 
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.protocol import parse_chat_request
+from gateway.protocol import parse_chat_request, request_tags
 from gateway.routing.calls import Answer, Completed
 from gateway.server import headers
 from gateway.server.bodies import json_response
@@ -51,6 +51,7 @@ async def chat_completions(ctx: RequestContext) -> Response:
     assert entry is not None  # metered
     chat, body = parse_chat_request(ctx.body)
     entry.record.alias = chat.model
+    entry.tags = request_tags(chat)
     entry.record.stream = bool(chat.stream)
     await ctx.admit(chat.model, chat)  # reserves the request's estimated cost before any upstream call
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))

@@ -117,3 +117,21 @@ def test_costs_by_week_sums_the_days_of_each_iso_week(tmp_path, capsys):
     assert report["total"]["cost_usd"] == pytest.approx(1.875)
     assert main(["costs", "--data-dir", str(tmp_path), "--by", "week"]) == 0
     assert capsys.readouterr().out.splitlines()[0].split()[0] == "week"
+
+
+def test_costs_by_tag_counts_a_request_under_each_of_its_tags(ledger_location, tmp_path, capsys):
+    """metadata.tags kept in the provenance, on SQLite and PostgreSQL; untagged requests are in no tag's group."""
+    tagged = [("t1", ["team-a", "batch"], 0.5), ("t2", ["team-a"], 0.25), ("t3", None, 1.0), ("t4", ["batch"], 0.125)]
+    rows = [record(rid, BASE + i, "rag", [call(LONG, "rag", 100, 10, cost)],
+                   provenance={"tags": tags} if tags else None, key="k_tags")
+            for i, (rid, tags, cost) in enumerate(tagged)]
+    write_ledger(ledger_location, rows, tmp_path).close()
+    base = ["costs", "--data-dir", str(tmp_path), "--ledger-url", str(ledger_location), "--by", "tag"]
+    assert main([*base, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {g["group"]: (g["requests"], g["cost_usd"]) for g in report["groups"]} == {
+        "team-a": (2, 0.75), "batch": (2, 0.625)}
+    assert report["total"]["requests"] == 4  # the total counts each request once
+    assert main([*base, "--json", "--since", "2026-01-01T00:00:01"]) == 0
+    later = json.loads(capsys.readouterr().out)
+    assert {g["group"]: g["requests"] for g in later["groups"]} == {"team-a": 1, "batch": 1}

@@ -375,3 +375,23 @@ def test_a_collection_deleted_while_a_request_reads_it_is_a_404(gateway, monkeyp
         "selfroute": {"route": "rag", "collection": "notes"}})
     assert response.status_code == 404, response.text
     assert response.json()["error"]["code"] == "collection_not_found"
+
+
+def test_litellm_style_metadata_tags_are_recorded_and_never_sent_upstream(gateway, upstream):
+    url, app = gateway
+    fake = upstream[1]
+    for model in ("openai/fake-cheap", "selfroute"):  # pass-through and routed
+        answer = client(url).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "tagged"}],
+            metadata={"tags": ["team-a", "batch", "team-a"], "run": "7"})
+        assert answer.choices[0].message.content
+        sent = fake.state.received[-1]["body"]
+        assert sent.get("metadata") == {"run": "7"}  # OpenAI takes only string metadata values
+    rows = ledger_rows(app)
+    assert [json.loads(r["provenance"])["tags"] for r in rows[-2:]] == [["team-a", "batch"]] * 2
+    bad = _post(url, json.dumps({"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x"}],
+                                 "metadata": {"tags": ["x" * 200]}}))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "metadata.tags"
+    listed = _post(url, json.dumps({"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x"}],
+                                    "metadata": {"run": ["a"]}}))
+    assert listed.status_code == 400 and listed.json()["error"]["param"] == "metadata.run"

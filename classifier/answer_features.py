@@ -223,7 +223,28 @@ ANSWER_FEATURE_NAMES: list[str] = [
     "ans_logprob_mean",
     "ans_logprob_min",
     "pre_route_probability",
+    # signals meant to hold on any corpus and model (BENCHMARKS.md section 4a): the question's names and
+    # phrases in the document at all (a refusal is right when they are not there) ...
+    "query_names_absent_document",
+    "query_bigrams_absent_document",
+    # ... the retrieval pass that chose the passages sent (classifier.features' retrieval signals) ...
+    "ret_top_score",
+    "ret_top_margin",
+    "ret_score_spread",
+    "ret_term_coverage",
+    "ret_hit_spread",
+    # ... and the answer's support in the passages in embedding space (per answer sentence, as the grounding
+    # check scores it), NaN when no embedding model is at hand
+    "ans_passage_similarity",
+    "ans_sentence_support_mean",
+    "ans_sentence_support_min",
+    "query_passage_similarity",
 ]
+# classifier.features' retrieval signals copied into the verifier's inputs under these names
+RETRIEVAL_INPUTS = {"ret_top_score": "top_score", "ret_top_margin": "top_margin", "ret_score_spread": "score_spread",
+                    "ret_term_coverage": "term_coverage"}
+SUPPORT_FEATURES = ("ans_passage_similarity", "ans_sentence_support_mean", "ans_sentence_support_min",
+                    "query_passage_similarity")
 
 
 def _mc_features(query: str, answer: str, answer_terms: set[str], passage_terms: set[str]) -> dict[str, float]:
@@ -255,6 +276,25 @@ def _mc_features(query: str, answer: str, answer_terms: set[str], passage_terms:
     return out
 
 
+_TITLE = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Prof|Sr|Jr|Mt|No|vs)\.$")
+_NAME = re.compile(r"(?<![\w])(?:[A-Z][\w'’-]*[a-z0-9][\w'’-]*|[A-Z]{2,}|\d[\d,.]*)")
+
+
+def query_names(stem: str) -> set[str]:
+    """The question's names and numbers: capitalised words that do not open the question (or a sentence),
+    acronyms and numbers, lower-cased and cut into content terms ("Miss Winslow" -> {"miss", "winslow"})."""
+    out: set[str] = set()
+    for m in _NAME.finditer(stem):
+        before = stem[: m.start()].rstrip()
+        opens = not before or before[-1] in "?!:\"'“(" or (
+            before[-1] == "." and not _TITLE.search(before))
+        if opens:
+            continue  # the opening word of a sentence is capitalised anyway
+        token = m.group(0)
+        out.update(numbers(token) if token[0].isdigit() else content_terms(token))
+    return out
+
+
 def _logprob_features(logprobs: list[float] | None) -> tuple[float, float]:
     values = [float(v) for v in (logprobs or []) if v is not None and math.isfinite(float(v))]
     if not values:
@@ -270,6 +310,8 @@ def answer_features(
     logprobs: list[float] | None = None,
     pre_route_probability: float | None = None,
     *,
+    retrieval: dict[str, float] | None = None,
+    support: dict[str, float] | None = None,
     document_terms_set: set[str] | None = None,
     document_bigrams: set[tuple[str, str]] | None = None,
     document_numbers: set[str] | None = None,
@@ -284,6 +326,9 @@ def answer_features(
         (document_terms_set, document_bigrams, document_numbers: see document_index()).
     logprobs: the answer's token log-probabilities when the upstream returned them, else None (NaN).
     pre_route_probability: the pre-route classifier's P(cheap) for this request, else None (NaN).
+    retrieval: the retrieval pass's signals (classifier.features' top_score, top_margin, score_spread,
+        term_coverage, and `hit_spread`: how far apart in the document the hits lie, 0..1); None: NaN.
+    support: the embedding-side values of SUPPORT_FEATURES (gateway.routing.answer_support); None: NaN.
     """
     answer = answer or ""
     text = _squash(answer)
@@ -338,9 +383,25 @@ def answer_features(
         len(p_terms & document_terms_set) / len(document_terms_set) if has_doc and document_terms_set else MISSING
     )
     out.update(_mc_features(query, text, a_terms, p_terms))
+    names = query_names(stem)
+    out["query_names_absent_document"] = (1.0 - _share(names, document_terms_set | (document_numbers or set()))
+                                          if has_doc and names else MISSING)
+    q_bigrams = _bigrams(content_terms(stem))
+    out["query_bigrams_absent_document"] = (1.0 - _share(q_bigrams, document_bigrams)
+                                            if has_doc and q_bigrams and document_bigrams is not None else MISSING)
+    retrieval = retrieval or {}
+    for name, key in RETRIEVAL_INPUTS.items():
+        out[name] = _value(retrieval.get(key))
+    out["ret_hit_spread"] = _value(retrieval.get("hit_spread"))
+    for name in SUPPORT_FEATURES:
+        out[name] = _value((support or {}).get(name))
     out["ans_logprob_mean"], out["ans_logprob_min"] = _logprob_features(logprobs)
     out["pre_route_probability"] = MISSING if pre_route_probability is None else float(pre_route_probability)
     return {name: float(out[name]) for name in ANSWER_FEATURE_NAMES}
+
+
+def _value(value) -> float:
+    return MISSING if value is None else float(value)
 
 
 def document_index(document_text: str) -> tuple[set[str], set[tuple[str, str]], set[str]]:

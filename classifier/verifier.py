@@ -19,8 +19,19 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
-from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING
+from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
 from classifier.model import TRUSTED_TYPES, ModelFileError, _json_safe, load_trusted
+
+# Features that learn a corpus's or a model's style rather than the answer's quality: absolute answer length and
+# shape (a model family's verbosity), and log-probabilities (absent from the paired training data; a model fitted
+# where they are all missing cannot use them). BENCHMARKS.md section 4a measures each feature across corpora.
+STYLE_FEATURES = ("ans_words", "ans_log_chars", "ans_numbers", "ans_query_len_ratio", "ans_logprob_mean",
+                  "ans_logprob_min", "pre_route_probability")
+TRANSFER_FEATURE_NAMES: list[str] = [n for n in ANSWER_FEATURE_NAMES if n not in STYLE_FEATURES
+                                     and n not in SUPPORT_FEATURES]
+# ... with the answer's support in the passages in embedding space (an embedding pass over every answer and its
+# passages: live a few milliseconds per answer, offline hours on two loaded cores for LaRA's 9,939 answers)
+TRANSFER_SUPPORT_FEATURE_NAMES: list[str] = TRANSFER_FEATURE_NAMES + list(SUPPORT_FEATURES)
 
 Estimator = Literal["boosting", "logistic"]
 DEFAULT_ESTIMATOR: Estimator = "boosting"
@@ -160,6 +171,80 @@ def leave_one_group_out_splits(groups):
     return out
 
 
+PROTOCOLS = ("grouped", "loto", "corpus", "model")
+PROTOCOL_NAMES = {
+    "grouped": "grouped k-fold by document",
+    "loto": "leave one task out",
+    "corpus": "leave one corpus out",
+    "model": "leave one model family out (and its documents' fold)",
+}
+
+
+@dataclass(frozen=True)
+class Split:
+    """One refit: fit on `train`, score `test`; `unit` names what is held out (a task, corpus, model, or fold)."""
+
+    train: Any
+    test: Any
+    unit: str
+
+
+def protocol_splits(protocol: str, labels, groups, *, tasks=None, corpora=None, models=None,
+                    n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED) -> list[Split]:
+    """The refits of an out-of-fold protocol; every example lies in exactly one test part.
+
+    - grouped: k folds by `groups` (documents); units "fold-1".."fold-k";
+    - loto: leave one task out (`tasks`);
+    - corpus: leave one corpus out (`corpora`): fit on the other corpora, score this one;
+    - model: leave one model family out (`models`) AND its documents: the held-out model's answers in document
+      fold j are scored by a verifier fitted on the other models' answers to documents outside fold j, so
+      neither the model nor the document was seen (a model's sibling answers to the same question would
+      otherwise teach the verifier that question)."""
+    import numpy as np
+
+    n = len(labels)
+    if protocol == "grouped":
+        return [Split(tr, te, f"fold-{k + 1}") for k, (tr, te) in enumerate(grouped_splits(labels, groups, n_splits, seed))]
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    keys = {"loto": tasks, "corpus": corpora, "model": models}[protocol]
+    what, plural = {"loto": ("task", "tasks"), "corpus": ("corpus", "corpora (several --data files)"),
+                    "model": ("model", "model families")}[protocol]
+    if keys is None or len(set(keys)) < 2:
+        raise ValueError(f"--protocol {protocol} needs a `{what}` field with at least two {plural}")
+    keys = np.asarray([str(k) for k in keys])
+    if protocol != "model":
+        return [Split(tr, te, str(unit)) for unit, (tr, te) in
+                zip(sorted(set(keys.tolist())), leave_one_group_out_splits(keys))]
+    folds = np.zeros(n, dtype=int)
+    for k, (_, test) in enumerate(grouped_splits(labels, groups, n_splits, seed)):
+        folds[test] = k
+    out = []
+    for unit in sorted(set(keys.tolist())):
+        for k in sorted(set(folds.tolist())):
+            test = np.flatnonzero((keys == unit) & (folds == k))
+            train = np.flatnonzero((keys != unit) & (folds != k))
+            if len(test):
+                out.append(Split(train, test, unit))
+    return out
+
+
+def split_units(splits: Sequence[Split], n: int) -> list[str]:
+    """The held-out unit of every example under these splits."""
+    units = [""] * n
+    for split in splits:
+        for i in split.test:
+            units[int(i)] = split.unit
+    return units
+
+
+def protocol_scores(rows: list[dict[str, float]], labels, splits: Sequence[Split], *,
+                    estimator: Estimator = DEFAULT_ESTIMATOR, seed: int = DEFAULT_SEED,
+                    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES, sample_weight=None):
+    """P(good) for every example from the verifier of the split that holds it out (protocol_splits)."""
+    return _oof(rows, labels, [(s.train, s.test) for s in splits], estimator, seed, feature_names, sample_weight)
+
+
 def out_of_fold_scores(
     rows: list[dict[str, float]], labels, groups, *, estimator: Estimator = DEFAULT_ESTIMATOR,
     n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED, feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
@@ -278,3 +363,85 @@ def _pre_route_names() -> set[str]:
     from classifier.features import FEATURE_NAMES
 
     return set(FEATURE_NAMES)
+
+
+# -- what transfers: permutation importance under a protocol -------------------------------------------
+def gain_auc(rag, lc, scores) -> float | None:
+    """ROC AUC of P(good) for "the cheap answer is at least as good", over the answers where the routes' scores
+    differ, each weighted by |rag - lc| (0.5: no signal)."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    rag, lc, scores = (np.asarray(v, float) for v in (rag, lc, scores))
+    keep = rag != lc
+    y = (rag >= lc)[keep]
+    if len(set(y.tolist())) < 2:
+        return None
+    return float(roc_auc_score(y, scores[keep], sample_weight=np.abs(rag - lc)[keep]))
+
+
+def escalation_gain_points(rag, lc, scores, share: float = 0.25) -> float:
+    """Quality (points) of escalating the `share` of answers with the lowest P(good) minus escalating a random
+    share of the same size (its exact expectation)."""
+    import numpy as np
+
+    rag, lc, scores = (np.asarray(v, float) for v in (rag, lc, scores))
+    k = int(round(share * len(rag)))
+    gain = lc - rag
+    order = np.argsort(scores, kind="stable")
+    return float(100 * (gain[order[:k]].sum() - k * gain.mean()) / len(rag))
+
+
+def permutation_importance(rows, labels, rag, lc, splits: Sequence[Split], units: Sequence[str], *,
+                           feature_names: Sequence[str], estimator: Estimator = DEFAULT_ESTIMATOR,
+                           seed: int = DEFAULT_SEED, sample_weight=None, share: float = 0.25):
+    """Per feature, the loss in gain-weighted AUC and in the escalation gain over random (points at `share`) on the
+    held-out units when that feature is shuffled within each split's test part, the split's model fitted once on
+    its training part. Mean over units; largest AUC loss first. A feature that helps in the units it was trained
+    on but carries a corpus's or model's style shows a loss near zero or negative here."""
+    import numpy as np
+
+    names = list(feature_names)
+    x = feature_matrix(rows, names)
+    y = np.asarray(labels, dtype=int)
+    w = None if sample_weight is None else np.asarray(sample_weight, float)
+    rng = np.random.default_rng(seed)
+    fitted = []
+    for s in splits:
+        if len(set(y[s.train].tolist())) < 2:
+            continue
+        model = VerifierModel(build_verifier_pipeline(estimator, seed), names)
+        model.fit([rows[i] for i in s.train], y[s.train], None if w is None else w[s.train])
+        fitted.append((s, model))
+    units = np.asarray(units)
+    unit_names = sorted(set(units.tolist()))
+
+    def proba(model, matrix):
+        classes = list(model.pipeline.classes_)
+        return model.pipeline.predict_proba(matrix)[:, classes.index(1)]
+
+    def metrics(column: int | None):
+        scores = np.full(len(y), np.nan)
+        for s, model in fitted:
+            part = x[s.test].copy()
+            if column is not None:
+                part[:, column] = rng.permutation(part[:, column])
+            scores[s.test] = proba(model, part)
+        aucs, gains = [], []
+        for u in unit_names:
+            idx = np.flatnonzero((units == u) & ~np.isnan(scores))
+            if len(idx) == 0:
+                continue
+            a = gain_auc(np.asarray(rag)[idx], np.asarray(lc)[idx], scores[idx])
+            if a is not None:
+                aucs.append(a)
+            gains.append(escalation_gain_points(np.asarray(rag)[idx], np.asarray(lc)[idx], scores[idx], share))
+        return float(np.mean(aucs)) if aucs else math.nan, float(np.mean(gains)) if gains else math.nan
+
+    base_auc, base_gain = metrics(None)
+    out = []
+    for j, name in enumerate(names):
+        auc, gain = metrics(j)
+        out.append((name, {"auc": base_auc - auc, "transfer": base_gain - gain}))
+    out.sort(key=lambda item: -item[1]["auc"])
+    return [("(none shuffled: the scores)", {"auc": base_auc, "transfer": base_gain}), *out]

@@ -108,6 +108,10 @@ class VerifierSettings(_Strict):
         description="escalate the cheap answer when the verifier's P(good) < threshold; null: the model card's threshold",
     )
     threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
+    logprobs: bool = Field(
+        False, description="request token log-probabilities on the cheap leg (non-streamed answers; providers that "
+                           "return them) for a verifier that reads ans_logprob_mean/min; the client sees them only "
+                           "if it asked for them")
 
 
 class LearningSettings(_Strict):

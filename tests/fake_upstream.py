@@ -138,7 +138,8 @@ async def completions(request: Request):
         return JSONResponse({
             **base, "object": "chat.completion",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer, "refusal": None},
-                         "logprobs": None, "finish_reason": "stop"}],
+                         "logprobs": fake_logprobs(answer) if body.get("logprobs") else None,
+                         "finish_reason": "stop"}],
             "usage": usage,
         })
 
@@ -162,6 +163,12 @@ async def completions(request: Request):
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def fake_logprobs(answer: str) -> dict:
+    """OpenAI's shape: one entry per token (here a word); a word in capitals is 'unsure' (-3.0), others -0.1."""
+    return {"content": [{"token": w, "logprob": -3.0 if w.isupper() else -0.1, "bytes": None, "top_logprobs": []}
+                        for w in answer.split()]}
 
 
 async def embeddings(request: Request):

@@ -24,8 +24,10 @@ def register(subparsers, parents) -> None:
             "LanceDB store under --data-dir."
         ),
     )
-    parser.add_argument("--data", required=True, type=Path, help="examples, JSON lines")
-    parser.add_argument("--docs", type=Path, default=None, help="folder of <doc_id>.txt documents")
+    parser.add_argument("--data", required=True, type=Path, action="append",
+                        help="examples, JSON lines; repeat (each with its --docs) to train on several corpora")
+    parser.add_argument("--docs", type=Path, default=None, action="append",
+                        help="folder of <doc_id>.txt documents (one per --data, in the same order)")
     parser.add_argument("--out", required=True, type=Path, help="model file to write (.skops; the card goes beside it)")
     parser.add_argument("--policy", type=Path, default=None, help="policy whose RAG settings compute the features")
     parser.add_argument("--label-field", default="label", help="field holding a 0/1 label (default: label)")
@@ -39,6 +41,10 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--oof-out", type=Path, default=None,
                         help="also write out-of-fold P(cheap) per example (JSON lines) for `selfroute calibrate`")
+    parser.add_argument("--protocol", choices=["grouped", "loto", "corpus", "model"], default=None,
+                        help="also measure the model on held-out units (loto: tasks; corpus: leave one corpus out; "
+                             "model: leave one model family out and its documents) and write the figures into its "
+                             "card; for --verifier, the threshold is chosen on these out-of-fold scores")
     verifier = parser.add_argument_group(
         "answer verifier (--verifier)",
         "Fit the verifier of cheap answers instead: paired lines with rag_pred, rag_score and lc_score. Features "
@@ -50,11 +56,22 @@ def register(subparsers, parents) -> None:
     verifier.add_argument("--max-cost-share", type=float, default=0.45,
                           help="the card's threshold: best replay quality with cost <= this share of always-long "
                                "(default 0.45)")
-    verifier.add_argument("--threshold-protocol", choices=["loto", "grouped"], default="loto",
-                          help="out-of-fold scores the threshold is chosen on: loto = leave one task out (the lines' "
-                               "`task`; the setting for a new workload, default), grouped = k-fold by document")
-    verifier.add_argument("--window-tokens", type=int, default=None,
-                          help="long route window for the replay's costs (default: the policy's; 16385 for L-Eval)")
+    verifier.add_argument("--threshold-protocol", choices=["loto", "grouped", "corpus", "model"], default=None,
+                          help="out-of-fold scores the threshold is chosen on (the same as --protocol): loto = leave "
+                               "one task out (the lines' `task`; default), grouped = k-fold by document, corpus = leave "
+                               "one corpus out, model = leave one model family out")
+    verifier.add_argument("--max-token-share", type=float, default=None,
+                          help="instead of --max-cost-share: the threshold whose replay keeps every held-out unit's "
+                               "tokens within this share of its always-long, with the best worst-unit quality margin "
+                               "over the better of always-long and always-RAG")
+    verifier.add_argument("--features", choices=["transfer", "transfer+support", "all"], default="transfer",
+                          help="transfer (default): classifier.verifier.TRANSFER_FEATURE_NAMES, without the features "
+                               "that learn a corpus's or model's style; transfer+support: with the answer's support in "
+                               "the passages in embedding space (embeds every answer and its passages once, cached); "
+                               "all: every answer feature")
+    verifier.add_argument("--window-tokens", type=int, default=None, action="append",
+                          help="long route window for the replay's costs (default: the policy's; 16385 for L-Eval, "
+                               "128000 for LaRA-128k): once, or once per --data")
     verifier.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
                           help="prices of the replay's costs (as `selfroute eval replay`)")
     parser.set_defaults(func=run)
@@ -66,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
     from classifier.model import RouteModel
     from gateway.routing.model_files import save_model
     from classifier.training import LABEL_RULE, data_hash, document_hash, model_card, train
-    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, example_label, load_examples
+    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, example_label
     from gateway.settings import resolve_data_dir
     from policies.loader import PolicyError, load_policy
 
     try:
         policy, policy_file = load_policy(args.policy)
-        examples = load_examples(args.data, args.docs)
+        examples, _ = _load(args)
         labels = [example_label(e, args.label_field, args.score_margin) for e in examples]
     except (PolicyError, ExampleFileError, OSError) as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
@@ -86,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     groups = [e.group for e in examples]
     try:
         result = train(rows, labels, groups, args.estimator, args.folds, args.seed)
+        held_out = _route_model_units(rows, labels, examples, args) if args.protocol else None
     except ValueError as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
@@ -108,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
             "training_document_hashes": sorted({document_hash(d.text) for e in examples for d in e.documents}),
             "rag_settings": policy.rag.model_dump(mode="json"),
             "policy": str(args.policy) if args.policy else "the shipped default policy",
+            **_corpora_card(examples),
+            **({"held_out_validation": held_out} if held_out else {}),
         },
     )
     save_model(RouteModel(result.pipeline, card), args.out)
@@ -123,78 +143,160 @@ def run(args: argparse.Namespace) -> int:
         f"(majority {_f(metrics['majority_accuracy'])}), Brier {_f(metrics['brier'])} "
         f"(base rate {_f(metrics['brier_base_rate'])})"
     )
+    if held_out:
+        print(f"{held_out['protocol']}: " + ", ".join(f"{u} ROC AUC {_f(m['roc_auc'])}"
+                                                      for u, m in held_out["units"].items()))
     return 0
+
+
+def _load(args: argparse.Namespace):
+    """The --data/--docs pairs as one list of examples (each tagged with its corpus) and the windows per corpus."""
+    from gateway.evaluation.examples import ExampleFileError, corpus_windows, load_corpora
+
+    docs = args.docs or [None] * len(args.data)
+    if len(docs) != len(args.data):
+        raise ExampleFileError(f"give one --docs per --data ({len(args.data)} --data, {len(docs)} --docs)")
+    examples = load_corpora(list(zip(args.data, docs)))
+    return examples, corpus_windows(examples, getattr(args, "window_tokens", None))
+
+
+def _corpora_card(examples) -> dict:
+    """What the model was trained on, per corpus: examples, documents, tasks and model families."""
+    corpora: dict[str, dict] = {}
+    for e in examples:
+        c = corpora.setdefault(e.corpus, {"examples": 0, "documents": set(), "tasks": set(), "models": set()})
+        c["examples"] += 1
+        c["documents"].add(e.group)
+        if e.task:
+            c["tasks"].add(e.task)
+        c["models"].add(e.model)
+    return {"training_corpora": {name: {"examples": c["examples"], "documents": len(c["documents"]),
+                                        "tasks": sorted(c["tasks"]), "models": sorted(c["models"])}
+                                 for name, c in sorted(corpora.items())},
+            "training_models": sorted({e.model for e in examples})}
+
+
+def _route_model_units(rows, labels, examples, args) -> dict:
+    """The pre-route classifier's out-of-fold ROC AUC per held-out unit under --protocol."""
+    import numpy as np
+
+    from classifier.training import classification_metrics, out_of_fold_probabilities
+    from classifier.verifier import PROTOCOL_NAMES, protocol_splits, split_units
+    from gateway.evaluation.verification import protocol_inputs
+
+    groups = [e.group for e in examples]
+    splits = protocol_splits(args.protocol, labels, groups, n_splits=args.folds, seed=args.seed,
+                             **protocol_inputs(examples))
+    oof = out_of_fold_probabilities(rows, labels, groups, args.estimator, args.folds, args.seed,
+                                    splits=[(s.train, s.test) for s in splits])
+    units = np.asarray(split_units(splits, len(rows)))
+    y = np.asarray(labels)
+    return {"protocol": PROTOCOL_NAMES[args.protocol],
+            "units": {u: classification_metrics(y[units == u], oof[units == u]) for u in sorted(set(units.tolist()))}}
 
 
 def run_verifier(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.training import data_hash, document_hash, library_versions
+    from classifier.answer_features import ANSWER_FEATURE_NAMES, SUPPORT_FEATURES
+    from classifier.training import data_hash, document_hash, label_from_scores, library_versions
     from classifier.verifier import (
-        LABEL_RULE, choice_weights, label_good, leave_one_group_out_scores, train_verifier,
+        LABEL_RULE, PROTOCOL_NAMES, TRANSFER_FEATURE_NAMES, TRANSFER_SUPPORT_FEATURE_NAMES, choice_weights,
+        label_good, protocol_scores, protocol_splits, split_units, train_verifier,
     )
-    from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
+    from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.report import build_items
     from gateway.evaluation.replay import without_pre_route
-    from gateway.evaluation.tradeoff import choose
-    from gateway.evaluation.verification import answer_rows, cheap_answers
+    from gateway.evaluation.tradeoff import choose, choose_across_units
+    from gateway.evaluation.transfer import unit_reports
+    from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers, protocol_inputs
     from gateway.routing.model_files import save_verifier
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
     from policies.loader import PolicyError, load_policy
 
+    protocol = args.threshold_protocol or args.protocol or "loto"
     try:
         policy, _ = load_policy(args.policy)
-        examples = load_examples(args.data, args.docs)
+        examples, windows = _load(args)
         for e in examples:
             if not all(k in e.record for k in ("rag_pred", "rag_score", "lc_score")):
-                raise ExampleFileError(f"{args.data}: --verifier needs rag_pred, rag_score and lc_score on every line")
+                raise ExampleFileError(f"{e.corpus}: --verifier needs rag_pred, rag_score and lc_score on every line")
         prices = resolve_prices(policy, args.prices)
+        groups = [e.group for e in examples]
+        splits = protocol_splits(protocol, [label_from_scores(e.record["rag_score"], e.record["lc_score"])
+                                            for e in examples], groups, n_splits=args.folds, seed=args.seed,
+                                 **protocol_inputs(examples))
     except (PolicyError, ExampleFileError, OSError, ValueError, RuntimeError) as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
-    tasks = [str(e.record.get("task") or "") for e in examples]
-    if args.threshold_protocol == "loto" and len(set(tasks)) < 2:
-        print("selfroute train: --threshold-protocol loto needs a `task` field with at least two tasks",
-              file=sys.stderr)
-        return 2
+    tasks = [e.task for e in examples]
     data_dir = resolve_data_dir(args.data_dir)
-    builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
-                                cache_dir=data_dir / "cache")
+    builder = CorpusInputs(policy, data_dir / "lancedb", windows, cache_dir=data_dir / "cache")
     inputs = builder.all_inputs(examples)
-    rows = answer_rows(cheap_answers(builder, examples, progress=True))
+    names = {"transfer": list(TRANSFER_FEATURE_NAMES), "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
+             "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]}[args.features]
+    embed = CachedEmbed(builder.embedder, data_dir / "cache") if set(names) & set(SUPPORT_FEATURES) else None
+    rows = answer_rows(cheap_answers(builder, examples, progress=True, embed=embed))
     rag = [float(e.record["rag_score"]) for e in examples]
     lc = [float(e.record["lc_score"]) for e in examples]
     labels = np.array([label_good(r, c, args.score_margin) for r, c in zip(rag, lc)])
     weights = choice_weights(rag, lc)
-    groups = [e.group for e in examples]
-    names = [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]
     try:
         result = train_verifier(rows, labels, groups, estimator=args.estimator, feature_names=names,
                                 sample_weight=weights, n_splits=args.folds, seed=args.seed)
-        if args.threshold_protocol == "loto":
-            oof = leave_one_group_out_scores(rows, labels, tasks, estimator=args.estimator, seed=args.seed,
-                                             feature_names=names, sample_weight=weights)
-        else:
-            oof = result.oof_scores
+        oof = (result.oof_scores if protocol == "grouped" else
+               protocol_scores(rows, labels, splits, estimator=args.estimator, seed=args.seed, feature_names=names,
+                               sample_weight=weights))
     except ValueError as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
     detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
     items = build_items(examples, inputs, [1.0] * len(examples), detector, oof)
-    pick = choose(items, without_pre_route(policy), prices, max_cost_share=args.max_cost_share,
-                  tune_pre_route=False)
-    protocol = "leave-one-task-out" if args.threshold_protocol == "loto" else f"grouped {args.folds}-fold"
+    units = split_units(splits, len(items))
+    verifier_policy = without_pre_route(policy)
+    described = PROTOCOL_NAMES[protocol]
+    if args.max_token_share is not None:
+        across = choose_across_units(items, units, verifier_policy, prices, max_share=args.max_token_share,
+                                     tune_pre_route=False)
+        threshold, met = across.verifier_threshold, across.met
+        figures = "; ".join(f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
+                            f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
+                            f"escalated" for u, o in sorted(across.per_unit.items()))
+        source = (f"train: the threshold keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
+                  f"always-long with the best worst-unit margin, on {described} out-of-fold P(good) of "
+                  f"{len(examples)} answers (every answer checked, no pre-route): {figures}"
+                  + ("" if met else "; no threshold met the cap on every unit, the one closest kept"))
+        summary = f"worst unit {across.worst_margin_points:+.2f} points vs the better baseline"
+    else:
+        pick = choose(items, verifier_policy, prices, max_cost_share=args.max_cost_share, tune_pre_route=False)
+        threshold, met = pick.verifier_threshold, pick.met
+        source = (f"train: best replay quality with cost <= {args.max_cost_share:g} of always-long on {described} "
+                  f"out-of-fold P(good) of {len(examples)} answers (every answer checked, no pre-route): quality "
+                  f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+                  f"{pick.long_share:.1%} escalated" + ("" if met else "; no threshold met the cap, the cheapest kept"))
+        summary = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+                   f"{pick.long_share:.1%} escalated")
+    held_out = {}
+    for r in unit_reports(items, units, verifier_policy, prices, threshold):
+        at = r.strategy("verifier only (rag, then verifier)")
+        held_out[r.unit] = {
+            "n": r.n, "documents": r.documents, "gain_auc": r.gain_auc,
+            "verifier_vs_random_points_at_25": r.transfer_points,
+            "verifier_vs_random_points": {f"{t['share']:g}": t["points"] for t in r.transfer},
+            "at_threshold": {"quality": at.quality, "vs_long_points": at.quality_vs_long_points,
+                             "tokens_vs_long": at.tokens_vs_long, "cost_vs_long": at.cost_vs_long,
+                             "escalated": at.route_shares.get("rag>long", 0.0)},
+            "always_long": r.strategy("always-long").quality, "always_rag": r.strategy("always-rag").quality,
+            "self_route": r.strategy("self-route").quality,
+        }
     model = result.model
     model.card.update({
-        "threshold": pick.verifier_threshold,
-        "threshold_source": (
-            f"train: best replay quality with cost <= {args.max_cost_share:g} of always-long on {protocol} "
-            f"out-of-fold P(good) of {len(examples)} answers (every answer checked, no pre-route): quality "
-            f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
-            f"{pick.long_share:.1%} escalated" + ("" if pick.met else "; no threshold met the cap, the cheapest kept")),
+        "threshold": threshold,
+        "threshold_source": source,
+        "threshold_protocol": described,
+        "held_out_validation": {"protocol": described, "units": held_out},
         "label_rule": LABEL_RULE.replace("margin", f"{args.score_margin:g}"),
         "sample_weight": "|rag_score - lc_score|, ties 0.05",
         "training_data_hash": data_hash([{"query": e.query, "documents": [[d.id, document_hash(d.text)]
@@ -203,6 +305,7 @@ def run_verifier(args: argparse.Namespace) -> int:
         "training_examples": len(examples),
         "training_documents": len(set(groups)),
         "training_tasks": sorted(set(tasks) - {""}),
+        **_corpora_card(examples),
         "prices": prices.__dict__,
         "long_window_tokens": builder.window,
         "library_versions": library_versions(),
@@ -214,17 +317,25 @@ def run_verifier(args: argparse.Namespace) -> int:
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
     print(f"cross-validated by document ({metrics['n_splits']} folds, {metrics['n_groups']} documents, "
           f"{metrics['n']} answers): ROC AUC {_f(metrics['roc_auc'])}, accuracy {_f(metrics['accuracy'])}")
-    print(f"threshold {pick.verifier_threshold:.4f}: {pick.quality_vs_long_points:+.2f} points vs always-long at "
-          f"{pick.cost_vs_long:.3f} of its cost, {pick.long_share:.1%} escalated ({protocol} out-of-fold scores"
-          + ("" if pick.met else f"; nothing met --max-cost-share {args.max_cost_share:g}") + ")")
+    print(f"threshold {threshold:.4f}: {summary} ({described} out-of-fold scores"
+          + ("" if met else "; nothing met the cap") + ")")
+    for unit, h in held_out.items():
+        print(f"  held out {unit} ({h['n']} answers): verifier vs random escalation at 25% "
+              f"{_pts(h['verifier_vs_random_points_at_25'])}, gain AUC {_f(h['gain_auc'])}; at the threshold "
+              f"{h['at_threshold']['vs_long_points']:+.2f} points vs always-long, tokens "
+              f"{h['at_threshold']['tokens_vs_long']:.3f}, {h['at_threshold']['escalated']:.1%} escalated")
     return 0
+
+
+def _pts(value) -> str:
+    return "n/a" if value is None else f"{value:+.2f} points"
 
 
 def _command(args: argparse.Namespace) -> str:
     """The training command as it could be typed again (rebuilt from the parsed options)."""
-    parts = ["selfroute", "train", "--data", str(args.data)]
-    if args.docs is not None:
-        parts += ["--docs", str(args.docs)]
+    parts = ["selfroute", "train"]
+    for data, docs in zip(args.data, args.docs or [None] * len(args.data)):
+        parts += ["--data", str(data)] + (["--docs", str(docs)] if docs is not None else [])
     parts += ["--out", str(args.out)]
     if args.policy is not None:
         parts += ["--policy", str(args.policy)]
@@ -233,11 +344,16 @@ def _command(args: argparse.Namespace) -> str:
     if args.score_margin:
         parts += ["--score-margin", f"{args.score_margin:g}"]
     parts += ["--estimator", args.estimator, "--folds", str(args.folds), "--seed", str(args.seed)]
+    if args.protocol and not args.verifier:
+        parts += ["--protocol", args.protocol]
     if args.verifier:
-        parts += ["--verifier", "--max-cost-share", f"{args.max_cost_share:g}",
-                  "--threshold-protocol", args.threshold_protocol, "--prices", args.prices]
-        if args.window_tokens:
-            parts += ["--window-tokens", str(args.window_tokens)]
+        parts += ["--verifier"]
+        parts += (["--max-token-share", f"{args.max_token_share:g}"] if args.max_token_share is not None
+                  else ["--max-cost-share", f"{args.max_cost_share:g}"])
+        parts += ["--threshold-protocol", args.threshold_protocol or args.protocol or "loto", "--prices", args.prices,
+                  "--features", args.features]
+        for window in args.window_tokens or []:
+            parts += ["--window-tokens", str(window)]
     return " ".join(shlex.quote(p) for p in parts)
 
 

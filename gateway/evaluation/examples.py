@@ -3,7 +3,9 @@
 Example lines (JSON): `query`; the documents as `doc_id` (DIR/<doc_id>.txt), or `documents`, a list
 of ids or inline {"id", "text"} objects; a `label` (1 = the cheap route suffices) or `rag_score` and
 `lc_score`; optional `group` (default: the documents' ids). Paired replay lines also carry
-`rag_pred`, `lc_pred` and optionally `task`, `gt`.
+`rag_pred`, `lc_pred` and optionally `task`, `gt`, `model` (the model family that answered) and `corpus`.
+Several files can be read together (load_corpora): each is a corpus, named by its lines' `corpus`, else by the
+file (corpus_name), and the validation protocols can leave one corpus or one model family out.
 
 Features come from gateway.routing.inputs plus a real retrieval pass of pipelines.rag over an inline
 LanceDB collection of the example's documents: the same path a request with attached documents takes.
@@ -33,10 +35,21 @@ class Example:
     documents: list[Document]
     group: str
     record: dict[str, Any]  # the line as read
+    corpus: str = ""  # the line's `corpus`, else the file's name (load_corpora)
+    source: str = ""  # the file's name (load_corpora): its --window-tokens and its inputs builder
 
     @property
     def doc_ids(self) -> list[str]:
         return [d.id for d in self.documents]
+
+    @property
+    def model(self) -> str:
+        """The model family that answered: the line's `model`, else the corpus's one unnamed model."""
+        return str(self.record.get("model") or f"{self.corpus or 'unnamed'}-model")
+
+    @property
+    def task(self) -> str:
+        return str(self.record.get("task") or "")
 
 
 @dataclass
@@ -101,6 +114,33 @@ def load_examples(path: str | Path, docs_dir: str | Path | None) -> list[Example
     return examples
 
 
+def corpus_name(path: Path, others: list[Path]) -> str:
+    """A corpus named after its file: the file's stem, or its folder's name when the stem is the generic
+    "paired..." or several files share it (lara128k/paired.jsonl and leval/paired.jsonl are "lara128k" and "leval")."""
+    stems = [p.stem for p in others]
+    generic = path.stem.startswith("paired") or stems.count(path.stem) > 1
+    return (path.parent.name or path.stem) if generic else path.stem
+
+
+def load_corpora(pairs: list[tuple[Path, Path | None]]) -> list[Example]:
+    """The examples of several (data file, docs folder) pairs, each example tagged with its corpus (its line's
+    `corpus`, else corpus_name). With several corpora a group (document) is prefixed with its corpus, so two
+    corpora's documents never share a fold by name."""
+    files = [Path(data) for data, _ in pairs]
+    if len(set(files)) != len(files):
+        raise ExampleFileError("the same --data file is given twice")
+    out: list[Example] = []
+    for (data, docs), path in zip(pairs, files):
+        name = corpus_name(path, files)
+        for e in load_examples(data, docs):
+            e.source = name
+            e.corpus = str(e.record.get("corpus") or name)
+            if len(pairs) > 1:
+                e.group = f"{e.corpus}/{e.group}"
+            out.append(e)
+    return out
+
+
 def example_label(example: Example, label_field: str | None, margin: float) -> int:
     from classifier.training import label_from_scores
 
@@ -160,7 +200,7 @@ class RouteInputBuilder:
 
         # refusal patterns and the question marker do not change retrieval: left out of the key
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude={"unanswerable_patterns", "question_marker"})
-        settings = (retrieval_settings if part in ("retrieval", "passages")
+        settings = (retrieval_settings if part in ("retrieval", "passages", "hits")
                     else [self.policy.long_context.model_dump(mode="json"), self.window])
         payload = [CACHE_VERSION, part, example.query, [(d.id, content_hash(d)) for d in example.documents], settings]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
@@ -223,6 +263,25 @@ class RouteInputBuilder:
 
         return self._cached(self._key(example, "passages"), compute)
 
+    def retrieval_inputs(self, example: Example) -> dict[str, float] | None:
+        """The retrieval signals of the pass that chose the passages (gateway.routing.answer_support.retrieval_inputs,
+        as the live check computes them): the pre-route features' retrieval part and the hits' spread (cached)."""
+        from classifier.features import RETRIEVAL_FEATURES
+
+        def compute() -> list:
+            from gateway.routing.answer_support import hit_positions
+
+            return hit_positions(self.rag.retrieve_for(self._request(example)))
+
+        positions = self._cached(self._key(example, "hits"), compute)
+        features = self.inputs(example, with_long=False).features
+        if not features.get("has_retrieval"):
+            return None
+        from gateway.routing.answer_support import hit_spread
+
+        spread = hit_spread([(d, p) for d, p in positions])
+        return {**{k: features[k] for k in RETRIEVAL_FEATURES}, "hit_spread": float("nan") if spread is None else spread}
+
     def document_index(self, example: Example):
         """The example's documents' term index (classifier.answer_features.document_index), as the gateway builds it."""
         from classifier.answer_features import document_index
@@ -250,3 +309,57 @@ class RouteInputBuilder:
 
         bar = tqdm(examples, desc="routing inputs", disable=not progress, unit="q")
         return [self.inputs(e, with_long) for e in bar]
+
+
+class CorpusInputs:
+    """A RouteInputBuilder per corpus (each with its own long window), sharing one embedding model and store: the
+    same methods, dispatched by the example's corpus."""
+
+    def __init__(self, policy: Policy, store_uri: str | Path, windows: dict[str, int | None],
+                 cache_dir: str | Path | None = None, embedder=None):
+        from pipelines.embedding import Embedder
+
+        if embedder is None:
+            embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size)
+        self.embedder = embedder
+        self.builders = {name: RouteInputBuilder(policy, store_uri, window, cache_dir, embedder)
+                         for name, window in windows.items()}
+
+    def builder(self, example: Example) -> RouteInputBuilder:
+        return self.builders[example.source] if example.source in self.builders else next(iter(self.builders.values()))
+
+    @property
+    def window(self) -> int | dict[str, int]:
+        """The long window: one number, or one per corpus when they differ."""
+        windows = {name: b.window for name, b in self.builders.items()}
+        return next(iter(windows.values())) if len(set(windows.values())) == 1 else windows
+
+    def inputs(self, example: Example, with_long: bool = True) -> ExampleInputs:
+        return self.builder(example).inputs(example, with_long)
+
+    def passages(self, example: Example) -> list[str]:
+        return self.builder(example).passages(example)
+
+    def retrieval_inputs(self, example: Example):
+        return self.builder(example).retrieval_inputs(example)
+
+    def document_index(self, example: Example):
+        return self.builder(example).document_index(example)
+
+    def all_inputs(self, examples: list[Example], progress: bool = True, with_long: bool = True) -> list[ExampleInputs]:
+        from tqdm import tqdm
+
+        bar = tqdm(examples, desc="routing inputs", disable=not progress, unit="q")
+        return [self.inputs(e, with_long) for e in bar]
+
+
+def corpus_windows(examples: list[Example], windows: list[int] | None) -> dict[str, int | None]:
+    """--window-tokens per --data file (Example.source): none (the policy's), one for every file, or one per file
+    in order."""
+    names = list(dict.fromkeys(e.source for e in examples))
+    windows = list(windows or [])
+    if len(windows) > 1 and len(windows) != len(names):
+        raise ExampleFileError(f"give one --window-tokens, or one per --data file ({len(names)}), not {len(windows)}")
+    if len(windows) <= 1:
+        return {name: (windows[0] if windows else None) for name in names}
+    return dict(zip(names, windows))

@@ -14,6 +14,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+MODEL_FAMILY = "gpt-3.5-turbo"
+
 PAIRED_FILE = "paired_rag_vs_lc.jsonl"
 DATA_DIR = "LEval-data"
 
@@ -78,6 +80,9 @@ def prepare_leval(leval_dir: str | Path, out_dir: str | Path) -> PrepareReport:
                     "gt": row.get("gt"),
                     "group": doc_id,
                     "metric": row.get("metric"),
+                    # both routes' answers come from one model family (gpt-3.5-turbo-0613 with retrieval,
+                    # gpt-3.5-turbo-16k-0613 with the whole document): the unit of --protocol model
+                    "model": MODEL_FAMILY,
                 }
             )
     with (out_dir / "paired.jsonl").open("w", encoding="utf-8") as out:

@@ -56,6 +56,10 @@ class Table:
         self.long_cost_warm = np.array([long_leg_cost(i, leg, prices, True) for i, leg in zip(items, long_legs)])
         self.direct_cost = np.array([leg_cost(Leg("cheap", i.direct_prompt_tokens, i.rag_output_tokens), prices)
                                      for i in items])
+        # prompt tokens of each leg (the replay's token accounting: StrategyResult.prompt_tokens)
+        self.rag_tokens = np.array([i.rag_prompt_tokens for i in items], float)
+        self.long_tokens = np.array([i.long_prompt_tokens for i in items], float)
+        self.direct_tokens = np.array([i.direct_prompt_tokens for i in items], float)
         scores = [i.verifier_score for i in items]
         self.scores = np.array([math.nan if s is None else s for s in scores], float)
 
@@ -86,6 +90,9 @@ class Table:
         long_leg = self._long_costs(idx, (long | escalate).tolist())
         cost = np.where(long, long_leg, np.where(direct, self.direct_cost[idx],
                                                  self.rag_cost[idx] + escalate * long_leg))
+        tokens = np.where(long, self.long_tokens[idx], np.where(direct, self.direct_tokens[idx],
+                                                               self.rag_tokens[idx] + escalate * self.long_tokens[idx]))
+        long_tokens = float(self.long_tokens[idx].sum())
         long_q = float(self.lc[idx].mean())
         key = idx.tobytes()
         if key not in self._always_long:  # the baseline is the same for every setting
@@ -93,6 +100,7 @@ class Table:
         long_c = self._always_long[key]
         return {"quality": float(score.mean()), "quality_vs_long_points": 100 * (float(score.mean()) - long_q),
                 "cost_vs_long": float(cost.sum()) / long_c if long_c else math.nan,
+                "tokens_vs_long": float(tokens.sum()) / long_tokens if long_tokens else math.nan,
                 "long_share": float(np.mean(long | escalate))}
 
 
@@ -140,3 +148,53 @@ def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_c
                 else max(points, key=lambda p: p["quality"]))
     return Choice(pick["pre_threshold"], pick["verifier_threshold"], pick["quality"], pick["quality_vs_long_points"],
                   pick["cost_vs_long"], pick["long_share"], bool(feasible), points)
+
+
+@dataclass
+class UnitChoice:
+    """A setting chosen so that it holds on every held-out unit (corpus, model family or task) at once."""
+
+    pre_threshold: float | None
+    verifier_threshold: float
+    cap: float
+    cap_on: str  # "tokens" or "cost": the share of always-long's that every unit must stay within
+    worst_margin_points: float  # min over units of quality minus the better of always-long and always-RAG
+    per_unit: dict[str, dict[str, float]]
+    met: bool = True
+
+
+def choose_across_units(items: Sequence[ReplayItem], units: Sequence[str], policy: Policy, prices: Prices, *,
+                        max_share: float, on: str = "tokens", tune_pre_route: bool = True,
+                        steps: int = 40) -> UnitChoice:
+    """The (classifier, verifier) thresholds whose replay keeps every unit's tokens (or cost) within `max_share` of
+    its always-long, with the best worst-unit margin over the better of always-long and always-RAG (ties: the
+    better mean margin). Scores are the items' out-of-fold ones, so each unit is scored by models that never saw
+    it; the thresholds themselves are shared by all units, as one shipped policy is. When no setting keeps every
+    unit within the cap, the one with the smallest worst-unit share comes back with met=False."""
+    import numpy as np
+
+    if on not in ("tokens", "cost"):
+        raise ValueError("on must be 'tokens' or 'cost'")
+    key = "tokens_vs_long" if on == "tokens" else "cost_vs_long"
+    table = Table(items, prices)
+    names = sorted(set(units))
+    index = {u: np.flatnonzero(np.asarray(units) == u) for u in names}
+    best_base = {u: 100 * max(float(table.lc[i].mean()), float(table.rag[i].mean())) for u, i in index.items()}
+    classifier = policy.routing.classifier
+    pre_grid = (quantile_grid([i.probability for i in table.items], min(steps, 30))
+                if classifier is not None and tune_pre_route else [classifier.threshold if classifier else None])
+    verifier_grid = quantile_grid([i.verifier_score for i in table.items], steps)
+    candidates = []
+    for t1 in pre_grid:
+        routes = table.routes(with_threshold(policy, t1) if t1 is not None else policy)
+        for t2 in verifier_grid:
+            per = {u: table.outcome(routes, t2, i) for u, i in index.items()}
+            margins = [100 * per[u]["quality"] - best_base[u] for u in names]
+            worst_share = max(per[u][key] for u in names)
+            candidates.append((t1, t2, per, min(margins), float(np.mean(margins)), worst_share))
+    feasible = [c for c in candidates if c[5] <= max_share + 1e-12]
+    pick = (max(feasible, key=lambda c: (c[3], c[4], -c[5])) if feasible else min(candidates, key=lambda c: c[5]))
+    t1, t2, per, worst, _, _ = pick
+    for u in names:
+        per[u]["vs_better_baseline_points"] = 100 * per[u]["quality"] - best_base[u]
+    return UnitChoice(t1, t2, max_share, on, worst, per, bool(feasible))

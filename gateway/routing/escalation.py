@@ -15,7 +15,7 @@ the gateway applies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from gateway.routing.decision import RouteDecision, missing
 from pipelines.unanswerable import UnanswerableDetector
@@ -57,6 +57,10 @@ class CheapAnswer:
     passages: Sequence[str] = ()  # the passages placed in the prompt (direct: the context sent)
     document: DocumentIndex | None = None  # the whole document's index; None when unavailable (a collection)
     logprobs: list[float] | None = None
+    # the retrieval pass that chose the passages (gateway.routing.answer_support.retrieval_inputs), if any
+    retrieval: dict[str, float] | None = None
+    # texts -> normalised vectors (the gateway's embedding model), for the answer's support in the passages
+    embed: Callable[[list[str]], Any] | None = None
 
 
 class CheapAnswerCheck:
@@ -78,6 +82,13 @@ class CheapAnswerCheck:
         return self.verifier.threshold if self.verifier is not None else None
 
     @property
+    def needs_embeddings(self) -> bool:
+        """The verifier reads the answer's embedding-space support (classifier.answer_features.SUPPORT_FEATURES)."""
+        from classifier.answer_features import SUPPORT_FEATURES
+
+        return self.verifier is not None and bool(set(self.verifier.feature_names) & set(SUPPORT_FEATURES))
+
+    @property
     def reads_whole_answer(self) -> bool:
         """The verifier reads the whole answer, so a stream is held until it ends; the literal rule reads
         only the opening (pipelines.unanswerable)."""
@@ -90,13 +101,19 @@ class CheapAnswerCheck:
         return decision.route in CHECKED_ROUTES and self.policy.routing.fallback.enabled and has_document
 
     @staticmethod
-    def features(answer: CheapAnswer, pre_route_probability: float | None) -> dict[str, float]:
-        """The verifier's inputs (classifier.answer_features), computed the same way live and in the replay."""
+    def features(answer: CheapAnswer, pre_route_probability: float | None, with_support: bool = True
+                 ) -> dict[str, float]:
+        """The verifier's inputs (classifier.answer_features), computed the same way live and in the replay.
+        with_support: embed the answer and passages (when the answer carries an embedding function)."""
         from classifier.answer_features import answer_features
+        from gateway.routing.answer_support import answer_support
 
         terms, bigrams, numbers = answer.document if answer.document is not None else (None, None, None)
+        support = (answer_support(answer.query, answer.text, answer.passages, answer.embed)
+                   if with_support and answer.embed is not None else None)
         return answer_features(
             answer.query, answer.text, list(answer.passages), None, answer.logprobs, pre_route_probability,
+            retrieval=answer.retrieval, support=support,
             document_terms_set=terms, document_bigrams=bigrams, document_numbers=numbers,
         )
 
@@ -104,7 +121,7 @@ class CheapAnswerCheck:
         """The verifier's P(the cheap answer is good enough); None without a verifier."""
         if self.verifier is None:
             return None
-        return self.verifier.score(self.features(answer, pre_route_probability))
+        return self.verifier.score(self.features(answer, pre_route_probability, self.needs_embeddings))
 
     def check(self, decision: RouteDecision, answer: CheapAnswer) -> Verdict:
         """The live path: refusal cue and verifier score of this answer, then `verdict`."""

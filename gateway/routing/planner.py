@@ -285,7 +285,8 @@ class RoutePlanner:
                 return PreparedPrompt(plan.original_messages, provenance, tokens)
         return pipeline.prepare(plan.context)
 
-    def cheap_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None) -> CheapAnswer:
+    def cheap_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
+                     logprobs: list[float] | None = None) -> CheapAnswer:
         """The cheap answer with what it was produced from, for the answer check (gateway.routing.escalation).
         The document index is computed once per attached content, or per version of a stored collection,
         and cached."""
@@ -298,7 +299,11 @@ class RoutePlanner:
             index = self._document_index(documents, plan.documents_key)
         else:
             index = self._collection_index(plan.context.collection) if plan.context.collection else None
-        return CheapAnswer(text, plan.context.question, passages, index)
+        from gateway.routing.answer_support import retrieval_inputs
+
+        retrieval = retrieval_inputs(plan.context.question, plan.retrieval) if route == RAG else None
+        return CheapAnswer(text, plan.context.question, passages, index, logprobs, retrieval=retrieval,
+                           embed=self.store.embedder.embed_queries)
 
     def estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:
         """(prompt tokens, exact) for a route without preparing its prompt: no unit scoring, no rendering,

@@ -22,6 +22,7 @@ from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream, open_stream, stream_upstream
 from gateway.routing.decision import Router
+from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
 from gateway.routing.learning.loop import JudgeInput, LearningLoop
@@ -186,12 +187,15 @@ class RoutingService:
         if route == LONG:
             completion = await self._call_long(body, prepared, entry)
         else:
-            completion = await self._call(self.policy.cheap, body, prepared, route, entry)
+            wanted = checked and self.policy.routing.verifier is not None and self.policy.routing.verifier.logprobs
+            completion = await self._call(self.policy.cheap, with_logprobs(body, wanted, self.policy.cheap.model),
+                                          prepared, route, entry)
         fallback_error = None
         judged: JudgeInput | None = None
         if checked:
             cheap_text = completion_text(completion)
-            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, entry)
+            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, entry,
+                                                  take_logprobs(completion, body))
             entry.record.reason = verdict.reason(decision)
             if verdict.escalate:
                 long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
@@ -248,7 +252,8 @@ class RoutingService:
         entry.record.reason = f"{entry.record.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
 
     async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
-                       entry: RequestLedgerEntry) -> tuple[Verdict, JudgeInput]:
+                       entry: RequestLedgerEntry, logprobs: list[float] | None = None
+                       ) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
         read go into the request's learning record; the judge's input (question, passages, answer) comes back."""
@@ -257,7 +262,7 @@ class RoutingService:
             verdict = self.check.check(plan.decision, answer)
         else:
             def verify() -> tuple[Verdict, CheapAnswer]:
-                answer = self.ready_planner().cheap_answer(plan, prepared, route, text)
+                answer = self.ready_planner().cheap_answer(plan, prepared, route, text, logprobs)
                 return self.check.check(plan.decision, answer), answer
 
             verdict, answer = await anyio.to_thread.run_sync(verify)

@@ -148,3 +148,29 @@ def test_optional_logprobs_and_pre_route_probability():
     assert g["ans_logprob_mean"] == pytest.approx(-1.05)
     assert g["ans_logprob_min"] == pytest.approx(-2.0)
     assert g["pre_route_probability"] == pytest.approx(0.7)
+
+
+def test_question_names_absent_from_the_document():
+    from classifier.answer_features import answer_features, query_names
+
+    assert query_names("Why did Miss Winslow reject Mr. Rhodes's offer in 1921? Then what?") >= {
+        "miss", "winslow", "rhodes", "1921"}
+    assert "why" not in query_names("Why did Miss Winslow go?") and "then" not in query_names("A b. Then c?")
+    doc = "Miss Winslow lived in Florence. She refused the room in 1921."
+    present = answer_features("Why did Miss Winslow refuse the room?", "unanswerable", [], doc)
+    absent = answer_features("Why did Captain Nemo refuse the submarine?", "unanswerable", [], doc)
+    assert present["query_names_absent_document"] == 0.0 and absent["query_names_absent_document"] == 1.0
+    assert absent["query_bigrams_absent_document"] == 1.0 > present["query_bigrams_absent_document"]
+    assert math.isnan(answer_features("what is it?", "x", [], doc)["query_names_absent_document"])
+
+
+def test_retrieval_and_support_inputs_pass_through_or_are_missing():
+    from classifier.answer_features import answer_features
+
+    f = answer_features("q?", "a", ["p"], None, retrieval={"top_score": 0.7, "top_margin": 0.1, "hit_spread": 0.5},
+                        support={"ans_passage_similarity": 0.8})
+    assert f["ret_top_score"] == 0.7 and f["ret_top_margin"] == 0.1 and f["ret_hit_spread"] == 0.5
+    assert f["ans_passage_similarity"] == 0.8
+    assert math.isnan(f["ret_score_spread"]) and math.isnan(f["ans_sentence_support_min"])
+    bare = answer_features("q?", "a", ["p"], None)
+    assert math.isnan(bare["ret_top_score"]) and math.isnan(bare["query_passage_similarity"])

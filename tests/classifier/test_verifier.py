@@ -124,3 +124,58 @@ def test_one_label_refused():
     rows, labels, groups = toy_rows(n_groups=3)
     with pytest.raises(ValueError):
         train_verifier(rows, np.ones(len(labels), int), groups)
+
+
+def test_protocol_splits_hold_out_a_corpus_or_a_model_and_its_documents():
+    from classifier.verifier import protocol_splits, split_units
+
+    n = 48
+    labels = np.array([i % 2 for i in range(n)])
+    groups = [f"doc{i % 8}" for i in range(n)]
+    corpora = ["a" if i % 8 < 4 else "b" for i in range(n)]
+    models = [f"m{i % 3}" for i in range(n)]
+    corpus = protocol_splits("corpus", labels, groups, corpora=corpora)
+    assert [s.unit for s in corpus] == ["a", "b"]
+    for s in corpus:
+        assert {corpora[i] for i in s.test} == {s.unit} and s.unit not in {corpora[i] for i in s.train}
+    model = protocol_splits("model", labels, groups, models=models, n_splits=4)
+    assert sorted({s.unit for s in model}) == ["m0", "m1", "m2"]
+    for s in model:
+        # neither the held-out model nor any of its test documents is in the training part
+        assert {models[i] for i in s.test} == {s.unit} and s.unit not in {models[i] for i in s.train}
+        assert not {groups[i] for i in s.test} & {groups[i] for i in s.train}
+    units = split_units(model, n)
+    assert units == models  # every example scored exactly once, by its own model's unit
+    assert sorted(i for s in model for i in s.test) == list(range(n))
+    with pytest.raises(ValueError, match="at least two corpora"):
+        protocol_splits("corpus", labels, groups, corpora=["a"] * n)
+    with pytest.raises(ValueError, match="unknown protocol"):
+        protocol_splits("bogus", labels, groups)
+
+
+def test_gain_auc_and_escalation_gain_over_random():
+    from classifier.verifier import escalation_gain_points, gain_auc
+
+    rag = np.array([1.0, 0.0, 1.0, 0.0, 0.5])
+    lc = np.array([0.0, 1.0, 1.0, 1.0, 0.5])
+    perfect = np.array([0.9, 0.1, 0.5, 0.2, 0.5])
+    assert gain_auc(rag, lc, perfect) == 1.0 and gain_auc(rag, lc, -perfect) == 0.0
+    # escalating the 2 of 5 the verifier trusts least gains +2 (both were rag 0 / long 1); random: 2/5 of +1
+    assert escalation_gain_points(rag, lc, perfect, share=0.4) == pytest.approx(100 * (2 - 0.4 * 1) / 5)
+    assert gain_auc(rag, rag, perfect) is None
+
+
+def test_permutation_importance_finds_the_feature_that_carries_the_signal():
+    from classifier.verifier import choice_weights, permutation_importance, protocol_splits, split_units
+
+    rows, labels, groups = toy_rows(n_groups=8, per_group=30)
+    rag = labels.astype(float)
+    lc = 1.0 - rag
+    corpora = ["a" if int(g[3:]) < 4 else "b" for g in groups]
+    splits = protocol_splits("corpus", labels, groups, corpora=corpora)
+    result = dict(permutation_importance(rows, labels, rag, lc, splits, split_units(splits, len(rows)),
+                                         feature_names=["ans_support_passages", "ans_refusal", "ans_words"],
+                                         estimator="logistic", sample_weight=choice_weights(rag, lc)))
+    assert result["(none shuffled: the scores)"]["auc"] > 0.8
+    assert result["ans_support_passages"]["auc"] > 0.2 and result["ans_support_passages"]["transfer"] > 5
+    assert abs(result["ans_words"]["auc"]) < 0.05  # noise carries nothing across corpora

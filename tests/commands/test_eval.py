@@ -35,7 +35,7 @@ def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
     assert [r["doc_id"] for r in rows] == ["quiz-000", "quiz-001", "quiz-001"]
     assert rows[1] == {"doc_id": "quiz-001", "query": "Q1a?", "rag_score": 0.0, "lc_score": 1.0,
                        "rag_pred": "unanswerable", "lc_pred": "c", "task": "quiz", "gt": "c", "group": "quiz-001",
-                       "metric": "exam"}
+                       "metric": "exam", "model": "gpt-3.5-turbo"}
     assert (out / "docs" / "quiz-000.txt").read_text() == "Document zero text."
     printed = capsys.readouterr().out
     assert "3 questions over 2 documents" in printed and "1 queries differ" in printed
@@ -189,3 +189,48 @@ def test_absent_reports_kept_and_escalated_refusals(tmp_path, capsys):
     # thresholds that accept any evidence keep every refusal
     assert report["kept_unanswerable"] == 2 and report["kept_answerable"] == 2
     assert set(report["auc_for_absent"]) == {"-top_score", "-term_coverage", "-top_margin", "P(cheap)"}
+
+
+def two_corpora(folder):
+    """Two paired files (corpora "alpha" and "beta") on different documents, each answered by two model families."""
+    paired, docs = write_paired_fixture(folder)
+    rows = [json.loads(line) for line in paired.read_text().splitlines()]
+    doc_ids = sorted({r["doc_id"] for r in rows})
+    out = []
+    for name, part in (("alpha", doc_ids[:3]), ("beta", doc_ids[3:])):
+        lines = [dict(r, model=("m1" if n % 2 else "m0")) for n, r in enumerate(rows) if r["doc_id"] in part]
+        (folder / name).mkdir(exist_ok=True)
+        path = folder / name / "paired.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        out += ["--data", str(path), "--docs", str(docs)]
+    return out
+
+
+@pytest.mark.slow
+def test_replay_leaves_one_corpus_or_one_model_out(replay_run, capsys):
+    pairs = two_corpora(replay_run["folder"] / "corpora")
+    common = [*pairs, "--folds", "3", "--prices", "reference", "--estimator", "logistic",
+              "--data-dir", str(replay_run["data_dir"]), "--log-level", "WARNING", "--json"]
+    assert main(["eval", "replay", *common, "--protocol", "corpus", "--max-token-share", "0.9"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["corpora"] == ["alpha", "beta"] and result["questions"] == 30
+    units = {u["unit"]: u for u in result["units"]}
+    assert set(units) == {"alpha", "beta"} and units["alpha"]["n"] == 15
+    for u in units.values():
+        by_name = {s["name"]: s for s in u["strategies"]}
+        assert {"always-long", "always-rag", "self-route", "rules+classifier+verifier", "oracle"} <= set(by_name)
+        at_25 = next(t for t in u["transfer"] if t["share"] == 0.25)
+        assert at_25["points"] == pytest.approx(u["transfer_points_at_25"])
+        assert at_25["points"] == pytest.approx(100 * (at_25["verifier"] - at_25["random"]))
+        # the curve starts at no escalation (always-RAG's tokens) and ends escalating everything
+        tokens = sorted(p["tokens_vs_long"] for p in u["curve"])
+        assert tokens[0] == pytest.approx(by_name["always-rag"]["tokens_vs_long"]) and tokens[-1] > 1.0
+    chosen = result["chosen_across_units"]
+    assert set(chosen["per_unit"]) == {"alpha", "beta"} and chosen["cap"] == 0.9
+    assert main(["eval", "replay", *common, "--protocol", "model"]) == 0
+    assert {u["unit"] for u in json.loads(capsys.readouterr().out)["units"]} == {"m0", "m1"}
+    # one corpus cannot be left out, and the pairs must match
+    assert main(["eval", "replay", *pairs[:4], *common[len(pairs):], "--protocol", "corpus"]) == 2
+    assert "at least two corpora" in capsys.readouterr().err
+    assert main(["eval", "replay", *pairs, "--docs", pairs[3], *common[len(pairs):]]) == 2
+    assert "one --docs per --data" in capsys.readouterr().err

@@ -117,13 +117,13 @@ def verifier_trained(trained):
 
 
 def test_train_verifier_writes_the_verifier_with_its_cost_capped_threshold(verifier_trained, capsys):
-    from classifier.answer_features import ANSWER_FEATURE_NAMES
+    from classifier.verifier import TRANSFER_FEATURE_NAMES
     from gateway.routing.model_files import load_verifier
 
     card = json.loads(verifier_trained["model"].with_suffix(".json").read_text())
-    assert card["feature_names"] == [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]
+    assert card["feature_names"] == TRANSFER_FEATURE_NAMES  # --features transfer, the default
     assert 0.0 <= card["threshold"] <= 1.0
-    assert "cost <= 0.6 of always-long on leave-one-task-out" in card["threshold_source"]
+    assert "cost <= 0.6 of always-long on leave one task out" in card["threshold_source"]
     assert card["training_examples"] == 30 and card["training_tasks"] == ["even", "odd"]
     assert card["training_command"].startswith("selfroute train --data ") and "--verifier" in card["training_command"]
     verifier = load_verifier(verifier_trained["model"])
@@ -174,3 +174,28 @@ def test_calibrate_under_a_warm_prompt_cache_says_so_in_the_policy(verifier_trai
     policy, _ = load_policy(policy_file)
     assert "with a warm prompt cache (read 0.3/M, write 3.75/M, 3-question window)" in \
         policy.routing.verifier.threshold_source
+
+
+def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_path):
+    from tests.commands.test_eval import two_corpora
+
+    pairs = two_corpora(tmp_path)
+    out = tmp_path / "verifier.skops"
+    assert main(["train", "--verifier", *pairs, "--out", str(out), "--estimator", "logistic", "--folds", "3",
+                 "--protocol", "corpus", "--max-token-share", "0.9", "--prices", "reference",
+                 "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"]) == 0
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert set(card["training_corpora"]) == {"alpha", "beta"} and card["training_models"] == ["m0", "m1"]
+    assert card["threshold_protocol"] == "leave one corpus out"
+    held = card["held_out_validation"]["units"]
+    assert set(held) == {"alpha", "beta"} and held["alpha"]["n"] == 15
+    assert "verifier_vs_random_points_at_25" in held["beta"] and "tokens_vs_long" in held["beta"]["at_threshold"]
+    assert "ans_words" not in card["feature_names"]  # the transfer set: no absolute answer length
+    assert card["training_command"].count("--data ") == 2 and "--protocol corpus" not in card["training_command"]
+    assert "--threshold-protocol corpus" in card["training_command"]
+    route = tmp_path / "route.skops"
+    assert main(["train", *pairs, "--out", str(route), "--estimator", "logistic", "--folds", "3", "--protocol",
+                 "model", "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"]) == 0
+    card = json.loads(route.with_suffix(".json").read_text())
+    assert set(card["held_out_validation"]["units"]) == {"m0", "m1"}
+    assert set(card["training_corpora"]) == {"alpha", "beta"}

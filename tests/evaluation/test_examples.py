@@ -57,3 +57,28 @@ def test_the_long_prompts_document_block_is_recorded_when_it_is_stable(tmp_path,
     original = older._long_prompt
     monkeypatch.setattr(older, "_long_prompt", lambda example: calls.append(example) or original(example))
     assert older.inputs(examples[1]) == second and len(calls) == 1
+
+
+def test_several_files_are_corpora_with_their_own_groups_and_windows(tmp_path):
+    import json
+
+    from gateway.evaluation.examples import ExampleFileError, corpus_windows, load_corpora
+
+    a, docs = write_paired_fixture(tmp_path / "lara")
+    (tmp_path / "leval").mkdir()
+    b = tmp_path / "leval" / "paired.jsonl"
+    rows = [json.loads(line) for line in a.read_text().splitlines()][:4]
+    rows[0]["corpus"] = "named"
+    b.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples = load_corpora([(a, docs), (b, docs)])
+    assert [e.corpus for e in examples[-4:]] == ["named", "leval", "leval", "leval"]
+    assert examples[0].corpus == "lara" and examples[0].group.startswith("lara/")
+    assert examples[0].model == "lara-model"  # no `model` field: the corpus's one unnamed model
+    single = load_corpora([(a, docs)])
+    assert single[0].group == load_examples(a, docs)[0].group  # one file: groups as before
+    assert corpus_windows(single, None) == {"lara": None}
+    assert corpus_windows(examples, [16385, 128000]) == {"lara": 16385, "leval": 128000}
+    with pytest.raises(ExampleFileError):
+        corpus_windows(single, [1, 2])
+    with pytest.raises(ExampleFileError, match="twice"):
+        load_corpora([(a, docs), (a, docs)])

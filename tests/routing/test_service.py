@@ -511,3 +511,32 @@ def test_the_cheap_routes_saving_counts_only_what_the_long_model_could_receive(s
     assert raw.http_response.json()["selfroute"]["provenance"]  # sanity: a real routed answer
     assert row["context_tokens"] == budget  # the manual is ~2,500 tokens: always-long could send 512 of them
     assert row["counterfactual_cost_usd"] == pytest.approx(budget * 10e-6 + leg["completion_tokens"] * 20e-6)
+
+
+def test_cheap_leg_logprobs_behind_the_policy_switch_reach_the_verifier(start, upstream, embedder, tmp_path):
+    """routing.verifier.logprobs: the cheap leg asks for token log-probabilities, the verifier reads them (the fake
+    upstream gives a word in capitals -3.0), and the client, which did not ask, gets none back."""
+    from classifier.verifier import train_verifier
+    from gateway.routing.model_files import save_verifier
+
+    rows = [{"ans_logprob_min": -3.0 if i % 2 else -0.1} for i in range(60)]
+    labels = [0 if i % 2 else 1 for i in range(60)]
+    toy = train_verifier(rows, labels, [f"d{i % 6}" for i in range(60)], estimator="logistic",
+                         feature_names=["ans_logprob_min"], n_splits=3).model
+    path = tmp_path / "logprob-verifier.skops"
+    save_verifier(toy, path)
+    documents = [{"text": manual()}]
+    for switch in (False, True):
+        url, app = start(cheap="cheap-scripted", verifier=str(path))
+        app.state.gateway.routing.policy.routing.verifier.logprobs = switch
+        upstream[1].state.scripted = "It is BLUE-HERON-42."
+        raw = ask(url, QUESTION, documents=documents)
+        cheap_leg = [r["body"] for r in upstream[1].state.received if r["body"].get("model") == "cheap-scripted"][-1]
+        assert bool(cheap_leg.get("logprobs")) is switch
+        assert raw.http_response.json()["choices"][0].get("logprobs") is None
+    # with them the unsure answer (a word in capitals) is escalated, a sure one stands
+    assert raw.headers["x-selfroute-route"] == "rag>long"
+    upstream[1].state.scripted = "It is blue heron forty two."
+    kept = ask(url, QUESTION, documents=documents)
+    assert kept.headers["x-selfroute-route"] == "rag"
+    assert kept.http_response.json()["choices"][0].get("logprobs") is None  # the client did not ask

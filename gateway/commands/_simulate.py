@@ -24,7 +24,7 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
-    from gateway.evaluation.examples import RouteInputBuilder
+    from gateway.evaluation.examples import CorpusInputs, corpus_windows
     from gateway.evaluation.learning_sim import SimQuestion, format_simulation, simulate, targets
     from gateway.evaluation.report import build_items
     from gateway.evaluation.verification import answer_rows, cheap_answers
@@ -44,8 +44,9 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
         verifier_settings = policy.routing.verifier.model_copy(update={"threshold": verifier.threshold})
         policy = policy.model_copy(update={"routing": policy.routing.model_copy(update={"verifier": verifier_settings})})
     data_dir = resolve_data_dir(args.data_dir)
-    builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
-                                cache_dir=data_dir / "cache")
+    # --data/--docs/--window-tokens may repeat (one corpus each): one builder per corpus
+    builder = CorpusInputs(policy, data_dir / "lancedb", corpus_windows(examples, args.window_tokens),
+                           cache_dir=data_dir / "cache")
     inputs = builder.all_inputs(examples, progress=not args.json)
     rows = [i.features for i in inputs]
     probabilities = model.cheap_probabilities(rows) if model is not None else [0.5] * len(rows)
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
                         scores)
     parts: dict[str, list[SimQuestion]] = {}
     for example, item, row in zip(examples, items, answers):
-        key = str(example.record.get(args.sim_split)) if args.sim_split else str(args.data)
+        key = str(example.record.get(args.sim_split)) if args.sim_split else ", ".join(str(d) for d in args.data)
         parts.setdefault(key, []).append(SimQuestion(item, row))
     out = []
     for name, questions in sorted(parts.items()):
@@ -69,5 +70,6 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
             print("targets: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                           for k, v in met.items()) + "\n")
     if args.json:
-        print(json.dumps({"data": str(args.data), "split": args.sim_split, "runs": out}, indent=2, default=float))
+        print(json.dumps({"data": ", ".join(str(d) for d in args.data), "split": args.sim_split, "runs": out},
+                         indent=2, default=float))
     return 0

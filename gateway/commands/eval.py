@@ -87,6 +87,10 @@ def register(subparsers, parents) -> None:
                         help="also choose one (classifier, verifier) setting that keeps every held-out unit within "
                              "this share of its always-long's tokens, best worst-unit margin over the better of "
                              "always-long and always-RAG (printed, nothing written)")
+    replay.add_argument("--features", choices=["card", "transfer", "transfer+support", "all"], default="card",
+                        help="the features a refitted verifier reads: card (default) = the policy's verifier's; "
+                             "transfer = classifier.verifier.TRANSFER_FEATURE_NAMES; transfer+support = with the "
+                             "answer's support in embedding space; all = every answer feature")
     replay.add_argument("--importance", action="store_true",
                         help="permutation importance of each verifier feature under the protocol: the loss in "
                              "gain-weighted AUC and in the transfer figure on the held-out units when it is shuffled")
@@ -186,7 +190,7 @@ def run_replay(args: argparse.Namespace) -> int:
             policy, policy_file, examples, inputs, builder, protocol=args.protocol, estimator=args.estimator,
             folds=args.folds, seed=args.seed, model=args.model, verifier_file=args.verifier,
             verifier_threshold=args.verifier_threshold, progress=not args.json, embed=embed, splits=splits,
-            rows_out=rows)
+            rows_out=rows, feature_names=refit_features(args.features))
     except (ValueError, ModelFileError, OSError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
@@ -205,7 +209,8 @@ def run_replay(args: argparse.Namespace) -> int:
         choice = choose_across_units(items, units, policy, prices, max_share=args.max_token_share)
     importance = None
     if args.importance and verifier_scores is not None and args.verifier is None:
-        importance = _importance(rows, examples, splits, units, args, builder_features(policy, policy_file))
+        importance = _importance(rows, examples, splits, units, args,
+                                 refit_features(args.features) or builder_features(policy, policy_file))
     policy = without_verifier(policy)  # the threshold curves below are the pre-route's
     curves = {
         "classifier alone (thresholds)": sweep(items, without_rules(policy), prices, fallback=False),
@@ -283,6 +288,16 @@ def run_replay(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
+
+
+def refit_features(choice: str) -> list[str] | None:
+    """--features: the refitted verifier's feature names (None: the policy's verifier's)."""
+    from classifier.answer_features import ANSWER_FEATURE_NAMES
+    from classifier.verifier import TRANSFER_FEATURE_NAMES, TRANSFER_SUPPORT_FEATURE_NAMES
+
+    return {"card": None, "transfer": list(TRANSFER_FEATURE_NAMES),
+            "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
+            "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]}[choice]
 
 
 def builder_features(policy, policy_file) -> list[str]:

@@ -180,6 +180,7 @@ class RouteInputBuilder:
         self.long = LongContextPipeline(policy.long_context, window_tokens=self.window)
         self._stats: dict[tuple[str, ...], Any] = {}
         self._indexes: dict[tuple[str, ...], Any] = {}
+        self._hashes: dict[int, tuple[Document, str]] = {}
         self._cache_path = Path(cache_dir) / CACHE_FILE if cache_dir else None
         self._cache = self._read_cache()
 
@@ -196,14 +197,21 @@ class RouteInputBuilder:
         return cache
 
     def _key(self, example: Example, part: str) -> str:
-        from pipelines.store import content_hash
-
         # refusal patterns and the question marker do not change retrieval: left out of the key
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude={"unanswerable_patterns", "question_marker"})
         settings = (retrieval_settings if part in ("retrieval", "passages", "hits")
                     else [self.policy.long_context.model_dump(mode="json"), self.window])
-        payload = [CACHE_VERSION, part, example.query, [(d.id, content_hash(d)) for d in example.documents], settings]
+        payload = [CACHE_VERSION, part, example.query, [(d.id, self._hash(d)) for d in example.documents], settings]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
+
+    def _hash(self, document: Document) -> str:
+        """content_hash, once per document (a long document is hashed for every question's keys otherwise)."""
+        from pipelines.store import content_hash
+
+        found = self._hashes.get(id(document))
+        if found is None or found[0] is not document:
+            found = self._hashes[id(document)] = (document, content_hash(document))
+        return found[1]
 
     def _cached(self, key: str, compute):
         if key not in self._cache:

@@ -47,6 +47,11 @@ class RequestLedgerEntry:
         self.estimate = Estimate()  # the reservation: an upper bound on what the request may cost
         self._open_legs: list[tuple[ModelConfig, str, float]] = []  # upstream calls started and not yet recorded
 
+    @property
+    def calls(self) -> list[UpstreamCall]:
+        """The legs recorded so far."""
+        return self.record.calls
+
     def reserve(self, estimate: Estimate, limits: Limits | None = None) -> None:
         """Record the request as in flight with its reservation, before its first upstream call (blocking: from a
         worker thread). With `limits`: budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""

@@ -15,13 +15,27 @@ StreamFinish = Callable[[dict[str, Any] | None, str | None, int], None]
 
 
 @dataclass
+class Outcome:
+    """What routing decided and did for one request. Routing fills it in as it goes (a request that fails midway
+    keeps the route it took); the server renders it (headers, the body's `selfroute` object) and records it in
+    the request's ledger entry (gateway.server.chat). Routing never writes the ledger record's fields itself."""
+
+    route: str | None = None
+    reason: str | None = None
+    rule: str | None = None  # the policy rule that decided, if one did
+    probability: float | None = None  # the classifier's, if it decided
+    provenance: dict[str, Any] | None = None  # what was sent: documents, sections, chunks or units
+    features: dict[str, Any] | None = None  # the learning record (gateway.routing.learning.features_record)
+    # the long route's failure when the cheap answer was sent instead (fallback.on_long_error: return_cheap)
+    fallback_error: GatewayError | None = None
+
+
+@dataclass
 class Completed:
     """A whole chat.completion, ready to send."""
 
     completion: dict[str, Any]
     sent: list[dict] | None = None  # routed answers: the messages the answer was produced from (grounding check)
-    # the long route's failure when the cheap answer was sent instead (fallback.on_long_error: return_cheap)
-    fallback_error: GatewayError | None = None
 
 
 @dataclass
@@ -32,7 +46,6 @@ class Streamed:
     chunks: AsyncIterator[bytes]
     client_wants_usage: bool
     finish: StreamFinish
-    fallback_error: GatewayError | None = None
 
 
 Answer = Completed | Streamed

@@ -20,7 +20,7 @@ import anyio
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.calls import Answer, Completed, Streamed, complete_upstream, open_stream, stream_upstream
+from gateway.routing.calls import Answer, Completed, Outcome, Streamed, complete_upstream, open_stream, stream_upstream
 from gateway.routing.decision import Router
 from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
@@ -33,7 +33,7 @@ from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
 from pipelines.base import PreparedPrompt
-from pipelines.scope import SHARED, KeyScope
+from pipelines.scope import KeyScope
 from pipelines.tokens import count_tokens
 from policies.routes import LONG, PASSTHROUGH, SHADOW
 from policies.schema import ModelConfig, Policy
@@ -153,77 +153,69 @@ class RoutingService:
         return self.planner
 
     # -- pass-through ---------------------------------------------------------------------------
-    async def passthrough(self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> Answer:
-        entry.record.route = PASSTHROUGH
-        entry.record.reason = "model is not a routed alias"
+    async def passthrough(self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry,
+                          outcome: Outcome) -> Answer:
+        outcome.route, outcome.reason = PASSTHROUGH, "model is not a routed alias"
         config = passthrough_config(self.policy, chat.model)
         if chat.stream:
             return await stream_upstream(self.upstream, entry, config, PASSTHROUGH, body,
                                          client_wants_usage=chat.wants_usage_in_stream)
-        completion = await complete_upstream(self.upstream, entry, config, PASSTHROUGH, body)
-        entry.finish(200)
-        return Completed(completion)
+        return Completed(await complete_upstream(self.upstream, entry, config, PASSTHROUGH, body))
 
     # -- routed ---------------------------------------------------------------------------------
     async def route(
         self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, header_collection: str | None,
-        scope: KeyScope = SHARED,
+        scope: KeyScope, outcome: Outcome,
     ) -> Answer:
+        """The routed answer. What was decided and done goes into `outcome` as it happens (so a request that fails
+        midway is recorded with the route it took); the server renders it and records it in the ledger."""
         planner = self.ready_planner()
         plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
         decision = plan.decision
-        entry.record.route, entry.record.reason = decision.route, decision.reason
+        outcome.route, outcome.reason = decision.route, decision.reason
+        outcome.rule, outcome.probability = decision.rule, decision.probability
         if self.policy.routing.learning.record_features:
-            entry.record.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
+            outcome.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
         route = decision.route
         prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             if checked:
-                return await self._stream_checked(chat, body, plan, prepared, route, entry)
+                return await self._stream_checked(chat, body, plan, prepared, route, entry, outcome)
             if route == LONG:
-                return await self._stream_long(chat, body, plan, prepared, entry)
-            return await self._stream(chat, body, self.policy.cheap, route, plan, prepared, entry)
+                return await self._stream_long(chat, body, plan, prepared, entry, outcome)
+            return await self._stream(chat, body, self.policy.cheap, route, plan, prepared, entry, outcome)
         if route == LONG:
             completion = await self._call_long(body, prepared, entry)
         else:
             wanted = checked and self.policy.routing.verifier is not None and self.policy.routing.verifier.logprobs
             completion = await self._call(self.policy.cheap, with_logprobs(body, wanted, self.policy.cheap.model),
                                           prepared, route, entry)
-        fallback_error = None
         judged: JudgeInput | None = None
         if checked:
             cheap_text = completion_text(completion)
-            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, entry,
+            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, outcome,
                                                   take_logprobs(completion, body))
-            entry.record.reason = verdict.reason(decision)
+            outcome.reason = verdict.reason(decision)
             if verdict.escalate:
                 long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
-                entry.record.route = verdict.outcome
+                outcome.route = verdict.outcome
                 try:
                     completion = await self._call_long(body, long_prepared, entry)
                     route, prepared = verdict.outcome, long_prepared
-                    self._keep_texts(entry, long_answer=completion_text(completion))
+                    self._keep_texts(outcome, long_answer=completion_text(completion))
                     self.learning.judge_escalation(entry, judged, completion_text(completion))
                     judged = None
                 except GatewayError as exc:
                     if self.policy.routing.fallback.on_long_error == "error":
                         raise
-                    fallback_error = exc
-                    self._kept_cheap(entry, exc, route)
-        provenance = planner.provenance(plan, prepared, route)
-        entry.record.provenance = provenance
-        self._counterfactual(entry, plan)
-        entry.finish(200)
-        completion["selfroute"] = {
-            "route": entry.record.route, "reason": entry.record.reason, "rule": decision.rule,
-            "probability": decision.probability, "request_id": entry.record.id, "provenance": provenance,
-        }
-        if fallback_error is not None:
-            completion["selfroute"]["fallback_error"] = fallback_error.body()["error"]
-        elif judged is not None:  # the cheap answer stood: maybe answer again on the long route in the background
+                    self._kept_cheap(outcome, exc, route)
+        outcome.provenance = planner.provenance(plan, prepared, route)
+        self._counterfactual(entry, plan, outcome)
+        if outcome.fallback_error is None and judged is not None:
+            # the cheap answer stood: maybe answer again on the long route in the background
             self._maybe_shadow(body, plan, entry, judged)
-        return Completed(completion, sent=prepared.messages, fallback_error=fallback_error)
+        return Completed(completion, sent=prepared.messages)
 
     def _maybe_shadow(self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry,
                       judged: JudgeInput) -> None:
@@ -240,19 +232,21 @@ class RoutingService:
 
         self.learning.shadow(entry, judged, run_long)
 
-    def _keep_texts(self, entry: RequestLedgerEntry, **texts: Any) -> None:
-        if entry.record.features is not None and "texts" in entry.record.features:
-            entry.record.features["texts"].update(texts)
+    @staticmethod
+    def _keep_texts(outcome: Outcome, **texts: Any) -> None:
+        if outcome.features is not None and "texts" in outcome.features:
+            outcome.features["texts"].update(texts)
 
     @staticmethod
-    def _kept_cheap(entry: RequestLedgerEntry, exc: GatewayError, route: str) -> None:
+    def _kept_cheap(outcome: Outcome, exc: GatewayError, route: str) -> None:
         """The long call failed after a refused cheap answer and the policy says to send the cheap answer:
         the request is recorded as answered by the cheap `route` (the failed legs stay in the ledger)."""
-        entry.record.route = route
-        entry.record.reason = f"{entry.record.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
+        outcome.route = route
+        outcome.reason = f"{outcome.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
+        outcome.fallback_error = exc
 
     async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
-                       entry: RequestLedgerEntry, logprobs: list[float] | None = None
+                       outcome: Outcome, logprobs: list[float] | None = None
                        ) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
@@ -266,13 +260,13 @@ class RoutingService:
                 return self.check.check(plan.decision, answer), answer
 
             verdict, answer = await anyio.to_thread.run_sync(verify)
-        if entry.record.features is not None:
-            features_record.add_verdict(entry.record.features, verdict, self.check.threshold)
+        if outcome.features is not None:
+            features_record.add_verdict(outcome.features, verdict, self.check.threshold)
             if self.policy.ledger.store_texts:
-                features_record.add_texts(entry.record.features, answer.query, list(answer.passages), text)
+                features_record.add_texts(outcome.features, answer.query, list(answer.passages), text)
         return verdict, JudgeInput(answer.query or plan.context.question, list(answer.passages), text or "")
 
-    def _counterfactual(self, entry: RequestLedgerEntry, plan: RoutePlan) -> None:
+    def _counterfactual(self, entry: RequestLedgerEntry, plan: RoutePlan, outcome: Outcome) -> None:
         """What always-long would have cost, then what this request tells the warm-prefix record."""
         long = self.policy.long
         pipeline = self.ready_planner().long
@@ -283,12 +277,12 @@ class RoutingService:
         capacity = pipeline.budget_tokens
         whole = (plan.source != "prompt" and pipeline.settings.placement == "reading"
                  and plan.context_tokens <= capacity)
-        sent_stable = stable_document_block(entry.record.provenance or {})
+        sent_stable = stable_document_block(outcome.provenance or {})
         key = plan.block_key if whole or sent_stable else None
         cache = self.warm.estimate(long, key if whole else None, plan.stats.context_tokens if whole else None,
                                    always_long=True)
         entry.counterfactual(long, plan.context_tokens, capacity, cache.cached_tokens, cache.write_tokens)
-        self.warm.record(long, key, entry.record.calls, sent_stable)
+        self.warm.record(long, key, entry.calls, sent_stable)
 
     @staticmethod
     def _body(body: dict[str, Any], config: ModelConfig, prepared: PreparedPrompt) -> dict[str, Any]:
@@ -318,28 +312,29 @@ class RoutingService:
                 logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
         raise AssertionError("unreachable: the policy always has a long model")
 
-    async def _stream(self, chat, body, config, route, plan: RoutePlan, prepared, entry) -> Streamed:
-        entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
+    async def _stream(self, chat, body, config, route, plan: RoutePlan, prepared, entry, outcome: Outcome) -> Streamed:
+        outcome.provenance = self.ready_planner().provenance(plan, prepared, route)
         return await stream_upstream(
             self.upstream, entry, config, route, self._body(body, config, prepared),
             client_wants_usage=chat.wants_usage_in_stream,
-            before_finish=lambda: self._counterfactual(entry, plan),
+            before_finish=lambda: self._counterfactual(entry, plan, outcome),
         )
 
-    async def _stream_long(self, chat, body, plan: RoutePlan, prepared, entry) -> Streamed:
+    async def _stream_long(self, chat, body, plan: RoutePlan, prepared, entry, outcome: Outcome) -> Streamed:
         """Open the long stream on the long model, else on each alternate in order (only before the first
         chunk: once text has reached the client, a failure ends the stream with an error event)."""
         models = self._long_models()
         for index, config in enumerate(models):
             try:
-                return await self._stream(chat, body, config, LONG, plan, prepared, entry)
+                return await self._stream(chat, body, config, LONG, plan, prepared, entry, outcome)
             except GatewayError as exc:
                 if index == len(models) - 1 or not worth_an_alternate(exc):
                     raise
                 logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
         raise AssertionError("unreachable: the policy always has a long model")
 
-    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, route: str, entry) -> Streamed:
+    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, route: str, entry,
+                              outcome: Outcome) -> Streamed:
         """Hold the cheap stream until the check can decide: its opening for the literal rule, the whole answer
         for the verifier. Then relay it, or close it and stream the long answer instead."""
         cheap = self.policy.cheap
@@ -374,10 +369,10 @@ class RoutingService:
             await chunks.aclose()
             raise
         decision = plan.decision
-        verdict, judged = await self._verdict(plan, prepared, route, text, entry)
-        entry.record.reason = verdict.reason(decision)
+        verdict, judged = await self._verdict(plan, prepared, route, text, outcome)
+        outcome.reason = verdict.reason(decision)
         if not verdict.escalate:
-            entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
+            outcome.provenance = self.ready_planner().provenance(plan, prepared, route)
 
             async def held_then_rest() -> AsyncIterator[bytes]:
                 try:
@@ -391,7 +386,7 @@ class RoutingService:
 
             def finish_cheap(final_usage, error, status) -> None:
                 entry.stream_ended(cheap, route, final_usage, (time.perf_counter() - started) * 1000, error, status)
-                self._counterfactual(entry, plan)
+                self._counterfactual(entry, plan, outcome)
                 entry.finish(status, error)
                 if status == 200 and error is None:  # the client has the whole answer now
                     self._maybe_shadow(body, plan, entry, judged)
@@ -403,17 +398,17 @@ class RoutingService:
         if usage is None:  # cut short before the upstream reported usage: count what was sent and received
             usage = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(text)}
         entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000)
-        entry.record.route = verdict.outcome
+        outcome.route = verdict.outcome
         long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
         try:
-            return self._judged_stream(await self._stream_long(chat, body, plan, long_prepared, entry), entry, judged)
+            return self._judged_stream(await self._stream_long(chat, body, plan, long_prepared, entry, outcome),
+                                       entry, outcome, judged)
         except GatewayError as exc:
             if self.policy.routing.fallback.on_long_error == "error":
                 raise
-            self._kept_cheap(entry, exc, route)
-            failure = exc
+            self._kept_cheap(outcome, exc, route)
         # send the held cheap answer after all; a stream cut after its opening is closed as truncated
-        entry.record.provenance = self.ready_planner().provenance(plan, prepared, route)
+        outcome.provenance = self.ready_planner().provenance(plan, prepared, route)
         tail = [] if ended else held_tail(held[0], usage)
 
         async def held_only() -> AsyncIterator[bytes]:
@@ -421,13 +416,14 @@ class RoutingService:
                 yield item
 
         def finish_kept(final_usage, error, status) -> None:  # the cheap leg is already recorded
-            self._counterfactual(entry, plan)
+            self._counterfactual(entry, plan, outcome)
             entry.finish(status, error)
 
-        return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept, failure)
+        return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept)
 
 
-    def _judged_stream(self, streamed: Streamed, entry: RequestLedgerEntry, judged: JudgeInput) -> Streamed:
+    def _judged_stream(self, streamed: Streamed, entry: RequestLedgerEntry, outcome: Outcome,
+                       judged: JudgeInput) -> Streamed:
         """An escalated stream whose text is collected as it is relayed, for the judge once it has ended whole."""
         if not self.learning.settings.judge:
             return streamed
@@ -445,13 +441,12 @@ class RoutingService:
         def finish_judged(usage, error, status) -> None:
             whole = status == 200 and error is None
             if whole:
-                self._keep_texts(entry, long_answer="".join(parts))
+                self._keep_texts(outcome, long_answer="".join(parts))
             finish(usage, error, status)
             if whole:
                 self.learning.judge_escalation(entry, judged, "".join(parts))
 
-        return Streamed(streamed.first, collected(), streamed.client_wants_usage, finish_judged,
-                        streamed.fallback_error)
+        return Streamed(streamed.first, collected(), streamed.client_wants_usage, finish_judged)
 
 
 LONG_FAILED = "the long route failed, answered with the cheap route's reply"

@@ -6,7 +6,7 @@ from starlette.responses import Response
 
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import parse_chat_request, request_tags
-from gateway.routing.calls import Answer, Completed
+from gateway.routing.calls import Answer, Completed, Outcome
 from gateway.server import headers
 from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
@@ -17,14 +17,32 @@ from gateway.server.state import Gateway
 from gateway.server.streaming import stream_response
 
 
-def route_headers(entry: RequestLedgerEntry) -> dict[str, str]:
+def record_outcome(entry: RequestLedgerEntry, outcome: Outcome) -> None:
+    """What routing decided and did, into the request's ledger record (once it returned or failed, before a
+    stream starts: the stream's end settles the record)."""
+    record = entry.record
+    record.route, record.reason, record.provenance = outcome.route, outcome.reason, outcome.provenance
+    if outcome.features is not None:
+        record.features = outcome.features
+
+
+def route_headers(outcome: Outcome) -> dict[str, str]:
     # header values must be latin-1; reasons are ours and ASCII, but be safe
-    reason = (entry.record.reason or "").encode("ascii", "replace").decode()
-    return {headers.ROUTE: entry.record.route or "", headers.REASON: reason}
+    reason = (outcome.reason or "").encode("ascii", "replace").decode()
+    return {headers.ROUTE: outcome.route or "", headers.REASON: reason}
 
 
-def render(answer: Answer, extra_headers: dict[str, str]) -> Response:
-    failure = answer.fallback_error
+def selfroute_object(outcome: Outcome, request_id: str) -> dict:
+    """The routed answer's `selfroute` object: route, reason, rule, probability, request id and provenance."""
+    found = {"route": outcome.route, "reason": outcome.reason, "rule": outcome.rule,
+             "probability": outcome.probability, "request_id": request_id, "provenance": outcome.provenance}
+    if outcome.fallback_error is not None:
+        found["fallback_error"] = outcome.fallback_error.body()["error"]
+    return found
+
+
+def render(answer: Answer, outcome: Outcome, extra_headers: dict[str, str]) -> Response:
+    failure = outcome.fallback_error
     if failure is not None:
         extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failure.status} {failure.code or failure.type}"}
     if isinstance(answer, Completed):
@@ -58,6 +76,18 @@ async def chat_completions(ctx: RequestContext) -> Response:
     if chat.model in gateway.policy.aliases:
         entry.flags = await screen_attached(gateway.policy, chat, ctx.scope)
         collection = ctx.request.headers.get(headers.COLLECTION)
-        answer = await gateway.routing.route(chat, body, entry, collection, ctx.scope)
-        return render(answer, {**route_headers(entry), **await security_notes(gateway, answer, entry.flags)})
-    return render(await gateway.routing.passthrough(chat, body, entry), {})
+        outcome = Outcome()
+        try:
+            answer = await gateway.routing.route(chat, body, entry, collection, ctx.scope, outcome)
+        finally:
+            record_outcome(entry, outcome)
+        if isinstance(answer, Completed):
+            answer.completion["selfroute"] = selfroute_object(outcome, entry.record.id)
+        notes = await security_notes(gateway, answer, entry.flags)
+        return render(answer, outcome, {**route_headers(outcome), **notes})
+    outcome = Outcome()
+    try:
+        answer = await gateway.routing.passthrough(chat, body, entry, outcome)
+    finally:
+        record_outcome(entry, outcome)
+    return render(answer, outcome, {})

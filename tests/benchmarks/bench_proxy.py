@@ -1,10 +1,16 @@
-"""Proxy overhead: latency, throughput and CPU per request, direct to a loopback upstream vs through selfroute.
+"""Proxy overhead side by side: direct to a loopback upstream, through the LiteLLM proxy, through selfroute.
 
-    .venv/bin/python tests/benchmarks/bench_proxy.py [--requests 3000] [--concurrency 32]
+    .venv/bin/python tests/benchmarks/bench_proxy.py [--requests 300] [--concurrency 1 32] [--pin] \
+        [--litellm-path DIR]
 
-The upstream answers instantly (a raw ASGI app under uvicorn, own process). The gateway runs in its
-own process with one worker, pass-through policy model pointing at the upstream. CPU per request is the
-gateway process's user+system time over the run divided by the requests it served.
+The upstream answers instantly (a raw ASGI app under uvicorn, own process). The gateway runs in its own
+process with one worker, pass-through policy model pointing at the upstream; the LiteLLM proxy (when its
+proxy dependencies import: `litellm.proxy.proxy_server`, optionally from --litellm-path) likewise, one
+worker, a model_list entry for the same upstream. CPU per request is the proxy process's user+system time
+over the cell divided by the requests it served (its threads, the ledger writer's included). "added" is
+the proxy's latency percentile minus the direct path's at the same concurrency. --pin puts the proxies on
+CPU 0 and the upstream and the load generator on CPU 1 (as issue 23 measured). Idle RSS is read before
+the first cell, once the proxy answers and its start-up threads are done.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import multiprocessing
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +36,8 @@ CHUNKS = [
     json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench",
                 "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}).encode()
     for w in ("The ", "answer ", "is ", "ok", ".")
+] + [json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode()
 ] + [json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench", "choices": [],
                  "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}}).encode()]
 
@@ -87,21 +96,71 @@ passthrough: {{allow: ["*"]}}
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User+system CPU seconds of a process and its children (the LiteLLM CLI may fork its server)."""
+    def own(p: int) -> float:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    total = own(pid)
+    for child in Path(f"/proc/{pid}/task").glob("*/children"):
+        for c in child.read_text().split():
+            try:
+                total += cpu_seconds(int(c))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    total = int(status.split("VmRSS:")[1].split()[0]) / 1024
+    for child in Path(f"/proc/{pid}/task").glob("*/children"):
+        for c in child.read_text().split():
+            try:
+                total += rss_mb(int(c))
+            except FileNotFoundError:
+                pass
+    return total
+
+
+LITELLM_CONFIG = """
+model_list:
+  - model_name: gpt-bench
+    litellm_params: {{model: openai/bench, api_base: "http://127.0.0.1:{upstream_port}/v1", api_key: bench}}
+litellm_settings: {{telemetry: false}}
+"""
+
+
+def start_litellm(port: int, upstream_port: int, data_dir: str, extra_path: str | None) -> subprocess.Popen | None:
+    """The LiteLLM proxy (one worker) in front of the same upstream, or None when its extras do not import."""
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, env.get("PYTHONPATH")) if p)
+    check = subprocess.run([sys.executable, "-c", "import litellm.proxy.proxy_server"], env=env,
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        print("LiteLLM proxy not measured: " + (check.stderr.strip().splitlines() or ["?"])[-1], file=sys.stderr)
+        return None
+    config = Path(data_dir) / "litellm.yaml"
+    config.write_text(LITELLM_CONFIG.format(upstream_port=upstream_port))
+    cli = Path(sys.executable).with_name("litellm")
+    return subprocess.Popen([str(cli), "--config", str(config), "--port", str(port), "--num_workers", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 async def wait_ready(url: str) -> None:
     import aiohttp
 
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
-                async with session.post(url, data=b'{"model":"x","messages":[{"role":"user","content":"hi"}]}',
+                async with session.post(url, data=b'{"model":"gpt-bench","messages":[{"role":"user","content":"hi"}]}',
                                         headers={"content-type": "application/json"}) as r:
                     await r.read()
-                    return
+                    if r.status == 200:
+                        return
+                    await asyncio.sleep(0.2)
             except aiohttp.ClientError:
                 await asyncio.sleep(0.05)
     raise TimeoutError(url)
@@ -144,58 +203,84 @@ def measure(label: str, url: str, pid: int | None, requests: int, concurrency: i
     cpu_before = cpu_seconds(pid) if pid else 0.0
     latencies, elapsed = asyncio.run(load(url, requests, concurrency, stream))
     cpu = (cpu_seconds(pid) - cpu_before) if pid else None
-    # latency at concurrency 1 shows the added time per request without queueing
-    serial, _ = asyncio.run(load(url, min(500, requests), 1, stream))
-    row = {
+    return {
         "path": label, "stream": stream, "requests": requests, "concurrency": concurrency,
         "req_per_s": requests / elapsed,
-        "serial_p50_ms": statistics.median(serial), "serial_p99_ms": percentile(serial, 99),
-        "loaded_p50_ms": statistics.median(latencies), "loaded_p99_ms": percentile(latencies, 99),
-        "gateway_cpu_ms_per_req": None if cpu is None else cpu / requests * 1000,
+        "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
+        "cpu_ms_per_req": None if cpu is None else cpu / requests * 1000,
     }
-    return row
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=300, help="requests per cell (after a warm-up)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--pin", action="store_true", help="proxies on CPU 0; upstream and load on CPU 1")
+    parser.add_argument("--litellm-path", help="a directory holding the LiteLLM proxy's extra dependencies")
+    parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ctx = multiprocessing.get_context("spawn")
-    upstream_port, gateway_port = free_port(), free_port()
+    upstream_port, gateway_port, litellm_port = free_port(), free_port(), free_port()
     data_dir = tempfile.mkdtemp(prefix="selfroute-bench-")
     upstream = ctx.Process(target=run_upstream, args=(upstream_port,), daemon=True)
     gateway = ctx.Process(target=run_gateway, args=(gateway_port, upstream_port, data_dir), daemon=True)
     upstream.start()
     gateway.start()
+    litellm = None if args.no_litellm else start_litellm(litellm_port, upstream_port, data_dir, args.litellm_path)
     try:
+        if args.pin:
+            for proxy in (gateway.pid, *( [litellm.pid] if litellm else [])):
+                os.sched_setaffinity(proxy, {0})
+            os.sched_setaffinity(upstream.pid, {1})
+            os.sched_setaffinity(0, {1})
         direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-        gateway_url = f"http://127.0.0.1:{gateway_port}/v1/chat/completions"
-        asyncio.run(wait_ready(direct_url))
-        asyncio.run(wait_ready(gateway_url))
+        paths = [("direct", direct_url, None), ("selfroute", f"http://127.0.0.1:{gateway_port}/v1/chat/completions", gateway.pid)]
+        if litellm is not None:
+            paths.insert(1, ("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", litellm.pid))
+        for _, url, _ in paths:
+            asyncio.run(wait_ready(url))
+        time.sleep(20)  # start-up threads (price warm-up, model build, the gateway's gc.freeze) finish
+        idle = {label: rss_mb(pid) for label, _, pid in paths if pid}
         rows = []
         for stream in (False, True):
-            rows.append(measure("direct", direct_url, None, args.requests, args.concurrency, stream))
-            rows.append(measure("gateway", gateway_url, gateway.pid, args.requests, args.concurrency, stream))
-        for stream in (False, True):
-            direct, through = [r for r in rows if r["stream"] == stream]
-            through["added_serial_p50_ms"] = through["serial_p50_ms"] - direct["serial_p50_ms"]
+            for concurrency in args.concurrency:
+                cell = [measure(label, url, pid, args.requests, concurrency, stream) for label, url, pid in paths]
+                direct = cell[0]
+                for row in cell[1:]:
+                    row["added_p50_ms"] = row["p50_ms"] - direct["p50_ms"]
+                    row["added_p99_ms"] = row["p99_ms"] - direct["p99_ms"]
+                    row["share_of_direct"] = row["req_per_s"] / direct["req_per_s"]
+                rows += cell
         if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            header = f"{'path':8} {'stream':6} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'loaded p50':>10} {'loaded p99':>10} {'CPU ms/req':>10} {'added p50':>9}"
-            print(header)
-            for r in rows:
-                cpu = f"{r['gateway_cpu_ms_per_req']:.2f}" if r["gateway_cpu_ms_per_req"] is not None else "-"
-                added = f"{r['added_serial_p50_ms']:.2f}" if "added_serial_p50_ms" in r else "-"
-                print(f"{r['path']:8} {str(r['stream']):6} {r['req_per_s']:8.0f} {r['serial_p50_ms']:7.2f} "
-                      f"{r['serial_p99_ms']:7.2f} {r['loaded_p50_ms']:10.2f} {r['loaded_p99_ms']:10.2f} {cpu:>10} {added:>9}")
+            print(json.dumps({"idle_rss_mb": idle, "rows": rows}, indent=2))
+            return 0
+        print(f"uptime: {Path('/proc/loadavg').read_text().split()[:3]} (load average), pinned: {args.pin}, "
+              f"{args.requests} requests per cell")
+        print("idle RSS: " + ", ".join(f"{k} {v:.0f} MB" for k, v in idle.items()))
+        print(f"{'mode':6} {'conc':>4} {'path':9} {'req/s':>8} {'of direct':>9} {'CPU ms/req':>10} "
+              f"{'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'added p99':>9}")
+        for r in rows:
+            cpu = f"{r['cpu_ms_per_req']:.2f}" if r["cpu_ms_per_req"] is not None else "-"
+            share = f"{r['share_of_direct']:.0%}" if "share_of_direct" in r else "-"
+            added = (f"{r['added_p50_ms']:9.2f} {r['added_p99_ms']:9.2f}" if "added_p50_ms" in r else f"{'-':>9} {'-':>9}")
+            print(f"{'stream' if r['stream'] else 'plain':6} {r['concurrency']:4d} {r['path']:9} {r['req_per_s']:8.0f} "
+                  f"{share:>9} {cpu:>10} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {added}")
+        for r in rows:
+            if r["path"] == "selfroute" and r["concurrency"] == max(args.concurrency):
+                ok = (r["share_of_direct"] >= 0.5, r["cpu_ms_per_req"] <= 0.3,
+                      r["added_p99_ms"] <= 5 * max(r["added_p50_ms"], 1e-9))
+                print(f"targets, {'stream' if r['stream'] else 'plain'} at {r['concurrency']}: >= 50% of direct "
+                      f"{'met' if ok[0] else 'NOT met'}, <= 0.3 ms CPU {'met' if ok[1] else 'NOT met'}, "
+                      f"added p99 <= 5x added p50 {'met' if ok[2] else 'NOT met'}")
     finally:
         gateway.terminate()
         upstream.terminate()
+        if litellm is not None:
+            litellm.terminate()
+            litellm.wait(10)
         gateway.join(10)
         upstream.join(10)
     return 0

@@ -42,6 +42,10 @@ class RagSettings(_Strict):
         None, description="sentence-transformers model path; null = the packaged all-MiniLM-L6-v2"
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
+    embedding_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+        "torch", description="torch: sentence-transformers; onnx: the same model exported to ONNX once (cached in "
+        "the data directory's models/) and run by onnxruntime, the same vectors; onnx-int8: its weights quantised"
+    )
     chunking: ChunkingSettings = ChunkingSettings()
     top_k: int = Field(8, ge=1, le=200)
     hybrid: bool = True

@@ -110,7 +110,8 @@ def open_store(args: argparse.Namespace, policy):
     if args.store_uri:
         settings.vector_store_uri = args.store_uri
     rag = policy.rag
-    return DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size), rag)
+    return DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
+                                                          backend=rag.embedding_backend, cache_dir=settings.data_dir / "models"), rag)
 
 
 def _cache_prices(text: str) -> tuple[float, float | None]:

@@ -173,7 +173,8 @@ class RouteInputBuilder:
         self.policy = policy
         self.window = long_window(policy, window_tokens)
         if embedder is None:
-            embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size)
+            embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size,
+                                backend=policy.rag.embedding_backend)
         self.store = DocumentStore(str(store_uri), embedder, policy.rag)
         self.rag = RagPipeline(self.store, policy.rag)
         # no embedder: over-long documents are cut by BM25 ranking; only the token count is used here

@@ -119,7 +119,8 @@ class RoutingService:
         from pipelines.store import DocumentStore
 
         rag = self.policy.rag
-        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size)
+        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
+                                                   backend=rag.embedding_backend, cache_dir=self.settings.data_dir / "models")
         # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
         # first routed request does not load it (seconds) and a ready gateway has every model it needs
         getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -104,10 +105,8 @@ def cpu_seconds(pid: int) -> float:
     total = own(pid)
     for child in Path(f"/proc/{pid}/task").glob("*/children"):
         for c in child.read_text().split():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += cpu_seconds(int(c))
-            except FileNotFoundError:
-                pass
     return total
 
 
@@ -116,10 +115,8 @@ def rss_mb(pid: int) -> float:
     total = int(status.split("VmRSS:")[1].split()[0]) / 1024
     for child in Path(f"/proc/{pid}/task").glob("*/children"):
         for c in child.read_text().split():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += rss_mb(int(c))
-            except FileNotFoundError:
-                pass
     return total
 
 

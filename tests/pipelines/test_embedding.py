@@ -61,3 +61,42 @@ def test_remembered_questions_are_kept_apart_by_scope(embedder):
     assert asked_by("bob") is bob
     unscoped = embedder.embed_query(question)  # no scope (the CLI): a third, shared entry
     assert unscoped is not alice and unscoped is not bob and embedder.embed_query(question) is unscoped
+
+
+TEXTS = ["The cat sat on the mat.", "A cat is sitting on a rug.", "Quarterly revenue rose 12%.",
+         "Open valve V2 before starting pump P1; " * 40]  # the last one longer than the model's 256 word pieces
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    return tmp_path_factory.mktemp("models")
+
+
+def test_onnx_backend_gives_the_torch_vectors_from_a_cached_local_export(embedder, onnx_cache):
+    reference = embedder.embed(TEXTS)
+    onnx = Embedder(batch_size=3, backend="onnx", cache_dir=onnx_cache)
+    vectors = onnx.embed(TEXTS)  # exported from the packaged model on first use (HF_HUB_OFFLINE=1: no download)
+    assert vectors.dtype == np.float32 and vectors.shape == reference.shape and onnx.dimension == 384
+    assert np.allclose(vectors, reference, atol=2e-4)  # sorted-by-length batches, truncation as torch's
+    assert np.allclose(onnx.embed_query(TEXTS[0]), reference[0], atol=2e-4)
+    exported = list(onnx_cache.glob("*.onnx"))
+    assert len(exported) == 1
+    stamp = exported[0].stat().st_mtime_ns
+    again = Embedder(backend="onnx", cache_dir=onnx_cache)
+    assert np.allclose(again.embed(TEXTS[:1]), reference[:1], atol=2e-4)
+    assert exported[0].stat().st_mtime_ns == stamp  # the cached export is reused, not made again
+
+
+def test_onnx_int8_backend_stays_close_and_keeps_the_ranking(embedder, onnx_cache):
+    reference = embedder.embed(TEXTS)
+    vectors = Embedder(backend="onnx-int8", cache_dir=onnx_cache).embed(TEXTS)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert (vectors * reference).sum(axis=1).min() > 0.85
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3
+    assert any(p.name.endswith("-int8.onnx") for p in onnx_cache.glob("*.onnx"))
+
+
+def test_unknown_backend_is_refused():
+    with pytest.raises(ValueError, match="onnx-int8"):
+        Embedder(backend="openvino")

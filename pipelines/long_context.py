@@ -13,8 +13,7 @@ import json
 import logging
 import math
 import re
-import threading
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 
 from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.cache import LockedLRU
 from pipelines.chunking import pack_spans
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
@@ -145,25 +145,14 @@ class UnitCache:
 
     def __init__(self, size: int = 64):
         self.size = size
-        self._entries: OrderedDict[tuple, DocumentUnits] = OrderedDict()
-        self._lock = threading.Lock()
+        self._entries: LockedLRU[tuple, DocumentUnits] = LockedLRU(size)
 
     def get(self, doc: Document, settings: LongContextSettings, scope: KeyScope = SHARED) -> DocumentUnits:
         # the key scope (pipelines.scope) is in the key although units do not depend on it: one key's request must
         # not reuse (or time) another's work; so is the metadata, which is the document's content too
         key = (scope, doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
                json.dumps(doc.metadata, sort_keys=True, default=str), settings.unit_min_tokens, settings.unit_max_tokens)
-        with self._lock:
-            found = self._entries.get(key)
-            if found is not None:
-                self._entries.move_to_end(key)
-                return found
-        made = unit_blocks(doc, settings)
-        with self._lock:
-            self._entries[key] = made
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-        return made
+        return self._entries.get_or_make(key, lambda: unit_blocks(doc, settings))
 
 
 # -- relevance ---------------------------------------------------------------------------------

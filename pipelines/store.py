@@ -19,7 +19,6 @@ import re
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
+from pipelines.cache import LockedLRU
 from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
@@ -234,8 +234,7 @@ class DocumentStore:
         self._secret_lock = threading.Lock()
         # (collection, doc id, content hash) -> ChunkVectors; the hash keeps a replaced document from
         # being scored with its old vectors
-        self._vectors: OrderedDict[tuple[str, str, str], ChunkVectors] = OrderedDict()
-        self._vectors_lock = threading.Lock()
+        self._vectors: LockedLRU[tuple[str, str, str], ChunkVectors] = LockedLRU(_VECTOR_CACHE_CHUNKS, getsizeof=len)
 
     # -- connection and tables -------------------------------------------------------------------
     @property
@@ -801,12 +800,10 @@ class DocumentStore:
                 .select(["id", "content_hash"]).limit(None).to_arrow())
         current = dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist()))
         found: dict[str, ChunkVectors] = {}
-        with self._vectors_lock:
-            for doc_id, digest in current.items():
-                entry = self._vectors.get((collection, doc_id, digest))
-                if entry is not None:
-                    self._vectors.move_to_end((collection, doc_id, digest))
-                    found[doc_id] = entry
+        for doc_id, digest in current.items():
+            entry = self._vectors.get((collection, doc_id, digest))
+            if entry is not None:
+                found[doc_id] = entry
         missing = [d for d in current if d not in found]
         if missing:
             table = (chunks_table.search().where(f"doc_id IN ({', '.join(_sql_str(i) for i in missing)})")
@@ -821,13 +818,7 @@ class DocumentStore:
                 mine = mine[np.argsort(positions[mine], kind="stable")]
                 entry = ChunkVectors(starts[mine], ends[mine], np.ascontiguousarray(vectors[mine], np.float32))
                 found[doc_id] = entry
-                with self._vectors_lock:
-                    self._vectors[(collection, doc_id, current[doc_id])] = entry
-            with self._vectors_lock:
-                held = sum(len(v) for v in self._vectors.values())
-                while self._vectors and held > _VECTOR_CACHE_CHUNKS:
-                    _, dropped = self._vectors.popitem(last=False)
-                    held -= len(dropped)
+                self._vectors.put((collection, doc_id, current[doc_id]), entry)
         return found
 
     @_io_as_unavailable

@@ -8,8 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -22,6 +20,7 @@ from gateway.routing.request_limits import check_documents
 from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.cache import LockedLRU
 from pipelines.documents import Document
 from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache, question_tokens
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
@@ -108,22 +107,13 @@ class RoutePlanner:
         )
         # sections and cross-references of a long document take a while to count: asking about the
         # same attached documents again reuses them, like the embeddings
-        self._stats_cache: OrderedDict[tuple, DocumentStats] = OrderedDict()
-        self._index_cache: OrderedDict[tuple, DocumentIndex] = OrderedDict()
-        self._stats_lock = threading.Lock()
+        self._stats_cache: LockedLRU[tuple, DocumentStats] = LockedLRU(STATS_CACHE_SIZE)
+        self._index_cache: LockedLRU[tuple, DocumentIndex] = LockedLRU(INDEX_CACHE_SIZE)
 
-    def _cached(self, cache: OrderedDict, size: int, documents: list[Document], compute, key: tuple | None = None):
+    @staticmethod
+    def _cached(cache: LockedLRU, documents: list[Document], compute, key: tuple | None = None):
         key = key if key is not None else documents_key(documents)
-        with self._stats_lock:
-            if key in cache:
-                cache.move_to_end(key)
-                return cache[key]
-        value = compute(documents)
-        with self._stats_lock:
-            cache[key] = value
-            while len(cache) > size:
-                cache.popitem(last=False)
-        return value
+        return cache.get_or_make(key, lambda: compute(documents))
 
     def _document_stats(self, documents: list[Document], key: tuple, check_size: bool = False) -> DocumentStats:
         def compute(docs: list[Document]) -> DocumentStats:
@@ -131,12 +121,12 @@ class RoutePlanner:
                 self._check_attached_size(docs)
             return document_stats(docs)
 
-        return self._cached(self._stats_cache, STATS_CACHE_SIZE, documents, compute, key)
+        return self._cached(self._stats_cache, documents, compute, key)
 
     def _document_index(self, documents: list[Document], key: tuple | None = None) -> DocumentIndex:
         from classifier.answer_features import document_index
 
-        return self._cached(self._index_cache, INDEX_CACHE_SIZE, documents,
+        return self._cached(self._index_cache, documents,
                             lambda docs: document_index("\n\n".join(d.text for d in docs)), key)
 
     def _collection_index(self, name: str) -> DocumentIndex | None:
@@ -146,10 +136,9 @@ class RoutePlanner:
         if info is None or not info.documents:
             return None
         version = ("collection", name, tuple((d.id, d.content_hash) for d in info.documents))
-        with self._stats_lock:
-            if version in self._index_cache:
-                self._index_cache.move_to_end(version)
-                return self._index_cache[version]
+        found = self._index_cache.get(version)
+        if found is not None:
+            return found
         return self._document_index(self.store.documents(name), key=version)
 
     # -- context --------------------------------------------------------------------------------

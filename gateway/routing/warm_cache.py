@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from gateway.ledger.records import UpstreamCall
 from gateway.routing.prompt_cache import needs_cache_control
+from pipelines.cache import LockedLRU
 from policies.routes import LONG
 from policies.schema import ModelConfig
 
@@ -58,7 +58,8 @@ class WarmPrefixes:
     def __init__(self, size: int = DEFAULT_SIZE, clock: Callable[[], float] = time.monotonic):
         self.size = size
         self.clock = clock
-        self._blocks: OrderedDict[tuple[str, str], _Block] = OrderedDict()
+        # the blocks' fields and the caching models change under self._lock; the record's own lock keeps its order
+        self._blocks: LockedLRU[tuple[str, str], _Block] = LockedLRU(size)
         self._caching_models: set[str] = set()  # upstreams that reported a cache read or write
         self._lock = threading.Lock()
 
@@ -82,7 +83,7 @@ class WarmPrefixes:
             if config.model not in self._caching_models:  # neither reads nor writes assumed: the plain input price
                 return CacheEstimate(COLD, f"{config.model}'s upstream has not reported a prompt-cache read or write "
                                      "in this process")
-            block = self._blocks.get((config.model, key))
+            block = self._blocks.peek((config.model, key))
             at = None if block is None else (block.seen_at if always_long else block.sent_at)
             reported = 0 if block is None else block.reported_tokens
         written = prefix_tokens if needs_cache_control(config) else 0
@@ -117,11 +118,4 @@ class WarmPrefixes:
                     block.reported_tokens = max(call.cached_tokens, call.cache_write_tokens) or block.reported_tokens
 
     def _touch(self, model: str, key: str) -> _Block:
-        block = self._blocks.get((model, key))
-        if block is None:
-            block = self._blocks[(model, key)] = _Block()
-            while len(self._blocks) > self.size:
-                self._blocks.popitem(last=False)
-        else:
-            self._blocks.move_to_end((model, key))
-        return block
+        return self._blocks.get_or_make((model, key), _Block)

@@ -8,8 +8,6 @@ and reported. block: 400 document_injection naming the document and the rules.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from typing import Any
 
 import anyio
@@ -18,6 +16,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest, InlineDocument
 from gateway.routing.request_limits import check_documents
 from gateway.server import headers
+from pipelines.cache import LockedLRU
 from pipelines.scope import SHARED, KeyScope
 from policies.schema import Policy
 
@@ -28,22 +27,12 @@ SCAN_CACHE_SIZE = 256
 # Scanning a 100k-token document takes ~100 ms; asking about the same attached document again reuses the
 # result, like the document's embeddings and statistics: keyed by the text's hash and by the key that sent it, so
 # nothing is shared between different texts, and a key's timing never tells it that another key sent this text.
-_scans: OrderedDict[tuple[KeyScope, str, str], Any] = OrderedDict()
-_scans_lock = threading.Lock()
+_scans: LockedLRU[tuple[KeyScope, str, str], Any] = LockedLRU(SCAN_CACHE_SIZE)
 
 
 def _scan(scanner, mode: str, text: str, scope: KeyScope):
     key = (scope, mode, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
-    with _scans_lock:
-        if key in _scans:
-            _scans.move_to_end(key)
-            return _scans[key]
-    result = scanner.apply(text)
-    with _scans_lock:
-        _scans[key] = result
-        while len(_scans) > SCAN_CACHE_SIZE:
-            _scans.popitem(last=False)
-    return result
+    return _scans.get_or_make(key, lambda: scanner.apply(text))
 
 
 def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str,

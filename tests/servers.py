@@ -10,12 +10,12 @@ import uvicorn
 
 def _wait_until_ready(app, deadline: float) -> None:
     """A gateway loads its models after it starts listening (its readiness probe says when): tests want them in."""
-    routing = getattr(getattr(getattr(app, "state", None), "gateway", None), "routing", None)
-    if routing is None:  # not a gateway, or one built without routing (the admin tests' apps)
+    startup = getattr(getattr(getattr(app, "state", None), "gateway", None), "startup", None)
+    if startup is None:  # not a gateway, or one built without routing (the admin tests' apps)
         return
-    while routing.planner is None:
-        if routing.build_error is not None:
-            raise RuntimeError(f"gateway failed to load: {routing.build_error}")
+    while not startup.ready:
+        if startup.error is not None:
+            raise RuntimeError(f"gateway failed to load: {startup.error}")
         if time.monotonic() > deadline:
             raise TimeoutError("gateway did not load its models in time")
         time.sleep(0.01)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import anyio
@@ -21,15 +20,12 @@ from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.calls import Answer, Completed, Outcome, Streamed, complete_upstream, open_stream, stream_upstream
-from gateway.routing.decision import Router
 from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
 from gateway.routing.learning.loop import JudgeInput, LearningLoop
-from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.routing.prompt_cache import mark_document_block, needs_cache_control, stable_document_block
 from gateway.routing.warm_cache import WarmPrefixes
-from gateway.settings import Settings
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
 from gateway.upstreams.local import is_packaged_local_model
 from pipelines.base import PreparedPrompt
@@ -38,16 +34,10 @@ from pipelines.tokens import count_tokens
 from policies.routes import LONG, PASSTHROUGH, SHADOW
 from policies.schema import ModelConfig, Policy
 
-if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported when the service is built, not with the app
+if TYPE_CHECKING:  # the planner loads pyarrow/lancedb/torch: imported by start-up, not with the app
     from gateway.routing.planner import RoutePlan, RoutePlanner
-    from pipelines.embedding import Embedder
-    from pipelines.store import DocumentStore
 
 logger = logging.getLogger(__name__)
-
-# why the gateway cannot route yet: the readiness probe's reason and the 503 answers' error code
-NOT_READY = "not_ready"  # still loading the embedding model, store and classifier
-BUILD_FAILED = "build_failed"  # loading them failed; the process stays up to say so
 
 
 def completion_text(completion: dict[str, Any]) -> str | None:
@@ -94,63 +84,26 @@ def passthrough_config(policy: Policy, model: str) -> ModelConfig:
 
 
 class RoutingService:
-    """Owns the document store, pipelines and router; answers chat requests."""
+    """Answers chat requests: pass-through, and routed with the planner start-up hands it (gateway.server.startup
+    owns loading the models and the document store)."""
 
-    def __init__(self, settings: Settings, policy: Policy, policy_path: Path | None, upstream: Upstream, *,
-                 embedder: Embedder | None = None):
-        self.settings = settings
+    def __init__(self, policy: Policy, upstream: Upstream):
         self.policy = policy
-        self.policy_path = policy_path
         self.upstream = upstream
-        self._embedder = embedder
-        self.store: DocumentStore | None = None
-        self.planner: RoutePlanner | None = None
-        self.build_error: str | None = None  # why build() failed: for the log and the admin's readiness view only
-        self.missing_credentials: list[dict] = []  # hosted models whose key variable is unset (readiness says so)
-        self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until build() loads the verifier
+        self.planner: RoutePlanner | None = None  # handed over by start-up (gateway.server.startup) once loaded
+        self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until start-up loads the verifier
         self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
         self.learning = LearningLoop(policy, upstream)  # judge and shadow work, in the background
 
-    def build(self) -> None:
-        """Load the embedding model, open the store, load the route model (slow: run in a worker thread)."""
-        from gateway.routing.planner import RoutePlanner
-        from gateway.upstreams.credentials import missing_credentials
-        from pipelines.embedding import Embedder
-        from pipelines.store import DocumentStore
-
-        rag = self.policy.rag
-        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
-                                                   backend=rag.embedding_backend, cache_dir=self.settings.data_dir / "models")
-        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
-        # first routed request does not load it (seconds) and a ready gateway has every model it needs
-        getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
-        self.store = DocumentStore(self.settings.store_uri, embedder, rag)
-        router = Router(self.policy, load_route_model(self.policy, self.policy_path))
-        self.check = CheapAnswerCheck(self.policy, load_verifier_model(self.policy, self.policy_path))
-        self.missing_credentials = missing_credentials(self.policy)  # logged as warnings
-        local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
-        for config in (self.policy.cheap, self.policy.long):
-            if config.model.startswith("local/") and hasattr(local, "load"):
-                local.load(config)
-        self.planner = RoutePlanner(self.policy, self.store, router)
-
-    @property
-    def not_ready_reason(self) -> str | None:
-        """NOT_READY, BUILD_FAILED, or None once the planner is built."""
-        if self.build_error is not None:
-            return BUILD_FAILED
-        return NOT_READY if self.planner is None else None
-
-    def not_ready(self) -> GatewayError:
-        """The 503 for a request that needs what build() loads. A failure's text names files on the server: it
-        stays in the log (and the admin's readiness view), never in an answer."""
-        if self.not_ready_reason == BUILD_FAILED:
-            return GatewayError(503, "the gateway could not load its models; its log says why", code=BUILD_FAILED)
-        return GatewayError(503, "the gateway is still starting", code=NOT_READY)
+    def attach(self, planner: RoutePlanner, check: CheapAnswerCheck) -> None:
+        """What start-up loaded: the planner (document store, pipelines, router) and the answer check."""
+        self.check = check
+        self.planner = planner
 
     def ready_planner(self) -> RoutePlanner:
+        """The planner; routed work is asked for only once start-up is done (the server checks readiness first)."""
         if self.planner is None:
-            raise self.not_ready()
+            raise RuntimeError("routing asked to plan before start-up handed it a planner")
         return self.planner
 
     # -- pass-through ---------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import functools
 import gc
 import logging
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
@@ -37,6 +36,7 @@ from gateway.server.access_log import AccessLog
 from gateway.server.middleware import RequestMiddleware
 from gateway.server.models import model_routes
 from gateway.server.openapi import docs_routes, openapi_route
+from gateway.server.startup import Startup
 from gateway.server.state import Gateway
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
@@ -58,18 +58,6 @@ def default_upstream() -> Upstream:
     from gateway.upstreams.local import LocalModelUpstream
 
     return ProviderUpstream(DirectOpenAIUpstream(), LiteLLMUpstream(), LocalModelUpstream())
-
-
-def _build_in_background(routing: RoutingService) -> None:
-    started = time.perf_counter()
-    try:
-        routing.build()
-    except Exception as exc:  # the process stays up to say so: 503 build_failed; the text for the log and admin
-        routing.build_error = f"{type(exc).__name__}: {exc}"
-        logger.exception("loading the embedding model, store or routing classifier failed")
-        return
-    logger.info("ready: embedding model, document store and routing classifier loaded in %.1fs",
-                time.perf_counter() - started)
 
 
 def _freeze_when_loaded(*loaders: threading.Thread) -> None:
@@ -110,11 +98,13 @@ def create_app(
         auth.store = keys
     upstream = upstream or default_upstream()
     prices = prices or PriceBook()
-    routing = RoutingService(settings, policy, policy_path, upstream, embedder=embedder)
+    routing = RoutingService(policy, upstream)
+    startup = Startup(settings, policy, policy_path, upstream, routing, embedder=embedder)
     routing.learning.budget.read_spend = functools.partial(learning_spend, ledger.location)
     labels = LabelStore(ledger.location)
     metrics = metrics or GatewayMetrics()
-    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels)
+    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels,
+                      startup)
     ledger.subscribe(metrics.observe)
 
     @contextlib.asynccontextmanager
@@ -126,7 +116,7 @@ def create_app(
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
         # models and stores load after the server listens: liveness answers at once, readiness when they are in
-        build = threading.Thread(target=_build_in_background, args=(routing,), name="selfroute-build", daemon=True)
+        build = threading.Thread(target=startup.build_in_background, name="selfroute-build", daemon=True)
         build.start()
         threading.Thread(target=_freeze_when_loaded, args=(warm, build), name="selfroute-gc-freeze",
                          daemon=True).start()

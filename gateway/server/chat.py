@@ -74,6 +74,7 @@ async def chat_completions(ctx: RequestContext) -> Response:
     await ctx.admit(chat.model, chat)  # reserves the request's estimated cost before any upstream call
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     if chat.model in gateway.policy.aliases:
+        gateway.check_ready()  # routed requests need the models start-up loads
         entry.flags = await screen_attached(gateway.policy, chat, ctx.scope)
         collection = ctx.request.headers.get(headers.COLLECTION)
         outcome = Outcome()

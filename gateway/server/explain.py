@@ -27,6 +27,7 @@ async def explain_route(ctx: RequestContext) -> Response:
     await ctx.admit(chat.model)
     found = await screen_attached(gateway.policy, chat, ctx.scope)
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
+    gateway.check_ready()
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
         explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],

@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.routing.service import BUILD_FAILED
 from gateway.server.bodies import json_response
+from gateway.server.startup import BUILD_FAILED
 from gateway.server.state import gateway_of
 
 
@@ -21,16 +21,16 @@ async def readiness(request: Request) -> Response:
     """Open to probes, so it says only a stable reason code; why a start failed (exception text, file paths) is in
     the log, and in this answer only for a caller presenting the admin key."""
     gateway = gateway_of(request)
-    routing = gateway.routing
-    reason = routing.not_ready_reason
+    startup = gateway.startup
+    reason = startup.not_ready_reason
     if reason is None:
         body = {"status": "ready"}
-        if routing.missing_credentials:  # variable names, never values
-            body["missing_credentials"] = routing.missing_credentials
+        if startup.missing_credentials:  # variable names, never values
+            body["missing_credentials"] = startup.missing_credentials
         return json_response(body)
     body = {"status": "failed" if reason == BUILD_FAILED else "starting", "reason": reason}
-    if routing.build_error is not None and gateway.auth.presents_admin_key(request):
-        body["error"] = routing.build_error
+    if startup.error is not None and gateway.auth.presents_admin_key(request):
+        body["error"] = startup.error
     return json_response(body, status=503)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from starlette.requests import Request
 
+from gateway.errors import GatewayError
 from gateway.ledger.keys import KeyStore
 from gateway.ledger.labels import LabelStore
 from gateway.ledger.pricing import PriceBook
@@ -13,6 +14,7 @@ from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
 from gateway.server.auth import Authenticator
 from gateway.server.metrics import GatewayMetrics
+from gateway.server.startup import Startup
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream
 from policies.schema import Policy
@@ -31,13 +33,23 @@ class Gateway:
     metrics: GatewayMetrics
     keys: KeyStore  # named keys, their spend and rate windows, and who owns which collection
     labels: LabelStore | None = None  # feedback labels (POST /v1/feedback) and who sent which request
+    startup: Startup | None = None  # loads the models and the document store; readiness (None: a bare test holder)
 
     @property
     def store(self):
         """The collections' document store (pipelines.store.DocumentStore), once start-up has built it."""
-        if self.routing.store is None:
-            raise self.routing.not_ready()
-        return self.routing.store
+        if self.startup is None or self.startup.store is None:
+            raise self.not_ready()
+        return self.startup.store
+
+    def not_ready(self) -> GatewayError:
+        return self.startup.not_ready() if self.startup is not None else GatewayError(
+            503, "the gateway is still starting", code="not_ready")
+
+    def check_ready(self) -> None:
+        """503 (not_ready or build_failed) until start-up has loaded what routed requests need."""
+        if self.startup is None or not self.startup.ready:
+            raise self.not_ready()
 
 
 def gateway_of(request: Request) -> Gateway:

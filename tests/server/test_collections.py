@@ -74,7 +74,7 @@ def test_documents_without_ids_are_named_by_content_and_never_replace_each_other
 
 def test_listing_skips_inline_collections_without_reading_them(gateway, monkeypatch):
     base, app = gateway
-    store = app.state.gateway.routing.store
+    store = app.state.gateway.store
     assert httpx.post(f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "Valves close clockwise."}]},
                       timeout=120).status_code == 201
     inline = store.inline_collection([Document("a", "The vault code is 4417.")])

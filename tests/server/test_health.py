@@ -29,9 +29,9 @@ class SlowEmbedder(Embedder):
 def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
     release = threading.Event()
     app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=SlowEmbedder(release))
-    routing = app.state.gateway.routing
-    real_build = routing.build
-    monkeypatch.setattr(routing, "build", lambda: (release.wait(30), real_build()))
+    startup = app.state.gateway.startup
+    real_build = startup.build
+    monkeypatch.setattr(startup, "build", lambda: (release.wait(30), real_build()))
     with serve_app(app, wait_ready=False) as url:
         assert httpx.get(f"{url}/health/liveness").json() == {"status": "ok"}
         starting = httpx.get(f"{url}/health/readiness")
@@ -51,12 +51,12 @@ def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstr
     monkeypatch.setenv("SELFROUTE_ADMIN_KEY", "admin-secret")
     monkeypatch.setenv("SELFROUTE_API_KEYS", "user-key")
     app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]))
-    routing = app.state.gateway.routing
+    startup = app.state.gateway.startup
 
     def broken():
         raise FileNotFoundError("no classifier at /srv/secret/nowhere.skops")
 
-    monkeypatch.setattr(routing, "build", broken)
+    monkeypatch.setattr(startup, "build", broken)
     with serve_app(app, wait_ready=False) as url:
         for _ in range(3000):
             failed = httpx.get(f"{url}/health/readiness")

@@ -1,0 +1,98 @@
+"""Start-up of what routed requests and collections need, owned by the gateway holder (gateway.server.state), not by
+routing: the embedding model (both copies), the document store, the route model and the verifier, and in-process
+chat models. They load in a worker thread after the server listens (liveness answers at once); readiness, and the 503
+of a request that needs them, say whether they are in, still loading, or failed to load."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gateway.errors import GatewayError
+from gateway.routing.decision import Router
+from gateway.routing.escalation import CheapAnswerCheck
+from gateway.routing.model_files import load_route_model, load_verifier_model
+from gateway.routing.service import RoutingService
+from gateway.settings import Settings
+from gateway.upstreams.base import Upstream
+from policies.schema import Policy
+
+if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported by build(), not with the app
+    from pipelines.embedding import Embedder
+    from pipelines.store import DocumentStore
+
+logger = logging.getLogger(__name__)
+
+# why the gateway cannot route yet: the readiness probe's reason and the 503 answers' error code
+NOT_READY = "not_ready"  # still loading the embedding model, store and classifier
+BUILD_FAILED = "build_failed"  # loading them failed; the process stays up to say so
+
+
+class Startup:
+    def __init__(self, settings: Settings, policy: Policy, policy_path: Path | None, upstream: Upstream,
+                 routing: RoutingService, *, embedder: Embedder | None = None):
+        self.settings, self.policy, self.policy_path = settings, policy, policy_path
+        self.upstream, self.routing = upstream, routing
+        self._embedder = embedder
+        self.store: DocumentStore | None = None
+        self.ready = False
+        self.error: str | None = None  # why build() failed: for the log and the admin's readiness view only
+        self.missing_credentials: list[dict] = []  # hosted models whose key variable is unset (readiness says so)
+
+    def build(self) -> None:
+        """Load the embedding model, open the store, load the route model and verifier, and hand routing its
+        planner (slow: run in a worker thread)."""
+        from gateway.routing.planner import RoutePlanner
+        from gateway.upstreams.credentials import missing_credentials
+        from pipelines.embedding import Embedder
+        from pipelines.store import DocumentStore
+
+        policy = self.policy
+        rag = policy.rag
+        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
+                                              backend=rag.embedding_backend, cache_dir=self.settings.data_dir / "models")
+        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
+        # first routed request does not load it (seconds) and a ready gateway has every model it needs
+        getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
+        store = DocumentStore(self.settings.store_uri, embedder, rag)
+        router = Router(policy, load_route_model(policy, self.policy_path))
+        check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path))
+        self.missing_credentials = missing_credentials(policy)  # logged as warnings
+        local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
+        for config in (policy.cheap, policy.long):
+            if config.model.startswith("local/") and hasattr(local, "load"):
+                local.load(config)
+        self.store = store
+        self.routing.attach(RoutePlanner(policy, store, router), check)
+        self.ready = True
+
+    def build_in_background(self) -> None:
+        """build(), for the start-up thread: a failure keeps the process up to say so (503 build_failed)."""
+        started = time.perf_counter()
+        try:
+            self.build()
+        except Exception as exc:  # the text for the log and the admin
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("loading the embedding model, store or routing classifier failed")
+            return
+        logger.info("ready: embedding model, document store and routing classifier loaded in %.1fs",
+                    time.perf_counter() - started)
+
+    @property
+    def not_ready_reason(self) -> str | None:
+        """NOT_READY, BUILD_FAILED, or None once everything is loaded."""
+        if self.error is not None:
+            return BUILD_FAILED
+        return None if self.ready else NOT_READY
+
+    def not_ready(self) -> GatewayError:
+        """The 503 for a request that needs what build() loads. A failure's text names files on the server: it
+        stays in the log (and the admin's readiness view), never in an answer."""
+        if self.not_ready_reason == BUILD_FAILED:
+            return GatewayError(503, "the gateway could not load its models; its log says why", code=BUILD_FAILED)
+        return GatewayError(503, "the gateway is still starting", code=NOT_READY)
+
+    def check_ready(self) -> None:
+        if not self.ready:
+            raise self.not_ready()

@@ -5,9 +5,10 @@ import anyio
 from starlette.responses import Response
 
 from gateway.ledger.entry import RequestLedgerEntry
+from gateway.ledger.records import RequestRecord
 from gateway.protocol import parse_chat_request, request_tags
 from gateway.routing.calls import Answer, Completed, Outcome
-from gateway.server import headers
+from gateway.server import headers, usage
 from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
@@ -41,13 +42,17 @@ def selfroute_object(outcome: Outcome, request_id: str) -> dict:
     return found
 
 
-def render(answer: Answer, outcome: Outcome, extra_headers: dict[str, str]) -> Response:
+def render(answer: Answer, outcome: Outcome, extra_headers: dict[str, str], record: RequestRecord,
+           routed: bool) -> Response:
+    """The answer with every leg's usage and the cost (gateway.server.usage): a whole answer's in its body and the
+    cost header, a stream's in its final usage chunk."""
     failure = outcome.fallback_error
     if failure is not None:
         extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failure.status} {failure.code or failure.type}"}
     if isinstance(answer, Completed):
+        extra_headers = {**extra_headers, **usage.whole_answer(answer.completion, record, routed)}
         return json_response(answer.completion, headers=extra_headers)
-    return stream_response(answer, headers=extra_headers)
+    return stream_response(answer, headers=extra_headers, final=lambda data: usage.final_chunk(data, record, routed))
 
 
 async def security_notes(gateway: Gateway, answer: Answer, flags: list[dict]) -> dict[str, str]:
@@ -85,10 +90,10 @@ async def chat_completions(ctx: RequestContext) -> Response:
         if isinstance(answer, Completed):
             answer.completion["selfroute"] = selfroute_object(outcome, entry.record.id)
         notes = await security_notes(gateway, answer, entry.flags)
-        return render(answer, outcome, {**route_headers(outcome), **notes})
+        return render(answer, outcome, {**route_headers(outcome), **notes}, entry.record, routed=True)
     outcome = Outcome()
     try:
         answer = await gateway.routing.passthrough(chat, body, entry, outcome)
     finally:
         record_outcome(entry, outcome)
-    return render(answer, outcome, {})
+    return render(answer, outcome, {}, entry.record, routed=False)

@@ -42,7 +42,7 @@ from gateway.server.auth import Caller
 from gateway.server.bodies import read_body
 from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from gateway.server.errors import error_response, failure, request_id_header
-from gateway.server.limits import admit, reserve
+from gateway.server.limits import RateLimits, admit, reserve
 from gateway.server.middleware import start_entry
 from gateway.server.state import Gateway, gateway_of
 from pipelines.scope import KeyScope
@@ -63,6 +63,7 @@ class RequestContext:
     caller: Caller
     entry: RequestLedgerEntry | None  # None on an endpoint that is not metered
     body: bytes = b""
+    rate_limits: RateLimits | None = None  # a named key's windows once admitted: x-ratelimit-* on its answer
 
     @property
     def key_id(self) -> str | None:
@@ -73,6 +74,9 @@ class RequestContext:
         """Whose request this is, for every cache and store that keeps keys apart (pipelines.scope): pass it down."""
         return KeyScope(self.caller.key_id)
 
+    def rate_limit_headers(self) -> dict[str, str]:
+        return self.rate_limits.headers() if self.rate_limits is not None else {}
+
     async def admit(self, model: str | None, chat: ChatCompletionRequest | None = None) -> None:
         """Raise the 403 (model not allowed) or 429 (budget, rate limit) this request deserves. `model` None
         (work on the gateway's own embedding model, such as adding documents) checks budget and rates only.
@@ -81,7 +85,7 @@ class RequestContext:
         entry's finished row replaces it."""
         if self.entry is not None and model is not None:
             self.entry.record.alias = model
-        await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
+        self.rate_limits = await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
         if self.entry is not None:
             await reserve(self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat)
 
@@ -123,9 +127,10 @@ def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_
                                  request.state.request_id)
             if entry is not None:
                 entry.finish(failed.error.status, failed.ledger_text)
-            return error_response(failed.error, request_id_header(request))
+            return error_response(failed.error, {**request_id_header(request), **ctx.rate_limit_headers()})
         if entry is not None and not isinstance(response, StreamingResponse):
             entry.finish(response.status_code)  # a stream records how it really ended, when it ends
+        response.headers.update(ctx.rate_limit_headers())  # before it is sent: a stream's headers go first
         return response
 
     return endpoint

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 import time
 from fnmatch import fnmatchcase
 
 import anyio
 
 from gateway.errors import GatewayError
+from gateway.server import headers
 from gateway.ledger.budget import BudgetExceeded, Estimate, LegEstimate, Limits, TokenLimitExceeded
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.keys import KeyStore, NamedKey
@@ -66,25 +68,63 @@ def _retry_after(seconds: float) -> dict[str, str]:
     return {"retry-after": str(max(1, math.ceil(seconds)))}
 
 
-def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> None:
-    """Requests per minute, counted in the ledger database (runs in a worker thread). Budget and TPM are held by
-    the request's reservation (`reserve`)."""
-    if key.rpm is not None:
-        count, until_next = keys.count_request(key.name, now)
-        if count > key.rpm:
-            keys.uncount_request(key.name, now)
-            raise GatewayError(429, f"this key's limit of {key.rpm} requests per minute is reached",
-                               code="rate_limit_exceeded", headers=_retry_after(until_next))
+def reset_text(seconds: float) -> str:
+    """A window's reset as OpenAI writes it: 250ms, 17s, 1m0s."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    return f"{whole // 60}m{whole % 60}s" if whole >= 60 else f"{whole}s"
 
 
-async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str | None) -> None:
-    """Raise the 403 or 429 this request deserves, or return to let it through. `model` None: work on the
-    gateway's own embedding model (adding documents), limited by the key's budget and rates only."""
+@dataclass(frozen=True)
+class RateLimits:
+    """A named key's request and token windows as its response tells them (OpenAI's x-ratelimit-* headers):
+    (limit, remaining, seconds until the window resets) each, None for a limit the key does not have."""
+
+    requests: tuple[int, int, float] | None = None
+    tokens: tuple[int, int, float] | None = None
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for state, names in ((self.requests, (headers.RATELIMIT_LIMIT_REQUESTS, headers.RATELIMIT_REMAINING_REQUESTS,
+                                              headers.RATELIMIT_RESET_REQUESTS)),
+                             (self.tokens, (headers.RATELIMIT_LIMIT_TOKENS, headers.RATELIMIT_REMAINING_TOKENS,
+                                            headers.RATELIMIT_RESET_TOKENS))):
+            if state is not None:
+                limit, remaining, reset = state
+                out[names[0]], out[names[1]], out[names[2]] = str(limit), str(max(0, remaining)), reset_text(reset)
+        return out
+
+
+def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> RateLimits:
+    """Requests per minute, counted in the ledger database (runs in a worker thread); the tokens the ledger has
+    recorded in the key's TPM window, for its headers. Budget and TPM are held by the request's reservation
+    (`reserve`)."""
+    tokens = None
+    if key.tpm is not None:
+        used, oldest = keys.tokens_since(key.name, now - TPM_WINDOW_S)
+        tokens = (key.tpm, key.tpm - used, max(0.0, oldest + TPM_WINDOW_S - now) if used else TPM_WINDOW_S)
+    if key.rpm is None:
+        return RateLimits(tokens=tokens)
+    count, until_next = keys.count_request(key.name, now)
+    if count > key.rpm:
+        keys.uncount_request(key.name, now)
+        limits = RateLimits((key.rpm, 0, until_next), tokens)
+        raise GatewayError(429, f"this key's limit of {key.rpm} requests per minute is reached",
+                           code="rate_limit_exceeded", headers={**_retry_after(until_next), **limits.headers()})
+    return RateLimits((key.rpm, key.rpm - count, until_next), tokens)
+
+
+async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str | None) -> RateLimits | None:
+    """Raise the 403 or 429 this request deserves, or return to let it through, with the key's rate-limit state
+    (None for a key without request or token limits). `model` None: work on the gateway's own embedding model
+    (adding documents), limited by the key's budget and rates only."""
     if model is not None:
         check_model(policy, caller, model)
     key = caller.key
-    if key is not None and key.rpm is not None:
-        await anyio.to_thread.run_sync(_check_usage, keys, key, time.time())
+    if key is not None and (key.rpm is not None or key.tpm is not None):
+        return await anyio.to_thread.run_sync(_check_usage, keys, key, time.time())
+    return None
 
 def _text_tokens(value) -> int:
     """Tokens of the text in a message's content (strings and text parts; images and audio are not text)."""
@@ -187,4 +227,6 @@ async def reserve(policy: Policy, prices: PriceBook, entry: RequestLedgerEntry, 
         raise GatewayError(429, exc.message.replace(" is spent", f"{period} is spent", 1),
                            code="budget_exceeded") from None
     except TokenLimitExceeded as exc:
-        raise GatewayError(429, exc.message, code="rate_limit_exceeded", headers=_retry_after(exc.retry_after)) from None
+        window = RateLimits(tokens=(key.tpm, 0, exc.retry_after)) if key is not None and key.tpm else RateLimits()
+        raise GatewayError(429, exc.message, code="rate_limit_exceeded",
+                           headers={**_retry_after(exc.retry_after), **window.headers()}) from None

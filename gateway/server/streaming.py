@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -41,23 +41,29 @@ class EventStreamResponse(StreamingResponse):
             group.cancel_scope.cancel()
 
 
-def stream_response(streamed: Streamed, headers: dict[str, str] | None = None) -> EventStreamResponse:
+def stream_response(streamed: Streamed, headers: dict[str, str] | None = None,
+                    final: Callable[[bytes], bytes] | None = None) -> EventStreamResponse:
     return EventStreamResponse(
-        relay_stream(streamed.first, streamed.chunks, streamed.client_wants_usage, streamed.finish), headers=headers
+        relay_stream(streamed.first, streamed.chunks, streamed.client_wants_usage, streamed.finish, final),
+        headers=headers,
     )
 
 
 async def relay_stream(
     first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool, finish: StreamFinish,
+    final: Callable[[bytes], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
 
     `finish(usage, error, status)` runs exactly once, however the stream ends. The HTTP status was 200
     when the headers went out; the ledger records how the request really ended (an error's status, or
     499 when the client left), so failed streams show up as failures in the reports.
+    With `final`, the usage chunk the client asked for is held until the stream has ended and its leg is in the
+    ledger entry, then sent as `final` rewrites it (every leg's usage and the cost: gateway.server.usage).
     """
     usage = None
     finished = False
+    held: bytes | None = None  # the usage chunk, while `final` waits for the stream's end
 
     async def end(error: str | None, status: int) -> None:
         # settle the ledger before the last event goes out: a client that has read [DONE] finds its row
@@ -79,6 +85,8 @@ async def relay_stream(
                 raise malformed_chunk(exc) from None
             if found is not None:
                 usage = found
+                if forward and final is not None:
+                    held, forward = data, False
             if forward:
                 yield sse_event(data)
             try:
@@ -86,9 +94,13 @@ async def relay_stream(
             except StopAsyncIteration:
                 data = None
         await end(None, 200)
+        if held is not None:
+            yield sse_event(final(held))
         yield DONE
     except GatewayError as exc:
         await end(exc.message, exc.status)
+        if held is not None:
+            yield sse_event(final(held))
         yield sse_json(exc.body())
         yield DONE
     except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut

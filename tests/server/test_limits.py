@@ -3,6 +3,7 @@
 policy's pass-through allow-list for everyone."""
 from __future__ import annotations
 
+import re
 import time
 
 import httpx
@@ -319,3 +320,52 @@ def test_a_request_that_fails_before_any_upstream_call_releases_its_reservation(
     assert rows("requests_in_flight") == []
     assert [r["cost_usd"] for r in rows() if r["key_id"] == "release"] == [0, 0, 0]
     assert _burst(url, key, n=1) == [200]  # nothing was held against the budget
+
+
+def test_rate_limit_headers_as_openai_sends_them(gateway, keys):
+    url, app = gateway
+    _, limited = keys.create("headers", rpm=5, tpm=100_000)
+    _, unlimited = keys.create("no-limits")
+    for attempt in range(2):  # requests per calendar minute: start again if a minute ended mid-test
+        started = time.time()
+        answers = [_ask(url, limited) for _ in range(2)]
+        ledger_rows(app)
+        streamed = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {limited}"},
+                              json={"model": "openai/fake-cheap", "stream": True,
+                                    "messages": [{"role": "user", "content": "a b c"}]})
+        if started // 60 == time.time() // 60:
+            break
+        _, limited = keys.create(f"headers-{attempt}", rpm=5, tpm=100_000)
+    first, second = answers
+    assert [a.status_code for a in answers] == [200, 200] and streamed.status_code == 200
+    assert first.headers["x-ratelimit-limit-requests"] == "5"
+    assert [a.headers["x-ratelimit-remaining-requests"] for a in (first, second, streamed)] == ["4", "3", "2"]
+    assert re.fullmatch(r"(\d+s|\d+ms|1m0s)", first.headers["x-ratelimit-reset-requests"])
+    assert first.headers["x-ratelimit-limit-tokens"] == "100000"
+    used = ledger_rows(app)[0]["prompt_tokens"] + ledger_rows(app)[0]["completion_tokens"]
+    assert int(second.headers["x-ratelimit-remaining-tokens"]) == 100_000 - used  # what the ledger had recorded
+    assert "x-ratelimit-limit-requests" not in _ask(url, unlimited).headers  # a key without limits: none
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=limited, max_retries=0) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
+        assert raw.headers["x-ratelimit-remaining-requests"] == "1"
+
+
+def test_a_refused_request_tells_its_windows_too(gateway, keys):
+    url, _ = gateway
+    for attempt in range(2):
+        _, limited = keys.create(f"tiny-{attempt}", rpm=1)
+        started = time.time()
+        _ask(url, limited)
+        refused = _ask(url, limited)
+        if started // 60 == time.time() // 60:
+            break
+    assert refused.status_code == 429
+    assert (refused.headers["x-ratelimit-limit-requests"], refused.headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+    assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
+
+
+def test_reset_text():
+    from gateway.server.limits import reset_text
+
+    assert [reset_text(s) for s in (0.25, 0.0, 17.2, 60, 61.5, 359.9)] == ["250ms", "0ms", "18s", "1m0s", "1m2s", "6m0s"]

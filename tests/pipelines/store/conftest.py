@@ -1,0 +1,20 @@
+import pytest
+
+from pipelines.embedding import Embedder
+from pipelines.store import DocumentStore
+from tests.pipelines_fixtures import STORE_SETTINGS, CountingEmbedder
+
+
+@pytest.fixture(scope="module")
+def base_embedder():
+    return Embedder()
+
+
+@pytest.fixture
+def embedder(base_embedder):
+    return CountingEmbedder(base_embedder)
+
+
+@pytest.fixture
+def store(tmp_path, embedder):
+    return DocumentStore(str(tmp_path / "db"), embedder, STORE_SETTINGS)

@@ -10,12 +10,12 @@ import logging
 import os
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from pipelines.cache import LockedLRU
 from pipelines.scope import SHARED, KeyScope
 
 log = logging.getLogger(__name__)
@@ -193,8 +193,7 @@ class Embedder:
             self._documents = _OnnxModel(model_path, quantized, cache, _document_threads)
             self._queries_model = _OnnxModel(model_path, quantized, cache, lambda: QUERY_THREADS)
         # a request's question is embedded by retrieval, by long-context scoring and again by explain
-        self._queries: OrderedDict[tuple[str | None, str], np.ndarray] = OrderedDict()
-        self._queries_lock = threading.Lock()
+        self._queries: LockedLRU[tuple[KeyScope, str], np.ndarray] = LockedLRU(QUERY_CACHE_SIZE)
 
     def load(self) -> None:
         """Load both copies now (start-up, before readiness), not on the first document and the first question."""
@@ -266,16 +265,9 @@ class Embedder:
         """One question's vector, remembered per key scope (pipelines.scope: a remembered vector answers faster,
         so one key's timing never tells it that another key asked the same question) for the most recent
         QUERY_CACHE_SIZE questions of all scopes."""
-        key = (scope, text)
-        with self._queries_lock:
-            found = self._queries.get(key)
-            if found is not None:
-                self._queries.move_to_end(key)
-                return found
-        vector = self.embed_queries([text])[0]
-        vector.setflags(write=False)  # shared between the requests of one scope
-        with self._queries_lock:
-            self._queries[key] = vector
-            while len(self._queries) > QUERY_CACHE_SIZE:
-                self._queries.popitem(last=False)
-        return vector
+        def make() -> np.ndarray:
+            vector = self.embed_queries([text])[0]
+            vector.setflags(write=False)  # shared between the requests of one scope
+            return vector
+
+        return self._queries.get_or_make((scope, text), make)

@@ -90,6 +90,7 @@ def _number(value) -> str:
 def run(args: argparse.Namespace) -> int:
     from gateway.errors import GatewayError
     from classifier.model import ModelFileError
+    from pipelines.errors import CollectionNotFound
     from policies.loader import PolicyError
 
     try:
@@ -97,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
     except GatewayError as exc:  # the same refusals the endpoint answers with 4xx (unknown collection: 404)
         print(f"selfroute explain: {exc.message}", file=sys.stderr)
         return 1 if exc.status == 404 else 2
+    except CollectionNotFound as exc:  # the endpoint's 404
+        print(f"selfroute explain: collection {exc.collection!r} does not exist or is empty", file=sys.stderr)
+        return 1
     except (PolicyError, ModelFileError, ValueError, FileNotFoundError) as exc:
         print(f"selfroute explain: {exc}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.cache import LockedLRU
 from pipelines.documents import Document
+from pipelines.errors import CollectionNotFound
 from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache, question_tokens
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
 from pipelines.question import extract_question
@@ -169,9 +170,8 @@ class RoutePlanner:
                 info = self.store.collection(collection)
             except ValueError as exc:
                 raise GatewayError(400, str(exc), param="selfroute.collection", code="invalid_collection") from None
-            if info is None or not info.documents:
-                raise GatewayError(404, f"collection {collection!r} does not exist or is empty",
-                                   param="selfroute.collection", code="collection_not_found")
+            if info is None or not info.documents:  # the server answers 404 (gateway.server.errors)
+                raise CollectionNotFound(collection)
             question = self._last_user_text(messages)
             key = ("collection", collection, tuple((d.id, d.content_hash) for d in info.documents))
             return ("collection", ContextRequest(question, messages, collection=collection, scope=scope),

@@ -30,6 +30,7 @@ from gateway.ledger.entry import RequestLedgerEntry
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
 from gateway.server.embeddings import local_embedding_model
+from gateway.server.errors import collection_not_found
 from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.state import Gateway
 from pipelines.documents import Document
@@ -67,14 +68,13 @@ def requested_collection(chat: ChatCompletionRequest, request: Request) -> str |
 
 
 def check_collection_access(gateway: Gateway, caller: Caller, name: str | None) -> None:
-    """A chat or explain request naming a collection this caller may not see: the planner's own 404."""
+    """A chat or explain request naming a collection this caller may not see: the same 404 as an absent one."""
     if name and not may_see(gateway, caller, name):
-        raise GatewayError(404, f"collection {name[:128]!r} does not exist or is empty",
-                           param="selfroute.collection", code="collection_not_found")
+        raise collection_not_found(name)
 
 
 def _not_found(name: str) -> GatewayError:
-    return GatewayError(404, f"collection {name[:128]!r} does not exist", code="collection_not_found")
+    return collection_not_found(name, param=None, or_empty=False)
 
 
 def _info_or_404(store, name: str):

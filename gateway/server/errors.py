@@ -25,10 +25,16 @@ def error_response(error: GatewayError, extra_headers: dict[str, str] | None = N
 UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
 
 
+def collection_not_found(name: str, param: str | None = "selfroute.collection", or_empty: bool = True) -> GatewayError:
+    """The one 404 for a collection that is absent, empty, or not this caller's to see (all answer alike): a chat or
+    explain request naming it (`param` selfroute.collection), or the collections API (no param, `or_empty` False)."""
+    return GatewayError(404, f"collection {name[:128]!r} does not exist{' or is empty' if or_empty else ''}",
+                        param=param, code="collection_not_found")
+
+
 def from_store_error(exc: StoreUnavailable | CollectionNotFound) -> GatewayError:
-    if isinstance(exc, CollectionNotFound):  # a named collection deleted while a request was reading it
-        return GatewayError(404, f"collection {exc.collection!r} does not exist or is empty",
-                            param="selfroute.collection", code="collection_not_found")
+    if isinstance(exc, CollectionNotFound):  # absent or empty when planned, or deleted while a request read it
+        return collection_not_found(exc.collection)
     return GatewayError(503, exc.message, code="store_unavailable",
                         headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
 

@@ -123,7 +123,7 @@ class PostgresServer:
                  "start")
         self.wait_ready()
 
-    def wait_ready(self, timeout: float = 60) -> None:
+    def wait_ready(self, timeout: float = 180) -> None:
         import psycopg
 
         deadline = time.monotonic() + timeout

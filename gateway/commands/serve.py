@@ -58,6 +58,9 @@ def register(subparsers, parents) -> None:
     parser.add_argument("--log-format", choices=("plain", "json"), default="plain",
                         help="plain log lines, or one JSON object a line for every log line, access lines included "
                              "(default plain)")
+    parser.add_argument("--otel", action="store_true",
+                        help="OpenTelemetry traces over OTLP/HTTP (the otel extra; OTEL_EXPORTER_OTLP_ENDPOINT etc. "
+                             "configure it, and setting one turns tracing on without this flag)")
     parser.add_argument("--no-access-log", dest="access_log", action="store_false",
                         help="no access-log line per request (they are INFO lines: --log-level WARNING hides them too)")
     parser.set_defaults(func=run)
@@ -132,6 +135,10 @@ def worker_app():
     values = json.loads(os.environ[WORKER_SETTINGS_ENV])
     _set_deadlines(values)
     configure_logging(values["log_level"], values["log_format"])  # a spawned worker starts with no logging set up
+    if values.get("otel"):
+        from gateway import tracing
+
+        tracing.configure()  # each worker its own exporter
     return create_app(_settings(values))
 
 
@@ -174,6 +181,15 @@ def run(args: argparse.Namespace) -> int:
     from gateway.server.access_log import configure_logging
 
     configure_logging(args.log_level, args.log_format)
+    from gateway import tracing
+
+    values["otel"] = tracing.wanted(args.otel)
+    if values["otel"]:
+        try:
+            tracing.configure()
+        except tracing.TracingUnavailable as exc:
+            print(f"selfroute serve: {exc}", file=sys.stderr)
+            return 2
     settings = _settings(values)
     errors, _ = database_error_types()
     try:

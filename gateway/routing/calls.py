@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.upstreams.base import Upstream, check_completion, malformed_answer
@@ -57,13 +58,18 @@ async def complete_upstream(
     """One non-streaming upstream call, recorded as a leg of the request whether it succeeds or fails."""
     started = time.perf_counter()
     entry.leg_started(config, route)  # cancelled before it answers (the client left): charged at the estimate
-    try:
-        # a body of the wrong shape is the upstream's failure: a 502 with its leg kept, never a 500 that loses it
-        completion = check_completion(await upstream.complete(config, body), config.model)
-    except GatewayError as exc:
-        entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
-        raise
-    entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
+    with tracing.span("selfroute.upstream", **{"selfroute.model": config.model, "selfroute.route": route}) as span:
+        try:
+            # a body of the wrong shape is the upstream's failure: a 502 with its leg kept, never a 500 that loses it
+            completion = check_completion(await upstream.complete(config, body), config.model)
+        except GatewayError as exc:
+            entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
+            tracing.set_attributes(span, **{"selfroute.error": exc.message})
+            raise
+        leg = entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
+        tracing.set_attributes(span, **{"selfroute.prompt_tokens": leg.prompt_tokens,
+                                        "selfroute.completion_tokens": leg.completion_tokens,
+                                        "selfroute.cost_usd": leg.cost_usd})
     return completion
 
 
@@ -88,15 +94,24 @@ async def stream_upstream(
     """Open one upstream stream as a leg of the request; its leg and the request are settled when it ends."""
     started = time.perf_counter()
     entry.leg_started(config, route)
+    # the leg's span ends with the stream (None while tracing is off)
+    span = tracing.start_span("selfroute.upstream", **{"selfroute.model": config.model, "selfroute.route": route,
+                                                       "selfroute.stream": True})
     try:
         first, chunks = await open_stream(upstream, config, body)
     except GatewayError as exc:
         entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
+        if span is not None:
+            span.set_attribute("selfroute.error", exc.message)
+            span.end()
         raise
 
     def finish(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
         # a client that left before the usage event came is charged the leg's estimate
         entry.stream_ended(config, route, usage, (time.perf_counter() - started) * 1000, error, status)
+        if span is not None:
+            tracing.set_attributes(span, **{"selfroute.status": status, "selfroute.error": error})
+            span.end()
         if before_finish is not None:
             before_finish()
         entry.finish(status, error)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import anyio
 
+from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
@@ -83,6 +84,12 @@ def passthrough_config(policy: Policy, model: str) -> ModelConfig:
     return ModelConfig(model=model)
 
 
+async def prepare(planner: RoutePlanner, plan: RoutePlan, route: str) -> PreparedPrompt:
+    """The prompt for `route` (retrieval and packing), in a worker thread, as a span when tracing is on."""
+    with tracing.span("selfroute.prepare", **{"selfroute.route": route}):
+        return await anyio.to_thread.run_sync(planner.prepare, plan, route)
+
+
 class RoutingService:
     """Answers chat requests: pass-through, and routed with the planner start-up hands it (gateway.server.startup
     owns loading the models and the document store)."""
@@ -124,14 +131,17 @@ class RoutingService:
         """The routed answer. What was decided and done goes into `outcome` as it happens (so a request that fails
         midway is recorded with the route it took); the server renders it and records it in the ledger."""
         planner = self.ready_planner()
-        plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
+        with tracing.span("selfroute.plan") as span:  # context, features, retrieval pass, decision
+            plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
+            tracing.set_attributes(span, **{"selfroute.route": plan.decision.route,
+                                            "selfroute.reason": plan.decision.reason})
         decision = plan.decision
         outcome.route, outcome.reason = decision.route, decision.reason
         outcome.rule, outcome.probability = decision.rule, decision.probability
         if self.policy.routing.learning.record_features:
             outcome.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
         route = decision.route
-        prepared = await anyio.to_thread.run_sync(planner.prepare, plan, route)
+        prepared = await prepare(planner, plan, route)
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             if checked:
@@ -152,7 +162,7 @@ class RoutingService:
                                                   take_logprobs(completion, body))
             outcome.reason = verdict.reason(decision)
             if verdict.escalate:
-                long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
+                long_prepared = await prepare(planner, plan, LONG)
                 outcome.route = verdict.outcome
                 try:
                     completion = await self._call_long(body, long_prepared, entry)
@@ -181,7 +191,7 @@ class RoutingService:
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
 
         async def run_long(shadow: RequestLedgerEntry) -> dict[str, Any]:
-            long_prepared = await anyio.to_thread.run_sync(planner.prepare, plan, LONG)
+            long_prepared = await prepare(planner, plan, LONG)
             return await self._call(self.policy.long, shadow_body, long_prepared, SHADOW, shadow)
 
         self.learning.shadow(entry, judged, run_long)
@@ -202,6 +212,14 @@ class RoutingService:
     async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
                        outcome: Outcome, logprobs: list[float] | None = None
                        ) -> tuple[Verdict, JudgeInput]:
+        with tracing.span("selfroute.verify", **{"selfroute.route": route}) as span:
+            found = await self._check_answer(plan, prepared, route, text, outcome, logprobs)
+            tracing.set_attributes(span, **{"selfroute.escalate": found[0].escalate})
+            return found
+
+    async def _check_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
+                            outcome: Outcome, logprobs: list[float] | None = None
+                            ) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
         read go into the request's learning record; the judge's input (question, passages, answer) comes back."""
@@ -353,7 +371,7 @@ class RoutingService:
             usage = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(text)}
         entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000)
         outcome.route = verdict.outcome
-        long_prepared = await anyio.to_thread.run_sync(self.ready_planner().prepare, plan, LONG)
+        long_prepared = await prepare(self.ready_planner(), plan, LONG)
         try:
             return self._judged_stream(await self._stream_long(chat, body, plan, long_prepared, entry, outcome),
                                        entry, outcome, judged)

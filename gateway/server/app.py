@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.errors import LedgerError
 from gateway.ledger.keys import KeyStore
@@ -34,6 +35,7 @@ from gateway.server.keys import key_routes
 from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.access_log import AccessLog
 from gateway.server.middleware import RequestMiddleware
+from gateway.server.tracing import TracingMiddleware
 from gateway.server.models import model_routes
 from gateway.server.openapi import docs_routes, openapi_route
 from gateway.server.startup import Startup
@@ -156,5 +158,7 @@ def create_app(
     )
     app.state.gateway = gateway
     app.state.limits = limits  # what `serve` prints at start-up (policies.limits.EffectiveLimits)
+    if tracing.enabled():  # installed only while tracing is on: nothing per request otherwise
+        app.add_middleware(TracingMiddleware)  # inside RequestMiddleware: the ids are set when its span starts
     app.add_middleware(RequestMiddleware, metrics=metrics, access_log=AccessLog(settings.access_log))
     return app

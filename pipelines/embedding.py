@@ -12,11 +12,17 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipelines.cache import LockedLRU
 from pipelines.scope import SHARED, KeyScope
+
+if TYPE_CHECKING:
+    import onnxruntime
+    import torch
+    from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,13 @@ class _Model:
     def __init__(self, path: str | None, device: str | None):
         self.path, self.device = path, device
         self.lock = threading.Lock()
-        self._model = None
+        self._model: SentenceTransformer | None = None
 
-    def get(self):
+    @property
+    def loaded(self) -> bool:
+        return self._model is not None
+
+    def get(self) -> SentenceTransformer:
         # callers hold self.lock
         if self._model is None:
             os.environ["HF_HUB_OFFLINE"] = "1"
@@ -96,12 +106,13 @@ def _export_onnx(path: str, target: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     log.info("exporting embedding model %s to ONNX (once): %s", path, target)
-    transformer = SentenceTransformer(path, device="cpu")[0]
+    # its Transformer module; Any: torch types a module's attributes (tokenizer, auto_model) as Tensor | Module
+    transformer: Any = SentenceTransformer(path, device="cpu")[0]
 
     class Encoder(torch.nn.Module):  # the word-piece vectors; pooling and normalising run on numpy
-        def __init__(self, model):
+        def __init__(self, model: torch.nn.Module):
             super().__init__()
-            self.model = model
+            self.model: torch.nn.Module = model
 
         def forward(self, input_ids, attention_mask, token_type_ids):
             return self.model(input_ids=input_ids, attention_mask=attention_mask,
@@ -126,9 +137,13 @@ class _OnnxModel:
     def __init__(self, path: str | None, quantized: bool, cache_dir: Path | None, threads: Callable[[], int]):
         self.path, self.quantized, self.cache_dir, self.threads = path, quantized, cache_dir, threads
         self.lock = threading.Lock()
-        self._session = None
+        self._session: onnxruntime.InferenceSession | None = None
 
-    def get(self):
+    @property
+    def loaded(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> _OnnxModel:
         # callers hold self.lock
         if self._session is None:
             import onnxruntime
@@ -163,6 +178,7 @@ class _OnnxModel:
             for r, i in enumerate(rows):
                 ids[r, : lengths[i]] = encodings[i].ids
                 mask[r, : lengths[i]] = 1
+            assert self._session is not None  # get() loaded it
             hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
                                               "token_type_ids": np.zeros_like(ids)})[0]
             pooled = (hidden * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)  # mean pooling
@@ -184,6 +200,8 @@ class Embedder:
         self.batch_size = batch_size
         self.device = device
         self.backend = backend
+        self._documents: _Model | _OnnxModel
+        self._queries_model: _Model | _OnnxModel
         if backend == "torch":
             self._documents = _Model(model_path, device)
             self._queries_model = _Model(model_path, device)  # loaded at the first query
@@ -203,7 +221,7 @@ class Embedder:
 
     @property
     def loaded(self) -> bool:
-        return self._documents._model is not None and self._queries_model._model is not None
+        return self._documents.loaded and self._queries_model.loaded
 
     @property
     def model(self):

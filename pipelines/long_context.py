@@ -117,12 +117,12 @@ def split_units(doc: Document, settings: LongContextSettings) -> list[Unit]:
         if count_tokens(text[start:end]) > settings.unit_max_tokens:
             spans = pack_spans(text, start, end, settings.unit_max_tokens, 0)
         for a, b in spans:
-            piece = text[a:b].strip("\f")
+            body = text[a:b].strip("\f")
             first = page_at(breaks, a) if breaks else None
             last = page_at(breaks, max(a, b - 1)) if breaks else None
             span_titles = tuple(t for s_a, s_b, t in group if t and s_a < b and s_b > a) or titles[:1]
             units.append(
-                Unit(doc.id, doc.title, len(units), piece, count_tokens(piece), a, b, span_titles, first, last)
+                Unit(doc.id, doc.title, len(units), body, count_tokens(body), a, b, span_titles, first, last)
             )
     return units
 
@@ -395,6 +395,7 @@ class LongContextPipeline:
                                    self._scorer(documents, collection, request.scope), self.unit_cache,
                                    _units_scope(request, collection))
         out = history + [{"role": "user", "content": packed.text}]
+        unit_scores: list[float | None] = [*packed.scores] if packed.scores else [None] * len(packed.units)
         provenance = {
             "route": self.name,
             "collection": collection,
@@ -418,9 +419,9 @@ class LongContextPipeline:
             "units": [
                 {
                     "doc_id": u.doc_id, "index": u.index, "sections": list(u.sections), "page": u.page,
-                    "tokens": u.tokens, "score": None if packed.scores is None else round(float(s), 6),
+                    "tokens": u.tokens, "score": None if s is None else round(float(s), 6),
                 }
-                for u, s in zip(packed.units, packed.scores or [None] * len(packed.units))
+                for u, s in zip(packed.units, unit_scores)
             ],
         }
         # packed.tokens is the exact count of its text: no need to count 100k tokens again

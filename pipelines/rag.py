@@ -209,7 +209,8 @@ class RagPipeline:
         """Retrieve (unless a Retrieval for this request is passed in) and build the prompt. Attached
         documents are ingested into a cached inline collection first."""
         inline = bool(request.documents)
-        collection = self.store.inline_name(request.documents, request.scope) if inline else request.collection
+        collection = (self.store.inline_name(request.documents, request.scope) if request.documents
+                      else request.collection)
         if retrieval is None or retrieval.collection != collection or retrieval.question != request.question:
             retrieval = self.retrieve_for(request)
         return self.build_prompt(request.question, request.messages, retrieval, inline)

@@ -169,6 +169,8 @@ def _resolve_model(config: ModelConfig, role: str, *, window: int | None, strict
         if "timeout" not in config.model_fields_set:
             update["timeout"] = HOSTED.long_timeout_s if long_route else HOSTED.cheap_timeout_s
     resolved = config.model_copy(update=update)
+    assert resolved.context_window is not None  # the policy gave it or a branch above set it
+    prices: tuple[float | None, float | None, str]
     if resolved.input_cost_per_mtok is not None or resolved.output_cost_per_mtok is not None:
         prices = (resolved.input_cost_per_mtok or 0.0, resolved.output_cost_per_mtok or 0.0, "policy")
     elif entry and "input_cost_per_token" in entry:
@@ -176,8 +178,9 @@ def _resolve_model(config: ModelConfig, role: str, *, window: int | None, strict
                   float(entry.get("output_cost_per_token") or 0) * 1e6, "litellm")
     else:
         prices = (None, None, "unpriced")
+    input_cost, output_cost, price_source = prices
     limits = ModelLimits(role, resolved.model, int(resolved.context_window), source, resolved.max_output_tokens,
-                         *prices, resolved.timeout, resolved.max_retries)
+                         input_cost, output_cost, price_source, resolved.timeout, resolved.max_retries)
     return resolved, limits
 
 
@@ -229,12 +232,12 @@ def effective_policy(policy: Policy, *, cheap_model: str | None = None, long_mod
         alternate_limits.append(limits)
     policy = policy.model_copy(update={"cheap": cheap, "long": long, "long_alternates": alternates})
     settings = policy.long_context
-    window = settings.window_tokens or long.context_window
+    window = settings.window_tokens or long_limits.context_window
     reserve = settings.answer_reserve_tokens
     warnings = []
-    if window > long.context_window:
+    if window > long_limits.context_window:
         warnings.append(f"long_context.window_tokens {window:,} is more than the long model's window "
-                        f"{long.context_window:,}: long prompts will be refused upstream")
+                        f"{long_limits.context_window:,}: long prompts will be refused upstream")
     if reserve >= window:
         raise LimitsError(f"long_context.answer_reserve_tokens {reserve:,} leaves nothing of the long route's window "
                           f"{window:,}")
@@ -242,13 +245,13 @@ def effective_policy(policy: Policy, *, cheap_model: str | None = None, long_mod
         if limits.context_window < window:
             warnings.append(f"{limits.role} {limits.model} has a window of {limits.context_window:,}, less than the "
                             f"{window:,} the long route packs for: a long prompt it is tried with may be refused")
-    if policy.rag.context_budget_tokens + reserve > cheap.context_window:
+    if policy.rag.context_budget_tokens + reserve > cheap_limits.context_window:
         warnings.append(f"rag.context_budget_tokens {policy.rag.context_budget_tokens:,} and the answer reserve do "
-                        f"not fit the cheap model's window {cheap.context_window:,}")
+                        f"not fit the cheap model's window {cheap_limits.context_window:,}")
     for limits in (cheap_limits, long_limits, *alternate_limits):
         if limits.window_source == "assumed":
             warnings.append(f"{limits.role} {limits.model}: window unknown, {limits.context_window:,} assumed")
     effective = EffectiveLimits(
-        (cheap_limits, long_limits, *alternate_limits), window, reserve, cheap.context_window,
+        (cheap_limits, long_limits, *alternate_limits), window, reserve, cheap_limits.context_window,
         policy.rag.context_budget_tokens, tuple(changes), tuple(warnings))
     return policy, effective

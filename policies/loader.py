@@ -44,8 +44,8 @@ def parse_policy(text: str, path: str = "<string>") -> Policy:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise PolicyError(f"{path}{line}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+        where = f":{mark.line + 1}" if mark else ""
+        raise PolicyError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
     if not isinstance(data, dict):
         raise PolicyError(f"{path}:1: a policy must be a YAML mapping")
     try:

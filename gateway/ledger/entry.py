@@ -88,7 +88,7 @@ class RequestLedgerEntry:
         return entry
 
     def add_call(
-        self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
+        self, config: ModelConfig, route: str | None, usage: dict[str, Any] | None, latency_ms: float,
         error: str | None = None,
     ) -> UpstreamCall:
         self._close_leg(config, route)

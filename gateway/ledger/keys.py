@@ -7,6 +7,7 @@ key's spend is what the ledger recorded under that name. Names are never reused,
 """
 from __future__ import annotations
 
+import builtins  # KeyStore.list shadows the builtin in annotations after it
 import hashlib
 import hmac
 import json
@@ -102,7 +103,9 @@ class NamedKey:
                 "models": list(self.models) if self.models is not None else None,
                 "collections": list(self.collections), "budget_usd": self.budget_usd,
                 "budget_period": describe_period(self.budget_period_s) if self.budget_period_s else None,
-                "period_start": start, "period_end": start + self.budget_period_s if start is not None else None,
+                "period_start": start,
+                "period_end": (start + self.budget_period_s
+                               if start is not None and self.budget_period_s is not None else None),
                 "rpm": self.rpm, "tpm": self.tpm, "created_at": self.created_at, "expires_at": self.expires_at,
                 "revoked_at": self.revoked_at, "rotated_at": self.rotated_at, "active": self.active(now)}
         if spend_usd is not None:
@@ -177,8 +180,9 @@ class KeyStore:
                 # autocommit: a lone SELECT does not leave a transaction open; `with conn:` blocks are transactions
                 conn = connect_postgres(str(self.location), autocommit=True)
             else:
-                self.location.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                conn = connect(private_file(self.location))
+                path = Path(self.location)  # not PostgreSQL: __init__ made it a Path
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                conn = connect(private_file(path))
             migrate(conn)
             self._conn = conn
         return self._conn
@@ -357,7 +361,7 @@ class KeyStore:
                                  (key.name, start, first_hour * 3600.0)).fetchone()[0]
         return float(hours or 0.0) + float(partial or 0.0)
 
-    def listing(self, now: float | None = None) -> list[dict]:
+    def listing(self, now: float | None = None) -> builtins.list[dict]:
         """Every key as a dict (NamedKey.to_dict) with `spend_usd`, what counts against its budget (the current
         period's spend for a budget with a period), and `spend_total_usd`, all it ever spent."""
         lifetime = self.spend()
@@ -369,7 +373,7 @@ class KeyStore:
         return items
 
     @reachable
-    def spend(self, names: list[str] | None = None) -> dict[str, float]:
+    def spend(self, names: builtins.list[str] | None = None) -> dict[str, float]:
         """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""
         with self._lock:
             if names is None:

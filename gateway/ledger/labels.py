@@ -45,7 +45,8 @@ def recorded_requests(location: str | Path, since: float = 0.0, until: float | N
     """The routed requests with recorded features since `since` (unix seconds), oldest first, with their labels."""
     conn = connect(location)
     try:
-        where, params = ["f.created_at >= ?"], [since]
+        where: list[str] = ["f.created_at >= ?"]
+        params: list[Any] = [since]
         if until is not None:
             where.append("f.created_at < ?")
             params.append(until)

@@ -100,9 +100,11 @@ class PriceBook:
         """(prompt window, most completion tokens per call) of a model: the policy's context_window, else
         litellm's cost map (max_input_tokens, max_output_tokens); None where neither says."""
         self._lookup_map("")  # loads the map once
+        cost_map = self._cost_map
+        assert cost_map is not None  # _lookup_map set it
         provider, _, name = config.model.partition("/")
-        entry = next((self._cost_map.get(c) for c in (config.model, name, f"{provider}/{name}")
-                      if c and self._cost_map.get(c)), None) or {}
+        entry = next((cost_map.get(c) for c in (config.model, name, f"{provider}/{name}")
+                      if c and cost_map.get(c)), None) or {}
 
         def whole(value) -> int | None:
             return int(value) if isinstance(value, (int, float)) and value > 0 else None

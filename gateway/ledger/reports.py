@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from gateway.ledger.dialect import (
     POSTGRESQL, LedgerConnection, connect_postgres, dialect_of, is_postgres, unavailable_as_error,
@@ -75,9 +75,9 @@ def connect_reader(location: str | Path) -> LedgerConnection:
     """A read-only connection. SQLite: WAL lets it read while the gateway's writer commits. PostgreSQL: an
     autocommit session, so each query sees what every replica has committed so far."""
     if is_postgres(location):
-        conn = connect_postgres(str(location), autocommit=True)
-        conn.execute("SET default_transaction_read_only = on")
-        return conn
+        pg = connect_postgres(str(location), autocommit=True)
+        pg.execute("SET default_transaction_read_only = on")
+        return pg
     conn = sqlite3.connect(f"file:{Path(location).resolve()}?mode=ro", uri=True, timeout=30, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     return conn
@@ -254,7 +254,7 @@ def _split_range(filters: Filters, *, days: bool) -> list[tuple[str, float, floa
     return pieces
 
 
-_TIERS = {
+_TIERS: dict[str, tuple[str, str, str, Mapping[str, str | None]]] = {
     # source: (request table, call table, time column, dims over that source)
     "day": ("request_rollup_daily", "call_rollup_daily", "day",
             {**_ROLLUP_REQUEST_DIMS, "day": "day", "hour": None}),
@@ -266,18 +266,21 @@ def aggregate(conn: LedgerConnection, dims: list[str], filters: Filters, *, call
     """Sums per combination of `dims` (route, policy, key, status, day, hour; and model when `calls`)."""
     fields = _CALL_FIELDS if calls else REQUEST_FIELDS
     queries: list[tuple[str, list]] = []
+    exprs: dict[str, str | None]
     for source, lo, hi in _split_range(filters, days="hour" not in dims):
         if source == "raw":
-            cols = _RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS
+            exprs = {**(_RAW_CALL_DIMS if calls else _RAW_REQUEST_DIMS)}
             time_col = "r.created_at" if calls else "created_at"
             table = "upstream_calls c JOIN requests r ON r.id = c.request_id" if calls else "requests"
             sums = _RAW_CALL_SUMS if calls else _RAW_REQUEST_SUMS
         else:
-            request_table, call_table, time_col, cols = _TIERS[source]
-            cols = {**cols, "model": "model"}
+            request_table, call_table, time_col, tier_dims = _TIERS[source]
+            exprs = {**tier_dims, "model": "model"}
             table = call_table if calls else request_table
             sums = _ROLLUP_CALL_SUMS if calls else _ROLLUP_REQUEST_SUMS
-        cols = {name: _bucket_sql(conn, expr) for name, expr in cols.items()}
+        # a dim the tier lacks (None: the day tier's hour) is left out; _split_range never sends a query
+        # grouped by it to that tier
+        cols = {name: sql for name, expr in exprs.items() if (sql := _bucket_sql(conn, expr)) is not None}
         conds, params = _where(filters, cols)
         if lo != -math.inf and lo != -_INF:
             conds.append(f"{time_col} >= ?")

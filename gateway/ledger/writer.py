@@ -30,7 +30,7 @@ from typing import Any
 from gateway.ledger import budget
 from gateway.ledger.budget import InFlight, Limits
 from gateway.ledger.database import connect, migrate, write_records
-from gateway.ledger.dialect import UNAVAILABLE_MESSAGE, database_error_types, is_postgres
+from gateway.ledger.dialect import UNAVAILABLE_MESSAGE, LedgerConnection, database_error_types, is_postgres
 from gateway.ledger.errors import Unavailable
 from gateway.ledger.records import RequestRecord, record_from_dict
 from gateway.settings import private_file
@@ -84,7 +84,7 @@ class Ledger:
         self._next_sweep = 0.0
         self._state_lock = threading.Lock()
         self._request_lock = threading.Lock()  # the request path's own connection (reservations)
-        self._request_conn = None
+        self._request_conn: LedgerConnection | None = None
         conn = connect(self.location)
         try:
             migrate(conn)
@@ -186,6 +186,7 @@ class Ledger:
         here as JSON lines until they are replayed."""
         if self.path is not None:
             return self.path.with_name(self.path.name + ".failed.jsonl")
+        assert self._dead_letter_dir is not None  # __init__ refuses a PostgreSQL ledger without one
         return self._dead_letter_dir / DEAD_LETTER_FILE
 
     # -- the dead-letter file -------------------------------------------------------------------
@@ -317,7 +318,7 @@ class Ledger:
 
     def _drop_request_conn(self) -> None:
         if self._request_conn is not None:
-            with suppress(self._errors):
+            with suppress(*self._errors):
                 self._request_conn.close()
             self._request_conn = None
 
@@ -352,10 +353,10 @@ class Ledger:
     def _discard(self, conn):
         """After a failure: roll back, and drop a PostgreSQL connection (it may be broken)."""
         if conn is not None and getattr(conn, "in_transaction", False):
-            with suppress(self._errors):
+            with suppress(*self._errors):
                 conn.rollback()
         if conn is not None and is_postgres(self.location):
-            with suppress(self._errors):
+            with suppress(*self._errors):
                 conn.close()
             conn = None
         return conn

@@ -244,7 +244,7 @@ class GroundingChecker:
         to_check = [i for i, w in enumerate(claim_words) if len(w) >= self.min_content_words]
 
         semantic = np.zeros(len(claims), dtype=np.float32)
-        best = [None] * len(claims)
+        best: list[int | None] = [None] * len(claims)
         windows, owners = passage_windows(passages, self.window_sentences)
         if to_check and windows:
             vectors = np.asarray(self.embed([claims[i] for i in to_check] + windows), dtype=np.float32)

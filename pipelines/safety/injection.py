@@ -575,12 +575,13 @@ def scan(text: str, rules: Iterable[str] | None = None, disabled: Iterable[str] 
     skip = set(disabled)
     norm = _Normalised(text)
     ntext = norm.text
-    lower = ntext.lower()
-    if len(lower) != len(ntext):  # a few characters change length when lower-cased: no trigger shortcut then
-        lower = None
+    folded = ntext.lower()
+    # a few characters change length when lower-cased: no trigger shortcut then
+    lower: str | None = folded if len(folded) == len(ntext) else None
     non_ascii = not text.isascii()
     cjk = non_ascii and _CJK.search(ntext) is not None
     windows: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    starts: dict[tuple[str, int], list[int]] = {}
     found: set[tuple[str, int, int]] = set()
     for spec in _RULE_SPECS:
         name = spec["name"]
@@ -596,9 +597,9 @@ def scan(text: str, rules: Iterable[str] | None = None, disabled: Iterable[str] 
             continue
         if spec["trigger"] is not None and lower is not None and spec["words_back"] is not None:
             key = (spec["trigger"], -1 - spec["words_back"])
-            if key not in windows:
-                windows[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
-            matches = (regex.match(ntext, p) for p in windows[key])
+            if key not in starts:
+                starts[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
+            matches = (regex.match(ntext, p) for p in starts[key])
         elif spec["trigger"] is not None and lower is not None:
             key = (spec["trigger"], spec["back"])
             if key not in windows:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -85,6 +86,13 @@ async def open_stream(
         # an empty stream (or a body that was no event stream at all) would reach the client as an empty 200
         raise malformed_answer(config.model, "the stream ended without a single event") from None
     return first, chunks
+
+
+async def close_stream(chunks: AsyncIterator[bytes]) -> None:
+    """Close a stream the gateway stops reading. The upstreams' streams (and the gateway's wrappers of them) are async
+    generators, and closing one closes the upstream's HTTP stream."""
+    if isinstance(chunks, AsyncGenerator):
+        await chunks.aclose()
 
 
 async def stream_upstream(

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from classifier.model import RouteModel
-from policies.routes import LONG, RAG
 from policies.schema import Policy, Route, RuleSpec
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
@@ -41,7 +40,7 @@ def missing(value: float | None) -> bool:
 def rule_matches(rule: RuleSpec, features: dict[str, float]) -> bool:
     """A rule never matches a missing feature (e.g. top_score without a retrieval pass)."""
     value = features.get(rule.feature)
-    return not missing(value) and OPERATORS[rule.op](float(value), float(rule.value))
+    return value is not None and not missing(value) and OPERATORS[rule.op](float(value), float(rule.value))
 
 
 def rule_label(rule: RuleSpec, index: int) -> str:
@@ -75,13 +74,14 @@ class Router:
                 name = rule_label(rule, index)
                 reason = f"rule {name}: {rule.feature}={_fmt(float(features[rule.feature]))} {rule.op} {_fmt(rule.value)}"
                 return RouteDecision(rule.route, reason, name, probability, dict(features))
-        if probability is not None:
-            threshold = self.threshold
+        classifier = self.policy.routing.classifier
+        if probability is not None and classifier is not None:  # probability is None without a classifier
+            threshold = classifier.threshold
             if probability >= threshold:
                 reason = f"classifier: P(cheap)={probability:.2f} >= threshold {threshold:.2f}"
-                return RouteDecision(RAG, reason, None, probability, dict(features))
+                return RouteDecision(Route.RAG, reason, None, probability, dict(features))
             reason = f"classifier: P(cheap)={probability:.2f} < threshold {threshold:.2f}"
-            return RouteDecision(LONG, reason, None, probability, dict(features))
+            return RouteDecision(Route.LONG, reason, None, probability, dict(features))
         default = self.policy.routing.default_route
         why = "no classifier configured" if self.policy.routing.classifier is None else "no model loaded"
         return RouteDecision(default, f"default route {default} ({why})", None, None, dict(features))

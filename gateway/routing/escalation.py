@@ -128,7 +128,7 @@ class CheapAnswerCheck:
         if not self.applies(decision):
             return Verdict(False, decision.route)
         features = self.features(answer, decision.probability) if self.verifier is not None else None
-        score = self.verifier.score(features) if features is not None else None
+        score = self.verifier.score(features) if self.verifier is not None and features is not None else None
         refused = self.detector.is_unanswerable(answer.text)
         return replace(self.verdict(decision, refused, score), features=features, refused=refused)
 
@@ -163,6 +163,6 @@ def keep_refusal(fallback: FallbackSettings, decision: RouteDecision) -> bool:
 def refusal_evidence(features: dict[str, float], probability: float | None, fallback: FallbackSettings) -> bool:
     """The absent-answer evidence alone (also scored by `selfroute eval absent`)."""
     top = features.get("top_score")
-    if missing(top) or probability is None:
+    if top is None or missing(top) or probability is None:
         return False
     return float(top) <= fallback.absent_max_top_score and probability >= fallback.absent_min_probability

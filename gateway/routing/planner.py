@@ -30,7 +30,7 @@ from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS, RagPipeline, Retriev
 from pipelines.scope import SHARED, KeyScope
 from pipelines.store import DocumentStore, content_hash
 from pipelines.tokens import count_tokens
-from policies.routes import LONG, RAG
+from policies.routes import LONG, RAG, Route
 from policies.schema import Policy
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class RoutePlanner:
             retrieval = self.retrieve(context)
             features = extract_features(context.question, stats, retrieval_signals(retrieval))
         if forced is not None:
-            decision = RouteDecision(forced, f"forced by selfroute.route={forced}", None, None, features)
+            decision = RouteDecision(Route(forced), f"forced by selfroute.route={forced}", None, None, features)
         else:
             decision = self.router.decide(features)
         return RoutePlan(source, context, stats, decision, retrieval, messages, key)
@@ -284,6 +284,7 @@ class RoutePlanner:
         else:  # direct: the whole context went to the cheap model
             passages = [content_text(m.get("content")) for m in prepared.messages]
         documents = plan.context.documents
+        index: DocumentIndex | None
         if documents:
             index = self._document_index(documents, plan.documents_key)
         else:

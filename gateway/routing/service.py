@@ -20,7 +20,9 @@ from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.calls import Answer, Completed, Outcome, Streamed, complete_upstream, open_stream, stream_upstream
+from gateway.routing.calls import (
+    Answer, Completed, Outcome, Streamed, close_stream, complete_upstream, open_stream, stream_upstream,
+)
 from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
@@ -140,7 +142,7 @@ class RoutingService:
         outcome.rule, outcome.probability = decision.rule, decision.probability
         if self.policy.routing.learning.record_features:
             outcome.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
-        route = decision.route
+        route: str = decision.route  # becomes the escalation's outcome (rag>long) when the answer is not trusted
         prepared = await prepare(planner, plan, route)
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
@@ -338,7 +340,7 @@ class RoutingService:
                     data, ended = None, True
         except GatewayError as exc:  # nothing was sent yet: the client gets a proper status
             entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000, exc.message)
-            await chunks.aclose()
+            await close_stream(chunks)
             raise
         decision = plan.decision
         verdict, judged = await self._verdict(plan, prepared, route, text, outcome)
@@ -354,7 +356,7 @@ class RoutingService:
                         async for item in chunks:
                             yield item
                 finally:
-                    await chunks.aclose()  # closing this generator must close the upstream stream too
+                    await close_stream(chunks)  # closing this generator must close the upstream stream too
 
             def finish_cheap(final_usage, error, status) -> None:
                 entry.stream_ended(cheap, route, final_usage, (time.perf_counter() - started) * 1000, error, status)
@@ -366,7 +368,7 @@ class RoutingService:
             return Streamed(held[0], held_then_rest(), chat.wants_usage_in_stream, finish_cheap)
         # the refusal never reaches the client: close the cheap stream and answer from the long route
         if not ended:
-            await chunks.aclose()
+            await close_stream(chunks)
         if usage is None:  # cut short before the upstream reported usage: count what was sent and received
             usage = {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(text)}
         entry.add_call(cheap, route, usage, (time.perf_counter() - started) * 1000)
@@ -408,7 +410,7 @@ class RoutingService:
                     parts.append(_text_or_nothing(item))
                     yield item
             finally:
-                await chunks.aclose()
+                await close_stream(chunks)
 
         def finish_judged(usage, error, status) -> None:
             whole = status == 200 and error is None

@@ -59,3 +59,5 @@ async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]
             finished = True
             if left:
                 raise ClientDisconnected()  # noqa: B012 - the work's own cancellation is replaced by this
+        # work_scope swallows only the watcher's cancellation (so `left` is set and `finally` raised): not reached
+        raise ClientDisconnected()

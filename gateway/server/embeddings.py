@@ -34,7 +34,10 @@ class EmbeddingsRequest(BaseModel):
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
 
-    _model_name = field_validator("model")(ChatCompletionRequest._model_name.__func__)
+    @field_validator("model")
+    @classmethod
+    def _model_name(cls, value: str) -> str:
+        return ChatCompletionRequest._model_name(value)  # the same names as chat
 
 
 class Embedding(BaseModel):
@@ -77,10 +80,11 @@ def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
 
 def _texts(request: EmbeddingsRequest) -> list[str]:
     items = [request.input] if isinstance(request.input, str) else request.input
-    if any(not isinstance(item, str) for item in items):
+    texts = [item for item in items if isinstance(item, str)]
+    if len(texts) != len(items):
         raise GatewayError(400, f"{request.model} takes text input; token arrays belong to another tokenizer",
                            param="input", code="unsupported_parameter")
-    return items
+    return texts
 
 
 def _embed_local(embedder, texts: list[str]) -> tuple[np.ndarray, int]:

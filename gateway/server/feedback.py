@@ -50,6 +50,8 @@ async def feedback(ctx: RequestContext) -> Response:
         raise GatewayError(400, f"invalid feedback{f' ({param})' if param else ''}: {err['msg']}", param=param,
                            code="invalid_value") from None
     store = gateway.labels
+    if store is None:  # only a bare test holder has no label store (the app always opens one)
+        raise GatewayError(503, "this gateway keeps no feedback labels", code="not_ready")
 
     def owner() -> tuple[bool, str | None]:
         found = store.request_owner(spec.request_id)
@@ -61,7 +63,7 @@ async def feedback(ctx: RequestContext) -> Response:
     found, key_id = await anyio.to_thread.run_sync(owner)
     if not found or not (caller.admin or caller.open or key_id == caller.key_id):
         raise _not_found(spec.request_id)
-    good = spec.good if spec.good is not None else spec.score >= GOOD_SCORE
+    good = spec.good if spec.good is not None else spec.score is not None and spec.score >= GOOD_SCORE
     label = LabelRecord(request_id=spec.request_id, source=LABEL_FEEDBACK, good=bool(good),
                         verdict="good" if good else "bad", key_id=key_id, score=spec.score)
     await anyio.to_thread.run_sync(store.add, label)

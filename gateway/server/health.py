@@ -4,12 +4,14 @@ load in the background after the server starts listening), 503 until then. A rea
 whose key variable is unset (`missing_credentials`): their calls will fail until it is set."""
 from __future__ import annotations
 
+from typing import Any
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.server.bodies import json_response
-from gateway.server.startup import BUILD_FAILED
+from gateway.server.startup import BUILD_FAILED, NOT_READY
 from gateway.server.state import gateway_of
 
 
@@ -22,7 +24,10 @@ async def readiness(request: Request) -> Response:
     the log, and in this answer only for a caller presenting the admin key."""
     gateway = gateway_of(request)
     startup = gateway.startup
+    if startup is None:  # a bare holder has started nothing: not ready (as Gateway.check_ready says)
+        return json_response({"status": "starting", "reason": NOT_READY}, status=503)
     reason = startup.not_ready_reason
+    body: dict[str, Any]
     if reason is None:
         body = {"status": "ready"}
         if startup.missing_credentials:  # variable names, never values

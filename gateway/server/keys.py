@@ -9,6 +9,8 @@ DELETE /v1/admin/keys/{name}         revoke (the name is never reused; a `notice
 """
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
@@ -56,7 +58,10 @@ LAST_KEY_NOTICE = ("the last key in the key store: the gateway returns to its co
                    "it was started with SELFROUTE_API_KEYS, --keys-file or SELFROUTE_ADMIN_KEY")
 
 
-def _parse(model: type[BaseModel], body: dict) -> BaseModel:
+M = TypeVar("M", bound=BaseModel)
+
+
+def _parse(model: type[M], body: dict) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -96,7 +101,7 @@ async def edit_key(ctx: RequestContext) -> Response:
     given = spec.model_fields_set
 
     def edit():
-        changes = {field: getattr(spec, field) for field in ("models", "collections", "budget_usd", "rpm", "tpm")
+        changes: dict[str, Any] = {field: getattr(spec, field) for field in ("models", "collections", "budget_usd", "rpm", "tpm")
                    if field in given}
         if "budget_period" in given:
             changes["budget_period_s"] = period_seconds(spec.budget_period) if spec.budget_period else None

@@ -61,7 +61,7 @@ class Startup:
         self.missing_credentials = missing_credentials(policy)  # logged as warnings
         local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
         for config in (policy.cheap, policy.long):
-            if config.model.startswith("local/") and hasattr(local, "load"):
+            if config.model.startswith("local/") and local is not None and hasattr(local, "load"):
                 local.load(config)
         self.store = store
         self.routing.attach(RoutePlanner(policy, store, router), check)

@@ -94,12 +94,12 @@ async def relay_stream(
             except StopAsyncIteration:
                 data = None
         await end(None, 200)
-        if held is not None:
+        if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))
         yield DONE
     except GatewayError as exc:
         await end(exc.message, exc.status)
-        if held is not None:
+        if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))
         yield sse_json(exc.body())
         yield DONE

@@ -5,8 +5,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gateway.commands._common import add_store_arguments, open_store
+
+if TYPE_CHECKING:
+    from pipelines.safety.injection import Mode
 
 
 def register(subparsers, parents) -> None:
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if blocked else 0
 
 
-def _screen(mode: str, flags: list[dict]):
+def _screen(mode: Mode, flags: list[dict]):
     """The policy's security.injection applied to each file as it is loaded, as for documents posted over HTTP:
     flag reports, strip removes the matched spans and reports, block leaves the file out and reports (the other
     files are ingested; the command then exits 1). Findings are appended to `flags`."""

@@ -75,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from policies.edit import set_values
     from policies.loader import PolicyError, load_policy, parse_policy
 
+    # a tuple mypy can check (it does not read a starred name in an except clause)
+    errors: tuple[type[BaseException], ...] = (
+        PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0],
+    )
     try:
         policy, policy_file = load_policy(args.policy)
         verifier = load_verifier_model(policy, policy_file)
         requests = recorded_requests(ledger_location(args), since=since_time(args.since))
-    except (PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0]) as exc:
+    except errors as exc:
         print(f"selfroute learn: {exc}", file=sys.stderr)
         return 2
     if verifier is None or policy_file is None:
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     labelled = [r for r in requests if r.label() is not None and r.features.get("verifier_features")]
     report: dict = {"requests": len(requests), "labelled": len(labelled), "written": None}
-    labels = [int(r.label()) for r in labelled]
+    labels = [int(label) for r in labelled if (label := r.label()) is not None]  # every one of `labelled`
     if len(labelled) < args.min_labels or len(set(labels)) < 2:
         report["decision"] = (f"not refitted: {len(labelled)} labelled cheap answers (need {args.min_labels}, "
                               "both good and not)")
@@ -101,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
                                                  n_splits=min(args.folds, len(set(groups))), seed=args.seed,
                                                  feature_names=names, sample_weight=weights)]
     current = verifier.scores(rows)
-    threshold = policy.routing.verifier.threshold if policy.routing.verifier.threshold is not None else verifier.threshold
+    settings = policy.routing.verifier
+    threshold = settings.threshold if settings is not None and settings.threshold is not None else verifier.threshold
+    assert threshold is not None  # load_verifier_model refuses a verifier with neither
     share = sum(w for s, w in zip(current, weights) if s < threshold) / sum(weights)
     q_now, q_new = (replay_quality(s, labels, weights, share) for s in (current, oof))
     report.update(escalated_share=share, quality_in_force=q_now, quality_refit=q_new,

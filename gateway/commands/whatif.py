@@ -42,11 +42,15 @@ def run(args: argparse.Namespace) -> int:
     from gateway.ledger.labels import recorded_requests
     from policies.loader import PolicyError, load_policy
 
+    # a tuple mypy can check (it does not read a starred name in an except clause)
+    errors: tuple[type[BaseException], ...] = (
+        PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0],
+    )
     try:
         policy, policy_file = load_policy(args.policy)
         model, verifier = load_models(policy, policy_file)
         requests = recorded_requests(ledger_location(args), since=since_time(args.since))
-    except (PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0]) as exc:
+    except errors as exc:
         print(f"selfroute whatif: {exc}", file=sys.stderr)
         return 2
     now, candidate = recorded_summary(requests), summary(replay(requests, policy, model, verifier))

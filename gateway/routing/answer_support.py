@@ -100,6 +100,6 @@ def take_logprobs(completion: dict, client_body: dict) -> list[float] | None:
     content = found.get("content") if isinstance(found, dict) else None
     if not isinstance(content, list):
         return None
-    values = [t.get("logprob") for t in content if isinstance(t, dict)]
-    values = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    raw = [t.get("logprob") for t in content if isinstance(t, dict)]
+    values = [float(v) for v in raw if isinstance(v, (int, float)) and math.isfinite(float(v))]
     return values or None

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 
 from gateway.errors import GatewayError
 from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
@@ -105,7 +105,7 @@ class LearningLoop:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

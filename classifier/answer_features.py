@@ -348,6 +348,10 @@ def answer_features(
         index = document_index(document_text)
         document_terms_set, document_bigrams, document_numbers = index
     has_doc = document_terms_set is not None
+    # Typed views of the document sets; only read where has_doc holds.
+    doc_terms: set[str] = document_terms_set or set()
+    doc_bigrams: set[tuple[str, str]] = document_bigrams or set()
+    doc_numbers: set[str] = document_numbers or set()
 
     refusal = is_refusal(answer)
     out: dict[str, float] = {
@@ -365,7 +369,7 @@ def answer_features(
     # grounding: answer terms that are not the question's own words carry the answer
     new_terms = a_terms - q_terms
     out["ans_support_passages"] = _share(new_terms, p_terms)
-    out["ans_support_document"] = _share(new_terms, document_terms_set) if has_doc else MISSING
+    out["ans_support_document"] = _share(new_terms, doc_terms) if has_doc else MISSING
     out["ans_support_gap"] = (
         out["ans_support_document"] - out["ans_support_passages"]
         if has_doc and new_terms else MISSING
@@ -374,17 +378,17 @@ def answer_features(
         float(len(new_terms - p_terms - (document_terms_set or set()))) if a_terms else MISSING
     )
     out["ans_number_support_passages"] = _share(a_numbers, p_numbers)
-    out["ans_number_support_document"] = _share(a_numbers, document_numbers) if has_doc else MISSING
+    out["ans_number_support_document"] = _share(a_numbers, doc_numbers) if has_doc else MISSING
     out["ans_bigram_support_passages"] = _share(a_bigrams, p_bigrams)
-    out["ans_bigram_support_document"] = _share(a_bigrams, document_bigrams) if has_doc else MISSING
+    out["ans_bigram_support_document"] = _share(a_bigrams, doc_bigrams) if has_doc else MISSING
     out["query_support_passages"] = _share(q_terms, p_terms)
-    out["query_support_document"] = _share(q_terms, document_terms_set) if has_doc else MISSING
+    out["query_support_document"] = _share(q_terms, doc_terms) if has_doc else MISSING
     out["passage_share_of_document"] = (
         len(p_terms & document_terms_set) / len(document_terms_set) if has_doc and document_terms_set else MISSING
     )
     out.update(_mc_features(query, text, a_terms, p_terms))
     names = query_names(stem)
-    out["query_names_absent_document"] = (1.0 - _share(names, document_terms_set | (document_numbers or set()))
+    out["query_names_absent_document"] = (1.0 - _share(names, doc_terms | doc_numbers)
                                           if has_doc and names else MISSING)
     q_bigrams = _bigrams(content_terms(stem))
     out["query_bigrams_absent_document"] = (1.0 - _share(q_bigrams, document_bigrams)

@@ -161,7 +161,7 @@ def question_type(query: str) -> str:
     words = _words(lowered)
     positions = {wh: words.index(wh) for wh in _WH if wh in words}
     if positions:
-        return min(positions, key=positions.get)
+        return min(positions, key=positions.__getitem__)
     last_sentence = re.split(r"(?<=[.?!])\s+", stem)[-1] if stem else ""
     if _AUX_START.match(last_sentence.strip()) or _AUX_START.match(stem):
         return "yes_no"

@@ -139,7 +139,7 @@ def train(
     if len(set(y.tolist())) < 2:
         raise ValueError("training needs both labels (cheap suffices / does not); all examples have one")
     oof = out_of_fold_probabilities(rows, y, groups, estimator, n_splits, seed)
-    metrics = classification_metrics(y, oof)
+    metrics: dict[str, Any] = classification_metrics(y, oof)
     metrics.update(
         n_documents=len(set(groups)), n_splits=min(n_splits, len(set(groups))), seed=seed,
         grouping="StratifiedGroupKFold by document (shuffle, fixed seed)",

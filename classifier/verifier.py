@@ -344,11 +344,10 @@ def verifier_from_bytes(
 ) -> VerifierModel:
     """A verifier from skops bytes and its card (dict or JSON text). Refuses types outside
     classifier.model.TRUSTED_TYPES, and a card whose features this version does not compute."""
-    if isinstance(card, str):
-        card = json.loads(card)
-    card = dict(card or {})
+    parsed: dict[str, Any] | None = json.loads(card) if isinstance(card, str) else card
+    meta = dict(parsed or {})
     pipeline = load_trusted(data, source)
-    names = list(card.get("feature_names") or ANSWER_FEATURE_NAMES)
+    names = list(meta.get("feature_names") or ANSWER_FEATURE_NAMES)
     known = set(ANSWER_FEATURE_NAMES) | _pre_route_names()
     unknown = [n for n in names if n not in known]
     if unknown:
@@ -356,7 +355,7 @@ def verifier_from_bytes(
     n_in = getattr(pipeline, "n_features_in_", len(names))
     if n_in != len(names):
         raise ModelFileError(f"{source}: verifier expects {n_in} features, its card names {len(names)}")
-    return VerifierModel(pipeline=pipeline, feature_names=names, card=card, source=source)
+    return VerifierModel(pipeline=pipeline, feature_names=names, card=meta, source=source)
 
 
 def _pre_route_names() -> set[str]:
@@ -413,8 +412,8 @@ def permutation_importance(rows, labels, rag, lc, splits: Sequence[Split], units
         model = VerifierModel(build_verifier_pipeline(estimator, seed), names)
         model.fit([rows[i] for i in s.train], y[s.train], None if w is None else w[s.train])
         fitted.append((s, model))
-    units = np.asarray(units)
-    unit_names = sorted(set(units.tolist()))
+    unit_array = np.asarray(units)
+    unit_names = sorted(set(unit_array.tolist()))
 
     def proba(model, matrix):
         classes = list(model.pipeline.classes_)
@@ -429,7 +428,7 @@ def permutation_importance(rows, labels, rag, lc, splits: Sequence[Split], units
             scores[s.test] = proba(model, part)
         aucs, gains = [], []
         for u in unit_names:
-            idx = np.flatnonzero((units == u) & ~np.isnan(scores))
+            idx = np.flatnonzero((unit_array == u) & ~np.isnan(scores))
             if len(idx) == 0:
                 continue
             a = gain_auc(np.asarray(rag)[idx], np.asarray(lc)[idx], scores[idx])

@@ -8,6 +8,7 @@ import logging
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -278,9 +279,9 @@ def run_verifier(args: argparse.Namespace) -> int:
                   f"{pick.long_share:.1%} escalated" + ("" if met else "; no threshold met the cap, the cheapest kept"))
         summary = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
                    f"{pick.long_share:.1%} escalated")
-    held_out = {}
+    held_out: dict[str, dict[str, Any]] = {}
     for r in unit_reports(items, units, verifier_policy, prices, threshold):
-        at = r.strategy("verifier only (rag, then verifier)")
+        at = r.strategy_named("verifier only (rag, then verifier)")
         held_out[r.unit] = {
             "n": r.n, "documents": r.documents, "gain_auc": r.gain_auc,
             "verifier_vs_random_points_at_25": r.transfer_points,
@@ -288,8 +289,8 @@ def run_verifier(args: argparse.Namespace) -> int:
             "at_threshold": {"quality": at.quality, "vs_long_points": at.quality_vs_long_points,
                              "tokens_vs_long": at.tokens_vs_long, "cost_vs_long": at.cost_vs_long,
                              "escalated": at.route_shares.get("rag>long", 0.0)},
-            "always_long": r.strategy("always-long").quality, "always_rag": r.strategy("always-rag").quality,
-            "self_route": r.strategy("self-route").quality,
+            "always_long": r.strategy_named("always-long").quality, "always_rag": r.strategy_named("always-rag").quality,
+            "self_route": r.strategy_named("self-route").quality,
         }
     model = result.model
     model.card.update({

@@ -185,10 +185,10 @@ class RouteInputBuilder:
         self._cache_path = Path(cache_dir) / CACHE_FILE if cache_dir else None
         self._cache = self._read_cache()
 
-    def _read_cache(self) -> dict[str, dict]:
+    def _read_cache(self) -> dict[str, Any]:
         if self._cache_path is None or not self._cache_path.is_file():
             return {}
-        cache = {}
+        cache: dict[str, Any] = {}
         for line in self._cache_path.read_text(encoding="utf-8").splitlines():
             try:
                 entry = json.loads(line)
@@ -360,6 +360,10 @@ class CorpusInputs:
 
         bar = tqdm(examples, desc="routing inputs", disable=not progress, unit="q")
         return [self.inputs(e, with_long) for e in bar]
+
+
+# what the verification code reads the cheap side from: one builder, or one per corpus
+InputSource = RouteInputBuilder | CorpusInputs
 
 
 def corpus_windows(examples: list[Example], windows: list[int] | None) -> dict[str, int | None]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from gateway.evaluation.replay import Leg, Outcome, Prices, ReplayItem, leg_cost, oracle, router_strategy
 from gateway.routing.decision import Router
@@ -33,6 +33,9 @@ from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.learning.judge import ANSWER_CHARS, JUDGE_PROMPT, PASSAGE_CHARS
 from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import Policy
+
+if TYPE_CHECKING:
+    from classifier.verifier import Estimator
 
 JUDGE_OUTPUT_TOKENS = 12  # {"verdict": "both_wrong"}
 MIN_LABELS = 40  # fewer labels (or only one class) keep the shipped verifier
@@ -89,7 +92,7 @@ class SimulationResult:
     refit_every: int
     window: int
     after: int
-    windows: list[dict[str, dict[str, Any]]]  # per window: strategy -> Tally.to_dict()
+    windows: list[dict[str, Any]]  # per window: "end" (its last position) and strategy -> Tally.to_dict()
     trailing: dict[str, dict[str, Any]]  # questions after `after`, per strategy
     total: dict[str, dict[str, Any]]
     labels: dict[str, int] = field(default_factory=dict)
@@ -137,6 +140,7 @@ def _rag_outcome(item: ReplayItem) -> Outcome:
 
 
 def _with_verifier_threshold(policy: Policy, threshold: float) -> Policy:
+    assert policy.routing.verifier is not None  # simulate() refuses a policy without one
     verifier = policy.routing.verifier.model_copy(update={"threshold": float(threshold)})
     return policy.model_copy(update={"routing": policy.routing.model_copy(update={"verifier": verifier})})
 
@@ -154,7 +158,7 @@ def _quantile_threshold(scores: Sequence[float], share: float) -> float:
 
 def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *, shadow_rate: float,
              judge_noise: float, refit_every: int, seed: int = 0, window: int = 250, after: int = 1000,
-             estimator: str = "logistic", feature_names: Sequence[str] | None = None) -> SimulationResult:
+             estimator: Estimator = "logistic", feature_names: Sequence[str] | None = None) -> SimulationResult:
     """Run the stream once. `policy` must have a verifier (its threshold, else the shipped verifier card's, is the
     frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer."""
     import numpy as np
@@ -171,7 +175,7 @@ def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *
     order = stream_order([q.item for q in questions], seed)
     tallies = {name: Tally() for name in STRATEGIES}
     trailing = {name: Tally() for name in STRATEGIES}
-    windows: list[dict[str, dict[str, Any]]] = []
+    windows: list[dict[str, Any]] = []
     current = {name: Tally() for name in STRATEGIES}
 
     learned: VerifierModel | None = None
@@ -186,7 +190,12 @@ def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *
     learned_scores: list[float] = []
 
     def score_of(index: int) -> float:
-        return questions[index].item.verifier_score if learned is None else learned_scores[index]
+        if learned is not None:
+            return learned_scores[index]
+        shipped = questions[index].item.verifier_score
+        if shipped is None:  # the docstring's precondition; sorting and comparing scores need every one
+            raise ValueError(f"question {index} has no verifier_score (the shipped verifier's score is needed)")
+        return shipped
 
     learning_check = CheapAnswerCheck(learn_policy)
 

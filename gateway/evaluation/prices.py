@@ -65,7 +65,8 @@ def policy_prices(policy: Policy) -> Prices | None:
     values = [cheap.input_per_token, cheap.output_per_token, long.input_per_token, long.output_per_token]
     if not (cheap.known and long.known) or not any(values):
         return None
-    return Prices(*[v * 1e6 for v in values],
+    cheap_in, cheap_out, long_in, long_out = (v * 1e6 for v in values)
+    return Prices(cheap_in, cheap_out, long_in, long_out,
                   source=f"policy {policy.name}: cheap={policy.cheap.model} ({cheap.source}), "
                          f"long={policy.long.model} ({long.source})")
 

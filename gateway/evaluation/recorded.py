@@ -77,7 +77,8 @@ def replay(requests: Sequence[RecordedRequest], policy: Policy, model=None, veri
             if "pre_route_probability" in row and decision.probability is not None:
                 row["pre_route_probability"] = decision.probability  # the candidate's P(cheap) feeds its verifier
             pending.append((i, row))
-    scores = dict(zip((i for i, _ in pending), check.verifier.scores([row for _, row in pending]))) if pending else {}
+    scores = (dict(zip((i for i, _ in pending), check.verifier.scores([row for _, row in pending])))
+              if pending and check.verifier is not None else {})
     out = []
     for i, (request, decision) in enumerate(zip(requests, decisions)):
         long_cost = request.counterfactual_cost_usd
@@ -133,8 +134,9 @@ def thresholds_for_cost_share(requests: Sequence[RecordedRequest], max_cost_shar
     """The verifier threshold answering the most requests long (escalating the least-trusted answers first) with the
     estimated cost at most `max_cost_share` of always-long, from the recorded P(good) alone (no labels). Requests
     that went long stay long. None when no recorded request was checked by a verifier."""
-    scored = [(r, r.features["p_good"], cheap_cost(r)) for r in requests
-              if r.features.get("p_good") is not None and cheap_cost(r) is not None]
+    scored: list[tuple[RecordedRequest, float, float]] = [
+        (r, r.features["p_good"], cost) for r in requests
+        if r.features.get("p_good") is not None and (cost := cheap_cost(r)) is not None]
     if not scored:
         return None
     always_long = sum(r.counterfactual_cost_usd for r in requests)

@@ -36,7 +36,7 @@ from typing import Callable, Sequence
 
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
-from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
+from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG, Route
 from policies.schema import ModelConfig, Policy
 
 
@@ -225,7 +225,7 @@ def without_pre_route(policy: Policy) -> Policy:
     copy = policy.model_copy(deep=True)
     copy.routing.rules = []
     copy.routing.classifier = None
-    copy.routing.default_route = RAG
+    copy.routing.default_route = Route.RAG
     return copy
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 from gateway.evaluation.replay import (
     Leg, Prices, ReplayItem, leg_cost, long_leg_cost, warm_long_legs, with_threshold, without_verifier,
@@ -104,7 +104,7 @@ class Table:
                 "long_share": float(np.mean(long | escalate))}
 
 
-def quantile_grid(values: Sequence[float], steps: int) -> list[float]:
+def quantile_grid(values: Sequence[float | None], steps: int) -> list[float]:
     """Thresholds at the values' quantiles, plus both ends (0: never below; past the largest: always below)."""
     import numpy as np
 
@@ -128,12 +128,13 @@ def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_c
     table = Table(items, prices)
     chosen_items = table.items if idx is None else [table.items[i] for i in idx]
     classifier = policy.routing.classifier
+    pre_grid: Sequence[float | None]
     if classifier is not None and tune_pre_route:
         pre_grid = quantile_grid([i.probability for i in chosen_items], min(steps, 30))
     else:
         pre_grid = [classifier.threshold if classifier is not None else None]
     verifier_grid = quantile_grid([i.verifier_score for i in chosen_items], steps)
-    points = []
+    points: list[dict[str, Any]] = []
     for t1 in pre_grid:
         routes = table.routes(with_threshold(policy, t1) if t1 is not None else policy)
         for t2 in verifier_grid:
@@ -143,6 +144,7 @@ def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_c
         pick = (max(feasible, key=lambda p: (p["quality"], -p["cost_vs_long"])) if feasible
                 else min(points, key=lambda p: p["cost_vs_long"]))
     else:
+        assert min_quality_delta is not None  # exactly one of the two is given (checked above)
         feasible = [p for p in points if p["quality_vs_long_points"] >= min_quality_delta - 1e-9]
         pick = (min(feasible, key=lambda p: (p["cost_vs_long"], -p["quality"])) if feasible
                 else max(points, key=lambda p: p["quality"]))

@@ -42,6 +42,13 @@ class UnitReport:
     def strategy(self, name: str) -> StrategyResult | None:
         return next((s for s in self.strategies if s.name == name), None)
 
+    def strategy_named(self, name: str) -> StrategyResult:
+        """The named strategy, which every report has (the replay's fixed strategies); KeyError otherwise."""
+        found = self.strategy(name)
+        if found is None:
+            raise KeyError(f"no strategy {name!r} in unit {self.unit}")
+        return found
+
     def to_dict(self) -> dict:
         return {"unit": self.unit, "n": self.n, "documents": self.documents,
                 "strategies": [s.to_dict() for s in self.strategies], "transfer": self.transfer,

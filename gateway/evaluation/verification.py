@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from gateway.evaluation.examples import Example, RouteInputBuilder
+from gateway.evaluation.examples import Example, InputSource
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
 from policies.schema import Policy
+
+if TYPE_CHECKING:
+    from classifier.training import Estimator
 
 EMBEDDINGS_FILE = "answer_embeddings.sqlite3"
 
@@ -83,7 +86,7 @@ def _collect(texts: list[str]):
     return embed
 
 
-def cheap_answers(builder: RouteInputBuilder, examples: Sequence[Example], progress: bool = False,
+def cheap_answers(builder: InputSource, examples: Sequence[Example], progress: bool = False,
                   embed: CachedEmbed | None = None) -> list[CheapAnswer]:
     """The recorded cheap answer (`rag_pred`) of each example with what the cheap model saw: the passages, the
     retrieval pass's signals, the document's index and (with `embed`) the embedding model for its support."""
@@ -116,8 +119,8 @@ def protocol_inputs(examples: Sequence[Example]) -> dict:
             "models": [e.model for e in examples]}
 
 
-def replay_scores(policy: Policy, policy_file, examples, inputs, builder: RouteInputBuilder, *, protocol: str = "grouped",
-                  estimator: str = "boosting", folds: int = 5, seed: int = 0, model=None, verifier_file=None,
+def replay_scores(policy: Policy, policy_file, examples, inputs, builder: InputSource, *, protocol: str = "grouped",
+                  estimator: Estimator = "boosting", folds: int = 5, seed: int = 0, model=None, verifier_file=None,
                   verifier_threshold: float | None = None, progress: bool = False, embed: CachedEmbed | None = None,
                   feature_names: Sequence[str] | None = None, splits=None, rows_out: list | None = None):
     """(P(cheap), verifier P(good) or None, verifier threshold or None) per example, for the replay and calibrate.

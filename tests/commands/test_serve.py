@@ -40,7 +40,7 @@ def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str, extr
     return proc, f"http://127.0.0.1:{port}"
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 120) -> None:
+def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 240) -> None:
     """Until the replica is ready: models load after the port opens, and a request before then is a 503 not_ready."""
     deadline = time.monotonic() + timeout
     while True:

@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,10 @@ def _route(value: str | None) -> str:
     return value or "unknown"
 
 
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
+
+
 class WorkerProcesses:
     """process_* of every live worker writing to the multiprocess directory, each labelled with its pid."""
 
@@ -67,7 +72,7 @@ class WorkerProcesses:
         pids = sorted({int(m.group(1)) for f in self.path.glob("*.db") if (m := _WORKER_FILE.search(f.name))})
         families: dict[str, Metric] = {}
         for pid in pids:
-            for family in ProcessCollector(pid=lambda pid=pid: pid, registry=None).collect():  # nothing for a dead one
+            for family in ProcessCollector(pid=_constant(pid), registry=None).collect():  # nothing for a dead one
                 merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
                 for sample in family.samples:
                     merged.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)

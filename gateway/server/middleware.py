@@ -105,7 +105,7 @@ class RequestMiddleware:
 
         metrics = self.metrics
         in_flight = metrics is not None and scope["path"] not in NOT_IN_FLIGHT
-        if in_flight:
+        if metrics is not None and in_flight:
             metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_ids)
@@ -113,7 +113,7 @@ class RequestMiddleware:
             status = status or 500  # the server's error handler answers it, outside this middleware
             raise
         finally:
-            if in_flight:
+            if metrics is not None and in_flight:
                 metrics.in_flight.dec()
             record = state.get("record")
             if first_event is not None and metrics is not None:

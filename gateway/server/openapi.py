@@ -366,7 +366,7 @@ def _success(found: Operation) -> dict[str, Any]:
 
 def build_schema(routes: list[BaseRoute], title: str, version: str) -> dict[str, Any]:
     known = operations()
-    models = {ErrorEnvelope, *(m for op in known.values() for m in (op.request, op.response) if m is not None)}
+    models: set[type[BaseModel]] = {ErrorEnvelope, *(m for op in known.values() for m in (op.request, op.response) if m is not None)}
     _, definitions = models_json_schema([(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
                                         ref_template=REF)
     paths: dict[str, dict] = {}

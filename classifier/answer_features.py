@@ -16,11 +16,12 @@ values with no I/O and no gateway or pipelines imports, so training, replay and 
 
 Every value is a float; missing values are NaN (the model's imputer fills them).
 """
+
 from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 MISSING = float("nan")
 
@@ -241,18 +242,33 @@ ANSWER_FEATURE_NAMES: list[str] = [
     "query_passage_similarity",
 ]
 # classifier.features' retrieval signals copied into the verifier's inputs under these names
-RETRIEVAL_INPUTS = {"ret_top_score": "top_score", "ret_top_margin": "top_margin", "ret_score_spread": "score_spread",
-                    "ret_term_coverage": "term_coverage"}
-SUPPORT_FEATURES = ("ans_passage_similarity", "ans_sentence_support_mean", "ans_sentence_support_min",
-                    "query_passage_similarity")
+RETRIEVAL_INPUTS = {
+    "ret_top_score": "top_score",
+    "ret_top_margin": "top_margin",
+    "ret_score_spread": "score_spread",
+    "ret_term_coverage": "term_coverage",
+}
+SUPPORT_FEATURES = (
+    "ans_passage_similarity",
+    "ans_sentence_support_mean",
+    "ans_sentence_support_min",
+    "query_passage_similarity",
+)
 
 
 def _mc_features(query: str, answer: str, answer_terms: set[str], passage_terms: set[str]) -> dict[str, float]:
     options = parse_options(query)
     if not options:
-        return {"mc_question": 0.0, "mc_letter_valid": MISSING, "mc_letters_named": MISSING,
-                "mc_option_text_match": MISSING, "mc_letter_text_agree": MISSING, "mc_chosen_support": MISSING,
-                "mc_support_margin": MISSING, "mc_chosen_is_best_supported": MISSING}
+        return {
+            "mc_question": 0.0,
+            "mc_letter_valid": MISSING,
+            "mc_letters_named": MISSING,
+            "mc_option_text_match": MISSING,
+            "mc_letter_text_agree": MISSING,
+            "mc_chosen_support": MISSING,
+            "mc_support_margin": MISSING,
+            "mc_chosen_is_best_supported": MISSING,
+        }
     letters = answer_letters(answer, options)
     option_terms = {k: set(content_terms(v)) for k, v in options.items()}
     match = {k: _jaccard(answer_terms, t) for k, t in option_terms.items()}
@@ -266,7 +282,9 @@ def _mc_features(query: str, answer: str, answer_terms: set[str], passage_terms:
         "mc_option_text_match": float(match[best_text]),
         # the named letter is the option whose text the answer repeats (when it repeats any text)
         "mc_letter_text_agree": (float(best_text == letters[0]) if letters and match[best_text] > 0 else MISSING),
-        "mc_chosen_support": MISSING, "mc_support_margin": MISSING, "mc_chosen_is_best_supported": MISSING,
+        "mc_chosen_support": MISSING,
+        "mc_support_margin": MISSING,
+        "mc_chosen_is_best_supported": MISSING,
     }
     if chosen is not None:
         others = [v for k, v in support.items() if k != chosen]
@@ -286,8 +304,7 @@ def query_names(stem: str) -> set[str]:
     out: set[str] = set()
     for m in _NAME.finditer(stem):
         before = stem[: m.start()].rstrip()
-        opens = not before or before[-1] in "?!:\"'“(" or (
-            before[-1] == "." and not _TITLE.search(before))
+        opens = not before or before[-1] in "?!:\"'“(" or (before[-1] == "." and not _TITLE.search(before))
         if opens:
             continue  # the opening word of a sentence is capitalised anyway
         token = m.group(0)
@@ -371,8 +388,7 @@ def answer_features(
     out["ans_support_passages"] = _share(new_terms, p_terms)
     out["ans_support_document"] = _share(new_terms, doc_terms) if has_doc else MISSING
     out["ans_support_gap"] = (
-        out["ans_support_document"] - out["ans_support_passages"]
-        if has_doc and new_terms else MISSING
+        out["ans_support_document"] - out["ans_support_passages"] if has_doc and new_terms else MISSING
     )
     out["ans_unsupported_terms"] = (
         float(len(new_terms - p_terms - (document_terms_set or set()))) if a_terms else MISSING
@@ -388,11 +404,11 @@ def answer_features(
     )
     out.update(_mc_features(query, text, a_terms, p_terms))
     names = query_names(stem)
-    out["query_names_absent_document"] = (1.0 - _share(names, doc_terms | doc_numbers)
-                                          if has_doc and names else MISSING)
+    out["query_names_absent_document"] = 1.0 - _share(names, doc_terms | doc_numbers) if has_doc and names else MISSING
     q_bigrams = _bigrams(content_terms(stem))
-    out["query_bigrams_absent_document"] = (1.0 - _share(q_bigrams, document_bigrams)
-                                            if has_doc and q_bigrams and document_bigrams is not None else MISSING)
+    out["query_bigrams_absent_document"] = (
+        1.0 - _share(q_bigrams, document_bigrams) if has_doc and q_bigrams and document_bigrams is not None else MISSING
+    )
     retrieval = retrieval or {}
     for name, key in RETRIEVAL_INPUTS.items():
         out[name] = _value(retrieval.get(key))

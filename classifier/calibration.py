@@ -1,4 +1,5 @@
 """Pick the classifier threshold that sends a target share of requests to the long route."""
+
 from __future__ import annotations
 
 import math

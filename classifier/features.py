@@ -5,6 +5,7 @@ and the gateway compute features with the very same code. The query cues follow 
 classes Self-Route (Li et al., 2024) reports for RAG: multi-step reasoning, general or summary
 questions, long complex queries, and implicit queries that need the whole text.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,19 @@ class RetrievalSignals:
     texts: list[str] = field(default_factory=list)
 
 
-_QUESTION_TYPES = ("what", "who", "when", "where", "which", "how", "why", "yes_no", "multiple_choice", "summary", "list")
+_QUESTION_TYPES = (
+    "what",
+    "who",
+    "when",
+    "where",
+    "which",
+    "how",
+    "why",
+    "yes_no",
+    "multiple_choice",
+    "summary",
+    "list",
+)
 
 QUERY_FEATURES = [
     "query_words",
@@ -111,7 +124,9 @@ _ORDINAL = re.compile(
     re.I,
 )
 _QUANTITY = re.compile(r"\b(?:how (?:many|much|often|long)|number of|count|percentage|percent|amount)\b", re.I)
-_LIST = re.compile(r"\b(?:list|name (?:all|the)|enumerate|what are (?:all )?the|which (?:of the following )?are)\b", re.I)
+_LIST = re.compile(
+    r"\b(?:list|name (?:all|the)|enumerate|what are (?:all )?the|which (?:of the following )?are)\b", re.I
+)
 _WH = ("what", "who", "when", "where", "which", "how", "why")
 _NUMBER = re.compile(r"\b\d[\d,.]*\b")
 _STOPWORDS = frozenset(

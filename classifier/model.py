@@ -4,6 +4,7 @@ Models serialise with skops (never pickle) next to a JSON card; gateway.routing.
 the files. Loading trusts an explicit list of types, the ones our pipelines are built from; data
 needing anything else is refused.
 """
+
 from __future__ import annotations
 
 import json

@@ -12,23 +12,33 @@ spends its capacity where escalating changes the score (see tests/benchmarks/ben
 
 Pure: fitting, out-of-fold scoring and (de)serialisation to skops bytes; no file I/O here.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
-from classifier.model import TRUSTED_TYPES, ModelFileError, _json_safe, load_trusted
+from classifier.model import ModelFileError, _json_safe, load_trusted
 
 # Features that learn a corpus's or a model's style rather than the answer's quality: absolute answer length and
 # shape (a model family's verbosity), and log-probabilities (absent from the paired training data; a model fitted
 # where they are all missing cannot use them). BENCHMARKS.md section 4a measures each feature across corpora.
-STYLE_FEATURES = ("ans_words", "ans_log_chars", "ans_numbers", "ans_query_len_ratio", "ans_logprob_mean",
-                  "ans_logprob_min", "pre_route_probability")
-TRANSFER_FEATURE_NAMES: list[str] = [n for n in ANSWER_FEATURE_NAMES if n not in STYLE_FEATURES
-                                     and n not in SUPPORT_FEATURES]
+STYLE_FEATURES = (
+    "ans_words",
+    "ans_log_chars",
+    "ans_numbers",
+    "ans_query_len_ratio",
+    "ans_logprob_mean",
+    "ans_logprob_min",
+    "pre_route_probability",
+)
+TRANSFER_FEATURE_NAMES: list[str] = [
+    n for n in ANSWER_FEATURE_NAMES if n not in STYLE_FEATURES and n not in SUPPORT_FEATURES
+]
 # ... with the answer's support in the passages in embedding space (an embedding pass over every answer and its
 # passages: live a few milliseconds per answer, offline hours on two loaded cores for LaRA's 9,939 answers)
 TRANSFER_SUPPORT_FEATURE_NAMES: list[str] = TRANSFER_FEATURE_NAMES + list(SUPPORT_FEATURES)
@@ -70,7 +80,11 @@ def build_verifier_pipeline(estimator: Estimator = DEFAULT_ESTIMATOR, seed: int 
         return Pipeline([impute, ("scale", StandardScaler()), ("model", LogisticRegression(C=0.3, max_iter=3000))])
     if estimator == "boosting":
         model = HistGradientBoostingClassifier(
-            max_iter=80, learning_rate=0.06, max_depth=3, min_samples_leaf=25, l2_regularization=1.0,
+            max_iter=80,
+            learning_rate=0.06,
+            max_depth=3,
+            min_samples_leaf=25,
+            l2_regularization=1.0,
             random_state=seed,
         )
         return Pipeline([impute, ("model", model)])
@@ -98,7 +112,7 @@ class VerifierModel:
         value = self.card.get("threshold")
         return None if value is None else float(value)
 
-    def fit(self, rows: list[dict[str, float]], labels, sample_weight=None) -> "VerifierModel":
+    def fit(self, rows: list[dict[str, float]], labels, sample_weight=None) -> VerifierModel:
         import numpy as np
 
         x = feature_matrix(rows, self.feature_names)
@@ -145,8 +159,13 @@ def _oof(rows, labels, splits, estimator, seed, names, sample_weight):
     oof = np.full(len(y), np.nan)
     for train_idx, test_idx in splits:
         oof[test_idx] = _fit_predict(
-            estimator, seed, names, [rows[i] for i in train_idx], y[train_idx],
-            None if w is None else w[train_idx], [rows[i] for i in test_idx],
+            estimator,
+            seed,
+            names,
+            [rows[i] for i in train_idx],
+            y[train_idx],
+            None if w is None else w[train_idx],
+            [rows[i] for i in test_idx],
         )
     return oof
 
@@ -189,8 +208,17 @@ class Split:
     unit: str
 
 
-def protocol_splits(protocol: str, labels, groups, *, tasks=None, corpora=None, models=None,
-                    n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED) -> list[Split]:
+def protocol_splits(
+    protocol: str,
+    labels,
+    groups,
+    *,
+    tasks=None,
+    corpora=None,
+    models=None,
+    n_splits: int = DEFAULT_FOLDS,
+    seed: int = DEFAULT_SEED,
+) -> list[Split]:
     """The refits of an out-of-fold protocol; every example lies in exactly one test part.
 
     - grouped: k folds by `groups` (documents); units "fold-1".."fold-k";
@@ -204,18 +232,25 @@ def protocol_splits(protocol: str, labels, groups, *, tasks=None, corpora=None, 
 
     n = len(labels)
     if protocol == "grouped":
-        return [Split(tr, te, f"fold-{k + 1}") for k, (tr, te) in enumerate(grouped_splits(labels, groups, n_splits, seed))]
+        return [
+            Split(tr, te, f"fold-{k + 1}") for k, (tr, te) in enumerate(grouped_splits(labels, groups, n_splits, seed))
+        ]
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
     keys = {"loto": tasks, "corpus": corpora, "model": models}[protocol]
-    what, plural = {"loto": ("task", "tasks"), "corpus": ("corpus", "corpora (several --data files)"),
-                    "model": ("model", "model families")}[protocol]
+    what, plural = {
+        "loto": ("task", "tasks"),
+        "corpus": ("corpus", "corpora (several --data files)"),
+        "model": ("model", "model families"),
+    }[protocol]
     if keys is None or len(set(keys)) < 2:
         raise ValueError(f"--protocol {protocol} needs a `{what}` field with at least two {plural}")
     keys = np.asarray([str(k) for k in keys])
     if protocol != "model":
-        return [Split(tr, te, str(unit)) for unit, (tr, te) in
-                zip(sorted(set(keys.tolist())), leave_one_group_out_splits(keys))]
+        return [
+            Split(tr, te, str(unit))
+            for unit, (tr, te) in zip(sorted(set(keys.tolist())), leave_one_group_out_splits(keys))
+        ]
     folds = np.zeros(n, dtype=int)
     for k, (_, test) in enumerate(grouped_splits(labels, groups, n_splits, seed)):
         folds[test] = k
@@ -238,26 +273,46 @@ def split_units(splits: Sequence[Split], n: int) -> list[str]:
     return units
 
 
-def protocol_scores(rows: list[dict[str, float]], labels, splits: Sequence[Split], *,
-                    estimator: Estimator = DEFAULT_ESTIMATOR, seed: int = DEFAULT_SEED,
-                    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES, sample_weight=None):
+def protocol_scores(
+    rows: list[dict[str, float]],
+    labels,
+    splits: Sequence[Split],
+    *,
+    estimator: Estimator = DEFAULT_ESTIMATOR,
+    seed: int = DEFAULT_SEED,
+    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
+    sample_weight=None,
+):
     """P(good) for every example from the verifier of the split that holds it out (protocol_splits)."""
     return _oof(rows, labels, [(s.train, s.test) for s in splits], estimator, seed, feature_names, sample_weight)
 
 
 def out_of_fold_scores(
-    rows: list[dict[str, float]], labels, groups, *, estimator: Estimator = DEFAULT_ESTIMATOR,
-    n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED, feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
+    rows: list[dict[str, float]],
+    labels,
+    groups,
+    *,
+    estimator: Estimator = DEFAULT_ESTIMATOR,
+    n_splits: int = DEFAULT_FOLDS,
+    seed: int = DEFAULT_SEED,
+    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
     sample_weight=None,
 ):
     """P(good) for every example from a verifier that never saw its group (document), grouped k-fold."""
-    return _oof(rows, labels, grouped_splits(labels, groups, n_splits, seed), estimator, seed, feature_names,
-                sample_weight)
+    return _oof(
+        rows, labels, grouped_splits(labels, groups, n_splits, seed), estimator, seed, feature_names, sample_weight
+    )
 
 
 def leave_one_group_out_scores(
-    rows: list[dict[str, float]], labels, groups, *, estimator: Estimator = DEFAULT_ESTIMATOR,
-    seed: int = DEFAULT_SEED, feature_names: Sequence[str] = ANSWER_FEATURE_NAMES, sample_weight=None,
+    rows: list[dict[str, float]],
+    labels,
+    groups,
+    *,
+    estimator: Estimator = DEFAULT_ESTIMATOR,
+    seed: int = DEFAULT_SEED,
+    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
+    sample_weight=None,
 ):
     """P(good) for every example from a verifier trained on the other groups only (e.g. leave one task out)."""
     return _oof(rows, labels, leave_one_group_out_splits(groups), estimator, seed, feature_names, sample_weight)
@@ -292,9 +347,17 @@ class VerifierTrainingResult:
 
 
 def train_verifier(
-    rows: list[dict[str, float]], labels, groups, *, estimator: Estimator = DEFAULT_ESTIMATOR,
-    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES, sample_weight=None, n_splits: int = DEFAULT_FOLDS,
-    seed: int = DEFAULT_SEED, escalation_share: float | None = None, card: dict[str, Any] | None = None,
+    rows: list[dict[str, float]],
+    labels,
+    groups,
+    *,
+    estimator: Estimator = DEFAULT_ESTIMATOR,
+    feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
+    sample_weight=None,
+    n_splits: int = DEFAULT_FOLDS,
+    seed: int = DEFAULT_SEED,
+    escalation_share: float | None = None,
+    card: dict[str, Any] | None = None,
 ) -> VerifierTrainingResult:
     """Cross-validate grouped by `groups` (documents), then fit on everything.
 
@@ -305,11 +368,23 @@ def train_verifier(
     y = np.asarray(labels, dtype=int)
     if len(set(y.tolist())) < 2:
         raise ValueError("the verifier needs both labels (good enough / not); all examples have one")
-    oof = out_of_fold_scores(rows, y, groups, estimator=estimator, n_splits=n_splits, seed=seed,
-                             feature_names=feature_names, sample_weight=sample_weight)
+    oof = out_of_fold_scores(
+        rows,
+        y,
+        groups,
+        estimator=estimator,
+        n_splits=n_splits,
+        seed=seed,
+        feature_names=feature_names,
+        sample_weight=sample_weight,
+    )
     metrics = classification_metrics(y, oof)
-    metrics.update(n_groups=len(set(groups)), n_splits=min(n_splits, len(set(groups))), seed=seed,
-                   weighted=sample_weight is not None)
+    metrics.update(
+        n_groups=len(set(groups)),
+        n_splits=min(n_splits, len(set(groups))),
+        seed=seed,
+        weighted=sample_weight is not None,
+    )
     model = VerifierModel(build_verifier_pipeline(estimator, seed), list(feature_names))
     model.fit(rows, y, sample_weight)
     model.card = {
@@ -391,9 +466,20 @@ def escalation_gain_points(rag, lc, scores, share: float = 0.25) -> float:
     return float(100 * (gain[order[:k]].sum() - k * gain.mean()) / len(rag))
 
 
-def permutation_importance(rows, labels, rag, lc, splits: Sequence[Split], units: Sequence[str], *,
-                           feature_names: Sequence[str], estimator: Estimator = DEFAULT_ESTIMATOR,
-                           seed: int = DEFAULT_SEED, sample_weight=None, share: float = 0.25):
+def permutation_importance(
+    rows,
+    labels,
+    rag,
+    lc,
+    splits: Sequence[Split],
+    units: Sequence[str],
+    *,
+    feature_names: Sequence[str],
+    estimator: Estimator = DEFAULT_ESTIMATOR,
+    seed: int = DEFAULT_SEED,
+    sample_weight=None,
+    share: float = 0.25,
+):
     """Per feature, the loss in gain-weighted AUC and in the escalation gain over random (points at `share`) on the
     held-out units when that feature is shuffled within each split's test part, the split's model fitted once on
     its training part. Mean over units; largest AUC loss first. A feature that helps in the units it was trained

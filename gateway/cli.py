@@ -1,4 +1,5 @@
 """The `selfroute` command line: discovers subcommands in gateway.commands."""
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def _common_parser(*, defaults: bool) -> argparse.ArgumentParser:
     given before the subcommand (`selfroute --data-dir X logs`) is not overwritten by a subcommand's default."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=None if defaults else argparse.SUPPRESS, help=DATA_DIR_HELP)
-    common.add_argument("--log-level", default=os.environ.get("SELFROUTE_LOG_LEVEL", "INFO") if defaults
-                        else argparse.SUPPRESS, help="DEBUG, INFO, WARNING or ERROR (default: $SELFROUTE_LOG_LEVEL, else INFO)")
+    common.add_argument(
+        "--log-level",
+        default=os.environ.get("SELFROUTE_LOG_LEVEL", "INFO") if defaults else argparse.SUPPRESS,
+        help="DEBUG, INFO, WARNING or ERROR (default: $SELFROUTE_LOG_LEVEL, else INFO)",
+    )
     return common
 
 
@@ -66,8 +70,21 @@ def configure_environment() -> None:
 
 
 # libraries whose INFO lines (model loading, HTTP requests, table opens) are noise in a command's output
-THIRD_PARTY_LOGGERS = ("sentence_transformers", "transformers", "huggingface_hub", "httpx", "httpcore", "LiteLLM",
-                       "litellm", "lancedb", "urllib3", "filelock", "aiohttp", "botocore", "asyncio")
+THIRD_PARTY_LOGGERS = (
+    "sentence_transformers",
+    "transformers",
+    "huggingface_hub",
+    "httpx",
+    "httpcore",
+    "LiteLLM",
+    "litellm",
+    "lancedb",
+    "urllib3",
+    "filelock",
+    "aiohttp",
+    "botocore",
+    "asyncio",
+)
 
 
 def quiet_third_parties(level: int) -> None:

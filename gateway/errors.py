@@ -3,6 +3,7 @@
 Plain data, no web framework: routing and upstreams raise GatewayError for what the client must be told;
 gateway.server.errors turns it (and the ledger's own errors) into responses.
 """
+
 from __future__ import annotations
 
 _TYPE_FOR_STATUS = {
@@ -47,7 +48,6 @@ class GatewayError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
 
 
 def invalid_request(message: str, param: str | None = None, code: str | None = None) -> GatewayError:

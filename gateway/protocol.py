@@ -6,12 +6,14 @@ a client may never send are the provider-connection and test parameters that lit
 interpret as client options (`api_base`, `api_key`, `mock_response`, ...): those are a 400 naming the
 parameter, so that no request can point the gateway, and the provider key it holds, somewhere else.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
-from typing import Any, Iterator, Literal, Union
+from collections.abc import Iterator
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -30,7 +32,7 @@ class ContentPart(_Open):
 
 
 class ChatMessage(_Open):
-    content: Union[str, list[ContentPart], None] = None
+    content: str | list[ContentPart] | None = None
     role: Role
     name: str | None = None
     tool_call_id: str | None = None
@@ -66,18 +68,77 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+\-]*")  # fullmatch: "$" w
 # Parameters that configure the client connection rather than the completion: litellm (and the SDKs) take
 # them as call options. A client never chooses where the gateway connects, with which credentials, or
 # fakes an answer. Prefixes cover the provider families' credential and endpoint options.
-REJECTED_PARAMS = frozenset({
-    "api_base", "base_url", "api_key", "api_version", "api_type", "organization", "project",
-    "custom_llm_provider", "mock_response", "mock_timeout", "mock_tool_calls", "mock_delay",
-    "extra_headers", "extra_query", "extra_body", "headers", "timeout", "request_timeout", "stream_timeout",
-    "num_retries", "max_retries", "retry_policy", "fallbacks", "context_window_fallback_dict",
-    "deployment_id", "model_list", "client", "shared_session", "ssl_verify", "proxy", "proxies",
-    "input_cost_per_token", "output_cost_per_token", "base_model", "custom_prompt_dict", "model_info",
-    "region_name", "tenant_id", "client_id", "client_secret", "azure_ad_token", "azure_ad_token_provider",
-    "api_key_env", "caching", "cache", "callbacks", "logger_fn", "proxy_server_request", "guardrails",
-})
-REJECTED_PREFIXES = ("litellm_", "aws_", "azure_", "vertex_", "vertexai_", "watsonx_", "anthropic_", "gemini_",
-                     "openai_", "s3_", "gcs_", "langfuse_", "langsmith_", "mock_", "input_cost_", "output_cost_")
+REJECTED_PARAMS = frozenset(
+    {
+        "api_base",
+        "base_url",
+        "api_key",
+        "api_version",
+        "api_type",
+        "organization",
+        "project",
+        "custom_llm_provider",
+        "mock_response",
+        "mock_timeout",
+        "mock_tool_calls",
+        "mock_delay",
+        "extra_headers",
+        "extra_query",
+        "extra_body",
+        "headers",
+        "timeout",
+        "request_timeout",
+        "stream_timeout",
+        "num_retries",
+        "max_retries",
+        "retry_policy",
+        "fallbacks",
+        "context_window_fallback_dict",
+        "deployment_id",
+        "model_list",
+        "client",
+        "shared_session",
+        "ssl_verify",
+        "proxy",
+        "proxies",
+        "input_cost_per_token",
+        "output_cost_per_token",
+        "base_model",
+        "custom_prompt_dict",
+        "model_info",
+        "region_name",
+        "tenant_id",
+        "client_id",
+        "client_secret",
+        "azure_ad_token",
+        "azure_ad_token_provider",
+        "api_key_env",
+        "caching",
+        "cache",
+        "callbacks",
+        "logger_fn",
+        "proxy_server_request",
+        "guardrails",
+    }
+)
+REJECTED_PREFIXES = (
+    "litellm_",
+    "aws_",
+    "azure_",
+    "vertex_",
+    "vertexai_",
+    "watsonx_",
+    "anthropic_",
+    "gemini_",
+    "openai_",
+    "s3_",
+    "gcs_",
+    "langfuse_",
+    "langsmith_",
+    "mock_",
+    "input_cost_",
+    "output_cost_",
+)
 
 
 def rejected_param(name: str) -> bool:
@@ -89,14 +150,14 @@ class ChatCompletionRequest(_Open):
     model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     audio: dict[str, Any] | None = None
     frequency_penalty: float | None = None
-    function_call: Union[str, dict[str, Any], None] = None
+    function_call: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
     max_completion_tokens: int | None = None
     max_tokens: int | None = None
     # OpenAI's string values, and LiteLLM's `tags` list (recorded and reported by the gateway, never sent upstream)
-    metadata: dict[str, Union[str, list[str]]] | None = None
+    metadata: dict[str, str | list[str]] | None = None
     modalities: list[str] | None = None
     n: int | None = None
     parallel_tool_calls: bool | None = None
@@ -108,12 +169,12 @@ class ChatCompletionRequest(_Open):
     safety_identifier: str | None = None
     seed: int | None = None
     service_tier: str | None = None
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     store: bool | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     temperature: float | None = None
-    tool_choice: Union[str, dict[str, Any], None] = None
+    tool_choice: str | dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     top_logprobs: int | None = None
     top_p: float | None = None
@@ -121,6 +182,7 @@ class ChatCompletionRequest(_Open):
     verbosity: str | None = None
     web_search_options: dict[str, Any] | None = None
     selfroute: SelfrouteOptions | None = None
+
     @field_validator("model")
     @classmethod
     def _model_name(cls, value: str) -> str:
@@ -179,8 +241,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise too_deep from None
     except _NonFinite as exc:
-        raise GatewayError(400, f"the JSON body holds a number that is not finite ({exc}): JSON has no Infinity or "
-                                "NaN, and no upstream accepts them", code="invalid_value") from None
+        raise GatewayError(
+            400,
+            f"the JSON body holds a number that is not finite ({exc}): JSON has no Infinity or "
+            "NaN, and no upstream accepts them",
+            code="invalid_value",
+        ) from None
     except ValueError as exc:
         raise GatewayError(400, f"could not parse the JSON body: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
@@ -192,8 +258,12 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise GatewayError(400, f"invalid value for '{path}': the text holds a lone UTF-16 surrogate",
-                                   param=path or None, code="invalid_unicode") from None
+                raise GatewayError(
+                    400,
+                    f"invalid value for '{path}': the text holds a lone UTF-16 surrogate",
+                    param=path or None,
+                    code="invalid_unicode",
+                ) from None
     return body
 
 
@@ -205,7 +275,7 @@ def _too_deep(body: Any) -> bool:
             return True
         below = []
         for value in level:
-            for item in (value.values() if type(value) is dict else value):
+            for item in value.values() if type(value) is dict else value:
                 if type(item) is dict or type(item) is list:
                     below.append(item)
         level, depth = below, depth + 1
@@ -228,8 +298,13 @@ def refuse_connection_params(body: dict[str, Any]) -> None:
     """The closed surface: nothing in a request chooses where, or with what, the gateway connects."""
     for name in body:
         if rejected_param(name):
-            raise GatewayError(400, f"unsupported parameter: '{name}' configures the gateway's connection to its "
-                               "providers and cannot be set by a request", param=name, code="unsupported_parameter")
+            raise GatewayError(
+                400,
+                f"unsupported parameter: '{name}' configures the gateway's connection to its "
+                "providers and cannot be set by a request",
+                param=name,
+                code="unsupported_parameter",
+            )
 
 
 def parse_chat_request(raw: bytes) -> tuple[ChatCompletionRequest, dict[str, Any]]:
@@ -266,15 +341,23 @@ def _take_tags(body: dict[str, Any]) -> None:
         return
     for name, value in metadata.items():
         if name != "tags" and not isinstance(value, str):
-            raise GatewayError(400, f"metadata.{name[:64]} must be a string (only metadata.tags may be a list)",
-                               param=f"metadata.{name[:64]}", code="invalid_value")
+            raise GatewayError(
+                400,
+                f"metadata.{name[:64]} must be a string (only metadata.tags may be a list)",
+                param=f"metadata.{name[:64]}",
+                code="invalid_value",
+            )
     if "tags" not in metadata:
         return
     tags = metadata["tags"]
     tags = [tags] if isinstance(tags, str) else tags
     if len(tags) > MAX_TAGS or not all(0 < len(t) <= MAX_TAG_CHARS for t in tags):
-        raise GatewayError(400, f"metadata.tags: at most {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters",
-                           param="metadata.tags", code="invalid_value")
+        raise GatewayError(
+            400,
+            f"metadata.tags: at most {MAX_TAGS} tags of 1-{MAX_TAG_CHARS} characters",
+            param="metadata.tags",
+            code="invalid_value",
+        )
     rest = {k: v for k, v in metadata.items() if k != "tags"}
     if rest:
         body["metadata"] = rest

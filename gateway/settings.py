@@ -1,4 +1,5 @@
 """Gateway settings: where data lives, how to listen, which policy. Built by the CLI or by tests."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ packing), each upstream leg and the answer check (verifier), over OTLP/HTTP.
 Off (the default), nothing here runs per request but a check of one module global: `span()` hands back a shared
 no-op context manager and the request middleware is not even installed. The opentelemetry packages are imported
 only by `configure`, never with the gateway."""
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,10 @@ def wanted(flag: bool) -> bool:
     """--otel, or an OTLP exporter configured through the standard variables (and not disabled by OTEL_SDK_DISABLED)."""
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return False
-    return flag or any(name in os.environ for name in (
-        "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER"))
+    return flag or any(
+        name in os.environ
+        for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_TRACES_EXPORTER")
+    )
 
 
 class TracingUnavailable(RuntimeError):

@@ -1,4 +1,5 @@
 """What every route's pipeline takes and returns."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -6,6 +6,7 @@ value is computed outside the lock: two threads missing the same key both comput
 rather than one waiting on the other's slow work. Keys that must stay apart per API key carry the caller's
 pipelines.scope.KeyScope.
 """
+
 from __future__ import annotations
 
 import threading

@@ -3,12 +3,13 @@
 A request's handler opens a `cancel_scope()`; code it calls, in its own task or in worker threads
 (anyio copies the context into them), asks `cancelled()` between slices of long work, such as
 embedding a new document, and stops when the client has gone or the gateway is shutting down."""
+
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 _current: ContextVar[threading.Event | None] = ContextVar("selfroute_cancel", default=None)
 

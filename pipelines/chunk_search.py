@@ -1,5 +1,6 @@
 """Hybrid search over a collection's chunk table: a vector (cosine) ranking and a full-text (BM25)
 ranking fused by reciprocal rank, and the conversion of chunk rows back into Chunks."""
+
 from __future__ import annotations
 
 import logging

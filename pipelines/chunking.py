@@ -6,6 +6,7 @@ to `chunk_tokens` (tiktoken), and the next chunk starts with the last sentences 
 `chunk_overlap` tokens. A sentence longer than a chunk is cut on token boundaries. Chunk text is always
 the exact slice doc.text[start:end], so overlapping neighbours can be stitched back without duplication.
 """
+
 from __future__ import annotations
 
 import re
@@ -56,9 +57,7 @@ def _cut_by_tokens(text: str, start: int, end: int, max_tokens: int) -> list[tup
     _, offsets = encoding().decode_with_offsets(ids)
     bounds = [start + offsets[i] for i in range(0, len(ids), max_tokens)] + [end]
     return [
-        (a, b, min(max_tokens, len(ids) - i * max_tokens))
-        for i, (a, b) in enumerate(zip(bounds, bounds[1:]))
-        if b > a
+        (a, b, min(max_tokens, len(ids) - i * max_tokens)) for i, (a, b) in enumerate(zip(bounds, bounds[1:])) if b > a
     ]
 
 

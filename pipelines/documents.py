@@ -1,4 +1,5 @@
 """The document type every pipeline takes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

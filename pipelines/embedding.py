@@ -2,6 +2,7 @@
 
 Documents and queries are encoded by two copies of the model: a request's question never waits behind
 another document's ingestion (hundreds of chunks, seconds to minutes of encoding)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -82,7 +83,9 @@ def onnx_model_file(model_path: str | None, quantized: bool, cache_dir: Path | N
     onnx-int8 is the same graph with its weights dynamically quantised (onnxruntime.quantization)."""
     path = model_path or default_model_path()
     weights = max(Path(path).glob("*.safetensors"), default=None) or max(Path(path).glob("*.bin"), default=None)
-    stamp = f"{Path(path).resolve()}:{weights.stat().st_size if weights else 0}:{weights.stat().st_mtime if weights else 0}"
+    stamp = (
+        f"{Path(path).resolve()}:{weights.stat().st_size if weights else 0}:{weights.stat().st_mtime if weights else 0}"
+    )
     key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     target = (cache_dir or default_cache_dir()) / f"{Path(path).name}-{key}{'-int8' if quantized else ''}.onnx"
     if target.exists():
@@ -115,16 +118,22 @@ def _export_onnx(path: str, target: Path) -> None:
             self.model: torch.nn.Module = model
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask,
-                              token_type_ids=token_type_ids).last_hidden_state
+            return self.model(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
 
     sample = transformer.tokenizer(["an example", "a second, longer example"], padding=True, return_tensors="pt")
     names = ["input_ids", "attention_mask", "token_type_ids"]
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         out = Path(scratch) / target.name
         torch.onnx.export(
-            Encoder(transformer.auto_model.eval()), tuple(sample[n] for n in names), str(out),
-            input_names=names, output_names=["last_hidden_state"], opset_version=17, dynamo=False,
+            Encoder(transformer.auto_model.eval()),
+            tuple(sample[n] for n in names),
+            str(out),
+            input_names=names,
+            output_names=["last_hidden_state"],
+            opset_version=17,
+            dynamo=False,
             dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]},
         )
         os.replace(out, target)
@@ -151,7 +160,9 @@ class _OnnxModel:
 
             path = self.path or default_model_path()
             config = Path(path) / "sentence_bert_config.json"
-            self.max_seq_length = int(json.loads(config.read_text()).get("max_seq_length", 256)) if config.exists() else 256
+            self.max_seq_length = (
+                int(json.loads(config.read_text()).get("max_seq_length", 256)) if config.exists() else 256
+            )
             tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
             tokenizer.enable_truncation(self.max_seq_length)
             tokenizer.no_padding()  # padded per batch below
@@ -179,8 +190,9 @@ class _OnnxModel:
                 ids[r, : lengths[i]] = encodings[i].ids
                 mask[r, : lengths[i]] = 1
             assert self._session is not None  # get() loaded it
-            hidden = self._session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                              "token_type_ids": np.zeros_like(ids)})[0]
+            hidden = self._session.run(
+                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )[0]
             pooled = (hidden * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)  # mean pooling
             out[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
         return out
@@ -192,8 +204,14 @@ class Embedder:
     backend: "torch" (sentence-transformers), "onnx" (the same model exported to ONNX, run by onnxruntime:
     the same vectors) or "onnx-int8" (its weights quantised to int8: faster, slightly different vectors)."""
 
-    def __init__(self, model_path: str | None = None, batch_size: int = 64, device: str | None = None,
-                 backend: str = "torch", cache_dir: Path | str | None = None):
+    def __init__(
+        self,
+        model_path: str | None = None,
+        batch_size: int = 64,
+        device: str | None = None,
+        backend: str = "torch",
+        cache_dir: Path | str | None = None,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown embedding backend {backend!r}: one of {', '.join(BACKENDS)}")
         self.model_path = model_path
@@ -253,7 +271,10 @@ class Embedder:
             # torch's thread count applies to the calling thread (and to threads started later): set per call
             torch.set_num_threads(threads)
             vectors = model.encode(
-                list(texts), batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                list(texts),
+                batch_size=batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
                 show_progress_bar=False,
             )
         return np.ascontiguousarray(vectors, dtype=np.float32)
@@ -267,8 +288,9 @@ class Embedder:
         step = len(texts) if progress is None else self.batch_size * 4
         parts = []
         for start in range(0, len(texts), step):
-            parts.append(self._encode(self._documents, texts[start : start + step], self.batch_size,
-                                      _document_threads()))
+            parts.append(
+                self._encode(self._documents, texts[start : start + step], self.batch_size, _document_threads())
+            )
             if progress is not None:
                 progress(len(texts[start : start + step]))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -283,6 +305,7 @@ class Embedder:
         """One question's vector, remembered per key scope (pipelines.scope: a remembered vector answers faster,
         so one key's timing never tells it that another key asked the same question) for the most recent
         QUERY_CACHE_SIZE questions of all scopes."""
+
         def make() -> np.ndarray:
             vector = self.embed_queries([text])[0]
             vector.setflags(write=False)  # shared between the requests of one scope

@@ -1,4 +1,5 @@
 """The document store's own errors (light to import: the server maps them without loading LanceDB)."""
+
 from __future__ import annotations
 
 

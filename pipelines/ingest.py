@@ -1,5 +1,6 @@
 """Loading files into Documents (.txt, .md, .pdf, .html, and files without an extension as text) and ingesting
 them with a progress bar counted in chunks."""
+
 from __future__ import annotations
 
 import logging
@@ -16,8 +17,28 @@ log = logging.getLogger(__name__)
 SUPPORTED_SUFFIXES = {".txt", ".md", ".markdown", ".pdf", ".html", ".htm", ""}  # "": README, LICENSE, ... as text
 _BINARY_PROBE_BYTES = 8192
 _BLOCK_TAGS = {
-    "p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
-    "blockquote", "pre", "dd", "dt", "hr", "main", "nav", "aside", "figure", "figcaption",
+    "p",
+    "div",
+    "br",
+    "li",
+    "ul",
+    "ol",
+    "tr",
+    "table",
+    "section",
+    "article",
+    "header",
+    "footer",
+    "blockquote",
+    "pre",
+    "dd",
+    "dt",
+    "hr",
+    "main",
+    "nav",
+    "aside",
+    "figure",
+    "figcaption",
 }
 _SKIP_TAGS = {"script", "style", "noscript", "template", "head"}
 
@@ -129,8 +150,12 @@ def _candidates(paths: Iterable[str | Path]) -> Iterator[tuple[Path, str]]:
             files = sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
             skipped = Counter(p.suffix.lower() for p in files if p.suffix.lower() not in SUPPORTED_SUFFIXES)
             if skipped:  # said once per folder, never silently
-                log.warning("%s: skipping %d files of unsupported types (%s)", path, sum(skipped.values()),
-                            ", ".join(f"{suffix} x{n}" for suffix, n in skipped.most_common()))
+                log.warning(
+                    "%s: skipping %d files of unsupported types (%s)",
+                    path,
+                    sum(skipped.values()),
+                    ", ".join(f"{suffix} x{n}" for suffix, n in skipped.most_common()),
+                )
             for file in files:
                 if file.suffix.lower() in SUPPORTED_SUFFIXES:
                     yield file, file.relative_to(path).as_posix()
@@ -166,8 +191,13 @@ def load_documents(paths: Iterable[str | Path]) -> Iterator[Document]:
         yield doc
 
 
-def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progress: bool = True,
-                 screen: Callable[[Iterable[Document]], Iterable[Document]] | None = None):
+def ingest_paths(
+    store,
+    collection: str,
+    paths: Iterable[str | Path],
+    show_progress: bool = True,
+    screen: Callable[[Iterable[Document]], Iterable[Document]] | None = None,
+):
     """Load and ingest files into a collection of `store` (a DocumentStore); returns its IngestReport.
     `screen`, when given, sees the loaded documents first and yields those to ingest (the injection scan).
 
@@ -176,12 +206,16 @@ def ingest_paths(store, collection: str, paths: Iterable[str | Path], show_progr
     from tqdm import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    with logging_redirect_tqdm(), tqdm(total=0, unit="chunk", desc=f"ingest {collection}",
-                                       disable=not show_progress) as bar:
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=0, unit="chunk", desc=f"ingest {collection}", disable=not show_progress) as bar,
+    ):
+
         def planned(n: int) -> None:
             bar.total += n
             bar.refresh()
 
         documents = load_documents(paths)
-        return store.ingest(collection, screen(documents) if screen else documents, progress=bar.update,
-                            planned=planned)
+        return store.ingest(
+            collection, screen(documents) if screen else documents, progress=bar.update, planned=planned
+        )

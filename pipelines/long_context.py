@@ -6,6 +6,7 @@ budget (window minus answer reserve, counted with tiktoken on the final prompt) 
 the units most relevant to the question are chosen within the budget. Placement `reading` keeps
 document order; `edges` puts the most relevant units first and last and the least in the middle.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -121,9 +122,7 @@ def split_units(doc: Document, settings: LongContextSettings) -> list[Unit]:
             first = page_at(breaks, a) if breaks else None
             last = page_at(breaks, max(a, b - 1)) if breaks else None
             span_titles = tuple(t for s_a, s_b, t in group if t and s_a < b and s_b > a) or titles[:1]
-            units.append(
-                Unit(doc.id, doc.title, len(units), body, count_tokens(body), a, b, span_titles, first, last)
-            )
+            units.append(Unit(doc.id, doc.title, len(units), body, count_tokens(body), a, b, span_titles, first, last))
     return units
 
 
@@ -150,8 +149,15 @@ class UnitCache:
     def get(self, doc: Document, settings: LongContextSettings, scope: KeyScope = SHARED) -> DocumentUnits:
         # the key scope (pipelines.scope) is in the key although units do not depend on it: one key's request must
         # not reuse (or time) another's work; so is the metadata, which is the document's content too
-        key = (scope, doc.id, doc.title, hashlib.sha256(doc.text.encode("utf-8")).digest(),
-               json.dumps(doc.metadata, sort_keys=True, default=str), settings.unit_min_tokens, settings.unit_max_tokens)
+        key = (
+            scope,
+            doc.id,
+            doc.title,
+            hashlib.sha256(doc.text.encode("utf-8")).digest(),
+            json.dumps(doc.metadata, sort_keys=True, default=str),
+            settings.unit_min_tokens,
+            settings.unit_max_tokens,
+        )
         return self._entries.get_or_make(key, lambda: unit_blocks(doc, settings))
 
 
@@ -289,7 +295,11 @@ def pack_long_context(
         placed = _place(units, scores, settings.placement)
         by_key = dict(zip(((u.doc_id, u.index) for u in units), scores or []))
         return PackedContext(
-            placed, render(question, placed), full_tokens, True, len(units),
+            placed,
+            render(question, placed),
+            full_tokens,
+            True,
+            len(units),
             [by_key[(u.doc_id, u.index)] for u in placed] if scores else None,
         )
 
@@ -308,8 +318,16 @@ def pack_long_context(
         if room > 0:
             cut = truncate_tokens(best.text, room)
             units[order[0]] = best = Unit(
-                best.doc_id, best.doc_title, best.index, cut, count_tokens(cut), best.start,
-                best.start + len(cut), best.sections, best.page, best.last_page,
+                best.doc_id,
+                best.doc_title,
+                best.index,
+                cut,
+                count_tokens(cut),
+                best.start,
+                best.start + len(cut),
+                best.sections,
+                best.page,
+                best.last_page,
             )
             costs[order[0]] = count_tokens(_block(best) + _SEPARATOR)
             if used + costs[order[0]] <= budget_tokens:
@@ -358,16 +376,18 @@ class LongContextPipeline:
             return self.store.documents(request.collection), request.collection
         raise ValueError("a long-context request needs a collection or attached documents")
 
-    def _scorer(self, documents: list[Document], collection: str | None,
-                scope: KeyScope = SHARED) -> UnitScorer | None:
+    def _scorer(self, documents: list[Document], collection: str | None, scope: KeyScope = SHARED) -> UnitScorer | None:
         if self.store is not None:
             store = self.store
             if collection is not None:
                 return store_scorer(store, lambda ids: store.chunk_vectors(collection, ids), scope)
             # attached documents: scored from the inline collection that caches their chunk vectors,
             # ingested (once) only when scores are needed at all
-            return store_scorer(store, lambda ids: store.read_inline(
-                documents, lambda name: store.chunk_vectors(name, ids), scope=scope), scope)
+            return store_scorer(
+                store,
+                lambda ids: store.read_inline(documents, lambda name: store.chunk_vectors(name, ids), scope=scope),
+                scope,
+            )
         if self.embedder is not None:
             return embedding_scorer(self.embedder)
         return None
@@ -391,9 +411,15 @@ class LongContextPipeline:
         documents, collection = self._documents(request)
         history = carry_history(request.messages, self.history_budget_tokens)
         budget = self._budget(history)
-        packed = pack_long_context(request.question, documents, self.settings, budget,
-                                   self._scorer(documents, collection, request.scope), self.unit_cache,
-                                   _units_scope(request, collection))
+        packed = pack_long_context(
+            request.question,
+            documents,
+            self.settings,
+            budget,
+            self._scorer(documents, collection, request.scope),
+            self.unit_cache,
+            _units_scope(request, collection),
+        )
         out = history + [{"role": "user", "content": packed.text}]
         unit_scores: list[float | None] = [*packed.scores] if packed.scores else [None] * len(packed.units)
         provenance = {
@@ -418,8 +444,12 @@ class LongContextPipeline:
             ],
             "units": [
                 {
-                    "doc_id": u.doc_id, "index": u.index, "sections": list(u.sections), "page": u.page,
-                    "tokens": u.tokens, "score": None if s is None else round(float(s), 6),
+                    "doc_id": u.doc_id,
+                    "index": u.index,
+                    "sections": list(u.sections),
+                    "page": u.page,
+                    "tokens": u.tokens,
+                    "score": None if s is None else round(float(s), 6),
                 }
                 for u, s in zip(packed.units, unit_scores)
             ],

@@ -1,4 +1,5 @@
 """OpenAI chat messages: their text and their token count."""
+
 from __future__ import annotations
 
 from typing import Any

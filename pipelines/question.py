@@ -1,4 +1,5 @@
 """The question and its context in a plain long prompt (no collection, no attached documents)."""
+
 from __future__ import annotations
 
 import re

@@ -11,6 +11,7 @@
    Documents are ordered by their best hit, so the most relevant document comes first.
 5. The prompt tells the model to reply exactly `unanswerable` when the passages lack the answer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -104,7 +105,10 @@ class RagPipeline:
     name = "rag"
 
     def __init__(
-        self, store: DocumentStore, settings: RagSettings | None = None, history_budget_tokens: int = HISTORY_BUDGET_TOKENS
+        self,
+        store: DocumentStore,
+        settings: RagSettings | None = None,
+        history_budget_tokens: int = HISTORY_BUDGET_TOKENS,
     ):
         self.store = store
         self.settings = settings or store.settings
@@ -178,8 +182,12 @@ class RagPipeline:
         return passages
 
     # -- prompt ----------------------------------------------------------------------------------
-    def build_prompt(self, question: str, messages: list[dict], retrieval: Retrieval, inline: bool = False) -> PreparedPrompt:
-        body = f"{INSTRUCTIONS}\n\nPassages:\n\n{retrieval.context_text or '(no passages found)'}\n\nQuestion: {question}"
+    def build_prompt(
+        self, question: str, messages: list[dict], retrieval: Retrieval, inline: bool = False
+    ) -> PreparedPrompt:
+        body = (
+            f"{INSTRUCTIONS}\n\nPassages:\n\n{retrieval.context_text or '(no passages found)'}\n\nQuestion: {question}"
+        )
         out = carry_history(messages, self.history_budget_tokens) + [{"role": "user", "content": body}]
         provenance = {
             "route": self.name,
@@ -191,13 +199,20 @@ class RagPipeline:
                 {
                     "id": doc_id,
                     "title": next(p.title for p in retrieval.passages if p.doc_id == doc_id),
-                    "sections": list(dict.fromkeys(s for p in retrieval.passages if p.doc_id == doc_id for s in p.sections)),
+                    "sections": list(
+                        dict.fromkeys(s for p in retrieval.passages if p.doc_id == doc_id for s in p.sections)
+                    ),
                     "chunks": [c.chunk.position for c in retrieval.selected if c.chunk.doc_id == doc_id],
                 }
                 for doc_id in dict.fromkeys(p.doc_id for p in retrieval.passages)
             ],
             "passages": [
-                {"number": i, "doc_id": p.doc_id, "sections": p.sections, "chunks": [c.chunk.position for c in p.chunks]}
+                {
+                    "number": i,
+                    "doc_id": p.doc_id,
+                    "sections": p.sections,
+                    "chunks": [c.chunk.position for c in p.chunks],
+                }
                 for i, p in enumerate(retrieval.passages, start=1)
             ],
             "chunks": [dict(c.to_dict(), expanded=c.rank == 0) for c in retrieval.selected],
@@ -209,8 +224,9 @@ class RagPipeline:
         """Retrieve (unless a Retrieval for this request is passed in) and build the prompt. Attached
         documents are ingested into a cached inline collection first."""
         inline = bool(request.documents)
-        collection = (self.store.inline_name(request.documents, request.scope) if request.documents
-                      else request.collection)
+        collection = (
+            self.store.inline_name(request.documents, request.scope) if request.documents else request.collection
+        )
         if retrieval is None or retrieval.collection != collection or retrieval.question != request.question:
             retrieval = self.retrieve_for(request)
         return self.build_prompt(request.question, request.messages, retrieval, inline)
@@ -219,9 +235,11 @@ class RagPipeline:
         """Retrieval from the request's collection, or from its attached documents' inline collection (ingested
         if need be, and again should it be dropped while being read)."""
         if request.documents:
-            return self.store.read_inline(request.documents,
-                                          lambda name: self.retrieve(name, request.question, request.scope),
-                                          scope=request.scope)
+            return self.store.read_inline(
+                request.documents,
+                lambda name: self.retrieve(name, request.question, request.scope),
+                scope=request.scope,
+            )
         if request.collection:
             return self.retrieve(request.collection, request.question, request.scope)
         raise ValueError("a RAG request needs a collection or attached documents")

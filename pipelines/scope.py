@@ -6,6 +6,7 @@ A remembered result answers faster than a new one, so one key's timing must neve
 or asked; and one key's attached documents must never be read for another. `SHARED` is the scope of work no key
 asked for (the CLI, the offline replay): one shared entry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Pipeline settings. The policy schema embeds these, so they validate with the policy."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -43,8 +44,9 @@ class RagSettings(_Strict):
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
     embedding_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
-        "torch", description="torch: sentence-transformers; onnx: the same model exported to ONNX once (cached in "
-        "the data directory's models/) and run by onnxruntime, the same vectors; onnx-int8: its weights quantised"
+        "torch",
+        description="torch: sentence-transformers; onnx: the same model exported to ONNX once (cached in "
+        "the data directory's models/) and run by onnxruntime, the same vectors; onnx-int8: its weights quantised",
     )
     chunking: ChunkingSettings = ChunkingSettings()
     top_k: int = Field(8, ge=1, le=200)
@@ -54,16 +56,22 @@ class RagSettings(_Strict):
     context_budget_tokens: int = Field(2000, ge=64)
     unanswerable_patterns: list[str] = Field(default_factory=lambda: list(DEFAULT_UNANSWERABLE_PATTERNS))
     max_attached_tokens: int = Field(
-        400_000, ge=1, description="documents attached to one request may hold at most this many tokens "
-        "together (413 beyond it): larger sets belong in a collection, ingested once"
+        400_000,
+        ge=1,
+        description="documents attached to one request may hold at most this many tokens "
+        "together (413 beyond it): larger sets belong in a collection, ingested once",
     )
     inline_cache_collections: int = Field(
-        256, ge=1, description="documents attached to requests stay embedded for this many distinct document sets "
-        "(least recently used dropped first), counted over the whole store: every replica sharing it"
+        256,
+        ge=1,
+        description="documents attached to requests stay embedded for this many distinct document sets "
+        "(least recently used dropped first), counted over the whole store: every replica sharing it",
     )
     inline_cache_idle_seconds: float = Field(
-        600, ge=0, description="an attached document set used (by any replica) within this many seconds is never "
-        "dropped, even past inline_cache_collections: the store may hold more until they go idle"
+        600,
+        ge=0,
+        description="an attached document set used (by any replica) within this many seconds is never "
+        "dropped, even past inline_cache_collections: the store may hold more until they go idle",
     )
     question_marker: str | None = Field(
         None, description="in a plain long prompt, the text after the last occurrence of this marker is the question"
@@ -71,9 +79,7 @@ class RagSettings(_Strict):
 
 
 class LongContextSettings(_Strict):
-    window_tokens: int | None = Field(
-        None, ge=256, description="null = the long model's context window"
-    )
+    window_tokens: int | None = Field(None, ge=256, description="null = the long model's context window")
     answer_reserve_tokens: int = Field(512, ge=0)
     placement: Literal["reading", "edges"] = "reading"
     unit_min_tokens: int = Field(200, ge=1)

@@ -6,6 +6,7 @@ numbered headings (`4.2 Title`, `4.2. Title`), keyword headings (`Article 12`, `
 all-capitals lines standing alone (`TERMINATION`). Page breaks are form feeds (\\f), which is how
 pipelines.ingest joins PDF pages.
 """
+
 from __future__ import annotations
 
 import bisect

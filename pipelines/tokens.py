@@ -1,4 +1,5 @@
 """Token counting with tiktoken, using the BPE files that ship inside litellm (no download)."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,5 @@
 """Recognises a model's "the passages do not contain the answer" replies."""
+
 from __future__ import annotations
 
 import re

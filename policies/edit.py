@@ -4,6 +4,7 @@ The edit is made on the lines of the file: the `threshold:` and `threshold_sourc
 routing.classifier (or routing.verifier) are replaced (or added under that block). Only when the policy
 has no block-style mapping there is the file re-dumped, which loses comments; the caller is told.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ def set_values(text: str, values: dict, section: str = "classifier") -> tuple[st
         item = _mapping_item(block, key)
         if item is not None:
             found[key] = item
-    for key, (key_node, value_node) in sorted(found.items(), key=lambda kv: -kv[1][1].start_mark.index):
+    for key, (_key_node, value_node) in sorted(found.items(), key=lambda kv: -kv[1][1].start_mark.index):
         start, end = value_node.start_mark, value_node.end_mark
         if start.line != end.line:  # a multi-line value: replace its lines with a single line
             lines[start.line : end.line + 1] = [lines[start.line][: start.column] + edits[key] + "\n"]

@@ -12,6 +12,7 @@ sizing the policy tuned for the old model (the long route's `window_tokens` and 
 route's RAG budget) follows the new model's class. The class defaults for hosted models are the ones of
 `policies/hosted-example.yaml`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,6 +37,7 @@ COST_MAP_FILE = "model_prices_and_context_window_backup.json"
 @dataclass(frozen=True)
 class HostedDefaults:
     """Settings a hosted model gets when nothing was said about it (hosted-example.yaml's values)."""
+
     cheap_timeout_s: float = 60.0
     long_timeout_s: float = 300.0  # a prompt of a few hundred thousand tokens takes minutes to read and answer
     rag_budget_tokens: int = 3000
@@ -67,10 +69,11 @@ class ModelLimits:
         if self.input_cost_per_mtok is None:
             price = "unpriced"
         else:
-            price = (f"${self.input_cost_per_mtok:g}/${self.output_cost_per_mtok or 0:g} per Mtok "
-                     f"({self.price_source})")
-        return (f"{self.role}: {self.model}: window {self.context_window:,} ({self.window_source}), output "
-                f"{output}, {price}, timeout {self.timeout_s:g}s, {self.max_retries} retries")
+            price = f"${self.input_cost_per_mtok:g}/${self.output_cost_per_mtok or 0:g} per Mtok ({self.price_source})"
+        return (
+            f"{self.role}: {self.model}: window {self.context_window:,} ({self.window_source}), output "
+            f"{output}, {price}, timeout {self.timeout_s:g}s, {self.max_retries} retries"
+        )
 
 
 @dataclass(frozen=True)
@@ -91,20 +94,29 @@ class EffectiveLimits:
     def lines(self) -> list[str]:
         """What `serve` prints at start-up and `policy check` shows."""
         out = [m.describe() for m in self.models]
-        out.append(f"long route: packs up to {self.long_packing_tokens:,} tokens (window {self.long_window_tokens:,} "
-                   f"less {self.answer_reserve_tokens:,} kept for the answer)")
-        out.append(f"direct route: up to {self.direct_window_tokens - self.answer_reserve_tokens:,} tokens; "
-                   f"rag route: {self.rag_budget_tokens:,} tokens of passages")
+        out.append(
+            f"long route: packs up to {self.long_packing_tokens:,} tokens (window {self.long_window_tokens:,} "
+            f"less {self.answer_reserve_tokens:,} kept for the answer)"
+        )
+        out.append(
+            f"direct route: up to {self.direct_window_tokens - self.answer_reserve_tokens:,} tokens; "
+            f"rag route: {self.rag_budget_tokens:,} tokens of passages"
+        )
         out += [f"override: {c}" for c in self.changes]
         out += [f"warning: {w}" for w in self.warnings]
         return out
 
     def to_dict(self) -> dict:
-        return {"models": [asdict(m) for m in self.models], "long_window_tokens": self.long_window_tokens,
-                "answer_reserve_tokens": self.answer_reserve_tokens,
-                "long_packing_tokens": self.long_packing_tokens, "direct_window_tokens": self.direct_window_tokens,
-                "rag_budget_tokens": self.rag_budget_tokens, "changes": list(self.changes),
-                "warnings": list(self.warnings)}
+        return {
+            "models": [asdict(m) for m in self.models],
+            "long_window_tokens": self.long_window_tokens,
+            "answer_reserve_tokens": self.answer_reserve_tokens,
+            "long_packing_tokens": self.long_packing_tokens,
+            "direct_window_tokens": self.direct_window_tokens,
+            "rag_budget_tokens": self.rag_budget_tokens,
+            "changes": list(self.changes),
+            "warnings": list(self.warnings),
+        }
 
 
 @functools.lru_cache(maxsize=1)
@@ -145,8 +157,9 @@ def _window_of(entry: dict | None) -> int | None:
     return int(value) if value else None
 
 
-def _resolve_model(config: ModelConfig, role: str, *, window: int | None, strict: bool, long_route: bool,
-                   flag: str) -> tuple[ModelConfig, ModelLimits]:
+def _resolve_model(
+    config: ModelConfig, role: str, *, window: int | None, strict: bool, long_route: bool, flag: str
+) -> tuple[ModelConfig, ModelLimits]:
     entry = model_info(config.model)
     update: dict = {}
     if window is not None:
@@ -160,7 +173,8 @@ def _resolve_model(config: ModelConfig, role: str, *, window: int | None, strict
     elif strict:
         raise LimitsError(
             f"{role}.model: {config.model!r} is not in litellm's model information, so its context window is "
-            f"unknown: give " + (f"its window with {flag} TOKENS" if flag else f"{role}.context_window in the policy"))
+            f"unknown: give " + (f"its window with {flag} TOKENS" if flag else f"{role}.context_window in the policy")
+        )
     else:
         update["context_window"], source = (ASSUMED_LONG_WINDOW if long_route else ASSUMED_CHEAP_WINDOW), "assumed"
     if config.max_output_tokens is None and entry and entry.get("max_output_tokens"):
@@ -174,13 +188,26 @@ def _resolve_model(config: ModelConfig, role: str, *, window: int | None, strict
     if resolved.input_cost_per_mtok is not None or resolved.output_cost_per_mtok is not None:
         prices = (resolved.input_cost_per_mtok or 0.0, resolved.output_cost_per_mtok or 0.0, "policy")
     elif entry and "input_cost_per_token" in entry:
-        prices = (float(entry.get("input_cost_per_token") or 0) * 1e6,
-                  float(entry.get("output_cost_per_token") or 0) * 1e6, "litellm")
+        prices = (
+            float(entry.get("input_cost_per_token") or 0) * 1e6,
+            float(entry.get("output_cost_per_token") or 0) * 1e6,
+            "litellm",
+        )
     else:
         prices = (None, None, "unpriced")
     input_cost, output_cost, price_source = prices
-    limits = ModelLimits(role, resolved.model, int(resolved.context_window), source, resolved.max_output_tokens,
-                         input_cost, output_cost, price_source, resolved.timeout, resolved.max_retries)
+    limits = ModelLimits(
+        role,
+        resolved.model,
+        int(resolved.context_window),
+        source,
+        resolved.max_output_tokens,
+        input_cost,
+        output_cost,
+        price_source,
+        resolved.timeout,
+        resolved.max_retries,
+    )
     return resolved, limits
 
 
@@ -194,25 +221,36 @@ def _override(policy: Policy, role: str, model: str, changes: list[str]) -> Poli
     if role == "long":
         settings = policy.long_context
         if settings.window_tokens is not None:
-            changes.append(f"long_context.window_tokens {settings.window_tokens:,} dropped: the long route packs "
-                           "for the new model's window")
+            changes.append(
+                f"long_context.window_tokens {settings.window_tokens:,} dropped: the long route packs "
+                "for the new model's window"
+            )
         reserve = HOSTED.answer_reserve_tokens if hosted else settings.answer_reserve_tokens
         if reserve != settings.answer_reserve_tokens:
-            changes.append(f"long_context.answer_reserve_tokens {settings.answer_reserve_tokens:,} -> {reserve:,} "
-                           "(a hosted model's)")
+            changes.append(
+                f"long_context.answer_reserve_tokens {settings.answer_reserve_tokens:,} -> {reserve:,} "
+                "(a hosted model's)"
+            )
         update["long_context"] = settings.model_copy(update={"window_tokens": None, "answer_reserve_tokens": reserve})
     else:
         budget = HOSTED.rag_budget_tokens if hosted else policy.rag.context_budget_tokens
         if budget != policy.rag.context_budget_tokens:
-            changes.append(f"rag.context_budget_tokens {policy.rag.context_budget_tokens:,} -> {budget:,} "
-                           "(a hosted model's)")
+            changes.append(
+                f"rag.context_budget_tokens {policy.rag.context_budget_tokens:,} -> {budget:,} (a hosted model's)"
+            )
             update["rag"] = policy.rag.model_copy(update={"context_budget_tokens": budget})
     return policy.model_copy(update=update)
 
 
-def effective_policy(policy: Policy, *, cheap_model: str | None = None, long_model: str | None = None,
-                     cheap_window: int | None = None, long_window: int | None = None,
-                     strict: bool = True) -> tuple[Policy, EffectiveLimits]:
+def effective_policy(
+    policy: Policy,
+    *,
+    cheap_model: str | None = None,
+    long_model: str | None = None,
+    cheap_window: int | None = None,
+    long_window: int | None = None,
+    strict: bool = True,
+) -> tuple[Policy, EffectiveLimits]:
     """The policy as the gateway runs it (overrides applied, every model's window, output limit and timeout filled
     in) and its effective limits. strict: a hosted model with no known window is a LimitsError
     (non-strict: the windows assumed before, for policies built in code)."""
@@ -220,14 +258,27 @@ def effective_policy(policy: Policy, *, cheap_model: str | None = None, long_mod
     for role, model in (("cheap", cheap_model), ("long", long_model)):
         if model:
             policy = _override(policy, role, model, changes)
-    cheap, cheap_limits = _resolve_model(policy.cheap, "cheap", window=cheap_window if cheap_model else None,
-                                         strict=strict, long_route=False, flag="--cheap-window" if cheap_model else "")
-    long, long_limits = _resolve_model(policy.long, "long", window=long_window if long_model else None,
-                                       strict=strict, long_route=True, flag="--long-window" if long_model else "")
+    cheap, cheap_limits = _resolve_model(
+        policy.cheap,
+        "cheap",
+        window=cheap_window if cheap_model else None,
+        strict=strict,
+        long_route=False,
+        flag="--cheap-window" if cheap_model else "",
+    )
+    long, long_limits = _resolve_model(
+        policy.long,
+        "long",
+        window=long_window if long_model else None,
+        strict=strict,
+        long_route=True,
+        flag="--long-window" if long_model else "",
+    )
     alternates, alternate_limits = [], []
     for i, config in enumerate(policy.long_alternates):
-        resolved, limits = _resolve_model(config, f"long_alternates.{i}", window=None, strict=strict,
-                                          long_route=True, flag="")
+        resolved, limits = _resolve_model(
+            config, f"long_alternates.{i}", window=None, strict=strict, long_route=True, flag=""
+        )
         alternates.append(resolved)
         alternate_limits.append(limits)
     policy = policy.model_copy(update={"cheap": cheap, "long": long, "long_alternates": alternates})
@@ -236,22 +287,35 @@ def effective_policy(policy: Policy, *, cheap_model: str | None = None, long_mod
     reserve = settings.answer_reserve_tokens
     warnings = []
     if window > long_limits.context_window:
-        warnings.append(f"long_context.window_tokens {window:,} is more than the long model's window "
-                        f"{long_limits.context_window:,}: long prompts will be refused upstream")
+        warnings.append(
+            f"long_context.window_tokens {window:,} is more than the long model's window "
+            f"{long_limits.context_window:,}: long prompts will be refused upstream"
+        )
     if reserve >= window:
-        raise LimitsError(f"long_context.answer_reserve_tokens {reserve:,} leaves nothing of the long route's window "
-                          f"{window:,}")
+        raise LimitsError(
+            f"long_context.answer_reserve_tokens {reserve:,} leaves nothing of the long route's window {window:,}"
+        )
     for limits in alternate_limits:
         if limits.context_window < window:
-            warnings.append(f"{limits.role} {limits.model} has a window of {limits.context_window:,}, less than the "
-                            f"{window:,} the long route packs for: a long prompt it is tried with may be refused")
+            warnings.append(
+                f"{limits.role} {limits.model} has a window of {limits.context_window:,}, less than the "
+                f"{window:,} the long route packs for: a long prompt it is tried with may be refused"
+            )
     if policy.rag.context_budget_tokens + reserve > cheap_limits.context_window:
-        warnings.append(f"rag.context_budget_tokens {policy.rag.context_budget_tokens:,} and the answer reserve do "
-                        f"not fit the cheap model's window {cheap_limits.context_window:,}")
+        warnings.append(
+            f"rag.context_budget_tokens {policy.rag.context_budget_tokens:,} and the answer reserve do "
+            f"not fit the cheap model's window {cheap_limits.context_window:,}"
+        )
     for limits in (cheap_limits, long_limits, *alternate_limits):
         if limits.window_source == "assumed":
             warnings.append(f"{limits.role} {limits.model}: window unknown, {limits.context_window:,} assumed")
     effective = EffectiveLimits(
-        (cheap_limits, long_limits, *alternate_limits), window, reserve, cheap_limits.context_window,
-        policy.rag.context_budget_tokens, tuple(changes), tuple(warnings))
+        (cheap_limits, long_limits, *alternate_limits),
+        window,
+        reserve,
+        cheap_limits.context_window,
+        policy.rag.context_budget_tokens,
+        tuple(changes),
+        tuple(warnings),
+    )
     return policy, effective

@@ -1,4 +1,5 @@
 """Load a policy YAML file; errors name the file, the line and the field."""
+
 from __future__ import annotations
 
 from importlib import resources

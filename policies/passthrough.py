@@ -8,6 +8,7 @@ expose, so those providers are only reachable through a model the policy names i
 or an allow pattern that names the provider literally (`ollama/*`, `ollama/llama3`), never through a wildcard such
 as `*` that merely matches it.
 """
+
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
@@ -17,22 +18,30 @@ from policies.schema import Policy
 # litellm's providers (litellm.provider_list, 1.110) whose default endpoint is on the gateway's machine or network,
 # that run a model in-process: found by their default api_base (localhost / 127.0.0.1 / 0.0.0.0) in litellm's sources, plus the gateway's own
 # in-process `local/`.
-LOCAL_SERVICE_PROVIDERS = frozenset({
-    "local",  # this gateway's in-process models (gateway/upstreams/local.py)
-    "ollama", "ollama_chat",  # localhost:11434
-    "llamafile",  # 127.0.0.1:8080
-    "lm_studio",  # LM Studio's local server
-    "langgraph",  # localhost:2024
-    "langflow",  # localhost:7860
-    "lemonade",  # localhost:8000
-    "docker_model_runner",  # localhost:22088
-    "xinference",  # 127.0.0.1:9997
-    "hosted_vllm", "vllm",  # a vLLM server (vllm/: in-process)
-    "oobabooga", "petals", "triton", "infinity", "nvidia_riva",  # self-hosted servers (petals: in-process)
-    "a2a",  # 0.0.0.0:9999
-    "litellm_proxy",  # a LiteLLM proxy, localhost:4000 in litellm's examples
-    "ragflow",
-})
+LOCAL_SERVICE_PROVIDERS = frozenset(
+    {
+        "local",  # this gateway's in-process models (gateway/upstreams/local.py)
+        "ollama",
+        "ollama_chat",  # localhost:11434
+        "llamafile",  # 127.0.0.1:8080
+        "lm_studio",  # LM Studio's local server
+        "langgraph",  # localhost:2024
+        "langflow",  # localhost:7860
+        "lemonade",  # localhost:8000
+        "docker_model_runner",  # localhost:22088
+        "xinference",  # 127.0.0.1:9997
+        "hosted_vllm",
+        "vllm",  # a vLLM server (vllm/: in-process)
+        "oobabooga",
+        "petals",
+        "triton",
+        "infinity",
+        "nvidia_riva",  # self-hosted servers (petals: in-process)
+        "a2a",  # 0.0.0.0:9999
+        "litellm_proxy",  # a LiteLLM proxy, localhost:4000 in litellm's examples
+        "ragflow",
+    }
+)
 
 
 def provider_of(model: str) -> str | None:

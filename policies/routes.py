@@ -5,6 +5,7 @@ or `PASSTHROUGH` (a model name that is not a routed alias) or `FALLBACK` (the ch
 answer was not trusted, and the long route answered again); `SHADOW` and `JUDGE` are the learning loop's own
 requests (labels for the router, never an answer to a client).
 """
+
 from __future__ import annotations
 
 from enum import StrEnum

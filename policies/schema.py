@@ -1,4 +1,5 @@
 """The routing policy: which aliases route, which models serve each route, and how to decide."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -37,13 +38,16 @@ class ModelConfig(_Strict):
         None, ge=1, description="the most tokens the model answers with; default: litellm's model information"
     )
     cache_control: bool | None = Field(
-        None, description="mark the long route's document block cacheable (Anthropic cache_control); "
-        "default: on for Claude models"
+        None,
+        description="mark the long route's document block cacheable (Anthropic cache_control); "
+        "default: on for Claude models",
     )
     prompt_cache_ttl_s: float = Field(
-        300.0, ge=0, description="seconds a prompt prefix stays in the provider's cache after it was last sent (Anthropic's "
+        300.0,
+        ge=0,
+        description="seconds a prompt prefix stays in the provider's cache after it was last sent (Anthropic's "
         "default TTL, OpenAI's typical idle eviction); routing estimates count a block sent within this as warm; "
-        "0: never assume a warm cache"
+        "0: never assume a warm cache",
     )
     prompt_cache_min_tokens: int = Field(
         1024, ge=0, description="shortest prefix the provider caches (OpenAI and Anthropic cache nothing shorter)"
@@ -89,13 +93,15 @@ class FallbackSettings(_Strict):
         0.35, description="retrieval top similarity at or below which the answer is taken as absent"
     )
     absent_min_probability: float = Field(
-        0.0, ge=0.0, le=1.0,
-        description="…and the classifier's P(cheap suffices) at least this (0: P(cheap) showed no signal for absent answers)"
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="…and the classifier's P(cheap suffices) at least this (0: P(cheap) showed no signal for absent answers)",
     )
     on_long_error: Literal["return_cheap", "error"] = Field(
         "return_cheap",
         description="when the long call fails after a refused cheap answer: send the cheap answer (with the "
-                    "x-selfroute-fallback-error header) or the long call's error",
+        "x-selfroute-fallback-error header) or the long call's error",
     )
 
 
@@ -104,39 +110,50 @@ class VerifierSettings(_Strict):
         "builtin:verifier", description="'builtin:verifier' or a verifier .skops path, relative to the policy file"
     )
     threshold: float | None = Field(
-        None, ge=0.0, le=1.0,
+        None,
+        ge=0.0,
+        le=1.0,
         description="escalate the cheap answer when the verifier's P(good) < threshold; null: the model card's threshold",
     )
     threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
     logprobs: bool = Field(
-        False, description="request token log-probabilities on the cheap leg (non-streamed answers; providers that "
-                           "return them) for a verifier that reads ans_logprob_mean/min; the client sees them only "
-                           "if it asked for them")
+        False,
+        description="request token log-probabilities on the cheap leg (non-streamed answers; providers that "
+        "return them) for a verifier that reads ans_logprob_mean/min; the client sees them only "
+        "if it asked for them",
+    )
 
 
 class LearningSettings(_Strict):
     """The router learning from its traffic (gateway.routing.learning): what it records and which labels it makes."""
 
     record_features: bool = Field(
-        True, description="keep each routed request's features and scores in the ledger (request_features), "
+        True,
+        description="keep each routed request's features and scores in the ledger (request_features), "
         "what `selfroute learn`, `whatif` and `calibrate --from-ledger` read",
     )
     judge: bool = Field(
-        False, description="on every escalation (both answers exist), ask the judge model whether the cheap "
+        False,
+        description="on every escalation (both answers exist), ask the judge model whether the cheap "
         "answer was as good as the long one; the verdict is a label in the ledger",
     )
     judge_model: ModelConfig | None = Field(None, description="the judge; null: the long model")
     shadow_rate: float = Field(
-        0.0, ge=0.0, le=1.0, description="share of accepted cheap answers for which the long route also runs, "
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of accepted cheap answers for which the long route also runs, "
         "in the background after the client has its answer, then the judge (needs judge: true)",
     )
     daily_budget_usd: float = Field(
-        1.0, ge=0.0, description="most spent on shadow and judge legs per UTC day (as the ledger prices them); "
+        1.0,
+        ge=0.0,
+        description="most spent on shadow and judge legs per UTC day (as the ledger prices them); "
         "past it no shadow or judge is started until the next day",
     )
 
     @model_validator(mode="after")
-    def _shadow_needs_judge(self) -> "LearningSettings":
+    def _shadow_needs_judge(self) -> LearningSettings:
         if self.shadow_rate > 0 and not self.judge:
             raise ValueError("shadow_rate > 0 needs judge: true (a shadow answer is only a label once judged)")
         return self
@@ -148,7 +165,8 @@ class RoutingSettings(_Strict):
     default_route: Route = Route.LONG
     fallback: FallbackSettings = FallbackSettings()
     verifier: VerifierSettings | None = Field(
-        None, description="check cheap answers with the learned verifier (gateway.routing.escalation); "
+        None,
+        description="check cheap answers with the learned verifier (gateway.routing.escalation); "
         "null: escalate only answers that say they are unanswerable (Self-Route's literal rule)",
     )
     learning: LearningSettings = LearningSettings()
@@ -166,7 +184,9 @@ class SecuritySettings(_Strict):
         "(record unsupported sentences), drop (remove them from the answer)",
     )
     grounding_threshold: float = Field(
-        0.5, ge=0.0, le=1.0,
+        0.5,
+        ge=0.0,
+        le=1.0,
         description="a sentence scoring below this is unsupported (0.6 x max cosine + 0.4 x word overlap, capped at 0.3 "
         "when it holds a number absent from the passages); 0.5 from tests/benchmarks/bench_grounding.py",
     )
@@ -174,7 +194,8 @@ class SecuritySettings(_Strict):
 
 class LedgerSettings(_Strict):
     store_texts: bool = Field(
-        False, description="also keep the question, the passages sent and the answers with each routed request's "
+        False,
+        description="also keep the question, the passages sent and the answers with each routed request's "
         "features (request_features); off: the ledger holds features and scores only, never prompts or documents",
     )
 
@@ -193,17 +214,27 @@ class RequestLimits(_Strict):
     """How much work one request may ask for (gateway.routing.request_limits): beyond these a request is refused
     before anything is scanned, counted or embedded. Defaults sized on the 2-core development machine: MiniLM embeds
     roughly 100-200 short texts a second there, so the defaults bound a request to seconds, not minutes."""
+
     attached_documents: int = Field(
-        64, ge=1, description="documents attached to one request (selfroute.documents), and documents in one POST "
-        "/v1/collections/{name}/documents; more is a 400 too_many_documents")
+        64,
+        ge=1,
+        description="documents attached to one request (selfroute.documents), and documents in one POST "
+        "/v1/collections/{name}/documents; more is a 400 too_many_documents",
+    )
     attached_bytes: int = Field(
-        2_000_000, ge=1, description="UTF-8 bytes of those documents' texts together; more is a 413 "
-        "documents_too_large (rag.max_attached_tokens also applies)")
+        2_000_000,
+        ge=1,
+        description="UTF-8 bytes of those documents' texts together; more is a 413 "
+        "documents_too_large (rag.max_attached_tokens also applies)",
+    )
     embedding_inputs: int = Field(
-        256, ge=1, description="inputs of one POST /v1/embeddings; more is a 400 too_many_inputs")
+        256, ge=1, description="inputs of one POST /v1/embeddings; more is a 400 too_many_inputs"
+    )
     embedding_input_bytes: int = Field(
-        1_000_000, ge=1, description="UTF-8 bytes of one POST /v1/embeddings' inputs together; more is a 413 "
-        "input_too_large")
+        1_000_000,
+        ge=1,
+        description="UTF-8 bytes of one POST /v1/embeddings' inputs together; more is a 413 input_too_large",
+    )
 
 
 class Policy(_Strict):
@@ -224,7 +255,7 @@ class Policy(_Strict):
     request_limits: RequestLimits = RequestLimits()
 
     @model_validator(mode="after")
-    def _aliases_are_not_models(self) -> "Policy":
+    def _aliases_are_not_models(self) -> Policy:
         for alias in self.aliases:
             if alias in (self.cheap.model, self.long.model):
                 raise ValueError(f"alias {alias!r} is also a model name; pick a distinct alias")

@@ -1,5 +1,6 @@
 """A TCP listener on loopback that records every connection made to it and answers HTTP 500: stands in for
 an attacker's server (must never be contacted) or for a provider's endpoint (to see what reached it)."""
+
 from __future__ import annotations
 
 import socket
@@ -35,8 +36,10 @@ class CaptureServer:
                         if not part:
                             break
                         data += part
-                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
-                                 b"content-length: 2\r\nconnection: close\r\n\r\n{}")
+                    conn.sendall(
+                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+                        b"content-length: 2\r\nconnection: close\r\n\r\n{}"
+                    )
                 except OSError:
                     pass
                 self.connections.append(data)

@@ -1,5 +1,6 @@
 """Synthetic feature rows for the classifier tests: the cheap route suffices unless the query is a
 summary question or retrieval finds only a weak match; documents group the rows."""
+
 from __future__ import annotations
 
 import random

@@ -10,8 +10,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-for name in ("SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_DATA_DIR", "SELFROUTE_STORE_URI", "OPENAI_API_BASE",
-             "OPENAI_BASE_URL", "SELFROUTE_LEDGER_URL"):
+for name in (
+    "SELFROUTE_API_KEYS",
+    "SELFROUTE_ADMIN_KEY",
+    "SELFROUTE_DATA_DIR",
+    "SELFROUTE_STORE_URI",
+    "OPENAI_API_BASE",
+    "OPENAI_BASE_URL",
+    "SELFROUTE_LEDGER_URL",
+):
     os.environ.pop(name, None)
 
 from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  # noqa: E402,F401  (fixtures)

@@ -8,6 +8,7 @@ skipped with a message naming the fix: ``bash .ci/install --test``.
 PostgreSQL runs as the ``postgres`` user (``runuser -u postgres --``, or ``su postgres -c``) when the tests run
 as root, since the server refuses to run as root; otherwise as the current user.
 """
+
 from __future__ import annotations
 
 import glob
@@ -66,7 +67,7 @@ class PostgresServer:
     host: str
     port: int
     user: str
-    root: Path                      # temp dir: data/, the unix socket, server.log
+    root: Path  # temp dir: data/, the unix socket, server.log
     bindir: Path
     _prefix: list[str] | None = field(default=None, repr=False)
     _databases: list[str] = field(default_factory=list, repr=False)
@@ -117,10 +118,11 @@ class PostgresServer:
         return proc
 
     def start(self) -> None:
-        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
-                   " -c synchronous_commit=off -c full_page_writes=off -c max_connections=50")
-        self.run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-o", options, "-w", "-t", "60",
-                 "start")
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.root} -c fsync=off"
+            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=50"
+        )
+        self.run("pg_ctl", "-D", str(self.datadir), "-l", str(self.logfile), "-o", options, "-w", "-t", "60", "start")
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 180) -> None:
@@ -150,8 +152,10 @@ def start_postgres() -> PostgresServer:
         pytest.skip(f"psycopg (psycopg[binary]) is not installed: {INSTALL_HINT}")
     bindir = find_postgres_bin()
     if bindir is None:
-        pytest.skip(f"PostgreSQL server binaries (initdb, pg_ctl) not found under {_PG_BIN_GLOB}: {INSTALL_HINT}"
-                    " (Debian package `postgresql`)")
+        pytest.skip(
+            f"PostgreSQL server binaries (initdb, pg_ctl) not found under {_PG_BIN_GLOB}: {INSTALL_HINT}"
+            " (Debian package `postgresql`)"
+        )
     prefix = _as_postgres_prefix()
     root = Path(tempfile.mkdtemp(prefix="selfroute-pg-"))
     if prefix is not None:
@@ -164,8 +168,18 @@ def start_postgres() -> PostgresServer:
     os.chmod(root, 0o700)
     server = PostgresServer(host="127.0.0.1", port=0, user="postgres", root=root, bindir=bindir, _prefix=prefix)
     try:
-        server.run("initdb", "-D", str(server.datadir), "-U", "postgres", "--auth=trust", "-E", "UTF8",
-                   "--locale=C", "--no-sync")
+        server.run(
+            "initdb",
+            "-D",
+            str(server.datadir),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        )
         for attempt in range(3):  # the free port can be taken between picking and binding it
             server.port = free_port()
             try:
@@ -217,8 +231,13 @@ class S3Server:
     def client(self):
         import boto3
 
-        return boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
-                            aws_access_key_id=self.access_key_id, aws_secret_access_key=self.secret_access_key)
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name=self.region,
+            aws_access_key_id=self.access_key_id,
+            aws_secret_access_key=self.secret_access_key,
+        )
 
 
 @dataclass

@@ -23,6 +23,7 @@
 POST /v1/embeddings answers [characters, words, 1.0] per input text ("status-NNN" fails the same way).
 Every request body received is kept in `app.state.received`, with its arrival time (time.monotonic()).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -34,16 +35,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-
 MALFORMED = {
     "shape-list": [{"choices": []}],
     "shape-string": "echo",
-    "shape-no-choices": {"id": "x", "object": "chat.completion", "choices": [],
-                         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}},
-    "shape-bad-usage": {"id": "x", "object": "chat.completion",
-                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
-                                     "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": "abc", "completion_tokens": 1, "total_tokens": 1}},
+    "shape-no-choices": {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    },
+    "shape-bad-usage": {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": "abc", "completion_tokens": 1, "total_tokens": 1},
+    },
 }
 
 
@@ -109,25 +115,37 @@ async def completions(request: Request):
     if "flaky" in model:
         seen = request.app.state.flaky_calls = getattr(request.app.state, "flaky_calls", 0) + 1
         if seen % 2:
-            return JSONResponse({"error": {"message": "fake upstream is flaky", "type": "x", "param": None,
-                                           "code": None}}, status_code=503)
+            return JSONResponse(
+                {"error": {"message": "fake upstream is flaky", "type": "x", "param": None, "code": None}},
+                status_code=503,
+            )
     if "wait-" in model:
         seen = request.app.state.wait_calls = getattr(request.app.state, "wait_calls", 0) + 1
         if seen % 2:
-            return JSONResponse({"error": {"message": "slow down", "type": "x", "param": None, "code": None}},
-                                status_code=429, headers={"retry-after": model.split("wait-")[1].split("-")[0]})
+            return JSONResponse(
+                {"error": {"message": "slow down", "type": "x", "param": None, "code": None}},
+                status_code=429,
+                headers={"retry-after": model.split("wait-")[1].split("-")[0]},
+            )
     if model.startswith("shape-"):
         return JSONResponse(MALFORMED[model])
     if model.startswith("status-"):
         status = int(model.split("-")[1])
-        return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,
-                                       "code": None}}, status_code=status)
+        return JSONResponse(
+            {"error": {"message": f"fake upstream says {status}", "type": "x", "param": None, "code": None}},
+            status_code=status,
+        )
     if model == "slow":
         await asyncio.sleep(5)
     if model.startswith("sleep-"):
         await asyncio.sleep(float(model.split("-")[1]))
-    answer = (request.app.state.judge_reply if "judge" in model else
-              request.app.state.scripted if "scripted" in model else answer_for(body))
+    answer = (
+        request.app.state.judge_reply
+        if "judge" in model
+        else request.app.state.scripted
+        if "scripted" in model
+        else answer_for(body)
+    )
     usage = {**usage_for(body, answer), **cache_usage(request.app.state, body)}
     base = {"id": "chatcmpl-fake", "created": int(time.time()), "model": model, "system_fingerprint": "fp_fake"}
     if body.get("stream") and model == "text-stream":
@@ -135,13 +153,21 @@ async def completions(request: Request):
     if body.get("stream") and model == "empty-stream":
         return StreamingResponse(iter(["data: [DONE]\n\n"]), media_type="text/event-stream")
     if not body.get("stream") or model == "json-stream":
-        return JSONResponse({
-            **base, "object": "chat.completion",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer, "refusal": None},
-                         "logprobs": fake_logprobs(answer) if body.get("logprobs") else None,
-                         "finish_reason": "stop"}],
-            "usage": usage,
-        })
+        return JSONResponse(
+            {
+                **base,
+                "object": "chat.completion",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": answer, "refusal": None},
+                        "logprobs": fake_logprobs(answer) if body.get("logprobs") else None,
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            }
+        )
 
     async def events():
         chunk = {**base, "object": "chat.completion.chunk"}
@@ -167,8 +193,12 @@ async def completions(request: Request):
 
 def fake_logprobs(answer: str) -> dict:
     """OpenAI's shape: one entry per token (here a word); a word in capitals is 'unsure' (-3.0), others -0.1."""
-    return {"content": [{"token": w, "logprob": -3.0 if w.isupper() else -0.1, "bytes": None, "top_logprobs": []}
-                        for w in answer.split()]}
+    return {
+        "content": [
+            {"token": w, "logprob": -3.0 if w.isupper() else -0.1, "bytes": None, "top_logprobs": []}
+            for w in answer.split()
+        ]
+    }
 
 
 async def embeddings(request: Request):
@@ -177,20 +207,32 @@ async def embeddings(request: Request):
     model = body["model"]
     if model.startswith("status-"):
         status = int(model.split("-")[1])
-        return JSONResponse({"error": {"message": f"fake upstream says {status}", "type": "x", "param": None,
-                                       "code": None}}, status_code=status)
+        return JSONResponse(
+            {"error": {"message": f"fake upstream says {status}", "type": "x", "param": None, "code": None}},
+            status_code=status,
+        )
     texts = [body["input"]] if isinstance(body["input"], str) else body["input"]
     words = sum(len(t.split()) for t in texts)
-    return JSONResponse({
-        "object": "list", "model": model, "usage": {"prompt_tokens": words, "total_tokens": words},
-        "data": [{"object": "embedding", "index": i, "embedding": [float(len(t)), float(len(t.split())), 1.0]}
-                 for i, t in enumerate(texts)],
-    })
+    return JSONResponse(
+        {
+            "object": "list",
+            "model": model,
+            "usage": {"prompt_tokens": words, "total_tokens": words},
+            "data": [
+                {"object": "embedding", "index": i, "embedding": [float(len(t)), float(len(t.split())), 1.0]}
+                for i, t in enumerate(texts)
+            ],
+        }
+    )
 
 
 def create_fake_upstream() -> Starlette:
-    app = Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"]),
-                            Route("/v1/embeddings", embeddings, methods=["POST"])])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/embeddings", embeddings, methods=["POST"]),
+        ]
+    )
     app.state.received = []
     app.state.scripted = ""
     app.state.judge_reply = '{"verdict": "worse"}'

@@ -1,4 +1,5 @@
 """Fixtures for gateway tests: a fake upstream on loopback and a gateway in front of it."""
+
 from __future__ import annotations
 
 import sqlite3

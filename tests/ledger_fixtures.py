@@ -1,4 +1,5 @@
 """Small, known ledgers for the report, admin, metrics, dashboard and CLI tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +8,13 @@ from starlette.applications import Starlette
 
 from gateway.errors import GatewayError
 from gateway.ledger.pricing import PriceBook
+from gateway.ledger.records import RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger
 from gateway.server.auth import Authenticator
 from gateway.server.errors import handle_error
 from gateway.server.state import Gateway
 from gateway.settings import Settings
 from policies.loader import load_policy
-from gateway.ledger.records import RequestRecord, UpstreamCall
 
 BASE = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 ADMIN_KEY = "sk-admin-test"
@@ -22,10 +23,19 @@ CHEAP = "openai/gpt-4o-mini"
 LONG = "openai/gpt-4.1"
 
 
-def call(model: str, route: str, prompt: int, completion: int, cost: float, latency: float = 100.0,
-         error: str | None = None) -> UpstreamCall:
-    return UpstreamCall(model=model, route=route, prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost,
-                        latency_ms=latency, error=error, created_at=BASE)
+def call(
+    model: str, route: str, prompt: int, completion: int, cost: float, latency: float = 100.0, error: str | None = None
+) -> UpstreamCall:
+    return UpstreamCall(
+        model=model,
+        route=route,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        cost_usd=cost,
+        latency_ms=latency,
+        error=error,
+        created_at=BASE,
+    )
 
 
 def cached(leg: UpstreamCall, tokens: int, saving: float) -> UpstreamCall:
@@ -34,15 +44,40 @@ def cached(leg: UpstreamCall, tokens: int, saving: float) -> UpstreamCall:
     return leg
 
 
-def record(rid: str, at: float, route: str | None, calls: list[UpstreamCall], *, key: str = "k_alice",
-           policy: str = "default", status: int = 200, counterfactual: float = 0.0, context: int = 0,
-           latency: float | None = 500.0, reason: str = "classifier", provenance: dict | None = None) -> RequestRecord:
+def record(
+    rid: str,
+    at: float,
+    route: str | None,
+    calls: list[UpstreamCall],
+    *,
+    key: str = "k_alice",
+    policy: str = "default",
+    status: int = 200,
+    counterfactual: float = 0.0,
+    context: int = 0,
+    latency: float | None = 500.0,
+    reason: str = "classifier",
+    provenance: dict | None = None,
+) -> RequestRecord:
     return RequestRecord(
-        id=rid, created_at=at, key_id=key, policy=policy, alias="selfroute-auto", route=route, reason=reason,
-        status=status, error=None if status < 400 else "upstream failed", latency_ms=latency,
-        prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls),
-        cost_usd=sum(c.cost_usd for c in calls), context_tokens=context, counterfactual_cost_usd=counterfactual,
-        provenance=provenance, calls=calls, cached_tokens=sum(c.cached_tokens for c in calls),
+        id=rid,
+        created_at=at,
+        key_id=key,
+        policy=policy,
+        alias="selfroute-auto",
+        route=route,
+        reason=reason,
+        status=status,
+        error=None if status < 400 else "upstream failed",
+        latency_ms=latency,
+        prompt_tokens=sum(c.prompt_tokens for c in calls),
+        completion_tokens=sum(c.completion_tokens for c in calls),
+        cost_usd=sum(c.cost_usd for c in calls),
+        context_tokens=context,
+        counterfactual_cost_usd=counterfactual,
+        provenance=provenance,
+        calls=calls,
+        cached_tokens=sum(c.cached_tokens for c in calls),
         cache_saving_usd=sum(c.cache_saving_usd for c in calls),
     )
 
@@ -52,21 +87,56 @@ def sample_records() -> list[RequestRecord]:
     rag = lambda: call(CHEAP, "rag", 1000, 50, 0.001, 300.0)  # noqa: E731
     longc = lambda: call(LONG, "long", 20000, 80, 0.04, 2000.0)  # noqa: E731
     return [
-        record("r01", BASE + 600, "rag", [rag()], counterfactual=0.041, context=20000, latency=400,
-               provenance={"chunks": [{"doc": "a.txt", "chunk": 3}]}),
+        record(
+            "r01",
+            BASE + 600,
+            "rag",
+            [rag()],
+            counterfactual=0.041,
+            context=20000,
+            latency=400,
+            provenance={"chunks": [{"doc": "a.txt", "chunk": 3}]},
+        ),
         record("r02", BASE + 1800, "rag", [rag()], counterfactual=0.041, context=20000, latency=350),
         record("r03", BASE + 3700, "long", [longc()], counterfactual=0.04, context=20000, latency=2100),
-        record("r04", BASE + 5400, "rag>long", [rag(), longc()], counterfactual=0.04, context=20000, latency=2600,
-               key="k_bob"),
-        record("r05", BASE + 7300, "direct", [call(CHEAP, "direct", 50, 20, 0.0001, 120.0)], counterfactual=0.0003,
-               context=50, latency=150, policy="strict"),
-        record("r06", BASE + 7400, "rag", [call(CHEAP, "rag", 900, 0, 0.0, 5000.0, error="timeout")], status=502,
-               counterfactual=0.0, context=20000, latency=5100, key="k_bob"),
+        record(
+            "r04",
+            BASE + 5400,
+            "rag>long",
+            [rag(), longc()],
+            counterfactual=0.04,
+            context=20000,
+            latency=2600,
+            key="k_bob",
+        ),
+        record(
+            "r05",
+            BASE + 7300,
+            "direct",
+            [call(CHEAP, "direct", 50, 20, 0.0001, 120.0)],
+            counterfactual=0.0003,
+            context=50,
+            latency=150,
+            policy="strict",
+        ),
+        record(
+            "r06",
+            BASE + 7400,
+            "rag",
+            [call(CHEAP, "rag", 900, 0, 0.0, 5000.0, error="timeout")],
+            status=502,
+            counterfactual=0.0,
+            context=20000,
+            latency=5100,
+            key="k_bob",
+        ),
         record("r07", BASE + 86400 + 100, "long", [longc()], counterfactual=0.04, context=20000, latency=1900),
-        record("r08", BASE + 86400 + 200, "rag", [rag()], counterfactual=0.041, context=20000, latency=420,
-               policy="strict"),
-        record("r09", BASE + 86400 + 4000, "rag>long", [rag(), longc()], counterfactual=0.04, context=20000,
-               latency=2900),
+        record(
+            "r08", BASE + 86400 + 200, "rag", [rag()], counterfactual=0.041, context=20000, latency=420, policy="strict"
+        ),
+        record(
+            "r09", BASE + 86400 + 4000, "rag>long", [rag(), longc()], counterfactual=0.04, context=20000, latency=2900
+        ),
         record("r10", BASE + 86400 + 4100, None, [], status=400, counterfactual=0.0, latency=3, reason=None),
     ]
 
@@ -88,8 +158,10 @@ def admin_app(ledger: Ledger, auth: Authenticator | None = None, metrics=None) -
     from gateway.server.admin import admin_routes
     from gateway.server.metrics import GatewayMetrics, metrics_route
 
-    app = Starlette(routes=[*admin_routes(), metrics_route()],
-                    exception_handlers={GatewayError: handle_error, LedgerError: handle_error})
+    app = Starlette(
+        routes=[*admin_routes(), metrics_route()],
+        exception_handlers={GatewayError: handle_error, LedgerError: handle_error},
+    )
     app.state.gateway = bare_gateway(ledger, auth or Authenticator([USER_KEY], ADMIN_KEY), metrics or GatewayMetrics())
     return app
 
@@ -99,12 +171,14 @@ def bare_gateway(ledger: Ledger, auth: Authenticator, metrics) -> Gateway:
     settings = Settings(data_dir=ledger.dead_letter_path.parent)
     from gateway.ledger.keys import KeyStore
 
-    return Gateway(settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics,
-                   KeyStore(ledger.location))
+    return Gateway(
+        settings, load_policy(None)[0], None, None, ledger, auth, PriceBook(), None, metrics, KeyStore(ledger.location)
+    )
 
 
-def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: int = 0,
-                      cache_reads: float = 0.0) -> list[RequestRecord]:
+def synthetic_records(
+    count: int, *, now: float, span: float = 86400.0, seed: int = 0, cache_reads: float = 0.0
+) -> list[RequestRecord]:
     """A plausible day of traffic (fixed seed): mostly RAG, some long, a few fallbacks and errors. With
     `cache_reads`, that share of the long legs read 90% of their prompt from the provider's cache (at a quarter of
     the input price); the others write it (at 1.25 times the input price)."""
@@ -126,15 +200,27 @@ def synthetic_records(count: int, *, now: float, span: float = 86400.0, seed: in
             saving = block * 1.5e-6 if cache_rng.random() < cache_reads else -block * 0.5e-6
             cached(longc, block if saving > 0 else 0, saving)
             longc.cost_usd -= saving
-        calls = {"rag": [cheap], "long": [longc], "rag>long": [cheap, longc],
-                 "direct": [call(CHEAP, "direct", 200, completion, 0.0002, rng.uniform(200, 800))]}[route]
+        calls = {
+            "rag": [cheap],
+            "long": [longc],
+            "rag>long": [cheap, longc],
+            "direct": [call(CHEAP, "direct", 200, completion, 0.0002, rng.uniform(200, 800))],
+        }[route]
         status = 502 if rng.random() < 0.03 else 200
         if status == 502:
             calls[-1].error = "upstream timeout"
-        out.append(record(f"req-{seed}-{i:05d}", at, route, calls, key=rng.choice(["k_alice", "k_bob", "k_carol"]),
-                          # as the gateway's ledger entry: a long leg that answered is the counterfactual itself
-                          status=status, counterfactual=longc.cost_usd if route in ("long", "rag>long")
-                          else context * 2e-6 + completion * 8e-6,
-                          context=context,
-                          latency=sum(c.latency_ms or 0 for c in calls) + rng.uniform(20, 200)))
+        out.append(
+            record(
+                f"req-{seed}-{i:05d}",
+                at,
+                route,
+                calls,
+                key=rng.choice(["k_alice", "k_bob", "k_carol"]),
+                # as the gateway's ledger entry: a long leg that answered is the counterfactual itself
+                status=status,
+                counterfactual=longc.cost_usd if route in ("long", "rag>long") else context * 2e-6 + completion * 8e-6,
+                context=context,
+                latency=sum(c.latency_ms or 0 for c in calls) + rng.uniform(20, 200),
+            )
+        )
     return out

@@ -1,4 +1,5 @@
 """Shared helpers for the pipelines tests: a counting embedder wrapper and a small synthetic corpus."""
+
 from __future__ import annotations
 
 from pathlib import Path

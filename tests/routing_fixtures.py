@@ -4,6 +4,7 @@ Six made-up reports, each a little over 1,500 tokens (so the default policy's sh
 not fire), with factoid questions (the cheap route suffices: recorded RAG and long answers score the
 same) and summary questions (only the long route answers well), plus one RAG refusal per document.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,16 +51,41 @@ def paired_rows(index: int) -> list[dict]:
     slug, name, feature, material = TOPICS[index]
     doc_id = f"report-{slug}"
     rows = [
-        {"query": f"Who is the keeper of {name}?", "rag_score": 1.0, "lc_score": 1.0,
-         "rag_pred": f"Ada Quill{index}", "lc_pred": f"Ada Quill{index}"},
-        {"query": f"What is {feature} at {name} built of?", "rag_score": 1.0, "lc_score": 1.0,
-         "rag_pred": material, "lc_pred": material},
-        {"query": f"How many visitors did the {slug} receive on its open day?", "rag_score": 1.0,
-         "lc_score": 1.0 if index % 2 else 0.5, "rag_pred": str(120 + index), "lc_pred": str(120 + index)},
-        {"query": f"Summarize the overall main idea of the {slug} report.", "rag_score": 0.2, "lc_score": 0.9,
-         "rag_pred": "The report is about repairs.", "lc_pred": "A year of upkeep, visitors and accounts."},
-        {"query": "What is the report about overall, in general terms?", "rag_score": 0.1, "lc_score": 0.8,
-         "rag_pred": "unanswerable", "lc_pred": "The running of the site over a year."},
+        {
+            "query": f"Who is the keeper of {name}?",
+            "rag_score": 1.0,
+            "lc_score": 1.0,
+            "rag_pred": f"Ada Quill{index}",
+            "lc_pred": f"Ada Quill{index}",
+        },
+        {
+            "query": f"What is {feature} at {name} built of?",
+            "rag_score": 1.0,
+            "lc_score": 1.0,
+            "rag_pred": material,
+            "lc_pred": material,
+        },
+        {
+            "query": f"How many visitors did the {slug} receive on its open day?",
+            "rag_score": 1.0,
+            "lc_score": 1.0 if index % 2 else 0.5,
+            "rag_pred": str(120 + index),
+            "lc_pred": str(120 + index),
+        },
+        {
+            "query": f"Summarize the overall main idea of the {slug} report.",
+            "rag_score": 0.2,
+            "lc_score": 0.9,
+            "rag_pred": "The report is about repairs.",
+            "lc_pred": "A year of upkeep, visitors and accounts.",
+        },
+        {
+            "query": "What is the report about overall, in general terms?",
+            "rag_score": 0.1,
+            "lc_score": 0.8,
+            "rag_pred": "unanswerable",
+            "lc_pred": "The running of the site over a year.",
+        },
     ]
     for row in rows:
         row.update(doc_id=doc_id, task="synthetic", gt=row["lc_pred"])

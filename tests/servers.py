@@ -1,4 +1,5 @@
 """Run ASGI apps under a real uvicorn on 127.0.0.1, port 0, and wait until they listen."""
+
 from __future__ import annotations
 
 import threading

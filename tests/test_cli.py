@@ -1,4 +1,5 @@
 """The command line itself (gateway/cli.py): global options in either place, --version, quiet pipes."""
+
 from __future__ import annotations
 
 import json
@@ -22,11 +23,14 @@ def data_dir(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("argv", [
-    ["--data-dir", "{d}", "--log-level", "WARNING", "logs", "--json"],
-    ["logs", "--data-dir", "{d}", "--log-level", "WARNING", "--json"],
-    ["--log-level", "WARNING", "logs", "--json", "--data-dir", "{d}"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--data-dir", "{d}", "--log-level", "WARNING", "logs", "--json"],
+        ["logs", "--data-dir", "{d}", "--log-level", "WARNING", "--json"],
+        ["--log-level", "WARNING", "logs", "--json", "--data-dir", "{d}"],
+    ],
+)
 def test_global_options_before_or_after_the_subcommand(data_dir, capsys, argv):
     assert main([a.format(d=data_dir) for a in argv]) == 0
     ids = [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()]
@@ -59,13 +63,22 @@ def test_version(capsys):
 
 def test_closed_pipe_ends_quietly(tmp_path):
     # enough rows that the export is still writing when `head` has gone
-    many = [record(f"r{i:05d}", BASE + i, "rag", [call("openai/gpt-4o-mini", "rag", 10, 5, 0.0)],
-                   provenance={"chunks": [{"doc": "a.txt", "chunk": n} for n in range(20)]}) for i in range(3000)]
+    many = [
+        record(
+            f"r{i:05d}",
+            BASE + i,
+            "rag",
+            [call("openai/gpt-4o-mini", "rag", 10, 5, 0.0)],
+            provenance={"chunks": [{"doc": "a.txt", "chunk": n} for n in range(20)]},
+        )
+        for i in range(3000)
+    ]
     write_ledger(tmp_path / "ledger.sqlite3", many).close()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = f"{sys.executable} -m gateway.cli export --data-dir {tmp_path} --format jsonl | head -n 2"
-    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=env,
-                            timeout=120)
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, env=env, timeout=120
+    )
     assert len(result.stdout.splitlines()) == 2
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
     assert result.returncode == 141
@@ -76,8 +89,18 @@ def test_the_operators_commands_show_examples_in_their_help(capsys):
 
     from gateway.cli import main as cli_main
 
-    for argv in (["serve"], ["policy", "check"], ["keys"], ["keys", "create"], ["keys", "edit"], ["keys", "rotate"],
-                 ["costs"], ["collections"], ["ingest"], ["explain"]):
+    for argv in (
+        ["serve"],
+        ["policy", "check"],
+        ["keys"],
+        ["keys", "create"],
+        ["keys", "edit"],
+        ["keys", "rotate"],
+        ["costs"],
+        ["collections"],
+        ["ingest"],
+        ["explain"],
+    ):
         with _pytest.raises(SystemExit):
             cli_main([*argv, "--help"])
         out = capsys.readouterr().out

@@ -1,4 +1,5 @@
 """The request surface: what a chat body may carry, and the JSON it must be."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,7 @@ import json
 import pytest
 
 from gateway.errors import GatewayError
-from gateway.protocol import (MAX_MODEL_CHARS, OPENAI_PARAMS, parse_chat_request, parse_json_object,
-                              rejected_param)
+from gateway.protocol import MAX_MODEL_CHARS, OPENAI_PARAMS, parse_chat_request, parse_json_object, rejected_param
 from gateway.upstreams.litellm_provider import FORWARDED_PARAMS
 
 
@@ -43,32 +43,62 @@ def test_lone_surrogates_are_a_400_naming_the_field(text):
 def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
     assert _error(b'{"model": "m", "messages": [], "x": "\xed\xa0\x80"}').code == "invalid_unicode"
     chat, _ = parse_chat_request(_chat(messages=[{"role": "user", "content": "\ud83d\ude00"}]))
-    assert chat.messages[0].content == "\U0001F600"
+    assert chat.messages[0].content == "\U0001f600"
 
 
-@pytest.mark.parametrize("model", ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "gpt-4o\n", "http://h:1/v1",
-                                   "openai/x://y", "-flag", "m\u00e9"])
+@pytest.mark.parametrize(
+    "model",
+    ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "gpt-4o\n", "http://h:1/v1", "openai/x://y", "-flag", "m\u00e9"],
+)
 def test_model_names_are_capped_and_plain(model):
     error = _error(_chat(model=model))
     assert (error.status, error.param) == (400, "model")
     assert len(error.message) < 200
 
 
-@pytest.mark.parametrize("model", ["gpt-4o-mini", "anthropic/claude-3-5-sonnet-20241022", "ollama/llama3:8b",
-                                   "hosted_vllm/meta-llama/Llama-3.1-8B", "bedrock/anthropic.claude-v2:1",
-                                   "x" * MAX_MODEL_CHARS])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "gpt-4o-mini",
+        "anthropic/claude-3-5-sonnet-20241022",
+        "ollama/llama3:8b",
+        "hosted_vllm/meta-llama/Llama-3.1-8B",
+        "bedrock/anthropic.claude-v2:1",
+        "x" * MAX_MODEL_CHARS,
+    ],
+)
 def test_real_model_names_pass(model):
     chat, _ = parse_chat_request(_chat(model=model))
     assert chat.model == model
 
 
-@pytest.mark.parametrize("name", ["api_base", "base_url", "api_key", "api_version", "custom_llm_provider",
-                                  "mock_response", "extra_headers", "headers", "timeout", "num_retries",
-                                  "litellm_logging_obj", "aws_region_name", "vertex_credentials", "azure_ad_token"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api_base",
+        "base_url",
+        "api_key",
+        "api_version",
+        "custom_llm_provider",
+        "mock_response",
+        "extra_headers",
+        "headers",
+        "timeout",
+        "num_retries",
+        "litellm_logging_obj",
+        "aws_region_name",
+        "vertex_credentials",
+        "azure_ad_token",
+    ],
+)
 def test_connection_parameters_are_rejected_by_name(name):
     error = _error(_chat(**{name: "x"}))
-    assert (error.status, error.type, error.param, error.code) == (400, "invalid_request_error", name,
-                                                                  "unsupported_parameter")
+    assert (error.status, error.type, error.param, error.code) == (
+        400,
+        "invalid_request_error",
+        name,
+        "unsupported_parameter",
+    )
 
 
 def test_openai_parameters_are_never_rejected_and_litellm_gets_only_them():

@@ -5,6 +5,7 @@ OpenAI-compatible upstream (--cheap-model/--long-model and $OPENAI_API_BASE), wi
 Blocks come from the "Quick start" section, the explain curl of "How a routed request is decided" and the
 "Cost logs and dashboard" commands. A line that starts the gateway (`selfroute serve`) is left out: the
 test's gateway stands in for it. `.venv/bin/selfroute` is a wrapper around this checkout's CLI."""
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ BLOCK = re.compile(r"```(bash|python)\n(.*?)```", re.S)
 def section(title: str) -> str:
     start = README.index(f"\n## {title}")
     end = README.find("\n## ", start + 1)
-    return README[start:end if end != -1 else None]
+    return README[start : end if end != -1 else None]
 
 
 def quick_start_blocks() -> list[tuple[str, str]]:
@@ -51,14 +52,35 @@ def live(upstream, tmp_path_factory):
     wrapper.parent.mkdir(parents=True)
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m gateway.cli "$@"\n')
     wrapper.chmod(0o755)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SELFROUTE_DATA_DIR": str(work / "data"),
-           "OPENAI_API_BASE": f"{upstream[0]}/v1", "OPENAI_API_KEY": "sk-fake"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "SELFROUTE_DATA_DIR": str(work / "data"),
+        "OPENAI_API_BASE": f"{upstream[0]}/v1",
+        "OPENAI_API_KEY": "sk-fake",
+    }
     port = _free_port()
     log = open(work / "serve.log", "w")
-    server = subprocess.Popen([str(wrapper), "serve", "--port", str(port), "--cheap-model", "openai/fake-cheap",
-                               "--long-model", "openai/fake-long", "--cheap-window", "8192", "--long-window", "16000"],
-                              cwd=work, env=env, stdout=log,
-                              stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [
+            str(wrapper),
+            "serve",
+            "--port",
+            str(port),
+            "--cheap-model",
+            "openai/fake-cheap",
+            "--long-model",
+            "openai/fake-long",
+            "--cheap-window",
+            "8192",
+            "--long-window",
+            "16000",
+        ],
+        cwd=work,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -94,7 +116,9 @@ def test_the_quick_start_runs_as_written(live):
     outputs = []
     for kind, code in blocks:
         result = _run(kind, code, port, env, work)
-        assert result.returncode == 0, f"{kind} block failed:\n{code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+        assert result.returncode == 0, (
+            f"{kind} block failed:\n{code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+        )
         outputs.append(result.stdout)
     ingest, client, explain, costs = outputs
 
@@ -113,6 +137,8 @@ def test_the_quick_start_runs_as_written(live):
 
 
 def test_the_readme_names_only_shipped_collections():
-    used = set(re.findall(r'"collection": "([^"]+)"', section("Quick start") + section("How a routed request is decided")))
+    used = set(
+        re.findall(r'"collection": "([^"]+)"', section("Quick start") + section("How a routed request is decided"))
+    )
     used |= set(re.findall(r'X-Selfroute-Collection": "([^"]+)"', README))
     assert used == {"harbour"}

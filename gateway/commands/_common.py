@@ -1,6 +1,7 @@
 """Helpers several commands share: the ledger commands' (logs, costs, export) filters and tables, the store
 options, and the replay commands' (eval replay, calibrate) prompt-cache options. The `_` keeps the CLI from
 taking it for a subcommand."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,9 +11,12 @@ from typing import TextIO
 
 
 def add_ledger_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ledger-url", default=None,
-                        help="the cost ledger: a SQLite file path or postgresql://user:pass@host/db "
-                             "(default: $SELFROUTE_LEDGER_URL, else DATA_DIR/ledger.sqlite3)")
+    parser.add_argument(
+        "--ledger-url",
+        default=None,
+        help="the cost ledger: a SQLite file path or postgresql://user:pass@host/db "
+        "(default: $SELFROUTE_LEDGER_URL, else DATA_DIR/ledger.sqlite3)",
+    )
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,8 +36,15 @@ def filters_from_args(args: argparse.Namespace):
     from gateway.ledger.keys import KeyStore
     from gateway.ledger.reports import Filters
 
-    filters = Filters.parse(since=args.since, until=args.until, route=args.route, key=args.key, policy=args.policy,
-                            status=args.status, answered_by=getattr(args, "answered_by", None))
+    filters = Filters.parse(
+        since=args.since,
+        until=args.until,
+        route=args.route,
+        key=args.key,
+        policy=args.policy,
+        status=args.status,
+        answered_by=getattr(args, "answered_by", None),
+    )
     location = ledger_location(args)
     if args.key and ledger_exists(location):  # a named key is recorded by its name, not a hash
         store = KeyStore(location)
@@ -92,11 +103,18 @@ def print_table(rows: list[list[str]], header: tuple[str, ...] | None, out: Text
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store-uri", default=None,
-                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
-                             "else DATA_DIR/lancedb)")
-    parser.add_argument("--policy", type=Path, default=None,
-                        help="policy whose rag settings (chunking, embedding model) apply (default: the shipped one)")
+    parser.add_argument(
+        "--store-uri",
+        default=None,
+        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
+        "else DATA_DIR/lancedb)",
+    )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="policy whose rag settings (chunking, embedding model) apply (default: the shipped one)",
+    )
 
 
 def open_store(args: argparse.Namespace, policy):
@@ -110,8 +128,16 @@ def open_store(args: argparse.Namespace, policy):
     if args.store_uri:
         settings.vector_store_uri = args.store_uri
     rag = policy.rag
-    return DocumentStore(settings.store_uri, Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
-                                                          backend=rag.embedding_backend, cache_dir=settings.data_dir / "models"), rag)
+    return DocumentStore(
+        settings.store_uri,
+        Embedder(
+            rag.embedding_model,
+            batch_size=rag.embedding_batch_size,
+            backend=rag.embedding_backend,
+            cache_dir=settings.data_dir / "models",
+        ),
+        rag,
+    )
 
 
 def _cache_prices(text: str) -> tuple[float, float | None]:
@@ -137,21 +163,38 @@ def _positive_int(text: str) -> int:
 
 def add_cache_arguments(parser) -> None:
     """The replay's provider prompt-cache options (gateway.evaluation.replay.LongCache)."""
-    parser.add_argument("--prompt-cache", choices=["off", "on"], default="off",
-                        help="price long legs with the long model's provider prompt cache: a document's block is "
-                             "written by the first long leg on it and read by the next ones (items in file order); "
-                             "rates from the policy's long model (its cached_input / cache_write prices, else "
-                             "litellm's cost map). Default off")
-    parser.add_argument("--long-cache-prices", type=_cache_prices, default=None, metavar="READ[,WRITE]",
-                        help="the long model's cache rates in USD per million tokens (implies --prompt-cache on): "
-                             "READ for cached prompt tokens; WRITE when the provider charges for writing the block "
-                             "(Anthropic: 1.25x input), none for automatic caching (OpenAI)")
-    parser.add_argument("--cache-window", type=_positive_int, default=None, metavar="N",
-                        help="a document's cache stays warm for N questions after its last long leg (default: the "
-                             "whole replay is one session)")
+    parser.add_argument(
+        "--prompt-cache",
+        choices=["off", "on"],
+        default="off",
+        help="price long legs with the long model's provider prompt cache: a document's block is "
+        "written by the first long leg on it and read by the next ones (items in file order); "
+        "rates from the policy's long model (its cached_input / cache_write prices, else "
+        "litellm's cost map). Default off",
+    )
+    parser.add_argument(
+        "--long-cache-prices",
+        type=_cache_prices,
+        default=None,
+        metavar="READ[,WRITE]",
+        help="the long model's cache rates in USD per million tokens (implies --prompt-cache on): "
+        "READ for cached prompt tokens; WRITE when the provider charges for writing the block "
+        "(Anthropic: 1.25x input), none for automatic caching (OpenAI)",
+    )
+    parser.add_argument(
+        "--cache-window",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="a document's cache stays warm for N questions after its last long leg (default: the "
+        "whole replay is one session)",
+    )
 
 
 def cache_options(args: argparse.Namespace) -> dict:
     """resolve_prices' keyword arguments from add_cache_arguments' options."""
-    return {"prompt_cache": args.prompt_cache == "on", "long_cache_prices": args.long_cache_prices,
-            "cache_window": args.cache_window}
+    return {
+        "prompt_cache": args.prompt_cache == "on",
+        "long_cache_prices": args.long_cache_prices,
+        "cache_window": args.cache_window,
+    }

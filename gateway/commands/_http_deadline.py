@@ -5,6 +5,7 @@ nothing, or sends its headers a byte at a time, holds each for ever. Here the re
 arrive within HEADER_TIMEOUT_S of the connection opening, or of the previous response on a kept-alive connection;
 else the connection is closed. Module-level (not built per call) so worker processes can unpickle uvicorn's config.
 """
+
 from __future__ import annotations
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

@@ -1,5 +1,6 @@
 """`selfroute eval replay --simulate-learning` (a helper of gateway.commands.eval, not a subcommand): the learning
 starting from the policy's shipped classifier and verifier. The flags live on `eval replay` (gateway.commands.eval)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,19 +9,31 @@ import sys
 
 
 def add_arguments(replay: argparse.ArgumentParser) -> None:
-    replay.add_argument("--simulate-learning", action="store_true",
-                        help="simulate the learning loop (labels from escalations and shadows, refits) instead of "
-                             "the strategy table; starts from the policy's shipped classifier and verifier")
+    replay.add_argument(
+        "--simulate-learning",
+        action="store_true",
+        help="simulate the learning loop (labels from escalations and shadows, refits) instead of "
+        "the strategy table; starts from the policy's shipped classifier and verifier",
+    )
     replay.add_argument("--shadow-rate", type=float, default=0.05, help="share of accepted cheap answers shadowed")
     replay.add_argument("--judge-noise", type=float, default=0.0, help="probability a judge verdict is flipped")
     replay.add_argument("--refit-every", type=int, default=100, help="refit the verifier every N questions")
     replay.add_argument("--sim-window", type=int, default=250, help="questions per window of the learning curve")
-    replay.add_argument("--sim-after", type=int, default=1000,
-                        help="the trailing figures count the questions after this many")
-    replay.add_argument("--sim-split", default=None, metavar="FIELD",
-                        help="simulate each value of this line field separately (LaRA: model), features computed once")
-    replay.add_argument("--learn-estimator", choices=["logistic", "boosting"], default="logistic",
-                        help="the refitted verifier's estimator (logistic: steadier on a few hundred labels)")
+    replay.add_argument(
+        "--sim-after", type=int, default=1000, help="the trailing figures count the questions after this many"
+    )
+    replay.add_argument(
+        "--sim-split",
+        default=None,
+        metavar="FIELD",
+        help="simulate each value of this line field separately (LaRA: model), features computed once",
+    )
+    replay.add_argument(
+        "--learn-estimator",
+        choices=["logistic", "boosting"],
+        default="logistic",
+        help="the refitted verifier's estimator (logistic: steadier on a few hundred labels)",
+    )
 
 
 def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
@@ -33,8 +46,10 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
     from pipelines.unanswerable import UnanswerableDetector
 
     if not (0 < args.shadow_rate <= 1 and 0 <= args.judge_noise <= 1 and args.refit_every > 0):
-        print("selfroute eval replay: --shadow-rate in (0, 1], --judge-noise in [0, 1], --refit-every > 0",
-              file=sys.stderr)
+        print(
+            "selfroute eval replay: --shadow-rate in (0, 1], --judge-noise in [0, 1], --refit-every > 0",
+            file=sys.stderr,
+        )
         return 2
     model, verifier = load_route_model(policy, policy_file), load_verifier_model(policy, policy_file)
     if verifier is None:
@@ -42,34 +57,54 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
         return 2
     if policy.routing.verifier.threshold is None:
         verifier_settings = policy.routing.verifier.model_copy(update={"threshold": verifier.threshold})
-        policy = policy.model_copy(update={"routing": policy.routing.model_copy(update={"verifier": verifier_settings})})
+        policy = policy.model_copy(
+            update={"routing": policy.routing.model_copy(update={"verifier": verifier_settings})}
+        )
     data_dir = resolve_data_dir(args.data_dir)
     # --data/--docs/--window-tokens may repeat (one corpus each): one builder per corpus
-    builder = CorpusInputs(policy, data_dir / "lancedb", corpus_windows(examples, args.window_tokens),
-                           cache_dir=data_dir / "cache")
+    builder = CorpusInputs(
+        policy, data_dir / "lancedb", corpus_windows(examples, args.window_tokens), cache_dir=data_dir / "cache"
+    )
     inputs = builder.all_inputs(examples, progress=not args.json)
     rows = [i.features for i in inputs]
     probabilities = model.cheap_probabilities(rows) if model is not None else [0.5] * len(rows)
     answers = answer_rows(cheap_answers(builder, examples, progress=not args.json), probabilities)
     scores = verifier.scores(answers)
-    items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns),
-                        scores)
+    items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns), scores)
     parts: dict[str, list[SimQuestion]] = {}
     for example, item, row in zip(examples, items, answers):
         key = str(example.record.get(args.sim_split)) if args.sim_split else ", ".join(str(d) for d in args.data)
         parts.setdefault(key, []).append(SimQuestion(item, row))
     out = []
     for name, questions in sorted(parts.items()):
-        result = simulate(questions, policy, prices, shadow_rate=args.shadow_rate, judge_noise=args.judge_noise,
-                          refit_every=args.refit_every, seed=args.seed, window=args.sim_window, after=args.sim_after,
-                          estimator=args.learn_estimator, feature_names=verifier.feature_names)
+        result = simulate(
+            questions,
+            policy,
+            prices,
+            shadow_rate=args.shadow_rate,
+            judge_noise=args.judge_noise,
+            refit_every=args.refit_every,
+            seed=args.seed,
+            window=args.sim_window,
+            after=args.sim_after,
+            estimator=args.learn_estimator,
+            feature_names=verifier.feature_names,
+        )
         met = targets(result)
         out.append({"part": name, **result.to_dict(), "targets": met, "questions": len(questions)})
         if not args.json:
             print(format_simulation(result, f"{name} ({len(questions)} questions)"))
-            print("targets: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                          for k, v in met.items()) + "\n")
+            print(
+                "targets: "
+                + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in met.items())
+                + "\n"
+            )
     if args.json:
-        print(json.dumps({"data": ", ".join(str(d) for d in args.data), "split": args.sim_split, "runs": out},
-                         indent=2, default=float))
+        print(
+            json.dumps(
+                {"data": ", ".join(str(d) for d in args.data), "split": args.sim_split, "runs": out},
+                indent=2,
+                default=float,
+            )
+        )
     return 0

@@ -18,6 +18,7 @@ drifts in use (a model is more confident on its own training examples). Two sour
 - held-out examples (query + documents, as for train): scored with the policy's model. Examples whose
   documents all appear in the model card's training documents are skipped, and the count is printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,36 +37,58 @@ def register(subparsers, parents) -> None:
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", type=Path, default=None,
-                        help="out-of-fold predictions (lines with p_cheap) or held-out examples (JSON lines); "
-                             "not with --from-ledger")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="out-of-fold predictions (lines with p_cheap) or held-out examples (JSON lines); not with --from-ledger",
+    )
     parser.add_argument("--docs", type=Path, default=None, help="folder of <doc_id>.txt for held-out examples")
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--target-long-share", type=float, help="share routed long, 0..1 (classifier threshold)")
-    target.add_argument("--max-cost-share", type=float,
-                        help="best replay quality with cost <= this share of always-long (both thresholds)")
-    target.add_argument("--min-quality-delta", type=float,
-                        help="cheapest setting with replay quality >= always-long + this many points, e.g. 1.0 "
-                             "(both thresholds)")
+    target.add_argument(
+        "--max-cost-share",
+        type=float,
+        help="best replay quality with cost <= this share of always-long (both thresholds)",
+    )
+    target.add_argument(
+        "--min-quality-delta",
+        type=float,
+        help="cheapest setting with replay quality >= always-long + this many points, e.g. 1.0 (both thresholds)",
+    )
     parser.add_argument("--policy", required=True, type=Path, help="policy YAML to update in place")
     parser.add_argument("--dry-run", action="store_true", help="print the threshold, do not write the policy")
     replay = parser.add_argument_group("replay targets (--max-cost-share, --min-quality-delta)")
-    replay.add_argument("--protocol", choices=["grouped", "loto"], default="grouped",
-                        help="out-of-fold scores: grouped = k folds by document, loto = leave one task out")
+    replay.add_argument(
+        "--protocol",
+        choices=["grouped", "loto"],
+        default="grouped",
+        help="out-of-fold scores: grouped = k folds by document, loto = leave one task out",
+    )
     replay.add_argument("--folds", type=int, default=5)
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting")
     replay.add_argument("--window-tokens", type=int, default=None, help="long route window (16385 for L-Eval)")
-    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
-                        help="auto: the policy's models' prices (the policy's, else litellm's cost map) when non-zero, "
-                             "else the reference pair gpt-3.5-turbo / gpt-3.5-turbo-16k")
+    replay.add_argument(
+        "--prices",
+        choices=["auto", "policy", "reference"],
+        default="auto",
+        help="auto: the policy's models' prices (the policy's, else litellm's cost map) when non-zero, "
+        "else the reference pair gpt-3.5-turbo / gpt-3.5-turbo-16k",
+    )
     add_cache_arguments(replay)
-    replay.add_argument("--fixed-classifier", action="store_true",
-                        help="keep the policy's classifier threshold; tune only the verifier's")
+    replay.add_argument(
+        "--fixed-classifier",
+        action="store_true",
+        help="keep the policy's classifier threshold; tune only the verifier's",
+    )
     ledger = parser.add_argument_group("from the ledger (--from-ledger --max-cost-share X)")
-    ledger.add_argument("--from-ledger", action="store_true",
-                        help="set the verifier threshold from the recorded P(good) of routed requests (no labels): the "
-                             "most escalations with the estimated cost <= --max-cost-share of always-long")
+    ledger.add_argument(
+        "--from-ledger",
+        action="store_true",
+        help="set the verifier threshold from the recorded P(good) of routed requests (no labels): the "
+        "most escalations with the estimated cost <= --max-cost-share of always-long",
+    )
     ledger.add_argument("--since", default="7d", help="recorded requests since this age (default 7d)")
     add_ledger_argument(ledger)
     parser.set_defaults(func=run)
@@ -86,7 +109,6 @@ def _oof_probabilities(path: Path) -> list[float] | None:
 
 def _held_out_probabilities(args, policy, policy_file) -> tuple[list[float], int]:
     from classifier.training import document_hash
-
     from gateway.evaluation.examples import RouteInputBuilder, load_examples
     from gateway.routing.model_files import load_route_model
     from gateway.settings import resolve_data_dir
@@ -142,8 +164,10 @@ def run(args: argparse.Namespace) -> int:
         f"calibrate: quantile of {len(probabilities)} {kind} in {args.data.name} "
         f"for long share {args.target_long_share:.2f} (achieved {achieved:.3f})"
     )
-    print(f"threshold {threshold:.4f}: {achieved:.1%} of {len(probabilities)} requests go long "
-          f"(target {args.target_long_share:.1%})")
+    print(
+        f"threshold {threshold:.4f}: {achieved:.1%} of {len(probabilities)} requests go long "
+        f"(target {args.target_long_share:.1%})"
+    )
     if skipped:
         print(f"skipped {skipped} examples whose documents the model was trained on")
     if args.dry_run:
@@ -173,39 +197,67 @@ def run_replay_target(args: argparse.Namespace) -> int:
         examples = load_examples(args.data, args.docs)
         for e in examples:
             if not all(k in e.record for k in ("rag_pred", "rag_score", "lc_score")):
-                raise ExampleFileError(f"{args.data}: a replay target needs rag_pred, rag_score and lc_score on "
-                                       "every line")
+                raise ExampleFileError(
+                    f"{args.data}: a replay target needs rag_pred, rag_score and lc_score on every line"
+                )
         prices = resolve_prices(policy, args.prices, **cache_options(args))
         data_dir = resolve_data_dir(args.data_dir)
-        builder = RouteInputBuilder(policy, data_dir / "lancedb", window_tokens=args.window_tokens,
-                                    cache_dir=data_dir / "cache")
+        builder = RouteInputBuilder(
+            policy, data_dir / "lancedb", window_tokens=args.window_tokens, cache_dir=data_dir / "cache"
+        )
         inputs = builder.all_inputs(examples, progress=False)
-        probabilities, scores, _ = replay_scores(policy, policy_file, examples, inputs, builder,
-                                                 protocol=args.protocol, estimator=args.estimator, folds=args.folds,
-                                                 seed=args.seed, verifier_threshold=0.5)
-        items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns),
-                            scores)
-        pick = choose(items, policy, prices, max_cost_share=args.max_cost_share,
-                      min_quality_delta=args.min_quality_delta, tune_pre_route=not args.fixed_classifier)
+        probabilities, scores, _ = replay_scores(
+            policy,
+            policy_file,
+            examples,
+            inputs,
+            builder,
+            protocol=args.protocol,
+            estimator=args.estimator,
+            folds=args.folds,
+            seed=args.seed,
+            verifier_threshold=0.5,
+        )
+        items = build_items(
+            examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns), scores
+        )
+        pick = choose(
+            items,
+            policy,
+            prices,
+            max_cost_share=args.max_cost_share,
+            min_quality_delta=args.min_quality_delta,
+            tune_pre_route=not args.fixed_classifier,
+        )
     except (PolicyError, ExampleFileError, ModelFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"selfroute calibrate: {exc}", file=sys.stderr)
         return 2
-    target = (f"cost <= {args.max_cost_share:g} of always-long" if args.max_cost_share is not None
-              else f"quality >= always-long {args.min_quality_delta:+g} points")
+    target = (
+        f"cost <= {args.max_cost_share:g} of always-long"
+        if args.max_cost_share is not None
+        else f"quality >= always-long {args.min_quality_delta:+g} points"
+    )
     cache = prices.long_cache
     if cache is not None:  # the cost share holds for a workload that keeps the long model's cache warm
-        target += (f" with a warm prompt cache (read {cache.read:g}/M"
-                   + (f", write {cache.write:g}/M" if cache.write is not None else "")
-                   + (f", {cache.window}-question window" if cache.window is not None else "") + ")")
+        target += (
+            f" with a warm prompt cache (read {cache.read:g}/M"
+            + (f", write {cache.write:g}/M" if cache.write is not None else "")
+            + (f", {cache.window}-question window" if cache.window is not None else "")
+            + ")"
+        )
     protocol = "leave-one-task-out" if args.protocol == "loto" else f"grouped {args.folds}-fold"
-    figures = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
-               f"{pick.long_share:.1%} long or escalated")
+    figures = (
+        f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+        f"{pick.long_share:.1%} long or escalated"
+    )
     source = f"calibrate: {target} on the {protocol} replay of {len(items)} answers in {args.data.name}: {figures}"
     verifier_on = scores is not None
-    print(("" if pick.met else "target not met; the closest setting: ")
-          + (f"classifier threshold {pick.pre_threshold:.4f}" if pick.pre_threshold is not None else "no classifier")
-          + (f", verifier threshold {pick.verifier_threshold:.4f}" if verifier_on else ", no verifier")
-          + f": {figures} ({protocol} replay)")
+    print(
+        ("" if pick.met else "target not met; the closest setting: ")
+        + (f"classifier threshold {pick.pre_threshold:.4f}" if pick.pre_threshold is not None else "no classifier")
+        + (f", verifier threshold {pick.verifier_threshold:.4f}" if verifier_on else ", no verifier")
+        + f": {figures} ({protocol} replay)"
+    )
     if not pick.met:
         print("the policy is left as it was", file=sys.stderr)
         return 1
@@ -237,7 +289,11 @@ def run_from_ledger(args: argparse.Namespace) -> int:
         return 2
     # a tuple mypy can check (it does not read a starred name in an except clause)
     errors: tuple[type[BaseException], ...] = (
-        PolicyError, OSError, ValueError, LedgerError, *database_error_types()[0],
+        PolicyError,
+        OSError,
+        ValueError,
+        LedgerError,
+        *database_error_types()[0],
     )
     try:
         policy, policy_file = load_policy(args.policy)
@@ -247,17 +303,24 @@ def run_from_ledger(args: argparse.Namespace) -> int:
         return 2
     pick = thresholds_for_cost_share(requests, args.max_cost_share)
     if pick is None:
-        print(f"selfroute calibrate: no request of policy {policy.name!r} since {args.since} was checked by the "
-              "verifier: nothing to calibrate on", file=sys.stderr)
+        print(
+            f"selfroute calibrate: no request of policy {policy.name!r} since {args.since} was checked by the "
+            "verifier: nothing to calibrate on",
+            file=sys.stderr,
+        )
         return 1
     threshold, figures = pick
-    print(f"verifier threshold {threshold:.4f}: escalates {figures['escalated_share']:.1%} of {figures['checked']} "
-          f"checked answers; estimated cost {figures['cost_share']:.1%} of always-long over {len(requests)} recorded "
-          f"requests (target <= {args.max_cost_share:.1%})")
+    print(
+        f"verifier threshold {threshold:.4f}: escalates {figures['escalated_share']:.1%} of {figures['checked']} "
+        f"checked answers; estimated cost {figures['cost_share']:.1%} of always-long over {len(requests)} recorded "
+        f"requests (target <= {args.max_cost_share:.1%})"
+    )
     if args.dry_run:
         return 0
-    source = (f"calibrate --from-ledger: {len(requests)} requests since {args.since}, estimated cost "
-              f"{figures['cost_share']:.3f} <= {args.max_cost_share} of always-long")
+    source = (
+        f"calibrate --from-ledger: {len(requests)} requests since {args.since}, estimated cost "
+        f"{figures['cost_share']:.3f} <= {args.max_cost_share} of always-long"
+    )
     text, kept = set_threshold(policy_file.read_text(encoding="utf-8"), threshold, source, "verifier")
     return write_policy(policy_file, text, kept, "routing.verifier.threshold", "routing.verifier")
 

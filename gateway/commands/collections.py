@@ -1,4 +1,5 @@
 """`selfroute collections list|show|delete`: the document collections in the store, as the gateway sees them."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,18 +11,23 @@ from gateway.commands._common import add_store_arguments, open_store, print_tabl
 
 def register(subparsers, parents) -> None:
     parser = subparsers.add_parser(
-        "collections", parents=parents, help="list, inspect or delete document collections",
+        "collections",
+        parents=parents,
+        help="list, inspect or delete document collections",
         description="The collections in the store (the data directory's, or --store-uri's), as the gateway sees them.",
         epilog="examples:\n"
-               "  selfroute collections list --json\n"
-               "  selfroute collections show harbour\n"
-               "  selfroute collections delete old-contracts",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  selfroute collections list --json\n"
+        "  selfroute collections show harbour\n"
+        "  selfroute collections delete old-contracts",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = parser.add_subparsers(dest="collections_command", metavar="ACTION")
     actions.required = True
 
     listing = actions.add_parser("list", parents=parents, help="collections with their document and chunk counts")
-    show = actions.add_parser("show", parents=parents, help="a collection's documents: tokens, sections, cross-references")
+    show = actions.add_parser(
+        "show", parents=parents, help="a collection's documents: tokens, sections, cross-references"
+    )
     show.add_argument("name")
     delete = actions.add_parser("delete", parents=parents, help="delete a collection and its chunks")
     delete.add_argument("name")
@@ -49,8 +55,10 @@ def _info(args: argparse.Namespace):
         print(f"selfroute collections {args.collections_command}: {exc}", file=sys.stderr)
         return None, 2
     if info is None:
-        print(f"selfroute collections {args.collections_command}: collection {args.name!r} does not exist",
-              file=sys.stderr)
+        print(
+            f"selfroute collections {args.collections_command}: collection {args.name!r} does not exist",
+            file=sys.stderr,
+        )
         return None, 1
     return store, info
 
@@ -64,8 +72,20 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"selfroute collections list: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"name": i.name, "document_count": len(i.documents), "chunk_count": i.chunk_count,
-                           "tokens": sum(d.tokens for d in i.documents)} for i in infos], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": i.name,
+                        "document_count": len(i.documents),
+                        "chunk_count": i.chunk_count,
+                        "tokens": sum(d.tokens for d in i.documents),
+                    }
+                    for i in infos
+                ],
+                indent=2,
+            )
+        )
         return 0
     if not infos:
         print("no collections", file=sys.stderr)
@@ -83,8 +103,10 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(info.to_dict(), indent=2, ensure_ascii=False))
         return 0
     print(f"{info.name}: {len(info.documents)} documents, {info.chunk_count} chunks")
-    rows = [[d.id, d.title or "-", str(d.tokens), str(len(d.sections)), str(d.cross_refs), str(d.chunks)]
-            for d in info.documents]
+    rows = [
+        [d.id, d.title or "-", str(d.tokens), str(len(d.sections)), str(d.cross_refs), str(d.chunks)]
+        for d in info.documents
+    ]
     print_table(rows, ("id", "title", "tokens", "sections", "cross-refs", "chunks"), sys.stdout, right={2, 3, 4, 5})
     return 0
 
@@ -94,8 +116,12 @@ def run_delete(args: argparse.Namespace) -> int:
     if store is None:
         return info
     store.delete_collection(args.name)
-    summary = {"name": info.name, "deleted": True, "document_count": len(info.documents),
-               "chunk_count": info.chunk_count}
+    summary = {
+        "name": info.name,
+        "deleted": True,
+        "document_count": len(info.documents),
+        "chunk_count": info.chunk_count,
+    }
     if args.json:
         print(json.dumps(summary))
     else:

@@ -1,10 +1,11 @@
 """`selfroute eval`: offline evaluation of routing.
 
-  prepare-leval  convert L-Eval's paired RAG-vs-long answers into the paired replay format
-  replay         replay strategies over recorded answers of both routes (no model is called)
-  absent         measure the keep-refusal option on truly unanswerable questions (SQuAD 2.0)
-  live           send questions through a running gateway, score the answers, read costs from its ledger
+prepare-leval  convert L-Eval's paired RAG-vs-long answers into the paired replay format
+replay         replay strategies over recorded answers of both routes (no model is called)
+absent         measure the keep-refusal option on truly unanswerable questions (SQuAD 2.0)
+live           send questions through a running gateway, score the answers, read costs from its ledger
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,8 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from gateway.commands._common import add_cache_arguments, cache_options
 from gateway.commands import _simulate as simulate
+from gateway.commands._common import add_cache_arguments, cache_options
 from gateway.evaluation import live as eval_live
 
 REPLAY_NOTES = """\
@@ -47,8 +48,13 @@ each article's paragraphs as the documents, with the gateway's features and retr
 
 
 def register(subparsers, parents) -> None:
-    parser = subparsers.add_parser("eval", parents=parents, help="offline routing evaluation (replay, L-Eval)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "eval",
+        parents=parents,
+        help="offline routing evaluation (replay, L-Eval)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="eval_command", metavar="EVAL_COMMAND")
     sub.required = True
 
@@ -57,59 +63,115 @@ def register(subparsers, parents) -> None:
     prep.add_argument("out_dir", type=Path, help="writes OUT/paired.jsonl and OUT/docs/<doc_id>.txt")
     prep.set_defaults(func=run_prepare_leval)
 
-    replay = sub.add_parser("replay", parents=parents, help="replay routing strategies over paired answers",
-                            description=REPLAY_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    replay.add_argument("--data", required=True, type=Path, action="append",
-                        help="paired answers, JSON lines; repeat with --docs for several corpora in one run (each "
-                             "file a corpus: its lines' `corpus`, else the file's name)")
-    replay.add_argument("--docs", required=True, type=Path, action="append",
-                        help="folder of <doc_id>.txt documents (one per --data, in the same order)")
+    replay = sub.add_parser(
+        "replay",
+        parents=parents,
+        help="replay routing strategies over paired answers",
+        description=REPLAY_NOTES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    replay.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        action="append",
+        help="paired answers, JSON lines; repeat with --docs for several corpora in one run (each "
+        "file a corpus: its lines' `corpus`, else the file's name)",
+    )
+    replay.add_argument(
+        "--docs",
+        required=True,
+        type=Path,
+        action="append",
+        help="folder of <doc_id>.txt documents (one per --data, in the same order)",
+    )
     replay.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
-    replay.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
-                        help="auto: the policy's models' prices as the ledger prices them (the policy's, else "
-                             "litellm's cost map) when non-zero, else the reference pair gpt-3.5-turbo / "
-                             "gpt-3.5-turbo-16k from litellm's cost map")
+    replay.add_argument(
+        "--prices",
+        choices=["auto", "policy", "reference"],
+        default="auto",
+        help="auto: the policy's models' prices as the ledger prices them (the policy's, else "
+        "litellm's cost map) when non-zero, else the reference pair gpt-3.5-turbo / "
+        "gpt-3.5-turbo-16k from litellm's cost map",
+    )
     add_cache_arguments(replay)
-    replay.add_argument("--window-tokens", type=int, default=None, action="append",
-                        help="long route window (default: the policy's); 16385 matches L-Eval's gpt-3.5-turbo-16k; "
-                             "once for every corpus or once per --data, in order (LaRA-128k: 128000)")
+    replay.add_argument(
+        "--window-tokens",
+        type=int,
+        default=None,
+        action="append",
+        help="long route window (default: the policy's); 16385 matches L-Eval's gpt-3.5-turbo-16k; "
+        "once for every corpus or once per --data, in order (LaRA-128k: 128000)",
+    )
     replay.add_argument("--threshold", type=float, default=None, help="override the policy's classifier threshold")
-    replay.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting",
-                        help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model")
+    replay.add_argument(
+        "--estimator",
+        choices=["logistic", "boosting"],
+        default="boosting",
+        help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model",
+    )
     replay.add_argument("--folds", type=int, default=5)
-    replay.add_argument("--protocol", choices=["grouped", "loto", "corpus", "model"], default="grouped",
-                        help="out-of-fold refits: grouped = k folds by document; loto = leave one task out "
-                             "(lines' `task`): train on the other tasks, score this one; corpus = leave one corpus "
-                             "out (several --data files, or lines' `corpus`); model = leave one model family out "
-                             "(lines' `model`) and its documents' fold. Per held-out unit the report gives the "
-                             "verifier against random escalation at the same share, the strategies, tokens and cost")
-    replay.add_argument("--max-token-share", type=float, default=None,
-                        help="also choose one (classifier, verifier) setting that keeps every held-out unit within "
-                             "this share of its always-long's tokens, best worst-unit margin over the better of "
-                             "always-long and always-RAG (printed, nothing written)")
-    replay.add_argument("--features", choices=["card", "transfer", "transfer+support", "all"], default="card",
-                        help="the features a refitted verifier reads: card (default) = the policy's verifier's; "
-                             "transfer = classifier.verifier.TRANSFER_FEATURE_NAMES; transfer+support = with the "
-                             "answer's support in embedding space; all = every answer feature")
-    replay.add_argument("--importance", action="store_true",
-                        help="permutation importance of each verifier feature under the protocol: the loss in "
-                             "gain-weighted AUC and in the transfer figure on the held-out units when it is shuffled")
-    replay.add_argument("--model", type=Path, default=None,
-                        help="a trained route model (.skops) replayed as is, without refitting")
-    replay.add_argument("--verifier", type=Path, default=None,
-                        help="a trained verifier (.skops) replayed as is, without refitting (default: the policy's "
-                             "routing.verifier refitted per fold; none: no verifier strategies)")
-    replay.add_argument("--verifier-threshold", type=float, default=None,
-                        help="escalate below this P(good) (default: the policy's, else the verifier card's)")
+    replay.add_argument(
+        "--protocol",
+        choices=["grouped", "loto", "corpus", "model"],
+        default="grouped",
+        help="out-of-fold refits: grouped = k folds by document; loto = leave one task out "
+        "(lines' `task`): train on the other tasks, score this one; corpus = leave one corpus "
+        "out (several --data files, or lines' `corpus`); model = leave one model family out "
+        "(lines' `model`) and its documents' fold. Per held-out unit the report gives the "
+        "verifier against random escalation at the same share, the strategies, tokens and cost",
+    )
+    replay.add_argument(
+        "--max-token-share",
+        type=float,
+        default=None,
+        help="also choose one (classifier, verifier) setting that keeps every held-out unit within "
+        "this share of its always-long's tokens, best worst-unit margin over the better of "
+        "always-long and always-RAG (printed, nothing written)",
+    )
+    replay.add_argument(
+        "--features",
+        choices=["card", "transfer", "transfer+support", "all"],
+        default="card",
+        help="the features a refitted verifier reads: card (default) = the policy's verifier's; "
+        "transfer = classifier.verifier.TRANSFER_FEATURE_NAMES; transfer+support = with the "
+        "answer's support in embedding space; all = every answer feature",
+    )
+    replay.add_argument(
+        "--importance",
+        action="store_true",
+        help="permutation importance of each verifier feature under the protocol: the loss in "
+        "gain-weighted AUC and in the transfer figure on the held-out units when it is shuffled",
+    )
+    replay.add_argument(
+        "--model", type=Path, default=None, help="a trained route model (.skops) replayed as is, without refitting"
+    )
+    replay.add_argument(
+        "--verifier",
+        type=Path,
+        default=None,
+        help="a trained verifier (.skops) replayed as is, without refitting (default: the policy's "
+        "routing.verifier refitted per fold; none: no verifier strategies)",
+    )
+    replay.add_argument(
+        "--verifier-threshold",
+        type=float,
+        default=None,
+        help="escalate below this P(good) (default: the policy's, else the verifier card's)",
+    )
     replay.add_argument("--seed", type=int, default=0)
     replay.add_argument("--json", action="store_true", help="print the results as JSON")
     replay.add_argument("--plot", type=Path, default=None, help="write the cost-quality curve (PNG)")
     simulate.add_arguments(replay)
     replay.set_defaults(func=run_replay)
 
-    absent = sub.add_parser("absent", parents=parents,
-                            help="keep-refusal option on truly unanswerable questions (SQuAD 2.0 JSON)",
-                            description=ABSENT_NOTES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    absent = sub.add_parser(
+        "absent",
+        parents=parents,
+        help="keep-refusal option on truly unanswerable questions (SQuAD 2.0 JSON)",
+        description=ABSENT_NOTES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     absent.add_argument("--squad", required=True, type=Path, help="SQuAD 2.0 JSON file")
     absent.add_argument("--policy", type=Path, default=None, help="policy (default: the shipped one)")
     absent.add_argument("--json", action="store_true")
@@ -126,11 +188,14 @@ def run_prepare_leval(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"selfroute eval prepare-leval: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {report.questions} questions over {report.documents} documents to "
-          f"{report.out_dir / 'paired.jsonl'} and {report.out_dir / 'docs'}/")
+    print(
+        f"wrote {report.questions} questions over {report.documents} documents to "
+        f"{report.out_dir / 'paired.jsonl'} and {report.out_dir / 'docs'}/"
+    )
     if report.query_mismatches:
-        print(f"note: {report.query_mismatches} queries differ from the L-Eval instruction they index "
-              "(kept as recorded)")
+        print(
+            f"note: {report.query_mismatches} queries differ from the L-Eval instruction they index (kept as recorded)"
+        )
     return 0
 
 
@@ -151,16 +216,31 @@ def run_replay(args: argparse.Namespace) -> int:
     from classifier.model import ModelFileError
     from classifier.training import label_from_scores
     from classifier.verifier import PROTOCOL_NAMES, protocol_splits, split_units
+    from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.evaluation.prices import resolve_prices
-    from gateway.evaluation.replay import gap_recovery, run_strategies, sweep, with_threshold, without_rules
-    from gateway.evaluation.replay import without_verifier
-    from gateway.evaluation.report import build_items, format_cache, format_gap, format_per_task, format_table
-    from gateway.evaluation.report import plot_curve
+    from gateway.evaluation.replay import (
+        gap_recovery,
+        run_strategies,
+        sweep,
+        with_threshold,
+        without_rules,
+        without_verifier,
+    )
+    from gateway.evaluation.report import (
+        build_items,
+        format_cache,
+        format_gap,
+        format_per_task,
+        format_table,
+        plot_curve,
+    )
     from gateway.evaluation.transfer import (
-        format_threshold_curves, format_transfer_curve, format_units, unit_reports,
+        format_threshold_curves,
+        format_transfer_curve,
+        format_units,
+        unit_reports,
     )
     from gateway.evaluation.verification import CachedEmbed, protocol_inputs, replay_scores
-    from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
     from policies.loader import PolicyError, load_policy
@@ -173,8 +253,9 @@ def run_replay(args: argparse.Namespace) -> int:
         prices = resolve_prices(policy, args.prices, **cache_options(args))
         labels = [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples]
         groups = [e.group for e in examples]
-        splits = protocol_splits(args.protocol, labels, groups, n_splits=args.folds, seed=args.seed,
-                                 **protocol_inputs(examples))
+        splits = protocol_splits(
+            args.protocol, labels, groups, n_splits=args.folds, seed=args.seed, **protocol_inputs(examples)
+        )
     except (PolicyError, ExampleFileError, OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
@@ -187,10 +268,24 @@ def run_replay(args: argparse.Namespace) -> int:
     rows: list[dict] = []
     try:
         probabilities, verifier_scores, verifier_threshold = replay_scores(
-            policy, policy_file, examples, inputs, builder, protocol=args.protocol, estimator=args.estimator,
-            folds=args.folds, seed=args.seed, model=args.model, verifier_file=args.verifier,
-            verifier_threshold=args.verifier_threshold, progress=not args.json, embed=embed, splits=splits,
-            rows_out=rows, feature_names=refit_features(args.features))
+            policy,
+            policy_file,
+            examples,
+            inputs,
+            builder,
+            protocol=args.protocol,
+            estimator=args.estimator,
+            folds=args.folds,
+            seed=args.seed,
+            model=args.model,
+            verifier_file=args.verifier,
+            verifier_threshold=args.verifier_threshold,
+            progress=not args.json,
+            embed=embed,
+            splits=splits,
+            rows_out=rows,
+            feature_names=refit_features(args.features),
+        )
     except (ValueError, ModelFileError, OSError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
@@ -201,7 +296,8 @@ def run_replay(args: argparse.Namespace) -> int:
     units = split_units(splits, len(items)) if held_out else [e.corpus or "all" for e in examples]
     reports = unit_reports(items, units, policy, prices, verifier_threshold)
     unit_label = {"corpus": "held-out corpus", "model": "held-out model", "loto": "held-out task"}.get(
-        args.protocol, "corpus")
+        args.protocol, "corpus"
+    )
     choice = None
     if args.max_token_share is not None and verifier_scores is not None:
         from gateway.evaluation.tradeoff import choose_across_units
@@ -209,8 +305,9 @@ def run_replay(args: argparse.Namespace) -> int:
         choice = choose_across_units(items, units, policy, prices, max_share=args.max_token_share)
     importance = None
     if args.importance and verifier_scores is not None and args.verifier is None:
-        importance = _importance(rows, examples, splits, units, args,
-                                 refit_features(args.features) or builder_features(policy, policy_file))
+        importance = _importance(
+            rows, examples, splits, units, args, refit_features(args.features) or builder_features(policy, policy_file)
+        )
     policy = without_verifier(policy)  # the threshold curves below are the pre-route's
     curves = {
         "classifier alone (thresholds)": sweep(items, without_rules(policy), prices, fallback=False),
@@ -222,64 +319,104 @@ def run_replay(args: argparse.Namespace) -> int:
     names = ", ".join(str(d) for d in args.data)
     if args.plot:
         try:
-            plot_curve(args.plot, curves, results,
-                       f"Replay: {len(items)} questions, {len(set(groups))} documents ({', '.join(d.name for d in args.data)})")
+            plot_curve(
+                args.plot,
+                curves,
+                results,
+                f"Replay: {len(items)} questions, {len(set(groups))} documents ({', '.join(d.name for d in args.data)})",
+            )
         except RuntimeError as exc:
             print(f"selfroute eval replay: {exc}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps({
-            "questions": len(items), "documents": len(set(groups)), "prices": asdict(prices),
-            "corpora": sorted({e.corpus for e in examples}), "data": [str(d) for d in args.data],
-            "window_tokens": builder.window, "threshold": threshold, "verifier_threshold": verifier_threshold,
-            "protocol": args.protocol, "model": str(args.model) if args.model else None,
-            "verifier": str(args.verifier) if args.verifier else None,
-            "strategies": [r.to_dict() for r in results],
-            "units": [r.to_dict() for r in reports],
-            "chosen_across_units": asdict(choice) if choice else None,
-            "importance": importance,
-            "gap_recovery": {k: v for k, v in gap.__dict__.items() if k != "curve"},
-            "curves": curves, "plot": str(args.plot) if args.plot else None,
-        }, indent=2, default=float))
+        print(
+            json.dumps(
+                {
+                    "questions": len(items),
+                    "documents": len(set(groups)),
+                    "prices": asdict(prices),
+                    "corpora": sorted({e.corpus for e in examples}),
+                    "data": [str(d) for d in args.data],
+                    "window_tokens": builder.window,
+                    "threshold": threshold,
+                    "verifier_threshold": verifier_threshold,
+                    "protocol": args.protocol,
+                    "model": str(args.model) if args.model else None,
+                    "verifier": str(args.verifier) if args.verifier else None,
+                    "strategies": [r.to_dict() for r in results],
+                    "units": [r.to_dict() for r in reports],
+                    "chosen_across_units": asdict(choice) if choice else None,
+                    "importance": importance,
+                    "gap_recovery": {k: v for k, v in gap.__dict__.items() if k != "curve"},
+                    "curves": curves,
+                    "plot": str(args.plot) if args.plot else None,
+                },
+                indent=2,
+                default=float,
+            )
+        )
         return 0
-    source = (f"from {args.model}" if args.model else
-              f"out-of-fold ({PROTOCOL_NAMES[args.protocol]}" + (f", {args.folds} folds, seed {args.seed})"
-                                                                if args.protocol in ("grouped", "model") else ")"))
-    verifier_source = (f"{args.verifier}" if args.verifier else "the policy's, refitted out of fold like P(cheap)"
-                       if verifier_threshold is not None else "none")
-    print(f"{len(items)} questions over {len(set(groups))} documents ({names}); long window {builder.window} tokens; "
-          f"classifier threshold {threshold}; P(cheap) {source}; verifier {verifier_source}"
-          + (f", threshold {verifier_threshold:.4f}" if verifier_threshold is not None else ""))
-    print(f"prices (USD per million tokens): cheap {prices.cheap_input:g} in / {prices.cheap_output:g} out, "
-          f"long {prices.long_input:g} in / {prices.long_output:g} out ({prices.source})")
+    source = (
+        f"from {args.model}"
+        if args.model
+        else f"out-of-fold ({PROTOCOL_NAMES[args.protocol]}"
+        + (f", {args.folds} folds, seed {args.seed})" if args.protocol in ("grouped", "model") else ")")
+    )
+    verifier_source = (
+        f"{args.verifier}"
+        if args.verifier
+        else "the policy's, refitted out of fold like P(cheap)"
+        if verifier_threshold is not None
+        else "none"
+    )
+    print(
+        f"{len(items)} questions over {len(set(groups))} documents ({names}); long window {builder.window} tokens; "
+        f"classifier threshold {threshold}; P(cheap) {source}; verifier {verifier_source}"
+        + (f", threshold {verifier_threshold:.4f}" if verifier_threshold is not None else "")
+    )
+    print(
+        f"prices (USD per million tokens): cheap {prices.cheap_input:g} in / {prices.cheap_output:g} out, "
+        f"long {prices.long_input:g} in / {prices.long_output:g} out ({prices.source})"
+    )
     print(format_cache(prices.long_cache, items))
     print(format_table(results))
     print(format_gap(gap))
     if held_out or len(set(units)) > 1:
-        print(f"\nPer {unit_label} (quality; each scored by models that never saw it; router = the policy's "
-              "pre-route + verifier at its thresholds):")
+        print(
+            f"\nPer {unit_label} (quality; each scored by models that never saw it; router = the policy's "
+            "pre-route + verifier at its thresholds):"
+        )
         print(format_units(reports, unit_label))
         curve = format_transfer_curve(reports)
         if curve:
             print("\nVerifier minus random escalation at the same share (points), per unit:")
             print(curve)
-            print("\nVerifier's threshold curve (every question RAG first): best quality vs always-long (points; "
-                  "share escalated) within each share of always-long's cost:")
+            print(
+                "\nVerifier's threshold curve (every question RAG first): best quality vs always-long (points; "
+                "share escalated) within each share of always-long's cost:"
+            )
             print(format_threshold_curves(reports))
             print("... and within each share of always-long's tokens:")
             print(format_threshold_curves(reports, key="tokens_vs_long"))
     if choice is not None:
-        print(f"\nOne setting for every unit, tokens <= {choice.cap:g} of always-long on each"
-              + ("" if choice.met else " (NOT MET: the closest setting)") + f": classifier threshold "
-              f"{choice.pre_threshold}, verifier threshold {choice.verifier_threshold:.4f}; worst unit "
-              f"{choice.worst_margin_points:+.2f} points vs the better of always-long and always-RAG")
+        print(
+            f"\nOne setting for every unit, tokens <= {choice.cap:g} of always-long on each"
+            + ("" if choice.met else " (NOT MET: the closest setting)")
+            + f": classifier threshold "
+            f"{choice.pre_threshold}, verifier threshold {choice.verifier_threshold:.4f}; worst unit "
+            f"{choice.worst_margin_points:+.2f} points vs the better of always-long and always-RAG"
+        )
         for unit, o in sorted(choice.per_unit.items()):
-            print(f"  {unit}: quality {o['quality']:.4f} ({o['vs_better_baseline_points']:+.2f} vs the better "
-                  f"baseline), tokens {o['tokens_vs_long']:.3f}, cost {o['cost_vs_long']:.3f}, long or escalated "
-                  f"{100 * o['long_share']:.1f}%")
+            print(
+                f"  {unit}: quality {o['quality']:.4f} ({o['vs_better_baseline_points']:+.2f} vs the better "
+                f"baseline), tokens {o['tokens_vs_long']:.3f}, cost {o['cost_vs_long']:.3f}, long or escalated "
+                f"{100 * o['long_share']:.1f}%"
+            )
     if importance:
-        print("\nPermutation importance under the protocol (loss when the feature is shuffled within each held-out "
-              "unit; mean over units):")
+        print(
+            "\nPermutation importance under the protocol (loss when the feature is shuffled within each held-out "
+            "unit; mean over units):"
+        )
         for name, v in importance:
             print(f"  {name:32s} gain AUC {v['auc']:+.4f}   transfer @25% {v['transfer']:+.2f} pts")
     if any(i.task for i in items):
@@ -295,9 +432,12 @@ def refit_features(choice: str) -> list[str] | None:
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.verifier import TRANSFER_FEATURE_NAMES, TRANSFER_SUPPORT_FEATURE_NAMES
 
-    return {"card": None, "transfer": list(TRANSFER_FEATURE_NAMES),
-            "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
-            "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]}[choice]
+    return {
+        "card": None,
+        "transfer": list(TRANSFER_FEATURE_NAMES),
+        "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
+        "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
+    }[choice]
 
 
 def builder_features(policy, policy_file) -> list[str]:
@@ -314,8 +454,18 @@ def _importance(rows, examples, splits, units, args, names):
     rag = [float(e.record["rag_score"]) for e in examples]
     lc = [float(e.record["lc_score"]) for e in examples]
     labels = [label_good(r, c) for r, c in zip(rag, lc)]
-    return permutation_importance(rows, labels, rag, lc, splits, units, feature_names=names,
-                                  estimator=args.estimator, seed=args.seed, sample_weight=choice_weights(rag, lc))
+    return permutation_importance(
+        rows,
+        labels,
+        rag,
+        lc,
+        splits,
+        units,
+        feature_names=names,
+        estimator=args.estimator,
+        seed=args.seed,
+        sample_weight=choice_weights(rag, lc),
+    )
 
 
 def run_absent(args: argparse.Namespace) -> int:
@@ -336,8 +486,10 @@ def run_absent(args: argparse.Namespace) -> int:
     builder = RouteInputBuilder(policy, data_dir / "lancedb", cache_dir=data_dir / "cache")
     inputs = builder.all_inputs([e for e, _ in pairs], progress=not args.json, with_long=False)
     probabilities = model.cheap_probabilities([i.features for i in inputs]) if model else [None] * len(inputs)
-    questions = [AbsentQuestion(e.group, e.query, impossible, i.features, p)
-                 for (e, impossible), i, p in zip(pairs, inputs, probabilities)]
+    questions = [
+        AbsentQuestion(e.group, e.query, impossible, i.features, p)
+        for (e, impossible), i, p in zip(pairs, inputs, probabilities)
+    ]
     report = absent_report(questions, policy.routing.fallback)
     if args.json:
         print(json.dumps(report.__dict__, indent=2, default=float))

@@ -1,5 +1,6 @@
 """`selfroute explain QUESTION --collection NAME | --file F...`: the routing decision that POST /v1/route/explain
 would return, computed in this process (no gateway running, no model called)."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,20 +13,29 @@ from gateway.commands._common import add_store_arguments, open_store, print_tabl
 
 def register(subparsers, parents) -> None:
     parser = subparsers.add_parser(
-        "explain", parents=parents, help="the routing decision for a question about a collection or files",
+        "explain",
+        parents=parents,
+        help="the routing decision for a question about a collection or files",
         description="Route a question as the gateway would and print the decision, its features and each route's "
-                    "estimated tokens and cost. No model is called; attached files are embedded like inline "
-                    "documents (and cached in the store).",
+        "estimated tokens and cost. No model is called; attached files are embedded like inline "
+        "documents (and cached in the store).",
         epilog="examples:\n"
-               "  selfroute explain \"Which court decides disputes under the berth lease?\" --collection harbour\n"
-               "  selfroute explain \"What is the notice period?\" --file contract.pdf --json\n"
-               "  selfroute explain \"Summarise section 4\" -c harbour --policy policies/hosted-example.yaml",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        '  selfroute explain "Which court decides disputes under the berth lease?" --collection harbour\n'
+        '  selfroute explain "What is the notice period?" --file contract.pdf --json\n'
+        '  selfroute explain "Summarise section 4" -c harbour --policy policies/hosted-example.yaml',
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("question", help="the question, as the last user message")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("-c", "--collection", help="an ingested collection (see `selfroute collections list`)")
-    source.add_argument("-f", "--file", dest="files", type=Path, action="append",
-                        help="a document attached to the request (.txt, .md, .pdf, .html, a folder); repeatable")
+    source.add_argument(
+        "-f",
+        "--file",
+        dest="files",
+        type=Path,
+        action="append",
+        help="a document attached to the request (.txt, .md, .pdf, .html, a folder); repeatable",
+    )
     add_store_arguments(parser)
     parser.add_argument("--max-tokens", type=int, default=None, help="the answer budget used in the cost estimates")
     parser.add_argument("--json", action="store_true", help="the explain endpoint's JSON")
@@ -72,14 +82,34 @@ def _print(result: dict) -> None:
     if probability is not None:
         print(f"P(cheap suffices): {probability:.3f}   threshold: {result['threshold']}")
     print(f"context: {result['source']}, {result['context_tokens']} tokens   question: {result['question']!r}")
-    rows = [[route, e["model"], str(e["prompt_tokens"]), str(e["completion_tokens_estimate"]), f"${e['cost_usd']:.6f}",
-             e.get("cache", "-").replace("_", " ")]
-            for route, e in result["estimates"].items()]
-    print_table(rows, ("route", "model", "prompt tokens", "answer tokens (est.)", "cost (est.)", "prompt cache"),
-                sys.stdout, right={2, 3, 4})
+    rows = [
+        [
+            route,
+            e["model"],
+            str(e["prompt_tokens"]),
+            str(e["completion_tokens_estimate"]),
+            f"${e['cost_usd']:.6f}",
+            e.get("cache", "-").replace("_", " "),
+        ]
+        for route, e in result["estimates"].items()
+    ]
+    print_table(
+        rows,
+        ("route", "model", "prompt tokens", "answer tokens (est.)", "cost (est.)", "prompt cache"),
+        sys.stdout,
+        right={2, 3, 4},
+    )
     features = result["features"]
-    shown = ("context_tokens", "n_documents", "n_sections", "cross_ref_count", "top_score", "top_margin",
-             "n_distinct_docs", "term_coverage")
+    shown = (
+        "context_tokens",
+        "n_documents",
+        "n_sections",
+        "cross_ref_count",
+        "top_score",
+        "top_margin",
+        "n_distinct_docs",
+        "term_coverage",
+    )
     print("features: " + ", ".join(f"{k}={_number(features[k])}" for k in shown if k in features))
 
 
@@ -88,8 +118,8 @@ def _number(value) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.errors import GatewayError
     from classifier.model import ModelFileError
+    from gateway.errors import GatewayError
     from pipelines.errors import CollectionNotFound
     from policies.loader import PolicyError
 

@@ -4,13 +4,14 @@ jsonl: one request a line with its upstream legs and provenance, times as epoch 
 flat cells for spreadsheets: `created_at` in ISO 8601 (UTC), `models` joins the legs' models with '+'; the
 provenance (which chunks were sent: kilobytes a row) only with --with-provenance, as a JSON string.
 """
+
 from __future__ import annotations
 
 import argparse
 import csv
 import json
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 CSV_EXTRA = ("models", "legs")
 
@@ -21,14 +22,15 @@ def register(subparsers, parents) -> None:
     parser = subparsers.add_parser("export", parents=parents, help="export ledger requests as CSV or JSON lines")
     parser.add_argument("--format", choices=["csv", "jsonl"], default="jsonl")
     parser.add_argument("-o", "--output", default="-", help="file to write (default: standard output)")
-    parser.add_argument("--with-provenance", action="store_true",
-                        help="csv: add the provenance column (JSON); jsonl always has it")
+    parser.add_argument(
+        "--with-provenance", action="store_true", help="csv: add the provenance column (JSON); jsonl always has it"
+    )
     add_filter_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def iso_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _csv_cell(name: str, value) -> object:
@@ -53,8 +55,11 @@ def write_export(items, fmt: str, out, with_provenance: bool = False) -> int:
     writer = csv.writer(out)
     writer.writerow([*REQUEST_COLUMNS, *CSV_EXTRA, *(["provenance"] if with_provenance else [])])
     for item in items:
-        row = [*(_csv_cell(c, item[c]) for c in REQUEST_COLUMNS),
-               "+".join(call["model"] for call in item["calls"]), len(item["calls"])]
+        row = [
+            *(_csv_cell(c, item[c]) for c in REQUEST_COLUMNS),
+            "+".join(call["model"] for call in item["calls"]),
+            len(item["calls"]),
+        ]
         if with_provenance:
             row.append(json.dumps(item["provenance"]) if item["provenance"] is not None else "")
         writer.writerow(row)
@@ -63,8 +68,8 @@ def write_export(items, fmt: str, out, with_provenance: bool = False) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.ledger import reports
     from gateway.commands._common import run_report
+    from gateway.ledger import reports
 
     def work(conn, filters) -> int:
         items = reports.iter_export(conn, filters)

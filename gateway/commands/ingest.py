@@ -1,4 +1,5 @@
 """`selfroute ingest COLLECTION PATH...`: add files and folders to a document collection."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,23 +16,30 @@ if TYPE_CHECKING:
 
 def register(subparsers, parents) -> None:
     parser = subparsers.add_parser(
-        "ingest", parents=parents,
+        "ingest",
+        parents=parents,
         help="ingest .txt/.md/.pdf/.html files or folders into a collection (unchanged files are skipped)",
         description="Ingest files or folders into a collection: chunked, embedded and stored; unchanged files are "
-                    "skipped. The policy's security.injection applies to each file.",
+        "skipped. The policy's security.injection applies to each file.",
         epilog="examples:\n"
-               "  selfroute ingest --sample                       # the harbour sample, collection 'harbour'\n"
-               "  selfroute ingest contracts ./contracts/ --no-progress\n"
-               "  selfroute ingest manuals pumps.pdf valves.md --json\n"
-               "  selfroute ingest docs ./docs --store-uri s3://bucket/selfroute",
+        "  selfroute ingest --sample                       # the harbour sample, collection 'harbour'\n"
+        "  selfroute ingest contracts ./contracts/ --no-progress\n"
+        "  selfroute ingest manuals pumps.pdf valves.md --json\n"
+        "  selfroute ingest docs ./docs --store-uri s3://bucket/selfroute",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("collection", nargs="?", help="collection name (letters, digits, '-', '_', '.'); "
-                                                      "with --sample, default 'harbour'")
+    parser.add_argument(
+        "collection",
+        nargs="?",
+        help="collection name (letters, digits, '-', '_', '.'); with --sample, default 'harbour'",
+    )
     parser.add_argument("paths", nargs="*", type=Path, help="files or folders (recursively)")
-    parser.add_argument("--sample", action="store_true",
-                        help="ingest the sample shipped with selfroute: three short documents of a fictional harbour "
-                             "(a berth lease, a pump-station manual, a safety code) that refer to each other")
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="ingest the sample shipped with selfroute: three short documents of a fictional harbour "
+        "(a berth lease, a pump-station manual, a safety code) that refer to each other",
+    )
     add_store_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the ingest report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -69,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**report.to_dict(), **({"flags": flags} if flags else {})}, indent=2))
     else:
         for found in flags:
-            print(f"selfroute ingest: {found['document']}: instruction-like text (rules: {', '.join(found['rules'])})"
-                  f" {found['action']}{', not ingested' if found['action'] == 'blocked' else ''}", file=sys.stderr)
+            print(
+                f"selfroute ingest: {found['document']}: instruction-like text (rules: {', '.join(found['rules'])})"
+                f" {found['action']}{', not ingested' if found['action'] == 'blocked' else ''}",
+                file=sys.stderr,
+            )
         print(
             f"{args.collection}: {len(report.added)} added, {len(report.updated)} updated, "
             f"{len(report.unchanged)} unchanged, {report.chunks_written} chunks written in {report.seconds:.1f}s"

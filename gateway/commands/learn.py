@@ -9,6 +9,7 @@ labelled cheap answers (the share the policy in force escalates on them), least 
 the share of labelled requests whose answer is as good as the long route's (an escalated answer is; an accepted one
 is when its label says so). Shadow labels stand for all accepted answers (weight 1 / shadow_rate).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,13 @@ MIN_GAIN_POINTS = 0.5  # replay quality gain (points) a refit needs before it re
 
 
 def register(subparsers, parents) -> None:
-    parser = subparsers.add_parser("learn", parents=parents, help="refit the verifier (and classifier) from labels",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "learn",
+        parents=parents,
+        help="refit the verifier (and classifier) from labels",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--policy", required=True, type=Path, help="the policy in force (updated in place)")
     parser.add_argument("--since", default="30d", help="labels of requests since this age (default 30d)")
     parser.add_argument("--min-labels", type=int, default=50, help="fewer labelled requests: nothing is refitted")
@@ -77,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
     # a tuple mypy can check (it does not read a starred name in an except clause)
     errors: tuple[type[BaseException], ...] = (
-        PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0],
+        PolicyError,
+        ModelFileError,
+        OSError,
+        ValueError,
+        LedgerError,
+        *database_error_types()[0],
     )
     try:
         policy, policy_file = load_policy(args.policy)
@@ -93,46 +104,74 @@ def run(args: argparse.Namespace) -> int:
     report: dict = {"requests": len(requests), "labelled": len(labelled), "written": None}
     labels = [int(label) for r in labelled if (label := r.label()) is not None]  # every one of `labelled`
     if len(labelled) < args.min_labels or len(set(labels)) < 2:
-        report["decision"] = (f"not refitted: {len(labelled)} labelled cheap answers (need {args.min_labels}, "
-                              "both good and not)")
+        report["decision"] = (
+            f"not refitted: {len(labelled)} labelled cheap answers (need {args.min_labels}, both good and not)"
+        )
         return _print(args, report)
     rows = [_numbers(r.features["verifier_features"]) for r in labelled]
     groups = [r.features.get("group") or r.id for r in labelled]
     weights = _weights(labelled, policy.routing.learning.shadow_rate)
     names = [n for n in verifier.feature_names if n in ANSWER_FEATURE_NAMES] or list(ANSWER_FEATURE_NAMES)
     y = np.asarray(labels)
-    oof = [float(s) for s in out_of_fold_scores(rows, y, groups, estimator=args.estimator,
-                                                 n_splits=min(args.folds, len(set(groups))), seed=args.seed,
-                                                 feature_names=names, sample_weight=weights)]
+    oof = [
+        float(s)
+        for s in out_of_fold_scores(
+            rows,
+            y,
+            groups,
+            estimator=args.estimator,
+            n_splits=min(args.folds, len(set(groups))),
+            seed=args.seed,
+            feature_names=names,
+            sample_weight=weights,
+        )
+    ]
     current = verifier.scores(rows)
     settings = policy.routing.verifier
     threshold = settings.threshold if settings is not None and settings.threshold is not None else verifier.threshold
     assert threshold is not None  # load_verifier_model refuses a verifier with neither
     share = sum(w for s, w in zip(current, weights) if s < threshold) / sum(weights)
     q_now, q_new = (replay_quality(s, labels, weights, share) for s in (current, oof))
-    report.update(escalated_share=share, quality_in_force=q_now, quality_refit=q_new,
-                  gain_points=q_new - q_now)
+    report.update(escalated_share=share, quality_in_force=q_now, quality_refit=q_new, gain_points=q_new - q_now)
     if q_new < q_now + MIN_GAIN_POINTS:
-        report["decision"] = f"kept the model in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
+        report["decision"] = (
+            f"kept the model in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
+        )
         return _print(args, report)
     new_threshold = threshold_for_escalation_share(oof, share)
-    result = train_verifier(rows, y, groups, estimator=args.estimator, feature_names=names, sample_weight=weights,
-                            n_splits=min(args.folds, len(set(groups))), seed=args.seed, card={
-                                "trained_on": f"{len(labelled)} ledger labels since {args.since}",
-                                "threshold": new_threshold,
-                                "threshold_source": f"learn: escalates the in-force share {share:.1%} out of fold"})
+    result = train_verifier(
+        rows,
+        y,
+        groups,
+        estimator=args.estimator,
+        feature_names=names,
+        sample_weight=weights,
+        n_splits=min(args.folds, len(set(groups))),
+        seed=args.seed,
+        card={
+            "trained_on": f"{len(labelled)} ledger labels since {args.since}",
+            "threshold": new_threshold,
+            "threshold_source": f"learn: escalates the in-force share {share:.1%} out of fold",
+        },
+    )
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     target = policy_file.parent / f"verifier-learned-{stamp}.skops"
-    report.update(decision=f"refit is better by {q_new - q_now:+.2f} points", new_threshold=new_threshold,
-                  model_path=target.name)
+    report.update(
+        decision=f"refit is better by {q_new - q_now:+.2f} points", new_threshold=new_threshold, model_path=target.name
+    )
     if args.dry_run:
         report["decision"] += " (dry run: nothing written)"
         return _print(args, report)
     save_verifier(result.model, target)
-    text, _ = set_values(policy_file.read_text(encoding="utf-8"), {
-        "model_path": target.name, "threshold": float(new_threshold),
-        "threshold_source": f"learn {stamp}: {len(labelled)} ledger labels, out-of-fold {q_new:.1f} vs {q_now:.1f}"},
-        "verifier")
+    text, _ = set_values(
+        policy_file.read_text(encoding="utf-8"),
+        {
+            "model_path": target.name,
+            "threshold": float(new_threshold),
+            "threshold_source": f"learn {stamp}: {len(labelled)} ledger labels, out-of-fold {q_new:.1f} vs {q_now:.1f}",
+        },
+        "verifier",
+    )
     try:
         parse_policy(text, str(policy_file))  # never write a policy that would not load
     except PolicyError as exc:
@@ -149,8 +188,10 @@ def _print(args, report: dict) -> int:
         return 0
     print(f"{report['labelled']} labelled cheap answers in {report['requests']} recorded requests")
     if "quality_in_force" in report:
-        print(f"out-of-fold replay at the in-force escalation share {report['escalated_share']:.1%}: "
-              f"refit {report['quality_refit']:.2f} vs in force {report['quality_in_force']:.2f} points")
+        print(
+            f"out-of-fold replay at the in-force escalation share {report['escalated_share']:.1%}: "
+            f"refit {report['quality_refit']:.2f} vs in force {report['quality_in_force']:.2f} points"
+        )
     print(report["decision"])
     if report["written"]:
         print(f"wrote {report['written']} and pointed the policy's routing.verifier at it (the old model is kept)")

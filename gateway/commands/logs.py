@@ -1,12 +1,13 @@
 """`selfroute logs`: recent requests from the ledger, filtered, as a table or JSON lines; --follow tails it;
 `selfroute logs show ID` prints one request in full (every leg, the route and its whole reason, provenance, flags)."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from gateway.commands._common import add_filter_arguments, print_table, run_report
@@ -23,15 +24,23 @@ EXAMPLES = """examples:
 
 def register(subparsers, parents) -> None:
     parser = subparsers.add_parser(
-        "logs", parents=parents, help="recent requests from the cost ledger; `logs show ID` for one in full",
+        "logs",
+        parents=parents,
+        help="recent requests from the cost ledger; `logs show ID` for one in full",
         description="Recent requests, oldest first: time, request id (the x-request-id the client got), alias, "
-                    "route, models, tokens, cost, latency, status and the whole reason. `logs show ID` prints one "
-                    "request in full, found by the gateway's id or by the client's own X-Request-Id.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "route, models, tokens, cost, latency, status and the whole reason. `logs show ID` prints one "
+        "request in full, found by the gateway's id or by the client's own X-Request-Id.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("words", nargs="*", metavar="show ID", help="show one request (its id or X-Request-Id)")
     add_filter_arguments(parser)
-    parser.add_argument("--answered-by", choices=("direct", "rag", "long", "passthrough"), default=None,
-                        help="the route whose model answered: long matches long and the escalations rag>long")
+    parser.add_argument(
+        "--answered-by",
+        choices=("direct", "rag", "long", "passthrough"),
+        default=None,
+        help="the route whose model answered: long matches long and the escalations rag>long",
+    )
     parser.add_argument("-n", "--limit", type=int, default=20, help="how many recent requests (default 20)")
     parser.add_argument("--json", action="store_true", help="one JSON object a line")
     parser.add_argument("-f", "--follow", action="store_true", help="keep printing requests as they are written")
@@ -50,7 +59,7 @@ def visible_id(item: dict) -> str:
 
 
 def _time(at: float) -> str:
-    return datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def format_row(item: dict) -> list[str]:
@@ -105,8 +114,10 @@ def format_detail(item: dict) -> str:
         f"legs         {len(item['calls'])}",
     ]
     for number, leg in enumerate(item["calls"], 1):
-        line = (f"  {number}. {leg['model']}  route {leg['route'] or '-'}  {leg['prompt_tokens']}/"
-                f"{leg['completion_tokens']} tokens  ${leg['cost_usd']:.6f}  {_ms(leg['latency_ms'])}")
+        line = (
+            f"  {number}. {leg['model']}  route {leg['route'] or '-'}  {leg['prompt_tokens']}/"
+            f"{leg['completion_tokens']} tokens  ${leg['cost_usd']:.6f}  {_ms(leg['latency_ms'])}"
+        )
         if leg.get("cached_tokens"):
             line += f"  cached {leg['cached_tokens']}"
         if leg.get("unpriced"):
@@ -156,8 +167,9 @@ def run(args: argparse.Namespace) -> int:
     words = args.words or []
     if words:
         if words[0] != "show":
-            print(f"selfroute logs: unknown action {words[0]!r} (did you mean `selfroute logs show ID`?)",
-                  file=sys.stderr)
+            print(
+                f"selfroute logs: unknown action {words[0]!r} (did you mean `selfroute logs show ID`?)", file=sys.stderr
+            )
             return 2
         return _show(args, words)
     if args.limit < 1 or args.limit > reports.MAX_PAGE:

@@ -1,6 +1,7 @@
 """`selfroute policy check FILE`: validate a policy and every file it names (the classifier is loaded), and
 print it with every default filled in and its effective limits (each model's window, output limit, prices, and
 what each route packs). Exit status 2 when the gateway could not start with it."""
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,14 @@ def register(subparsers, parents) -> None:
     parser = subparsers.add_parser("policy", parents=parents, help="work with routing policies")
     actions = parser.add_subparsers(dest="policy_command", metavar="ACTION")
     actions.required = True
-    check = actions.add_parser("check", parents=parents, help="validate a policy and print the effective policy",
-                               description=__doc__.split("\n\n")[0], epilog=EXAMPLES,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    check = actions.add_parser(
+        "check",
+        parents=parents,
+        help="validate a policy and print the effective policy",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     check.add_argument("file", nargs="?", default=None, help="policy YAML (default: the shipped default)")
     add_model_override_arguments(check)
     check.add_argument("--json", action="store_true", help="print {policy, limits} as JSON")
@@ -43,8 +49,13 @@ def run_check(args: argparse.Namespace) -> int:
         return 2
     try:
         policy, path = load_policy(args.file)
-        policy, limits = effective_policy(policy, cheap_model=args.cheap_model, long_model=args.long_model,
-                                          cheap_window=args.cheap_window, long_window=args.long_window)
+        policy, limits = effective_policy(
+            policy,
+            cheap_model=args.cheap_model,
+            long_model=args.long_model,
+            cheap_window=args.cheap_window,
+            long_window=args.long_window,
+        )
     except PolicyError as exc:
         print(f"invalid policy: {exc}", file=sys.stderr)
         return 2
@@ -54,8 +65,11 @@ def run_check(args: argparse.Namespace) -> int:
     if problems:
         return 2
     if args.json:
-        print(json.dumps({"file": str(path), "policy": policy.model_dump(mode="json"), "limits": limits.to_dict()},
-                         indent=2))
+        print(
+            json.dumps(
+                {"file": str(path), "policy": policy.model_dump(mode="json"), "limits": limits.to_dict()}, indent=2
+            )
+        )
         return 0
     print(f"# {path}: valid")
     print("# effective limits:")

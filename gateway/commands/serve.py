@@ -1,4 +1,5 @@
 """`selfroute serve`: run the gateway under uvicorn, in one process or several workers."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,73 +19,126 @@ DEFAULT_KEEP_ALIVE_TIMEOUT = 5  # idle seconds between requests on a kept-alive 
 DEFAULT_BODY_TIMEOUT = 30.0  # the whole body, once the headers are in (gateway.server.bodies)
 
 
-
 def register(subparsers, parents) -> None:
     from gateway.commands._common import add_ledger_argument
 
     parser = subparsers.add_parser(
-        "serve", parents=parents, help="run the OpenAI-compatible gateway",
+        "serve",
+        parents=parents,
+        help="run the OpenAI-compatible gateway",
         description="Run the gateway. At start-up it prints the effective limits: each model's window, output limit, "
-                    "prices, timeout, and what the long, direct and rag routes pack.",
+        "prices, timeout, and what the long, direct and rag routes pack.",
         epilog="examples:\n"
-               "  selfroute serve                                   # the embedded default on 127.0.0.1:8000\n"
-               "  selfroute serve --cheap-model openai/gpt-4o-mini --long-model openai/gpt-4.1\n"
-               "  selfroute serve --long-model hosted_vllm/qwen2.5-72b --long-window 32768\n"
-               "  selfroute serve --policy policies/hosted-example.yaml --host 0.0.0.0 --workers 4",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  selfroute serve                                   # the embedded default on 127.0.0.1:8000\n"
+        "  selfroute serve --cheap-model openai/gpt-4o-mini --long-model openai/gpt-4.1\n"
+        "  selfroute serve --long-model hosted_vllm/qwen2.5-72b --long-window 32768\n"
+        "  selfroute serve --policy policies/hosted-example.yaml --host 0.0.0.0 --workers 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_ledger_argument(parser)  # replicas share a PostgreSQL ledger: --ledger-url postgresql://...
-    parser.add_argument("--store-uri", default=None,
-                        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
-                             "else DATA_DIR/lancedb)")
+    parser.add_argument(
+        "--store-uri",
+        default=None,
+        help="LanceDB URI for collections, e.g. s3://bucket/selfroute (default: $SELFROUTE_STORE_URI, "
+        "else DATA_DIR/lancedb)",
+    )
     parser.add_argument("--policy", type=Path, default=None, help="routing policy YAML (default: the shipped default)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     add_model_override_arguments(parser)
     parser.add_argument("--keys-file", type=Path, default=None, help="API keys, one a line (also $SELFROUTE_API_KEYS)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes sharing the port, the ledger and the document store (default 1)")
-    parser.add_argument("--header-timeout", type=float, default=DEFAULT_HEADER_TIMEOUT,
-                        help="seconds a connection may take to send a request's line and headers, from opening or "
-                             f"from the previous response (default {DEFAULT_HEADER_TIMEOUT:g})")
-    parser.add_argument("--keep-alive-timeout", type=int, default=DEFAULT_KEEP_ALIVE_TIMEOUT,
-                        help=f"idle seconds a kept-alive connection stays open (default {DEFAULT_KEEP_ALIVE_TIMEOUT})")
-    parser.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
-                        help="seconds a request's whole body may take to arrive once its headers are in; later is "
-                             f"a 408 body_timeout (default {DEFAULT_BODY_TIMEOUT:g})")
-    parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
-                        help="on SIGTERM or Ctrl-C: seconds in-flight requests may take to finish before they are "
-                             f"cancelled (and ledgered); then the ledger is flushed and the process exits "
-                             f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})")
-    parser.add_argument("--log-format", choices=("plain", "json"), default="plain",
-                        help="plain log lines, or one JSON object a line for every log line, access lines included "
-                             "(default plain)")
-    parser.add_argument("--otel", action="store_true",
-                        help="OpenTelemetry traces over OTLP/HTTP (the otel extra; OTEL_EXPORTER_OTLP_ENDPOINT etc. "
-                             "configure it, and setting one turns tracing on without this flag)")
-    parser.add_argument("--no-access-log", dest="access_log", action="store_false",
-                        help="no access-log line per request (they are INFO lines: --log-level WARNING hides them too)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port, the ledger and the document store (default 1)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        help="seconds a connection may take to send a request's line and headers, from opening or "
+        f"from the previous response (default {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout",
+        type=int,
+        default=DEFAULT_KEEP_ALIVE_TIMEOUT,
+        help=f"idle seconds a kept-alive connection stays open (default {DEFAULT_KEEP_ALIVE_TIMEOUT})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        help="seconds a request's whole body may take to arrive once its headers are in; later is "
+        f"a 408 body_timeout (default {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=DEFAULT_SHUTDOWN_TIMEOUT,
+        help="on SIGTERM or Ctrl-C: seconds in-flight requests may take to finish before they are "
+        f"cancelled (and ledgered); then the ledger is flushed and the process exits "
+        f"(default {DEFAULT_SHUTDOWN_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("plain", "json"),
+        default="plain",
+        help="plain log lines, or one JSON object a line for every log line, access lines included (default plain)",
+    )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="OpenTelemetry traces over OTLP/HTTP (the otel extra; OTEL_EXPORTER_OTLP_ENDPOINT etc. "
+        "configure it, and setting one turns tracing on without this flag)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        dest="access_log",
+        action="store_false",
+        help="no access-log line per request (they are INFO lines: --log-level WARNING hides them too)",
+    )
     parser.set_defaults(func=run)
 
 
 def add_model_override_arguments(parser: argparse.ArgumentParser) -> None:
     """--cheap-model / --long-model and their windows (serve, and policy check to preview them)."""
-    parser.add_argument("--cheap-model", default=None,
-                        help="replace the policy's cheap model (litellm model string): its window, output limit and "
-                             "prices come from litellm's model information, the RAG budget from its class")
-    parser.add_argument("--long-model", default=None,
-                        help="replace the policy's long model (litellm model string): the long route packs its "
-                             "window less the answer reserve")
-    parser.add_argument("--cheap-window", type=_window, default=None, metavar="TOKENS",
-                        help="the --cheap-model's context window, for a model litellm does not know")
-    parser.add_argument("--long-window", type=_window, default=None, metavar="TOKENS",
-                        help="the --long-model's context window, for a model litellm does not know")
+    parser.add_argument(
+        "--cheap-model",
+        default=None,
+        help="replace the policy's cheap model (litellm model string): its window, output limit and "
+        "prices come from litellm's model information, the RAG budget from its class",
+    )
+    parser.add_argument(
+        "--long-model",
+        default=None,
+        help="replace the policy's long model (litellm model string): the long route packs its "
+        "window less the answer reserve",
+    )
+    parser.add_argument(
+        "--cheap-window",
+        type=_window,
+        default=None,
+        metavar="TOKENS",
+        help="the --cheap-model's context window, for a model litellm does not know",
+    )
+    parser.add_argument(
+        "--long-window",
+        type=_window,
+        default=None,
+        metavar="TOKENS",
+        help="the --long-model's context window, for a model litellm does not know",
+    )
 
 
 def override_problem(args: argparse.Namespace) -> str | None:
     for role in ("cheap", "long"):
         if getattr(args, f"{role}_window") and not getattr(args, f"{role}_model"):
-            return (f"--{role}-window goes with --{role}-model (a policy gives its models' windows as "
-                    f"{role}.context_window)")
+            return (
+                f"--{role}-window goes with --{role}-model (a policy gives its models' windows as "
+                f"{role}.context_window)"
+            )
     return None
 
 
@@ -171,11 +225,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute serve: {problem}", file=sys.stderr)
         return 2
     values = {
-        "data_dir": str(resolve_data_dir(args.data_dir)), "policy_path": str(args.policy) if args.policy else None,
-        "cheap_model": args.cheap_model, "long_model": args.long_model,
-        "cheap_window": args.cheap_window, "long_window": args.long_window,
-        "keys_file": str(args.keys_file) if args.keys_file else None, "store_uri": args.store_uri,
-        "ledger_url": args.ledger_url, "access_log": args.access_log, "log_level": str(args.log_level),
+        "data_dir": str(resolve_data_dir(args.data_dir)),
+        "policy_path": str(args.policy) if args.policy else None,
+        "cheap_model": args.cheap_model,
+        "long_model": args.long_model,
+        "cheap_window": args.cheap_window,
+        "long_window": args.long_window,
+        "keys_file": str(args.keys_file) if args.keys_file else None,
+        "store_uri": args.store_uri,
+        "ledger_url": args.ledger_url,
+        "access_log": args.access_log,
+        "log_level": str(args.log_level),
         "log_format": args.log_format,
     }
     from gateway.server.access_log import configure_logging
@@ -207,8 +267,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute serve: invalid policy: {gateway.policy_path or 'default'}: {problem}", file=sys.stderr)
     if problems:
         return 2
-    print(f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}; "
-          f"{args.workers} worker(s)", flush=True)
+    print(
+        f"selfroute: data in {settings.data_dir}; policy {app.state.gateway.policy.name!r}; {args.workers} worker(s)",
+        flush=True,
+    )
     for line in app.state.limits.lines():  # what the routes pack for, and what an override changed
         print(f"selfroute: {line}", flush=True)
     from gateway.commands._http_deadline import HeaderDeadlineProtocol
@@ -217,9 +279,15 @@ def run(args: argparse.Namespace) -> int:
     _set_deadlines(values)
     # uvicorn's own access log stays off: ours (gateway.server.access_log) knows the key, route, tokens and cost.
     # With JSON lines uvicorn leaves logging alone (log_config None), so its lines go through our JSON handler.
-    common = {"host": args.host, "port": args.port, "log_level": str(args.log_level).lower(), "access_log": False,
-              "timeout_graceful_shutdown": args.shutdown_timeout, "timeout_keep_alive": args.keep_alive_timeout,
-              "http": HeaderDeadlineProtocol}
+    common = {
+        "host": args.host,
+        "port": args.port,
+        "log_level": str(args.log_level).lower(),
+        "access_log": False,
+        "timeout_graceful_shutdown": args.shutdown_timeout,
+        "timeout_keep_alive": args.keep_alive_timeout,
+        "http": HeaderDeadlineProtocol,
+    }
     if args.log_format == "json":
         common["log_config"] = None
     if args.workers == 1:

@@ -1,5 +1,6 @@
 """`selfroute train`: fit the routing classifier (or, with --verifier, the answer verifier) on labelled
 examples and write model + card."""
+
 from __future__ import annotations
 
 import argparse
@@ -25,56 +26,105 @@ def register(subparsers, parents) -> None:
             "LanceDB store under --data-dir."
         ),
     )
-    parser.add_argument("--data", required=True, type=Path, action="append",
-                        help="examples, JSON lines; repeat (each with its --docs) to train on several corpora")
-    parser.add_argument("--docs", type=Path, default=None, action="append",
-                        help="folder of <doc_id>.txt documents (one per --data, in the same order)")
+    parser.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        action="append",
+        help="examples, JSON lines; repeat (each with its --docs) to train on several corpora",
+    )
+    parser.add_argument(
+        "--docs",
+        type=Path,
+        default=None,
+        action="append",
+        help="folder of <doc_id>.txt documents (one per --data, in the same order)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="model file to write (.skops; the card goes beside it)")
     parser.add_argument("--policy", type=Path, default=None, help="policy whose RAG settings compute the features")
     parser.add_argument("--label-field", default="label", help="field holding a 0/1 label (default: label)")
     parser.add_argument(
-        "--score-margin", type=float, default=0.0,
+        "--score-margin",
+        type=float,
+        default=0.0,
         help="without a label: cheap suffices when rag_score >= lc_score - margin (default 0: ties go cheap)",
     )
-    parser.add_argument("--estimator", choices=["logistic", "boosting"], default="boosting",
-                        help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model")
+    parser.add_argument(
+        "--estimator",
+        choices=["logistic", "boosting"],
+        default="boosting",
+        help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model",
+    )
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds, grouped by document")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--oof-out", type=Path, default=None,
-                        help="also write out-of-fold P(cheap) per example (JSON lines) for `selfroute calibrate`")
-    parser.add_argument("--protocol", choices=["grouped", "loto", "corpus", "model"], default=None,
-                        help="also measure the model on held-out units (loto: tasks; corpus: leave one corpus out; "
-                             "model: leave one model family out and its documents) and write the figures into its "
-                             "card; for --verifier, the threshold is chosen on these out-of-fold scores")
+    parser.add_argument(
+        "--oof-out",
+        type=Path,
+        default=None,
+        help="also write out-of-fold P(cheap) per example (JSON lines) for `selfroute calibrate`",
+    )
+    parser.add_argument(
+        "--protocol",
+        choices=["grouped", "loto", "corpus", "model"],
+        default=None,
+        help="also measure the model on held-out units (loto: tasks; corpus: leave one corpus out; "
+        "model: leave one model family out and its documents) and write the figures into its "
+        "card; for --verifier, the threshold is chosen on these out-of-fold scores",
+    )
     verifier = parser.add_argument_group(
         "answer verifier (--verifier)",
         "Fit the verifier of cheap answers instead: paired lines with rag_pred, rag_score and lc_score. Features "
         "are computed as the gateway computes them (our retrieval's passages for the question, the document's "
         "terms, classifier.answer_features); label: rag_score >= lc_score - margin; each example weighted by "
         "|rag_score - lc_score| (ties 0.05). The card's threshold is the best replay quality under "
-        "--max-cost-share, on out-of-fold scores (--threshold-protocol).")
+        "--max-cost-share, on out-of-fold scores (--threshold-protocol).",
+    )
     verifier.add_argument("--verifier", action="store_true", help="train the answer verifier")
-    verifier.add_argument("--max-cost-share", type=float, default=0.45,
-                          help="the card's threshold: best replay quality with cost <= this share of always-long "
-                               "(default 0.45)")
-    verifier.add_argument("--threshold-protocol", choices=["loto", "grouped", "corpus", "model"], default=None,
-                          help="out-of-fold scores the threshold is chosen on (the same as --protocol): loto = leave "
-                               "one task out (the lines' `task`; default), grouped = k-fold by document, corpus = leave "
-                               "one corpus out, model = leave one model family out")
-    verifier.add_argument("--max-token-share", type=float, default=None,
-                          help="instead of --max-cost-share: the threshold whose replay keeps every held-out unit's "
-                               "tokens within this share of its always-long, with the best worst-unit quality margin "
-                               "over the better of always-long and always-RAG")
-    verifier.add_argument("--features", choices=["transfer", "transfer+support", "all"], default="transfer",
-                          help="transfer (default): classifier.verifier.TRANSFER_FEATURE_NAMES, without the features "
-                               "that learn a corpus's or model's style; transfer+support: with the answer's support in "
-                               "the passages in embedding space (embeds every answer and its passages once, cached); "
-                               "all: every answer feature")
-    verifier.add_argument("--window-tokens", type=int, default=None, action="append",
-                          help="long route window for the replay's costs (default: the policy's; 16385 for L-Eval, "
-                               "128000 for LaRA-128k): once, or once per --data")
-    verifier.add_argument("--prices", choices=["auto", "policy", "reference"], default="auto",
-                          help="prices of the replay's costs (as `selfroute eval replay`)")
+    verifier.add_argument(
+        "--max-cost-share",
+        type=float,
+        default=0.45,
+        help="the card's threshold: best replay quality with cost <= this share of always-long (default 0.45)",
+    )
+    verifier.add_argument(
+        "--threshold-protocol",
+        choices=["loto", "grouped", "corpus", "model"],
+        default=None,
+        help="out-of-fold scores the threshold is chosen on (the same as --protocol): loto = leave "
+        "one task out (the lines' `task`; default), grouped = k-fold by document, corpus = leave "
+        "one corpus out, model = leave one model family out",
+    )
+    verifier.add_argument(
+        "--max-token-share",
+        type=float,
+        default=None,
+        help="instead of --max-cost-share: the threshold whose replay keeps every held-out unit's "
+        "tokens within this share of its always-long, with the best worst-unit quality margin "
+        "over the better of always-long and always-RAG",
+    )
+    verifier.add_argument(
+        "--features",
+        choices=["transfer", "transfer+support", "all"],
+        default="transfer",
+        help="transfer (default): classifier.verifier.TRANSFER_FEATURE_NAMES, without the features "
+        "that learn a corpus's or model's style; transfer+support: with the answer's support in "
+        "the passages in embedding space (embeds every answer and its passages once, cached); "
+        "all: every answer feature",
+    )
+    verifier.add_argument(
+        "--window-tokens",
+        type=int,
+        default=None,
+        action="append",
+        help="long route window for the replay's costs (default: the policy's; 16385 for L-Eval, "
+        "128000 for LaRA-128k): once, or once per --data",
+    )
+    verifier.add_argument(
+        "--prices",
+        choices=["auto", "policy", "reference"],
+        default="auto",
+        help="prices of the replay's costs (as `selfroute eval replay`)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -82,9 +132,9 @@ def run(args: argparse.Namespace) -> int:
     if args.verifier:
         return run_verifier(args)
     from classifier.model import RouteModel
-    from gateway.routing.model_files import save_model
     from classifier.training import LABEL_RULE, data_hash, document_hash, model_card, train
     from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, example_label
+    from gateway.routing.model_files import save_model
     from gateway.settings import resolve_data_dir
     from policies.loader import PolicyError, load_policy
 
@@ -96,8 +146,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
     if args.estimator == "boosting" and len(examples) < 200:
-        print(f"note: {len(examples)} examples are few for boosted trees (leaves need 30 examples); "
-              "consider --estimator logistic", file=sys.stderr)
+        print(
+            f"note: {len(examples)} examples are few for boosted trees (leaves need 30 examples); "
+            "consider --estimator logistic",
+            file=sys.stderr,
+        )
     data_dir = resolve_data_dir(args.data_dir)
     builder = RouteInputBuilder(policy, data_dir / "lancedb", cache_dir=data_dir / "cache")
     rows = [i.features for i in builder.all_inputs(examples, with_long=False)]
@@ -109,11 +162,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
     records = [
-        {"query": e.query, "documents": [[d.id, document_hash(d.text)] for d in e.documents], "label": y, "group": e.group}
+        {
+            "query": e.query,
+            "documents": [[d.id, document_hash(d.text)] for d in e.documents],
+            "label": y,
+            "group": e.group,
+        }
         for e, y in zip(examples, labels)
     ]
     uses_scores = any(args.label_field not in e.record for e in examples)
-    rule = (LABEL_RULE.replace("margin", f"{args.score_margin:g}") if uses_scores else f"field {args.label_field!r}")
+    rule = LABEL_RULE.replace("margin", f"{args.score_margin:g}") if uses_scores else f"field {args.label_field!r}"
     card = model_card(
         result,
         estimator=args.estimator,
@@ -145,8 +203,10 @@ def run(args: argparse.Namespace) -> int:
         f"(base rate {_f(metrics['brier_base_rate'])})"
     )
     if held_out:
-        print(f"{held_out['protocol']}: " + ", ".join(f"{u} ROC AUC {_f(m['roc_auc'])}"
-                                                      for u, m in held_out["units"].items()))
+        print(
+            f"{held_out['protocol']}: "
+            + ", ".join(f"{u} ROC AUC {_f(m['roc_auc'])}" for u, m in held_out["units"].items())
+        )
     return 0
 
 
@@ -171,10 +231,18 @@ def _corpora_card(examples) -> dict:
         if e.task:
             c["tasks"].add(e.task)
         c["models"].add(e.model)
-    return {"training_corpora": {name: {"examples": c["examples"], "documents": len(c["documents"]),
-                                        "tasks": sorted(c["tasks"]), "models": sorted(c["models"])}
-                                 for name, c in sorted(corpora.items())},
-            "training_models": sorted({e.model for e in examples})}
+    return {
+        "training_corpora": {
+            name: {
+                "examples": c["examples"],
+                "documents": len(c["documents"]),
+                "tasks": sorted(c["tasks"]),
+                "models": sorted(c["models"]),
+            }
+            for name, c in sorted(corpora.items())
+        },
+        "training_models": sorted({e.model for e in examples}),
+    }
 
 
 def _route_model_units(rows, labels, examples, args) -> dict:
@@ -186,14 +254,18 @@ def _route_model_units(rows, labels, examples, args) -> dict:
     from gateway.evaluation.verification import protocol_inputs
 
     groups = [e.group for e in examples]
-    splits = protocol_splits(args.protocol, labels, groups, n_splits=args.folds, seed=args.seed,
-                             **protocol_inputs(examples))
-    oof = out_of_fold_probabilities(rows, labels, groups, args.estimator, args.folds, args.seed,
-                                    splits=[(s.train, s.test) for s in splits])
+    splits = protocol_splits(
+        args.protocol, labels, groups, n_splits=args.folds, seed=args.seed, **protocol_inputs(examples)
+    )
+    oof = out_of_fold_probabilities(
+        rows, labels, groups, args.estimator, args.folds, args.seed, splits=[(s.train, s.test) for s in splits]
+    )
     units = np.asarray(split_units(splits, len(rows)))
     y = np.asarray(labels)
-    return {"protocol": PROTOCOL_NAMES[args.protocol],
-            "units": {u: classification_metrics(y[units == u], oof[units == u]) for u in sorted(set(units.tolist()))}}
+    return {
+        "protocol": PROTOCOL_NAMES[args.protocol],
+        "units": {u: classification_metrics(y[units == u], oof[units == u]) for u in sorted(set(units.tolist()))},
+    }
 
 
 def run_verifier(args: argparse.Namespace) -> int:
@@ -202,13 +274,21 @@ def run_verifier(args: argparse.Namespace) -> int:
     from classifier.answer_features import ANSWER_FEATURE_NAMES, SUPPORT_FEATURES
     from classifier.training import data_hash, document_hash, label_from_scores, library_versions
     from classifier.verifier import (
-        LABEL_RULE, PROTOCOL_NAMES, TRANSFER_FEATURE_NAMES, TRANSFER_SUPPORT_FEATURE_NAMES, choice_weights,
-        label_good, protocol_scores, protocol_splits, split_units, train_verifier,
+        LABEL_RULE,
+        PROTOCOL_NAMES,
+        TRANSFER_FEATURE_NAMES,
+        TRANSFER_SUPPORT_FEATURE_NAMES,
+        choice_weights,
+        label_good,
+        protocol_scores,
+        protocol_splits,
+        split_units,
+        train_verifier,
     )
     from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.evaluation.prices import resolve_prices
-    from gateway.evaluation.report import build_items
     from gateway.evaluation.replay import without_pre_route
+    from gateway.evaluation.report import build_items
     from gateway.evaluation.tradeoff import choose, choose_across_units
     from gateway.evaluation.transfer import unit_reports
     from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers, protocol_inputs
@@ -226,9 +306,14 @@ def run_verifier(args: argparse.Namespace) -> int:
                 raise ExampleFileError(f"{e.corpus}: --verifier needs rag_pred, rag_score and lc_score on every line")
         prices = resolve_prices(policy, args.prices)
         groups = [e.group for e in examples]
-        splits = protocol_splits(protocol, [label_from_scores(e.record["rag_score"], e.record["lc_score"])
-                                            for e in examples], groups, n_splits=args.folds, seed=args.seed,
-                                 **protocol_inputs(examples))
+        splits = protocol_splits(
+            protocol,
+            [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples],
+            groups,
+            n_splits=args.folds,
+            seed=args.seed,
+            **protocol_inputs(examples),
+        )
     except (PolicyError, ExampleFileError, OSError, ValueError, RuntimeError) as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
@@ -236,8 +321,11 @@ def run_verifier(args: argparse.Namespace) -> int:
     data_dir = resolve_data_dir(args.data_dir)
     builder = CorpusInputs(policy, data_dir / "lancedb", windows, cache_dir=data_dir / "cache")
     inputs = builder.all_inputs(examples)
-    names = {"transfer": list(TRANSFER_FEATURE_NAMES), "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
-             "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]}[args.features]
+    names = {
+        "transfer": list(TRANSFER_FEATURE_NAMES),
+        "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
+        "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
+    }[args.features]
     embed = CachedEmbed(builder.embedder, data_dir / "cache") if set(names) & set(SUPPORT_FEATURES) else None
     rows = answer_rows(cheap_answers(builder, examples, progress=True, embed=embed))
     rag = [float(e.record["rag_score"]) for e in examples]
@@ -245,11 +333,29 @@ def run_verifier(args: argparse.Namespace) -> int:
     labels = np.array([label_good(r, c, args.score_margin) for r, c in zip(rag, lc)])
     weights = choice_weights(rag, lc)
     try:
-        result = train_verifier(rows, labels, groups, estimator=args.estimator, feature_names=names,
-                                sample_weight=weights, n_splits=args.folds, seed=args.seed)
-        oof = (result.oof_scores if protocol == "grouped" else
-               protocol_scores(rows, labels, splits, estimator=args.estimator, seed=args.seed, feature_names=names,
-                               sample_weight=weights))
+        result = train_verifier(
+            rows,
+            labels,
+            groups,
+            estimator=args.estimator,
+            feature_names=names,
+            sample_weight=weights,
+            n_splits=args.folds,
+            seed=args.seed,
+        )
+        oof = (
+            result.oof_scores
+            if protocol == "grouped"
+            else protocol_scores(
+                rows,
+                labels,
+                splits,
+                estimator=args.estimator,
+                seed=args.seed,
+                feature_names=names,
+                sample_weight=weights,
+            )
+        )
     except ValueError as exc:
         print(f"selfroute train: {exc}", file=sys.stderr)
         return 2
@@ -259,72 +365,106 @@ def run_verifier(args: argparse.Namespace) -> int:
     verifier_policy = without_pre_route(policy)
     described = PROTOCOL_NAMES[protocol]
     if args.max_token_share is not None:
-        across = choose_across_units(items, units, verifier_policy, prices, max_share=args.max_token_share,
-                                     tune_pre_route=False)
+        across = choose_across_units(
+            items, units, verifier_policy, prices, max_share=args.max_token_share, tune_pre_route=False
+        )
         threshold, met = across.verifier_threshold, across.met
-        figures = "; ".join(f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
-                            f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
-                            f"escalated" for u, o in sorted(across.per_unit.items()))
-        source = (f"train: the threshold keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
-                  f"always-long with the best worst-unit margin, on {described} out-of-fold P(good) of "
-                  f"{len(examples)} answers (every answer checked, no pre-route): {figures}"
-                  + ("" if met else "; no threshold met the cap on every unit, the one closest kept"))
+        figures = "; ".join(
+            f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
+            f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
+            f"escalated"
+            for u, o in sorted(across.per_unit.items())
+        )
+        source = (
+            f"train: the threshold keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
+            f"always-long with the best worst-unit margin, on {described} out-of-fold P(good) of "
+            f"{len(examples)} answers (every answer checked, no pre-route): {figures}"
+            + ("" if met else "; no threshold met the cap on every unit, the one closest kept")
+        )
         summary = f"worst unit {across.worst_margin_points:+.2f} points vs the better baseline"
     else:
         pick = choose(items, verifier_policy, prices, max_cost_share=args.max_cost_share, tune_pre_route=False)
         threshold, met = pick.verifier_threshold, pick.met
-        source = (f"train: best replay quality with cost <= {args.max_cost_share:g} of always-long on {described} "
-                  f"out-of-fold P(good) of {len(examples)} answers (every answer checked, no pre-route): quality "
-                  f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
-                  f"{pick.long_share:.1%} escalated" + ("" if met else "; no threshold met the cap, the cheapest kept"))
-        summary = (f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
-                   f"{pick.long_share:.1%} escalated")
+        source = (
+            f"train: best replay quality with cost <= {args.max_cost_share:g} of always-long on {described} "
+            f"out-of-fold P(good) of {len(examples)} answers (every answer checked, no pre-route): quality "
+            f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+            f"{pick.long_share:.1%} escalated" + ("" if met else "; no threshold met the cap, the cheapest kept")
+        )
+        summary = (
+            f"{pick.quality_vs_long_points:+.2f} points vs always-long at {pick.cost_vs_long:.3f} of its cost, "
+            f"{pick.long_share:.1%} escalated"
+        )
     held_out: dict[str, dict[str, Any]] = {}
     for r in unit_reports(items, units, verifier_policy, prices, threshold):
         at = r.strategy_named("verifier only (rag, then verifier)")
         held_out[r.unit] = {
-            "n": r.n, "documents": r.documents, "gain_auc": r.gain_auc,
+            "n": r.n,
+            "documents": r.documents,
+            "gain_auc": r.gain_auc,
             "verifier_vs_random_points_at_25": r.transfer_points,
             "verifier_vs_random_points": {f"{t['share']:g}": t["points"] for t in r.transfer},
-            "at_threshold": {"quality": at.quality, "vs_long_points": at.quality_vs_long_points,
-                             "tokens_vs_long": at.tokens_vs_long, "cost_vs_long": at.cost_vs_long,
-                             "escalated": at.route_shares.get("rag>long", 0.0)},
-            "always_long": r.strategy_named("always-long").quality, "always_rag": r.strategy_named("always-rag").quality,
+            "at_threshold": {
+                "quality": at.quality,
+                "vs_long_points": at.quality_vs_long_points,
+                "tokens_vs_long": at.tokens_vs_long,
+                "cost_vs_long": at.cost_vs_long,
+                "escalated": at.route_shares.get("rag>long", 0.0),
+            },
+            "always_long": r.strategy_named("always-long").quality,
+            "always_rag": r.strategy_named("always-rag").quality,
             "self_route": r.strategy_named("self-route").quality,
         }
     model = result.model
-    model.card.update({
-        "threshold": threshold,
-        "threshold_source": source,
-        "threshold_protocol": described,
-        "held_out_validation": {"protocol": described, "units": held_out},
-        "label_rule": LABEL_RULE.replace("margin", f"{args.score_margin:g}"),
-        "sample_weight": "|rag_score - lc_score|, ties 0.05",
-        "training_data_hash": data_hash([{"query": e.query, "documents": [[d.id, document_hash(d.text)]
-                                           for d in e.documents], "rag_pred": e.record["rag_pred"], "label": int(y)}
-                                         for e, y in zip(examples, labels)]),
-        "training_examples": len(examples),
-        "training_documents": len(set(groups)),
-        "training_tasks": sorted(set(tasks) - {""}),
-        **_corpora_card(examples),
-        "prices": prices.__dict__,
-        "long_window_tokens": builder.window,
-        "library_versions": library_versions(),
-        "rag_settings": policy.rag.model_dump(mode="json"),
-        "training_command": _command(args),
-    })
+    model.card.update(
+        {
+            "threshold": threshold,
+            "threshold_source": source,
+            "threshold_protocol": described,
+            "held_out_validation": {"protocol": described, "units": held_out},
+            "label_rule": LABEL_RULE.replace("margin", f"{args.score_margin:g}"),
+            "sample_weight": "|rag_score - lc_score|, ties 0.05",
+            "training_data_hash": data_hash(
+                [
+                    {
+                        "query": e.query,
+                        "documents": [[d.id, document_hash(d.text)] for d in e.documents],
+                        "rag_pred": e.record["rag_pred"],
+                        "label": int(y),
+                    }
+                    for e, y in zip(examples, labels)
+                ]
+            ),
+            "training_examples": len(examples),
+            "training_documents": len(set(groups)),
+            "training_tasks": sorted(set(tasks) - {""}),
+            **_corpora_card(examples),
+            "prices": prices.__dict__,
+            "long_window_tokens": builder.window,
+            "library_versions": library_versions(),
+            "rag_settings": policy.rag.model_dump(mode="json"),
+            "training_command": _command(args),
+        }
+    )
     save_verifier(model, args.out)
     metrics = result.cv_metrics
     print(f"wrote {args.out} and {args.out.with_suffix('.json')}")
-    print(f"cross-validated by document ({metrics['n_splits']} folds, {metrics['n_groups']} documents, "
-          f"{metrics['n']} answers): ROC AUC {_f(metrics['roc_auc'])}, accuracy {_f(metrics['accuracy'])}")
-    print(f"threshold {threshold:.4f}: {summary} ({described} out-of-fold scores"
-          + ("" if met else "; nothing met the cap") + ")")
+    print(
+        f"cross-validated by document ({metrics['n_splits']} folds, {metrics['n_groups']} documents, "
+        f"{metrics['n']} answers): ROC AUC {_f(metrics['roc_auc'])}, accuracy {_f(metrics['accuracy'])}"
+    )
+    print(
+        f"threshold {threshold:.4f}: {summary} ({described} out-of-fold scores"
+        + ("" if met else "; nothing met the cap")
+        + ")"
+    )
     for unit, h in held_out.items():
-        print(f"  held out {unit} ({h['n']} answers): verifier vs random escalation at 25% "
-              f"{_pts(h['verifier_vs_random_points_at_25'])}, gain AUC {_f(h['gain_auc'])}; at the threshold "
-              f"{h['at_threshold']['vs_long_points']:+.2f} points vs always-long, tokens "
-              f"{h['at_threshold']['tokens_vs_long']:.3f}, {h['at_threshold']['escalated']:.1%} escalated")
+        print(
+            f"  held out {unit} ({h['n']} answers): verifier vs random escalation at 25% "
+            f"{_pts(h['verifier_vs_random_points_at_25'])}, gain AUC {_f(h['gain_auc'])}; at the threshold "
+            f"{h['at_threshold']['vs_long_points']:+.2f} points vs always-long, tokens "
+            f"{h['at_threshold']['tokens_vs_long']:.3f}, {h['at_threshold']['escalated']:.1%} escalated"
+        )
     return 0
 
 
@@ -349,10 +489,19 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--protocol", args.protocol]
     if args.verifier:
         parts += ["--verifier"]
-        parts += (["--max-token-share", f"{args.max_token_share:g}"] if args.max_token_share is not None
-                  else ["--max-cost-share", f"{args.max_cost_share:g}"])
-        parts += ["--threshold-protocol", args.threshold_protocol or args.protocol or "loto", "--prices", args.prices,
-                  "--features", args.features]
+        parts += (
+            ["--max-token-share", f"{args.max_token_share:g}"]
+            if args.max_token_share is not None
+            else ["--max-cost-share", f"{args.max_cost_share:g}"]
+        )
+        parts += [
+            "--threshold-protocol",
+            args.threshold_protocol or args.protocol or "loto",
+            "--prices",
+            args.prices,
+            "--features",
+            args.features,
+        ]
         for window in args.window_tokens or []:
             parts += ["--window-tokens", str(window)]
     return " ".join(shlex.quote(p) for p in parts)

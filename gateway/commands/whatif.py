@@ -1,6 +1,7 @@
 """`selfroute whatif --policy CANDIDATE.yaml --since 7d [--json]`: every recorded routed request's decision
 recomputed from its stored features under a candidate policy (gateway.evaluation.recorded, with the live decision
 functions), against what the policy in force did: route mix, estimated cost, and quality where labels exist."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,9 @@ from gateway.commands._common import add_ledger_argument, ledger_location
 
 
 def register(subparsers, parents) -> None:
-    parser = subparsers.add_parser("whatif", parents=parents, help="recorded traffic under a candidate policy",
-                                   description=__doc__)
+    parser = subparsers.add_parser(
+        "whatif", parents=parents, help="recorded traffic under a candidate policy", description=__doc__
+    )
     parser.add_argument("--policy", required=True, type=Path, help="the candidate policy")
     parser.add_argument("--since", default="7d", help="an age: 30m, 12h, 7d, 4w (default 7d)")
     parser.add_argument("--json", action="store_true")
@@ -44,7 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
     # a tuple mypy can check (it does not read a starred name in an except clause)
     errors: tuple[type[BaseException], ...] = (
-        PolicyError, ModelFileError, OSError, ValueError, LedgerError, *database_error_types()[0],
+        PolicyError,
+        ModelFileError,
+        OSError,
+        ValueError,
+        LedgerError,
+        *database_error_types()[0],
     )
     try:
         policy, policy_file = load_policy(args.policy)
@@ -55,20 +62,30 @@ def run(args: argparse.Namespace) -> int:
         return 2
     now, candidate = recorded_summary(requests), summary(replay(requests, policy, model, verifier))
     if args.json:
-        print(json.dumps({"since": args.since, "policy": str(args.policy), "in_force": now, "candidate": candidate},
-                         indent=2, default=float))
+        print(
+            json.dumps(
+                {"since": args.since, "policy": str(args.policy), "in_force": now, "candidate": candidate},
+                indent=2,
+                default=float,
+            )
+        )
         return 0
     if not requests:
         print(f"no routed requests with recorded features since {args.since}")
         return 0
     print(f"{len(requests)} routed requests since {args.since}; candidate {args.policy}")
     for name, s in (("in force", now), ("candidate", candidate)):
-        quality = (f"{s['quality']:.1f} as good as long on {s['labelled']} labelled" if s["quality"] is not None
-                   else "no labels")
+        quality = (
+            f"{s['quality']:.1f} as good as long on {s['labelled']} labelled"
+            if s["quality"] is not None
+            else "no labels"
+        )
         share = f"{s['cost_share']:.0%} of always-long" if s["cost_share"] is not None else "always-long unpriced"
         routes = ", ".join(f"{route} {n}" for route, n in s["routes"].items())
         print(f"  {name:<10} ${s['cost_usd']:.4f} ({share}); long {s['long_share']:.0%}; {quality}; {routes}")
     if candidate["unseen_cheap"]:
-        print(f"  note: {candidate['unseen_cheap']} requests the candidate sends cheap went long when recorded: their "
-              "cheap answers were never seen (costed at the median cheap leg, counted as accepted)")
+        print(
+            f"  note: {candidate['unseen_cheap']} requests the candidate sends cheap went long when recorded: their "
+            "cheap answers were never seen (costed at the median cheap leg, counted as accepted)"
+        )
     return 0

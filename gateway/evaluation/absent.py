@@ -6,6 +6,7 @@ long route? For truly unanswerable questions keeping is right (escalating costs 
 nothing); for answerable ones keeping would lose an answer the long route might have found. Each
 article is one context (its paragraphs are the documents); features and retrieval are the gateway's.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,10 @@ def load_squad(path: str | Path) -> list[tuple[Example, bool]]:
     out = []
     for article in data["data"]:
         title = article["title"]
-        docs = [Document(id=f"{title}-p{i:03d}", text=p["context"], title=title)
-                for i, p in enumerate(article["paragraphs"])]
+        docs = [
+            Document(id=f"{title}-p{i:03d}", text=p["context"], title=title)
+            for i, p in enumerate(article["paragraphs"])
+        ]
         for paragraph in article["paragraphs"]:
             for qa in paragraph["qas"]:
                 out.append((Example(qa["question"], docs, title, qa), bool(qa.get("is_impossible"))))
@@ -75,9 +78,14 @@ class AbsentReport:
             + ", ".join(f"{k} {'n/a' if v is None else f'{v:.3f}'}" for k, v in self.auc_for_absent.items()),
         ]
         if self.sweep:
-            out.append("absent_max_top_score sweep (P(cheap) condition as configured): "
-                       + "; ".join(f"<= {s['max_top_score']:.2f}: keeps {100 * s['kept_unanswerable']:.0f}% "
-                                   f"unanswerable / {100 * s['kept_answerable']:.0f}% answerable" for s in self.sweep))
+            out.append(
+                "absent_max_top_score sweep (P(cheap) condition as configured): "
+                + "; ".join(
+                    f"<= {s['max_top_score']:.2f}: keeps {100 * s['kept_unanswerable']:.0f}% "
+                    f"unanswerable / {100 * s['kept_answerable']:.0f}% answerable"
+                    for s in self.sweep
+                )
+            )
         return out
 
 
@@ -102,16 +110,24 @@ def absent_report(questions: list[AbsentQuestion], fallback) -> AbsentReport:
     sweep = []
     for cut in (0.3, 0.4, 0.5, 0.6, 0.7):
         settings = fallback.model_copy(update={"absent_max_top_score": cut})
-        sweep.append({"max_top_score": cut, "kept_unanswerable": kept(unans, settings) / max(len(unans), 1),
-                      "kept_answerable": kept(ans, settings) / max(len(ans), 1)})
+        sweep.append(
+            {
+                "max_top_score": cut,
+                "kept_unanswerable": kept(unans, settings) / max(len(unans), 1),
+                "kept_answerable": kept(ans, settings) / max(len(ans), 1),
+            }
+        )
     mean = {
         name: sum(v) / len(v) if (v := values(group, "top_score")) else float("nan")
         for name, group in (("unanswerable", unans), ("answerable", ans))
     }
     return AbsentReport(
-        n_unanswerable=len(unans), n_answerable=len(ans),
-        max_top_score=fallback.absent_max_top_score, min_probability=fallback.absent_min_probability,
-        kept_unanswerable=kept(unans, fallback), kept_answerable=kept(ans, fallback),
+        n_unanswerable=len(unans),
+        n_answerable=len(ans),
+        max_top_score=fallback.absent_max_top_score,
+        min_probability=fallback.absent_min_probability,
+        kept_unanswerable=kept(unans, fallback),
+        kept_answerable=kept(ans, fallback),
         mean_top_score=mean,
         auc_for_absent={k: _auc(fn(unans), fn(ans)) for k, fn in signals.items()},
         sweep=sweep,

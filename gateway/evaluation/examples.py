@@ -10,6 +10,7 @@ file (corpus_name), and the validation protocols can leave one corpus or one mod
 Features come from gateway.routing.inputs plus a real retrieval pass of pipelines.rag over an inline
 LanceDB collection of the example's documents: the same path a request with attached documents takes.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -101,8 +102,11 @@ def load_examples(path: str | Path, docs_dir: str | Path | None) -> list[Example
                 if isinstance(item, str):
                     docs.append(_read_doc(docs_dir, item, cache, where))
                 elif isinstance(item, dict) and isinstance(item.get("text"), str):
-                    docs.append(Document(id=str(item.get("id") or f"inline-{number}-{i}"), text=item["text"],
-                                         title=item.get("title")))
+                    docs.append(
+                        Document(
+                            id=str(item.get("id") or f"inline-{number}-{i}"), text=item["text"], title=item.get("title")
+                        )
+                    )
                 else:
                     raise ExampleFileError(f"{where}: documents[{i}] must be an id or an object with 'text'")
             if not docs:
@@ -163,8 +167,14 @@ def long_window(policy: Policy, override: int | None = None) -> int:
 class RouteInputBuilder:
     """Runs the gateway's routing inputs over examples: document stats, a retrieval pass, prompt sizes."""
 
-    def __init__(self, policy: Policy, store_uri: str | Path, window_tokens: int | None = None,
-                 cache_dir: str | Path | None = None, embedder=None):
+    def __init__(
+        self,
+        policy: Policy,
+        store_uri: str | Path,
+        window_tokens: int | None = None,
+        cache_dir: str | Path | None = None,
+        embedder=None,
+    ):
         from pipelines.embedding import Embedder
         from pipelines.long_context import LongContextPipeline
         from pipelines.rag import RagPipeline
@@ -173,8 +183,11 @@ class RouteInputBuilder:
         self.policy = policy
         self.window = long_window(policy, window_tokens)
         if embedder is None:
-            embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size,
-                                backend=policy.rag.embedding_backend)
+            embedder = Embedder(
+                policy.rag.embedding_model,
+                batch_size=policy.rag.embedding_batch_size,
+                backend=policy.rag.embedding_backend,
+            )
         self.store = DocumentStore(str(store_uri), embedder, policy.rag)
         self.rag = RagPipeline(self.store, policy.rag)
         # no embedder: over-long documents are cut by BM25 ranking; only the token count is used here
@@ -199,9 +212,14 @@ class RouteInputBuilder:
 
     def _key(self, example: Example, part: str) -> str:
         # refusal patterns and the question marker do not change retrieval: left out of the key
-        retrieval_settings = self.policy.rag.model_dump(mode="json", exclude={"unanswerable_patterns", "question_marker"})
-        settings = (retrieval_settings if part in ("retrieval", "passages", "hits")
-                    else [self.policy.long_context.model_dump(mode="json"), self.window])
+        retrieval_settings = self.policy.rag.model_dump(
+            mode="json", exclude={"unanswerable_patterns", "question_marker"}
+        )
+        settings = (
+            retrieval_settings
+            if part in ("retrieval", "passages", "hits")
+            else [self.policy.long_context.model_dump(mode="json"), self.window]
+        )
         payload = [CACHE_VERSION, part, example.query, [(d.id, self._hash(d)) for d in example.documents], settings]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -236,8 +254,9 @@ class RouteInputBuilder:
             packed = self._long_prompt(example)
             for key, value in zip(keys, packed):
                 self._cached(key, lambda value=value: value)
-        return ExampleInputs(long_prompt_tokens=self._cache[keys[0]], long_prefix_tokens=self._cache[keys[1]],
-                             **retrieval)
+        return ExampleInputs(
+            long_prompt_tokens=self._cache[keys[0]], long_prefix_tokens=self._cache[keys[1]], **retrieval
+        )
 
     def _request(self, example: Example):
         from pipelines.base import ContextRequest
@@ -266,6 +285,7 @@ class RouteInputBuilder:
     def passages(self, example: Example) -> list[str]:
         """The texts of the passages the RAG route places in the cheap prompt (what the answer verifier reads),
         cached like the other retrieval-side values."""
+
         def compute() -> list[str]:
             retrieval = self.rag.retrieve_for(self._request(example))
             return [p.text for p in retrieval.passages]
@@ -289,7 +309,10 @@ class RouteInputBuilder:
         from gateway.routing.answer_support import hit_spread
 
         spread = hit_spread([(d, p) for d, p in positions])
-        return {**{k: features[k] for k in RETRIEVAL_FEATURES}, "hit_spread": float("nan") if spread is None else spread}
+        return {
+            **{k: features[k] for k in RETRIEVAL_FEATURES},
+            "hit_spread": float("nan") if spread is None else spread,
+        }
 
     def document_index(self, example: Example):
         """The example's documents' term index (classifier.answer_features.document_index), as the gateway builds it."""
@@ -324,15 +347,22 @@ class CorpusInputs:
     """A RouteInputBuilder per corpus (each with its own long window), sharing one embedding model and store: the
     same methods, dispatched by the example's corpus."""
 
-    def __init__(self, policy: Policy, store_uri: str | Path, windows: dict[str, int | None],
-                 cache_dir: str | Path | None = None, embedder=None):
+    def __init__(
+        self,
+        policy: Policy,
+        store_uri: str | Path,
+        windows: dict[str, int | None],
+        cache_dir: str | Path | None = None,
+        embedder=None,
+    ):
         from pipelines.embedding import Embedder
 
         if embedder is None:
             embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size)
         self.embedder = embedder
-        self.builders = {name: RouteInputBuilder(policy, store_uri, window, cache_dir, embedder)
-                         for name, window in windows.items()}
+        self.builders = {
+            name: RouteInputBuilder(policy, store_uri, window, cache_dir, embedder) for name, window in windows.items()
+        }
 
     def builder(self, example: Example) -> RouteInputBuilder:
         return self.builders[example.source] if example.source in self.builders else next(iter(self.builders.values()))

@@ -20,12 +20,14 @@ functions (gateway.evaluation.replay.router_strategy: gateway.routing.decision a
 Reported per window of questions: quality (mean recorded score, points) and cost (USD at the replay's prices, and
 tokens of every leg), plus the totals after the first `after` questions (the trailing part of the stream).
 """
+
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.evaluation.replay import Leg, Outcome, Prices, ReplayItem, leg_cost, oracle, router_strategy
 from gateway.routing.decision import Router
@@ -78,10 +80,16 @@ class Tally:
 
     def to_dict(self) -> dict[str, Any]:
         n = max(self.questions, 1)
-        return {"questions": self.questions, "quality": 100.0 * self.score / n, "cost_usd": self.cost_usd,
-                "tokens": self.tokens, "learning_cost_usd": self.learning_cost_usd,
-                "learning_tokens": self.learning_tokens, "escalated_share": self.escalated / n,
-                "long_share": self.long_answered / n}
+        return {
+            "questions": self.questions,
+            "quality": 100.0 * self.score / n,
+            "cost_usd": self.cost_usd,
+            "tokens": self.tokens,
+            "learning_cost_usd": self.learning_cost_usd,
+            "learning_tokens": self.learning_tokens,
+            "escalated_share": self.escalated / n,
+            "long_share": self.long_answered / n,
+        }
 
 
 @dataclass
@@ -156,9 +164,20 @@ def _quantile_threshold(scores: Sequence[float], share: float) -> float:
     return ordered[min(k, len(ordered) - 1)]
 
 
-def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *, shadow_rate: float,
-             judge_noise: float, refit_every: int, seed: int = 0, window: int = 250, after: int = 1000,
-             estimator: Estimator = "logistic", feature_names: Sequence[str] | None = None) -> SimulationResult:
+def simulate(
+    questions: Sequence[SimQuestion],
+    policy: Policy,
+    prices: Prices,
+    *,
+    shadow_rate: float,
+    judge_noise: float,
+    refit_every: int,
+    seed: int = 0,
+    window: int = 250,
+    after: int = 1000,
+    estimator: Estimator = "logistic",
+    feature_names: Sequence[str] | None = None,
+) -> SimulationResult:
     """Run the stream once. `policy` must have a verifier (its threshold, else the shipped verifier card's, is the
     frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer."""
     import numpy as np
@@ -202,8 +221,12 @@ def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *
     for position, index in enumerate(order, start=1):
         question = questions[index]
         item = question.item
-        outcomes = {FROZEN: frozen(item), ALWAYS_LONG: _long_outcome(item), ALWAYS_RAG: _rag_outcome(item),
-                    ORACLE: oracle(item)}
+        outcomes = {
+            FROZEN: frozen(item),
+            ALWAYS_LONG: _long_outcome(item),
+            ALWAYS_RAG: _rag_outcome(item),
+            ORACLE: oracle(item),
+        }
         decision = router.decide(item.features, item.probability)
         live = router_strategy(router, True, learning_check)(replace(item, verifier_score=score_of(index)))
         extra: list[Leg] = []
@@ -242,8 +265,9 @@ def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *
             ys = [label for _, label, _ in labelled]
             if len(labelled) >= MIN_LABELS and len(set(ys)) == 2:
                 model = VerifierModel(build_verifier_pipeline(estimator, seed), names)
-                model.fit([questions[i].answer_row for i, _, _ in labelled], np.asarray(ys),
-                          [w for _, _, w in labelled])
+                model.fit(
+                    [questions[i].answer_row for i, _, _ in labelled], np.asarray(ys), [w for _, _, w in labelled]
+                )
                 # every question's score at once (a deployment scores each as it comes; the model is the same)
                 learned, learned_scores = model, model.scores([q.answer_row for q in questions])
                 # hold the frozen router's spend: its escalation share on the questions seen, less the learning legs'
@@ -260,34 +284,55 @@ def simulate(questions: Sequence[SimQuestion], policy: Policy, prices: Prices, *
                 threshold = _quantile_threshold([score_of(i) for i in seen_cheap], target)
                 learn_policy = _with_verifier_threshold(policy, threshold)
                 learning_check = CheapAnswerCheck(learn_policy)
-                refits.append({"at": position, "labels": len(labelled), "target_share": target,
-                               "past_share": sum(score_of(i) < threshold for i in seen_cheap) / n_seen,
-                               "threshold": threshold})
+                refits.append(
+                    {
+                        "at": position,
+                        "labels": len(labelled),
+                        "target_share": target,
+                        "past_share": sum(score_of(i) < threshold for i in seen_cheap) / n_seen,
+                        "threshold": threshold,
+                    }
+                )
     return SimulationResult(
-        order_seed=seed, shadow_rate=shadow_rate, judge_noise=judge_noise, refit_every=refit_every, window=window,
-        after=after, windows=windows, trailing={n: t.to_dict() for n, t in trailing.items()},
-        total={n: t.to_dict() for n, t in tallies.items()}, labels={**counts, "total": len(labelled)}, refits=refits)
+        order_seed=seed,
+        shadow_rate=shadow_rate,
+        judge_noise=judge_noise,
+        refit_every=refit_every,
+        window=window,
+        after=after,
+        windows=windows,
+        trailing={n: t.to_dict() for n, t in trailing.items()},
+        total={n: t.to_dict() for n, t in tallies.items()},
+        labels={**counts, "total": len(labelled)},
+        refits=refits,
+    )
 
 
 def format_simulation(result: SimulationResult, title: str) -> str:
     long_total = result.trailing[ALWAYS_LONG]
-    lines = [f"{title}: shadow {result.shadow_rate:.0%}, judge noise {result.judge_noise:.0%}, refit every "
-             f"{result.refit_every}, order seed {result.order_seed}; labels {result.labels}"]
+    lines = [
+        f"{title}: shadow {result.shadow_rate:.0%}, judge noise {result.judge_noise:.0%}, refit every "
+        f"{result.refit_every}, order seed {result.order_seed}; labels {result.labels}"
+    ]
     header = f"{'window end':>10} " + " ".join(f"{name[:22]:>24}" for name in STRATEGIES)
     lines.append("quality (points) / cost (USD) per window")
     lines.append(header)
     for w in result.windows:
-        lines.append(f"{w['end']:>10} " + " ".join(
-            f"{w[name]['quality']:>10.1f} / {w[name]['cost_usd']:>10.4f}" for name in STRATEGIES))
+        lines.append(
+            f"{w['end']:>10} "
+            + " ".join(f"{w[name]['quality']:>10.1f} / {w[name]['cost_usd']:>10.4f}" for name in STRATEGIES)
+        )
     trailing_n = long_total["questions"]
     lines.append(f"after question {result.after} ({trailing_n} questions):")
     for name in STRATEGIES:
         t = result.trailing[name]
         share = t["tokens"] / long_total["tokens"] if long_total["tokens"] else float("nan")
         cost_share = t["cost_usd"] / long_total["cost_usd"] if long_total["cost_usd"] else float("nan")
-        lines.append(f"  {name:<26} quality {t['quality']:6.2f}  cost ${t['cost_usd']:.4f} ({cost_share:.0%} of "
-                     f"always-long; learning legs ${t['learning_cost_usd']:.4f})  tokens {share:.0%} of always-long"
-                     f"  escalated {t['escalated_share']:.0%}")
+        lines.append(
+            f"  {name:<26} quality {t['quality']:6.2f}  cost ${t['cost_usd']:.4f} ({cost_share:.0%} of "
+            f"always-long; learning legs ${t['learning_cost_usd']:.4f})  tokens {share:.0%} of always-long"
+            f"  escalated {t['escalated_share']:.0%}"
+        )
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ paired row names its document as a 0-based line (`doc`) in the task's L-Eval fil
 Output: OUT/paired.jsonl (doc_id, query, rag_score, lc_score, rag_pred, lc_pred, task, gt, group,
 metric) and OUT/docs/<doc_id>.txt, the format `selfroute eval replay` and `selfroute train` read.
 """
+
 from __future__ import annotations
 
 import json

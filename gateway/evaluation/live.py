@@ -4,6 +4,7 @@ Answers are scored against `gt` (token F1, exact match, and the option letter fo
 questions); tokens, cost and route per request come from the gateway's own ledger, looked up by the
 request ids the gateway returned.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,7 +72,9 @@ def score_answer(prediction: str, truth: str) -> dict[str, float]:
 def register(sub, parents) -> None:
     """Adds `live` under `selfroute eval`."""
     live = sub.add_parser("live", parents=parents, help="send questions through a running gateway and score answers")
-    live.add_argument("--data", required=True, type=Path, help="paired-format questions (JSON lines with doc_id, query, gt)")
+    live.add_argument(
+        "--data", required=True, type=Path, help="paired-format questions (JSON lines with doc_id, query, gt)"
+    )
     live.add_argument("--docs", type=Path, default=None, help="folder of <doc_id>.txt (default: DATA's folder/docs)")
     live.add_argument("--base-url", required=True, help="the gateway, e.g. http://127.0.0.1:8000/v1")
     live.add_argument("--model", default="selfroute", help="routed alias (or any model, for a baseline)")
@@ -107,15 +110,18 @@ def run_live(args: argparse.Namespace) -> int:
     rows = [json.loads(line) for line in args.data.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = rows[: args.limit] if args.limit else rows
     results = []
-    with openai.OpenAI(base_url=base, api_key=args.api_key or os.environ.get("SELFROUTE_API_KEY") or "none",
-                       max_retries=0, timeout=600) as client:
+    with openai.OpenAI(
+        base_url=base, api_key=args.api_key or os.environ.get("SELFROUTE_API_KEY") or "none", max_retries=0, timeout=600
+    ) as client:
         for row in tqdm(rows, unit="q", desc="eval live", disable=args.json):
             document = (docs_dir / f"{row['doc_id']}.txt").read_text(encoding="utf-8")
             started = time.perf_counter()
             try:
                 raw = client.chat.completions.with_raw_response.create(
-                    model=args.model, messages=[{"role": "user", "content": row["query"]}],
-                    max_tokens=args.max_tokens, temperature=0,
+                    model=args.model,
+                    messages=[{"role": "user", "content": row["query"]}],
+                    max_tokens=args.max_tokens,
+                    temperature=0,
                     extra_body={"selfroute": {"documents": [{"id": row["doc_id"], "text": document}]}},
                 )
                 answer = raw.parse().choices[0].message.content or ""
@@ -124,8 +130,15 @@ def run_live(args: argparse.Namespace) -> int:
                 answer, error = "", str(exc)
                 response = getattr(exc, "response", None)
                 request_id = response.headers.get("x-selfroute-request-id") if response is not None else None
-            result = {"doc_id": row["doc_id"], "query": row["query"][:200], "gt": row.get("gt"), "answer": answer,
-                      "error": error, "request_id": request_id, "seconds": time.perf_counter() - started}
+            result = {
+                "doc_id": row["doc_id"],
+                "query": row["query"][:200],
+                "gt": row.get("gt"),
+                "answer": answer,
+                "error": error,
+                "request_id": request_id,
+                "seconds": time.perf_counter() - started,
+            }
             result.update(score_answer(answer, str(row.get("gt") or "")))
             results.append(result)
 
@@ -134,9 +147,12 @@ def run_live(args: argparse.Namespace) -> int:
     with httpx.Client(timeout=30) as http:
         for result in results:
             entry = _ledger_entry(http, base, result["request_id"], headers) if result["request_id"] else None
-            result.update(route=(entry or {}).get("route"), cost_usd=(entry or {}).get("cost_usd", 0.0),
-                          counterfactual_cost_usd=(entry or {}).get("counterfactual_cost_usd", 0.0),
-                          tokens=((entry or {}).get("prompt_tokens", 0) + (entry or {}).get("completion_tokens", 0)))
+            result.update(
+                route=(entry or {}).get("route"),
+                cost_usd=(entry or {}).get("cost_usd", 0.0),
+                counterfactual_cost_usd=(entry or {}).get("counterfactual_cost_usd", 0.0),
+                tokens=((entry or {}).get("prompt_tokens", 0) + (entry or {}).get("completion_tokens", 0)),
+            )
     summary = summarize(results)
     if args.json:
         print(json.dumps({"summary": summary, "results": results}, indent=2))
@@ -169,9 +185,13 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    print(f"{'route':10} {'n':>4} {'score':>6} {'EM':>6} {'F1':>6} {'err':>4} {'tokens':>9} {'cost $':>10} "
-          f"{'always-long $':>13} {'s/q':>6}")
+    print(
+        f"{'route':10} {'n':>4} {'score':>6} {'EM':>6} {'F1':>6} {'err':>4} {'tokens':>9} {'cost $':>10} "
+        f"{'always-long $':>13} {'s/q':>6}"
+    )
     for route, s in summary.items():
-        print(f"{route:10} {s['questions']:4d} {s['mean_score']:6.3f} {s['exact_match']:6.3f} {s['f1']:6.3f} "
-              f"{s['errors']:4d} {s['tokens']:9d} {s['cost_usd']:10.6f} {s['always_long_cost_usd']:13.6f} "
-              f"{s['mean_seconds']:6.2f}")
+        print(
+            f"{route:10} {s['questions']:4d} {s['mean_score']:6.3f} {s['exact_match']:6.3f} {s['f1']:6.3f} "
+            f"{s['errors']:4d} {s['tokens']:9d} {s['cost_usd']:10.6f} {s['always_long_cost_usd']:13.6f} "
+            f"{s['mean_seconds']:6.2f}"
+        )

@@ -11,6 +11,7 @@ the cost map's); a write premium applies only when the gateway marks the block (
 Claude models, or `cache_control: true`). The reference long model, gpt-3.5-turbo-16k, predates prompt
 caching and has no cache rates: give them explicitly.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,8 +45,10 @@ def reference_prices(cheap: str = REFERENCE_CHEAP, long: str = REFERENCE_LONG) -
         return float(costs[model][key]) * 1e6
 
     return Prices(
-        per_mtok(cheap, "input_cost_per_token"), per_mtok(cheap, "output_cost_per_token"),
-        per_mtok(long, "input_cost_per_token"), per_mtok(long, "output_cost_per_token"),
+        per_mtok(cheap, "input_cost_per_token"),
+        per_mtok(cheap, "output_cost_per_token"),
+        per_mtok(long, "input_cost_per_token"),
+        per_mtok(long, "output_cost_per_token"),
         source=f"reference: litellm cost map, cheap={cheap}, long={long}",
     )
 
@@ -66,9 +69,14 @@ def policy_prices(policy: Policy) -> Prices | None:
     if not (cheap.known and long.known) or not any(values):
         return None
     cheap_in, cheap_out, long_in, long_out = (v * 1e6 for v in values)
-    return Prices(cheap_in, cheap_out, long_in, long_out,
-                  source=f"policy {policy.name}: cheap={policy.cheap.model} ({cheap.source}), "
-                         f"long={policy.long.model} ({long.source})")
+    return Prices(
+        cheap_in,
+        cheap_out,
+        long_in,
+        long_out,
+        source=f"policy {policy.name}: cheap={policy.cheap.model} ({cheap.source}), "
+        f"long={policy.long.model} ({long.source})",
+    )
 
 
 def policy_long_cache(policy: Policy) -> LongCache:
@@ -77,19 +85,25 @@ def policy_long_cache(policy: Policy) -> LongCache:
 
     _, long = _ledger_prices(policy)
     if long.cache_read_per_token is None:
-        raise ValueError(f"no prompt-cache read price for the long model {policy.long.model} (neither "
-                         "long.cached_input_cost_per_mtok in the policy nor litellm's cost map): give "
-                         "--long-cache-prices READ[,WRITE]")
+        raise ValueError(
+            f"no prompt-cache read price for the long model {policy.long.model} (neither "
+            "long.cached_input_cost_per_mtok in the policy nor litellm's cost map): give "
+            "--long-cache-prices READ[,WRITE]"
+        )
     marked = needs_cache_control(policy.long)
     write = long.cache_write_per_token * 1e6 if marked and long.cache_write_per_token is not None else None
     how = "cache_control on the document block" if marked else "automatic prefix caching"
-    return LongCache(long.cache_read_per_token * 1e6, write,
-                     source=f"{policy.long.model} ({long.source}): {how}")
+    return LongCache(long.cache_read_per_token * 1e6, write, source=f"{policy.long.model} ({long.source}): {how}")
 
 
-def resolve_prices(policy: Policy, mode: str = "auto", *, prompt_cache: bool = False,
-                   long_cache_prices: tuple[float, float | None] | None = None,
-                   cache_window: int | None = None) -> Prices:
+def resolve_prices(
+    policy: Policy,
+    mode: str = "auto",
+    *,
+    prompt_cache: bool = False,
+    long_cache_prices: tuple[float, float | None] | None = None,
+    cache_window: int | None = None,
+) -> Prices:
     """mode: 'policy', 'reference', or 'auto' (the policy's when it has non-zero prices).
     prompt_cache: price long legs with the long model's provider cache (replay.LongCache), its rates from the
     policy's long model; long_cache_prices (READ, WRITE or None), USD per million tokens, give them instead;
@@ -105,13 +119,19 @@ def resolve_prices(policy: Policy, mode: str = "auto", *, prompt_cache: bool = F
         return prices
     if long_cache_prices is not None:
         read, write = long_cache_prices
-        cache = LongCache(read, write, source="given" + (" (write premium: explicit caching)" if write is not None
-                                                         else " (automatic caching)"))
+        cache = LongCache(
+            read,
+            write,
+            source="given" + (" (write premium: explicit caching)" if write is not None else " (automatic caching)"),
+        )
     elif reference:
-        raise ValueError(f"litellm's cost map has no prompt-cache prices for {REFERENCE_LONG}, the reference long "
-                         "model (it predates prompt caching): give --long-cache-prices READ[,WRITE], or replay a "
-                         "policy whose long model has cache prices")
+        raise ValueError(
+            f"litellm's cost map has no prompt-cache prices for {REFERENCE_LONG}, the reference long "
+            "model (it predates prompt caching): give --long-cache-prices READ[,WRITE], or replay a "
+            "policy whose long model has cache prices"
+        )
     else:
         cache = policy_long_cache(policy)
-    return replace(prices, long_cache=replace(cache, window=cache_window,
-                                              min_prefix_tokens=policy.long.prompt_cache_min_tokens))
+    return replace(
+        prices, long_cache=replace(cache, window=cache_window, min_prefix_tokens=policy.long.prompt_cache_min_tokens)
+    )

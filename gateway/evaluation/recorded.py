@@ -10,13 +10,15 @@ is unknown: counted as accepted and reported as `unseen_cheap`. Quality is estim
 (gateway.ledger.labels.RecordedRequest.label): a cheap answer labelled worse than the long one loses a point, any
 other answer is as good as the long route's.
 """
+
 from __future__ import annotations
 
 import math
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from gateway.ledger.labels import RecordedRequest
 from gateway.routing.decision import Router
@@ -71,14 +73,22 @@ def replay(requests: Sequence[RecordedRequest], policy: Policy, model=None, veri
     pending: list[tuple[int, dict[str, float]]] = []
     for i, (request, decision) in enumerate(zip(requests, decisions)):
         answer = request.features.get("verifier_features")
-        if (check.verifier is not None and answer is not None and decision.route in CHECKED_ROUTES
-                and check.applies(decision) and cheap_cost(request) is not None):
+        if (
+            check.verifier is not None
+            and answer is not None
+            and decision.route in CHECKED_ROUTES
+            and check.applies(decision)
+            and cheap_cost(request) is not None
+        ):
             row = _numbers(answer)
             if "pre_route_probability" in row and decision.probability is not None:
                 row["pre_route_probability"] = decision.probability  # the candidate's P(cheap) feeds its verifier
             pending.append((i, row))
-    scores = (dict(zip((i for i, _ in pending), check.verifier.scores([row for _, row in pending])))
-              if pending and check.verifier is not None else {})
+    scores = (
+        dict(zip((i for i, _ in pending), check.verifier.scores([row for _, row in pending])))
+        if pending and check.verifier is not None
+        else {}
+    )
     out = []
     for i, (request, decision) in enumerate(zip(requests, decisions)):
         long_cost = request.counterfactual_cost_usd
@@ -124,19 +134,23 @@ def recorded_summary(requests: Sequence[RecordedRequest]) -> dict[str, Any]:
     replayed = []
     for r in requests:
         route = r.route or r.features.get("decision") or LONG
-        replayed.append(Replayed(r, route, r.cost_usd, p_cheap=r.features.get("p_cheap"),
-                                 p_good=r.features.get("p_good")))
+        replayed.append(
+            Replayed(r, route, r.cost_usd, p_cheap=r.features.get("p_cheap"), p_good=r.features.get("p_good"))
+        )
     return summary(replayed)
 
 
-def thresholds_for_cost_share(requests: Sequence[RecordedRequest], max_cost_share: float,
-                              steps: int = 200) -> tuple[float, dict[str, Any]] | None:
+def thresholds_for_cost_share(
+    requests: Sequence[RecordedRequest], max_cost_share: float, steps: int = 200
+) -> tuple[float, dict[str, Any]] | None:
     """The verifier threshold answering the most requests long (escalating the least-trusted answers first) with the
     estimated cost at most `max_cost_share` of always-long, from the recorded P(good) alone (no labels). Requests
     that went long stay long. None when no recorded request was checked by a verifier."""
     scored: list[tuple[RecordedRequest, float, float]] = [
-        (r, r.features["p_good"], cost) for r in requests
-        if r.features.get("p_good") is not None and (cost := cheap_cost(r)) is not None]
+        (r, r.features["p_good"], cost)
+        for r in requests
+        if r.features.get("p_good") is not None and (cost := cheap_cost(r)) is not None
+    ]
     if not scored:
         return None
     always_long = sum(r.counterfactual_cost_usd for r in requests)
@@ -151,6 +165,14 @@ def thresholds_for_cost_share(requests: Sequence[RecordedRequest], max_cost_shar
         share = cost / always_long if always_long else 0.0
         escalated = sum(p < t for _, p, _ in scored)
         if share <= max_cost_share + 1e-12 and (best is None or escalated > best[1]["escalated"]):
-            best = (t, {"threshold": t, "cost_share": share, "escalated": escalated, "checked": len(scored),
-                        "escalated_share": escalated / len(scored)})
+            best = (
+                t,
+                {
+                    "threshold": t,
+                    "cost_share": share,
+                    "escalated": escalated,
+                    "checked": len(scored),
+                    "escalated_share": escalated / len(scored),
+                },
+            )
     return best

@@ -28,11 +28,12 @@ Choices (documented in `selfroute eval replay --help` too):
   on its first question, a router only on the questions it sent long. The cheap model's prompts
   (retrieved passages per question) are priced without caching.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
@@ -102,8 +103,11 @@ def leg_cost(leg: Leg, prices: Prices, read: int = 0, written: int = 0) -> float
     if leg.model == "cheap":
         return (leg.prompt_tokens * prices.cheap_input + leg.output_tokens * prices.cheap_output) / 1e6
     cache = prices.long_cache
-    cached = 0.0 if cache is None else read * cache.read + written * (
-        prices.long_input if cache.write is None else cache.write)
+    cached = (
+        0.0
+        if cache is None
+        else read * cache.read + written * (prices.long_input if cache.write is None else cache.write)
+    )
     plain = leg.prompt_tokens - (0 if cache is None else read + written)
     return (plain * prices.long_input + cached + leg.output_tokens * prices.long_output) / 1e6
 
@@ -142,9 +146,10 @@ def outcome_costs(items: Sequence[ReplayItem], outcomes: Sequence[Outcome], pric
     """Each outcome's cost, its long legs priced in sequence (warm_long_legs): the one cost function of the
     replay's strategies, its baseline and its threshold sweeps (the tradeoff Table applies the same two rules)."""
     warm = warm_long_legs(items, [any(leg.model == "long" for leg in o.legs) for o in outcomes], prices.long_cache)
-    return [sum(long_leg_cost(item, leg, prices, hot) if leg.model == "long" else leg_cost(leg, prices)
-                for leg in o.legs)
-            for item, o, hot in zip(items, outcomes, warm)]
+    return [
+        sum(long_leg_cost(item, leg, prices, hot) if leg.model == "long" else leg_cost(leg, prices) for leg in o.legs)
+        for item, o, hot in zip(items, outcomes, warm)
+    ]
 
 
 def _rag(item: ReplayItem) -> Outcome:
@@ -160,8 +165,9 @@ def _fallback(item: ReplayItem) -> Outcome:
 
 
 def _direct(item: ReplayItem) -> Outcome:
-    return Outcome(DIRECT, min(item.rag_score, item.lc_score),
-                   (Leg("cheap", item.direct_prompt_tokens, item.rag_output_tokens),))
+    return Outcome(
+        DIRECT, min(item.rag_score, item.lc_score), (Leg("cheap", item.direct_prompt_tokens, item.rag_output_tokens),)
+    )
 
 
 def self_route(item: ReplayItem) -> Outcome:
@@ -172,8 +178,9 @@ def oracle(item: ReplayItem) -> Outcome:
     return _rag(item) if item.rag_score >= item.lc_score else _long(item)
 
 
-def router_strategy(router: Router, fallback: bool, check: CheapAnswerCheck | None = None
-                    ) -> Callable[[ReplayItem], Outcome]:
+def router_strategy(
+    router: Router, fallback: bool, check: CheapAnswerCheck | None = None
+) -> Callable[[ReplayItem], Outcome]:
     """The policy's rules and classifier (with the out-of-fold probability); with `fallback`, the cheap
     answer is checked by gateway.routing.escalation exactly as the live gateway checks it (with the
     policy's verifier when it has one: the item's verifier_score is its P(good))."""
@@ -258,8 +265,15 @@ class StrategyResult:
         return self.__dict__.copy()
 
 
-def evaluate(name: str, strategy: Callable[[ReplayItem], Outcome], items: list[ReplayItem], prices: Prices,
-             long_tokens: int, long_cost: float, long_quality: float) -> StrategyResult:
+def evaluate(
+    name: str,
+    strategy: Callable[[ReplayItem], Outcome],
+    items: list[ReplayItem],
+    prices: Prices,
+    long_tokens: int,
+    long_cost: float,
+    long_quality: float,
+) -> StrategyResult:
     outcomes = [strategy(item) for item in items]
     n = len(outcomes)
     quality = sum(o.score for o in outcomes) / n
@@ -296,7 +310,9 @@ def baseline_totals(items: list[ReplayItem], prices: Prices) -> tuple[int, float
     )
 
 
-def strategies(policy: Policy, verifier_threshold: float | None = None) -> list[tuple[str, Callable[[ReplayItem], Outcome]]]:
+def strategies(
+    policy: Policy, verifier_threshold: float | None = None
+) -> list[tuple[str, Callable[[ReplayItem], Outcome]]]:
     """The replay's strategies. With `verifier_threshold` (the items carry verifier scores), the verifier's
     strategies too: the cheap route always first then the verifier, and the pre-route with the verifier."""
     literal = without_verifier(policy)
@@ -317,11 +333,14 @@ def strategies(policy: Policy, verifier_threshold: float | None = None) -> list[
     return out
 
 
-def run_strategies(items: list[ReplayItem], policy: Policy, prices: Prices,
-                   verifier_threshold: float | None = None) -> list[StrategyResult]:
+def run_strategies(
+    items: list[ReplayItem], policy: Policy, prices: Prices, verifier_threshold: float | None = None
+) -> list[StrategyResult]:
     long_tokens, long_cost, long_quality = baseline_totals(items, prices)
-    return [evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality)
-            for name, fn in strategies(policy, verifier_threshold)]
+    return [
+        evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality)
+        for name, fn in strategies(policy, verifier_threshold)
+    ]
 
 
 # -- threshold sweeps ----------------------------------------------------------------------------
@@ -340,8 +359,15 @@ def sweep(items: list[ReplayItem], policy: Policy, prices: Prices, fallback: boo
         strategy = router_strategy(Router(with_threshold(policy, t)), fallback)
         r = evaluate(f"t={t:.4f}", strategy, items, prices, long_tokens, long_cost, long_quality)
         long_share = r.route_shares.get(LONG, 0.0)
-        points.append({"threshold": t, "quality": r.quality, "cost_vs_long": r.cost_vs_long,
-                       "tokens_vs_long": r.tokens_vs_long, "long_share": long_share})
+        points.append(
+            {
+                "threshold": t,
+                "quality": r.quality,
+                "cost_vs_long": r.cost_vs_long,
+                "tokens_vs_long": r.tokens_vs_long,
+                "long_share": long_share,
+            }
+        )
     return points
 
 
@@ -388,5 +414,6 @@ def gap_recovery(items: list[ReplayItem]) -> GapRecovery:
     def cpt(target: float) -> float | None:
         return next((share for share, pgr in curve if pgr >= target - 1e-12), None)
 
-    return GapRecovery(q_rag, q_long, cpt(0.5), cpt(0.8), _area(curve), _area(_pgr_curve(items, best, q_rag, gap)),
-                       curve)
+    return GapRecovery(
+        q_rag, q_long, cpt(0.5), cpt(0.8), _area(curve), _area(_pgr_curve(items, best, q_rag, gap)), curve
+    )

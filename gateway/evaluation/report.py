@@ -1,4 +1,5 @@
 """Build replay items from paired examples, and print or plot the replay's results."""
+
 from __future__ import annotations
 
 import logging
@@ -44,15 +45,28 @@ def build_items(examples, inputs, probabilities, detector, verifier_scores=None)
 
 def format_table(results: list[StrategyResult]) -> str:
     routes = sorted({r for res in results for r in res.route_shares})
-    head = ["strategy", "quality", "vs long (pts)", *[f"{r} %" for r in routes], "tokens vs long", "cost $",
-            "cost vs long"]
+    head = [
+        "strategy",
+        "quality",
+        "vs long (pts)",
+        *[f"{r} %" for r in routes],
+        "tokens vs long",
+        "cost $",
+        "cost vs long",
+    ]
     rows = [head]
     for res in results:
-        rows.append([
-            res.name, f"{res.quality:.4f}", f"{res.quality_vs_long_points:+.2f}",
-            *[f"{100 * res.route_shares.get(r, 0.0):.1f}" for r in routes],
-            f"{res.tokens_vs_long:.3f}", f"{res.cost_usd:.4f}", f"{res.cost_vs_long:.3f}",
-        ])
+        rows.append(
+            [
+                res.name,
+                f"{res.quality:.4f}",
+                f"{res.quality_vs_long_points:+.2f}",
+                *[f"{100 * res.route_shares.get(r, 0.0):.1f}" for r in routes],
+                f"{res.tokens_vs_long:.3f}",
+                f"{res.cost_usd:.4f}",
+                f"{res.cost_vs_long:.3f}",
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -66,10 +80,14 @@ def format_cache(cache: LongCache | None, items: list[ReplayItem]) -> str:
     blocks = [cacheable_block(i, cache) for i in items]
     cacheable = [b for b in blocks if b]
     write = "writes at the input price" if cache.write is None else f"write {cache.write:g}/M"
-    window = "the whole replay" if cache.window is None else f"{cache.window} questions after a document's last long leg"
-    return (f"prompt cache: read {cache.read:g}/M, {write} ({cache.source}); warm for {window}; "
-            f"{len(cacheable)} of {len(items)} questions have a cacheable document block"
-            + (f" (mean {sum(cacheable) / len(cacheable):,.0f} tokens)" if cacheable else ""))
+    window = (
+        "the whole replay" if cache.window is None else f"{cache.window} questions after a document's last long leg"
+    )
+    return (
+        f"prompt cache: read {cache.read:g}/M, {write} ({cache.source}); warm for {window}; "
+        f"{len(cacheable)} of {len(items)} questions have a cacheable document block"
+        + (f" (mean {sum(cacheable) / len(cacheable):,.0f} tokens)" if cacheable else "")
+    )
 
 
 def format_per_task(results: list[StrategyResult], items: list[ReplayItem]) -> str:
@@ -77,8 +95,9 @@ def format_per_task(results: list[StrategyResult], items: list[ReplayItem]) -> s
     tasks = sorted({i.task or "all" for i in items})
     counts = {t: sum(1 for i in items if (i.task or "all") == t) for t in tasks}
     head = ["task", "n", *[r.name for r in results]]
-    rows = [head] + [[t, str(counts[t]), *[f"{r.per_task[t]:.3f} ({100 * r.per_task_long[t]:.0f}%)" for r in results]]
-                     for t in tasks]
+    rows = [head] + [
+        [t, str(counts[t]), *[f"{r.per_task[t]:.3f} ({100 * r.per_task_long[t]:.0f}%)" for r in results]] for t in tasks
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
@@ -90,8 +109,10 @@ def format_gap(gap: GapRecovery) -> str:
         return "not reached" if value is None else f"{100 * value:.1f}% long calls"
 
     if gap.apgr is None:
-        return (f"gap recovery: always-long ({gap.quality_long:.4f}) is not better than always-RAG "
-                f"({gap.quality_rag:.4f}); nothing to recover")
+        return (
+            f"gap recovery: always-long ({gap.quality_long:.4f}) is not better than always-RAG "
+            f"({gap.quality_rag:.4f}); nothing to recover"
+        )
     return (
         f"gap recovery (classifier alone, RAG vs long; RouteLLM metrics): quality RAG {gap.quality_rag:.4f} -> "
         f"long {gap.quality_long:.4f}; CPT(50%) {pct(gap.cpt50)}, CPT(80%) {pct(gap.cpt80)}; "

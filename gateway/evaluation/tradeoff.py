@@ -10,14 +10,23 @@ recorded answer and is scored min(rag, long), at the cheap price of the whole co
 the prices, each setting's long legs are priced in sequence by the replay's rule (replay.warm_long_legs), its
 always-long baseline too.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from gateway.evaluation.replay import (
-    Leg, Prices, ReplayItem, leg_cost, long_leg_cost, warm_long_legs, with_threshold, without_verifier,
+    Leg,
+    Prices,
+    ReplayItem,
+    leg_cost,
+    long_leg_cost,
+    warm_long_legs,
+    with_threshold,
+    without_verifier,
 )
 from gateway.routing.decision import Router
 from policies.routes import DIRECT, LONG
@@ -49,13 +58,15 @@ class Table:
         self._always_long: dict[bytes, float] = {}
         self.rag = np.array([i.rag_score for i in items], float)
         self.lc = np.array([i.lc_score for i in items], float)
-        self.rag_cost = np.array([leg_cost(Leg("cheap", i.rag_prompt_tokens, i.rag_output_tokens), prices)
-                                  for i in items])
+        self.rag_cost = np.array(
+            [leg_cost(Leg("cheap", i.rag_prompt_tokens, i.rag_output_tokens), prices) for i in items]
+        )
         long_legs = [Leg("long", i.long_prompt_tokens, i.long_output_tokens) for i in items]
         self.long_cost = np.array([long_leg_cost(i, leg, prices, False) for i, leg in zip(items, long_legs)])
         self.long_cost_warm = np.array([long_leg_cost(i, leg, prices, True) for i, leg in zip(items, long_legs)])
-        self.direct_cost = np.array([leg_cost(Leg("cheap", i.direct_prompt_tokens, i.rag_output_tokens), prices)
-                                     for i in items])
+        self.direct_cost = np.array(
+            [leg_cost(Leg("cheap", i.direct_prompt_tokens, i.rag_output_tokens), prices) for i in items]
+        )
         # prompt tokens of each leg (the replay's token accounting: StrategyResult.prompt_tokens)
         self.rag_tokens = np.array([i.rag_prompt_tokens for i in items], float)
         self.long_tokens = np.array([i.long_prompt_tokens for i in items], float)
@@ -85,23 +96,31 @@ class Table:
         long, direct = r == LONG, r == DIRECT
         rag = ~long & ~direct
         escalate = rag & (self.scores[idx] < verifier_threshold) if verifier_threshold is not None else rag & False
-        score = np.where(long | escalate, self.lc[idx], np.where(direct, np.minimum(self.rag[idx], self.lc[idx]),
-                                                                self.rag[idx]))
+        score = np.where(
+            long | escalate, self.lc[idx], np.where(direct, np.minimum(self.rag[idx], self.lc[idx]), self.rag[idx])
+        )
         long_leg = self._long_costs(idx, (long | escalate).tolist())
-        cost = np.where(long, long_leg, np.where(direct, self.direct_cost[idx],
-                                                 self.rag_cost[idx] + escalate * long_leg))
-        tokens = np.where(long, self.long_tokens[idx], np.where(direct, self.direct_tokens[idx],
-                                                               self.rag_tokens[idx] + escalate * self.long_tokens[idx]))
+        cost = np.where(
+            long, long_leg, np.where(direct, self.direct_cost[idx], self.rag_cost[idx] + escalate * long_leg)
+        )
+        tokens = np.where(
+            long,
+            self.long_tokens[idx],
+            np.where(direct, self.direct_tokens[idx], self.rag_tokens[idx] + escalate * self.long_tokens[idx]),
+        )
         long_tokens = float(self.long_tokens[idx].sum())
         long_q = float(self.lc[idx].mean())
         key = idx.tobytes()
         if key not in self._always_long:  # the baseline is the same for every setting
             self._always_long[key] = float(self._long_costs(idx, [True] * len(idx)).sum())
         long_c = self._always_long[key]
-        return {"quality": float(score.mean()), "quality_vs_long_points": 100 * (float(score.mean()) - long_q),
-                "cost_vs_long": float(cost.sum()) / long_c if long_c else math.nan,
-                "tokens_vs_long": float(tokens.sum()) / long_tokens if long_tokens else math.nan,
-                "long_share": float(np.mean(long | escalate))}
+        return {
+            "quality": float(score.mean()),
+            "quality_vs_long_points": 100 * (float(score.mean()) - long_q),
+            "cost_vs_long": float(cost.sum()) / long_c if long_c else math.nan,
+            "tokens_vs_long": float(tokens.sum()) / long_tokens if long_tokens else math.nan,
+            "long_share": float(np.mean(long | escalate)),
+        }
 
 
 def quantile_grid(values: Sequence[float | None], steps: int) -> list[float]:
@@ -115,9 +134,17 @@ def quantile_grid(values: Sequence[float | None], steps: int) -> list[float]:
     return sorted(picks | {0.0, math.nextafter(float(v.max()), math.inf)})
 
 
-def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_cost_share: float | None = None,
-           min_quality_delta: float | None = None, tune_pre_route: bool = True, steps: int = 40,
-           idx=None) -> Choice:
+def choose(
+    items: Sequence[ReplayItem],
+    policy: Policy,
+    prices: Prices,
+    *,
+    max_cost_share: float | None = None,
+    min_quality_delta: float | None = None,
+    tune_pre_route: bool = True,
+    steps: int = 40,
+    idx=None,
+) -> Choice:
     """The setting (classifier threshold, verifier threshold) that meets the target on these items:
     - max_cost_share X: the best quality whose cost share of always-long is <= X (ties: the cheaper);
     - min_quality_delta D (points): the cheapest whose quality >= always-long + D.
@@ -141,15 +168,29 @@ def choose(items: Sequence[ReplayItem], policy: Policy, prices: Prices, *, max_c
             points.append({"pre_threshold": t1, "verifier_threshold": t2, **table.outcome(routes, t2, idx)})
     if max_cost_share is not None:
         feasible = [p for p in points if p["cost_vs_long"] <= max_cost_share + 1e-12]
-        pick = (max(feasible, key=lambda p: (p["quality"], -p["cost_vs_long"])) if feasible
-                else min(points, key=lambda p: p["cost_vs_long"]))
+        pick = (
+            max(feasible, key=lambda p: (p["quality"], -p["cost_vs_long"]))
+            if feasible
+            else min(points, key=lambda p: p["cost_vs_long"])
+        )
     else:
         assert min_quality_delta is not None  # exactly one of the two is given (checked above)
         feasible = [p for p in points if p["quality_vs_long_points"] >= min_quality_delta - 1e-9]
-        pick = (min(feasible, key=lambda p: (p["cost_vs_long"], -p["quality"])) if feasible
-                else max(points, key=lambda p: p["quality"]))
-    return Choice(pick["pre_threshold"], pick["verifier_threshold"], pick["quality"], pick["quality_vs_long_points"],
-                  pick["cost_vs_long"], pick["long_share"], bool(feasible), points)
+        pick = (
+            min(feasible, key=lambda p: (p["cost_vs_long"], -p["quality"]))
+            if feasible
+            else max(points, key=lambda p: p["quality"])
+        )
+    return Choice(
+        pick["pre_threshold"],
+        pick["verifier_threshold"],
+        pick["quality"],
+        pick["quality_vs_long_points"],
+        pick["cost_vs_long"],
+        pick["long_share"],
+        bool(feasible),
+        points,
+    )
 
 
 @dataclass
@@ -165,9 +206,17 @@ class UnitChoice:
     met: bool = True
 
 
-def choose_across_units(items: Sequence[ReplayItem], units: Sequence[str], policy: Policy, prices: Prices, *,
-                        max_share: float, on: str = "tokens", tune_pre_route: bool = True,
-                        steps: int = 40) -> UnitChoice:
+def choose_across_units(
+    items: Sequence[ReplayItem],
+    units: Sequence[str],
+    policy: Policy,
+    prices: Prices,
+    *,
+    max_share: float,
+    on: str = "tokens",
+    tune_pre_route: bool = True,
+    steps: int = 40,
+) -> UnitChoice:
     """The (classifier, verifier) thresholds whose replay keeps every unit's tokens (or cost) within `max_share` of
     its always-long, with the best worst-unit margin over the better of always-long and always-RAG (ties: the
     better mean margin). Scores are the items' out-of-fold ones, so each unit is scored by models that never saw
@@ -183,8 +232,11 @@ def choose_across_units(items: Sequence[ReplayItem], units: Sequence[str], polic
     index = {u: np.flatnonzero(np.asarray(units) == u) for u in names}
     best_base = {u: 100 * max(float(table.lc[i].mean()), float(table.rag[i].mean())) for u, i in index.items()}
     classifier = policy.routing.classifier
-    pre_grid = (quantile_grid([i.probability for i in table.items], min(steps, 30))
-                if classifier is not None and tune_pre_route else [classifier.threshold if classifier else None])
+    pre_grid = (
+        quantile_grid([i.probability for i in table.items], min(steps, 30))
+        if classifier is not None and tune_pre_route
+        else [classifier.threshold if classifier else None]
+    )
     verifier_grid = quantile_grid([i.verifier_score for i in table.items], steps)
     candidates = []
     for t1 in pre_grid:
@@ -195,7 +247,7 @@ def choose_across_units(items: Sequence[ReplayItem], units: Sequence[str], polic
             worst_share = max(per[u][key] for u in names)
             candidates.append((t1, t2, per, min(margins), float(np.mean(margins)), worst_share))
     feasible = [c for c in candidates if c[5] <= max_share + 1e-12]
-    pick = (max(feasible, key=lambda c: (c[3], c[4], -c[5])) if feasible else min(candidates, key=lambda c: c[5]))
+    pick = max(feasible, key=lambda c: (c[3], c[4], -c[5])) if feasible else min(candidates, key=lambda c: c[5])
     t1, t2, per, worst, _, _ = pick
     for u in names:
         per[u]["vs_better_baseline_points"] = 100 * per[u]["quality"] - best_base[u]

@@ -14,11 +14,12 @@ items were scored by models that never saw that unit. Per unit:
 - the verifier's threshold curve (every question RAG first): quality, tokens and cost at each threshold, from no
   escalation (always-RAG's cost, well under 10% of always-long's on long documents) up.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from gateway.evaluation.replay import Prices, ReplayItem, StrategyResult, run_strategies
 from gateway.evaluation.tradeoff import Table, quantile_grid
@@ -50,9 +51,16 @@ class UnitReport:
         return found
 
     def to_dict(self) -> dict:
-        return {"unit": self.unit, "n": self.n, "documents": self.documents,
-                "strategies": [s.to_dict() for s in self.strategies], "transfer": self.transfer,
-                "transfer_points_at_25": self.transfer_points, "gain_auc": self.gain_auc, "curve": self.curve}
+        return {
+            "unit": self.unit,
+            "n": self.n,
+            "documents": self.documents,
+            "strategies": [s.to_dict() for s in self.strategies],
+            "transfer": self.transfer,
+            "transfer_points_at_25": self.transfer_points,
+            "gain_auc": self.gain_auc,
+            "curve": self.curve,
+        }
 
 
 def escalation_transfer(items: Sequence[ReplayItem], shares: Sequence[float] = SHARES) -> list[dict]:
@@ -70,8 +78,15 @@ def escalation_transfer(items: Sequence[ReplayItem], shares: Sequence[float] = S
         k = int(round(share * n))
         verifier = float(rag.mean() + gain[order[:k]].sum() / n)
         random = float(rag.mean() + (k / n) * gain.mean())
-        out.append({"share": share, "escalated": k, "verifier": verifier, "random": random,
-                    "points": 100 * (verifier - random)})
+        out.append(
+            {
+                "share": share,
+                "escalated": k,
+                "verifier": verifier,
+                "random": random,
+                "points": 100 * (verifier - random),
+            }
+        )
     return out
 
 
@@ -81,8 +96,11 @@ def gain_weighted_auc(items: Sequence[ReplayItem]) -> float | None:
     import numpy as np
     from sklearn.metrics import roc_auc_score
 
-    rows = [(float(i.rag_score >= i.lc_score), abs(i.rag_score - i.lc_score), i.verifier_score) for i in items
-            if i.rag_score != i.lc_score and i.verifier_score is not None]
+    rows = [
+        (float(i.rag_score >= i.lc_score), abs(i.rag_score - i.lc_score), i.verifier_score)
+        for i in items
+        if i.rag_score != i.lc_score and i.verifier_score is not None
+    ]
     if len({r[0] for r in rows}) < 2:
         return None
     y, w, s = (np.array(c, float) for c in zip(*rows))
@@ -99,39 +117,64 @@ def threshold_curve(items: Sequence[ReplayItem], prices: Prices, steps: int = 60
     points = []
     for t in quantile_grid([i.verifier_score for i in items], steps):
         o = table.outcome(routes, t)
-        points.append({"threshold": t, "quality": o["quality"], "vs_long_points": 100 * (o["quality"] - long_q),
-                       "tokens_vs_long": o["tokens_vs_long"], "cost_vs_long": o["cost_vs_long"],
-                       "escalated": o["long_share"]})
+        points.append(
+            {
+                "threshold": t,
+                "quality": o["quality"],
+                "vs_long_points": 100 * (o["quality"] - long_q),
+                "tokens_vs_long": o["tokens_vs_long"],
+                "cost_vs_long": o["cost_vs_long"],
+                "escalated": o["long_share"],
+            }
+        )
     return points
 
 
-def unit_reports(items: Sequence[ReplayItem], units: Sequence[str], policy: Policy, prices: Prices,
-                 verifier_threshold: float | None) -> list[UnitReport]:
+def unit_reports(
+    items: Sequence[ReplayItem], units: Sequence[str], policy: Policy, prices: Prices, verifier_threshold: float | None
+) -> list[UnitReport]:
     out = []
     for unit in sorted(set(units)):
         part = [i for i, u in zip(items, units) if u == unit]
         has_scores = any(i.verifier_score is not None for i in part)
-        out.append(UnitReport(
-            unit=unit, n=len(part), documents=len({i.group for i in part}),
-            strategies=run_strategies(part, policy, prices, verifier_threshold),
-            transfer=escalation_transfer(part) if has_scores else [],
-            transfer_points=(next(t["points"] for t in escalation_transfer(part, (TRANSFER_SHARE,)))
-                             if has_scores else None),
-            gain_auc=gain_weighted_auc(part) if has_scores else None,
-            curve=threshold_curve(part, prices) if has_scores else [],
-        ))
+        out.append(
+            UnitReport(
+                unit=unit,
+                n=len(part),
+                documents=len({i.group for i in part}),
+                strategies=run_strategies(part, policy, prices, verifier_threshold),
+                transfer=escalation_transfer(part) if has_scores else [],
+                transfer_points=(
+                    next(t["points"] for t in escalation_transfer(part, (TRANSFER_SHARE,))) if has_scores else None
+                ),
+                gain_auc=gain_weighted_auc(part) if has_scores else None,
+                curve=threshold_curve(part, prices) if has_scores else [],
+            )
+        )
     return out
 
 
-UNIT_COLUMNS = [("always-long", "always-long"), ("always-rag", "always-RAG"), ("self-route", "Self-Route"),
-                ("rules+classifier+verifier", "router"), ("verifier only (rag, then verifier)", "verifier only"),
-                ("oracle", "oracle")]
+UNIT_COLUMNS = [
+    ("always-long", "always-long"),
+    ("always-rag", "always-RAG"),
+    ("self-route", "Self-Route"),
+    ("rules+classifier+verifier", "router"),
+    ("verifier only (rag, then verifier)", "verifier only"),
+    ("oracle", "oracle"),
+]
 
 
 def format_units(reports: Sequence[UnitReport], label: str) -> str:
     """One row per held-out unit: quality of each strategy, the router's tokens and cost, the transfer figure."""
-    head = [label, "n", *[c for _, c in UNIT_COLUMNS], "router tokens / cost vs long", "router escalated",
-            "verifier − random @25% (pts)", "gain AUC"]
+    head = [
+        label,
+        "n",
+        *[c for _, c in UNIT_COLUMNS],
+        "router tokens / cost vs long",
+        "router escalated",
+        "verifier − random @25% (pts)",
+        "gain AUC",
+    ]
     rows = [head]
     for r in reports:
         router = r.strategy("rules+classifier+verifier") or r.strategy("router (rules+classifier+fallback)")
@@ -139,12 +182,22 @@ def format_units(reports: Sequence[UnitReport], label: str) -> str:
         for name, _ in UNIT_COLUMNS:
             s = r.strategy(name)
             cells.append("–" if s is None else f"{s.quality:.4f}")
-        escalated = (100 * (router.route_shares.get("rag>long", 0.0) + router.route_shares.get("long", 0.0))
-                     if router else math.nan)
-        rows.append([r.unit, str(r.n), *cells,
-                     f"{router.tokens_vs_long:.3f} / {router.cost_vs_long:.3f}" if router else "–",
-                     f"{escalated:.1f}%", "–" if r.transfer_points is None else f"{r.transfer_points:+.2f}",
-                     "–" if r.gain_auc is None else f"{r.gain_auc:.3f}"])
+        escalated = (
+            100 * (router.route_shares.get("rag>long", 0.0) + router.route_shares.get("long", 0.0))
+            if router
+            else math.nan
+        )
+        rows.append(
+            [
+                r.unit,
+                str(r.n),
+                *cells,
+                f"{router.tokens_vs_long:.3f} / {router.cost_vs_long:.3f}" if router else "–",
+                f"{escalated:.1f}%",
+                "–" if r.transfer_points is None else f"{r.transfer_points:+.2f}",
+                "–" if r.gain_auc is None else f"{r.gain_auc:.3f}",
+            ]
+        )
     return _table(rows)
 
 
@@ -169,8 +222,11 @@ def curve_at(curve: Sequence[dict], cost_shares: Sequence[float], key: str = "co
     return out
 
 
-def format_threshold_curves(reports: Sequence[UnitReport], caps: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0),
-                            key: str = "cost_vs_long") -> str:
+def format_threshold_curves(
+    reports: Sequence[UnitReport],
+    caps: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0),
+    key: str = "cost_vs_long",
+) -> str:
     """Per unit: the verifier-only curve's best quality (points vs always-long) within each share of always-long."""
     if not any(r.curve for r in reports):
         return ""
@@ -190,4 +246,3 @@ def _table(rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in rows]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
-

@@ -7,12 +7,14 @@ RouteInputBuilder) and, when an embedding model is given, the answer's support i
 the function the live check uses. `selfroute train --verifier`, `selfroute calibrate` and `selfroute eval replay`
 share this.
 """
+
 from __future__ import annotations
 
 import hashlib
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from gateway.evaluation.examples import Example, InputSource
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
@@ -53,14 +55,16 @@ class CachedEmbed:
         missing = [k for k in keys if k not in self._memory]
         if self._db is not None and missing:
             for start in range(0, len(missing), 900):
-                part = missing[start:start + 900]
-                rows = self._db.execute(f"SELECT key, vector FROM vectors WHERE key IN ({','.join('?' * len(part))})",
-                                        part).fetchall()
+                part = missing[start : start + 900]
+                rows = self._db.execute(
+                    f"SELECT key, vector FROM vectors WHERE key IN ({','.join('?' * len(part))})", part
+                ).fetchall()
                 self._memory.update(rows)
             missing = [k for k in missing if k not in self._memory]
-        for start in tqdm(range(0, len(missing), batch), desc="embedding answers and passages", unit="batch",
-                          disable=not progress):
-            part = missing[start:start + batch]
+        for start in tqdm(
+            range(0, len(missing), batch), desc="embedding answers and passages", unit="batch", disable=not progress
+        ):
+            part = missing[start : start + batch]
             vectors = np.asarray(self.embedder.embed([keys[k] for k in part]), dtype=np.float32)
             blobs = [(k, v.tobytes()) for k, v in zip(part, vectors)]
             self._memory.update(blobs)
@@ -86,8 +90,9 @@ def _collect(texts: list[str]):
     return embed
 
 
-def cheap_answers(builder: InputSource, examples: Sequence[Example], progress: bool = False,
-                  embed: CachedEmbed | None = None) -> list[CheapAnswer]:
+def cheap_answers(
+    builder: InputSource, examples: Sequence[Example], progress: bool = False, embed: CachedEmbed | None = None
+) -> list[CheapAnswer]:
     """The recorded cheap answer (`rag_pred`) of each example with what the cheap model saw: the passages, the
     retrieval pass's signals, the document's index and (with `embed`) the embedding model for its support."""
     from tqdm import tqdm
@@ -96,8 +101,16 @@ def cheap_answers(builder: InputSource, examples: Sequence[Example], progress: b
 
     out = []
     for e in tqdm(examples, desc="verifier inputs", disable=not progress, unit="q"):
-        out.append(CheapAnswer(e.record.get("rag_pred"), e.query, builder.passages(e), builder.document_index(e),
-                               retrieval=builder.retrieval_inputs(e), embed=embed))
+        out.append(
+            CheapAnswer(
+                e.record.get("rag_pred"),
+                e.query,
+                builder.passages(e),
+                builder.document_index(e),
+                retrieval=builder.retrieval_inputs(e),
+                embed=embed,
+            )
+        )
     if embed is not None:
         texts: list[str] = []
         for a in out:
@@ -106,8 +119,9 @@ def cheap_answers(builder: InputSource, examples: Sequence[Example], progress: b
     return out
 
 
-def answer_rows(answers: Sequence[CheapAnswer], probabilities: Sequence[float | None] | None = None,
-                with_support: bool = True) -> list[dict]:
+def answer_rows(
+    answers: Sequence[CheapAnswer], probabilities: Sequence[float | None] | None = None, with_support: bool = True
+) -> list[dict]:
     """Verifier features per answer; `probabilities`: the pre-route P(cheap) of each (out of fold), if any."""
     probabilities = probabilities if probabilities is not None else [None] * len(answers)
     return [CheapAnswerCheck.features(a, p, with_support) for a, p in zip(answers, probabilities)]
@@ -115,14 +129,33 @@ def answer_rows(answers: Sequence[CheapAnswer], probabilities: Sequence[float | 
 
 def protocol_inputs(examples: Sequence[Example]) -> dict:
     """The keyword arguments of classifier.verifier.protocol_splits for these examples."""
-    return {"tasks": [e.task for e in examples], "corpora": [e.corpus for e in examples],
-            "models": [e.model for e in examples]}
+    return {
+        "tasks": [e.task for e in examples],
+        "corpora": [e.corpus for e in examples],
+        "models": [e.model for e in examples],
+    }
 
 
-def replay_scores(policy: Policy, policy_file, examples, inputs, builder: InputSource, *, protocol: str = "grouped",
-                  estimator: Estimator = "boosting", folds: int = 5, seed: int = 0, model=None, verifier_file=None,
-                  verifier_threshold: float | None = None, progress: bool = False, embed: CachedEmbed | None = None,
-                  feature_names: Sequence[str] | None = None, splits=None, rows_out: list | None = None):
+def replay_scores(
+    policy: Policy,
+    policy_file,
+    examples,
+    inputs,
+    builder: InputSource,
+    *,
+    protocol: str = "grouped",
+    estimator: Estimator = "boosting",
+    folds: int = 5,
+    seed: int = 0,
+    model=None,
+    verifier_file=None,
+    verifier_threshold: float | None = None,
+    progress: bool = False,
+    embed: CachedEmbed | None = None,
+    feature_names: Sequence[str] | None = None,
+    splits=None,
+    rows_out: list | None = None,
+):
     """(P(cheap), verifier P(good) or None, verifier threshold or None) per example, for the replay and calibrate.
 
     P(cheap): from `model` (a route model file) as it is, else out of fold under `protocol` (classifier.verifier.
@@ -147,8 +180,9 @@ def replay_scores(policy: Policy, policy_file, examples, inputs, builder: InputS
     if model is not None:
         probabilities = load_model(model).cheap_probabilities(rows)
     else:
-        probabilities = out_of_fold_probabilities(rows, labels, groups, estimator, folds, seed,
-                                                  splits=[(s.train, s.test) for s in splits])
+        probabilities = out_of_fold_probabilities(
+            rows, labels, groups, estimator, folds, seed, splits=[(s.train, s.test) for s in splits]
+        )
     verifier, threshold = None, verifier_threshold
     if verifier_file is not None:
         verifier = load_verifier(verifier_file)
@@ -163,8 +197,13 @@ def replay_scores(policy: Policy, policy_file, examples, inputs, builder: InputS
         threshold = shipped.threshold if shipped is not None else None
     if threshold is None:
         raise ValueError("no verifier threshold: give --verifier-threshold")
-    names = (list(verifier.feature_names) if verifier is not None else
-             list(feature_names) if feature_names is not None else verifier_features(shipped))
+    names = (
+        list(verifier.feature_names)
+        if verifier is not None
+        else list(feature_names)
+        if feature_names is not None
+        else verifier_features(shipped)
+    )
     if not set(names) & set(SUPPORT_FEATURES):
         embed = None  # nothing reads the embedding-space support: skip the embedding pass
     answers = cheap_answers(builder, examples, progress=progress, embed=embed)
@@ -176,8 +215,9 @@ def replay_scores(policy: Policy, policy_file, examples, inputs, builder: InputS
     rag = [float(e.record["rag_score"]) for e in examples]
     lc = [float(e.record["lc_score"]) for e in examples]
     y = np.array([label_good(r, c) for r, c in zip(rag, lc)])
-    scores = protocol_scores(rows_v, y, splits, estimator=estimator, seed=seed, feature_names=names,
-                             sample_weight=choice_weights(rag, lc))
+    scores = protocol_scores(
+        rows_v, y, splits, estimator=estimator, seed=seed, feature_names=names, sample_weight=choice_weights(rag, lc)
+    )
     return probabilities, [float(s) for s in scores], threshold
 
 

@@ -16,6 +16,7 @@ The same row is the ledger's record of spend in progress: a process killed with 
 rows, and `abandoned` / `settle_abandoned` turn them into requests rows charged at the estimate (status IN_FLIGHT)
 once their process is gone or their lease has ended.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -123,8 +124,19 @@ def owner_alive(owner: str) -> bool:
     return True
 
 
-_COLUMNS = ("request_id", "created_at", "expires_at", "owner", "key_id", "policy", "alias", "stream",
-            "prompt_tokens", "completion_tokens", "cost_usd")
+_COLUMNS = (
+    "request_id",
+    "created_at",
+    "expires_at",
+    "owner",
+    "key_id",
+    "policy",
+    "alias",
+    "stream",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+)
 
 
 @dataclass
@@ -149,8 +161,17 @@ class InFlight:
 
     @classmethod
     def of(cls, record: RequestRecord, estimate: Estimate) -> InFlight:
-        return cls(record.id, record.created_at, record.key_id, record.policy, record.alias, record.stream,
-                   estimate.prompt_tokens, estimate.completion_tokens, estimate.cost_usd)
+        return cls(
+            record.id,
+            record.created_at,
+            record.key_id,
+            record.policy,
+            record.alias,
+            record.stream,
+            estimate.prompt_tokens,
+            estimate.completion_tokens,
+            estimate.cost_usd,
+        )
 
     def row(self) -> tuple:
         return tuple(int(v) if isinstance(v, bool) else v for v in (getattr(self, c) for c in _COLUMNS))
@@ -165,30 +186,49 @@ class InFlight:
     def abandoned_record(self, error: str = ABANDONED_ERROR) -> RequestRecord:
         """The requests row of a request nobody finished: its estimate charged, status IN_FLIGHT."""
         return RequestRecord(
-            id=self.request_id, created_at=self.created_at, key_id=self.key_id, policy=self.policy, alias=self.alias,
-            route=None, reason=None, status=IN_FLIGHT, error=error, stream=bool(self.stream),
-            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens, cost_usd=self.cost_usd,
-            context_tokens=self.prompt_tokens, counterfactual_cost_usd=self.cost_usd,
+            id=self.request_id,
+            created_at=self.created_at,
+            key_id=self.key_id,
+            policy=self.policy,
+            alias=self.alias,
+            route=None,
+            reason=None,
+            status=IN_FLIGHT,
+            error=error,
+            stream=bool(self.stream),
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cost_usd=self.cost_usd,
+            context_tokens=self.prompt_tokens,
+            counterfactual_cost_usd=self.cost_usd,
             provenance={"in_flight": {"charged": "estimate", "owner": self.owner}},
         )
 
 
-_INSERT = (f"INSERT INTO requests_in_flight ({', '.join(_COLUMNS)}) SELECT {', '.join('?' * len(_COLUMNS))}"
-           # a reservation replayed from the dead-letter file after its request's row was written is stale
-           " WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = ?) ON CONFLICT (request_id) DO NOTHING")
-_SPENT = ("SELECT (SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_daily WHERE key_id = ?)"
-          " + (SELECT coalesce(sum(cost_usd), 0) FROM requests_in_flight WHERE key_id = ?)")
+_INSERT = (
+    f"INSERT INTO requests_in_flight ({', '.join(_COLUMNS)}) SELECT {', '.join('?' * len(_COLUMNS))}"
+    # a reservation replayed from the dead-letter file after its request's row was written is stale
+    " WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = ?) ON CONFLICT (request_id) DO NOTHING"
+)
+_SPENT = (
+    "SELECT (SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_daily WHERE key_id = ?)"
+    " + (SELECT coalesce(sum(cost_usd), 0) FROM requests_in_flight WHERE key_id = ?)"
+)
 # a budget per period: whole hours from the hourly rollups, the period's first partial hour from the requests
 # (as KeyStore.budget_spent counts it), and every reservation in flight
-_SPENT_SINCE = ("SELECT (SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_hourly WHERE key_id = ? AND hour >= ?)"
-                " + (SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE key_id = ? AND created_at >= ?"
-                " AND created_at < ?)"
-                " + (SELECT coalesce(sum(cost_usd), 0) FROM requests_in_flight WHERE key_id = ?)")
+_SPENT_SINCE = (
+    "SELECT (SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_hourly WHERE key_id = ? AND hour >= ?)"
+    " + (SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE key_id = ? AND created_at >= ?"
+    " AND created_at < ?)"
+    " + (SELECT coalesce(sum(cost_usd), 0) FROM requests_in_flight WHERE key_id = ?)"
+)
 # one statement, one snapshot: the writer moving a request from reserved to recorded is seen before or after
-_TOKENS = ("SELECT (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM requests"
-           " WHERE key_id = ? AND created_at >= ?)"
-           " + (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM requests_in_flight WHERE key_id = ?),"
-           " (SELECT min(created_at) FROM requests WHERE key_id = ? AND created_at >= ?)")
+_TOKENS = (
+    "SELECT (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM requests"
+    " WHERE key_id = ? AND created_at >= ?)"
+    " + (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM requests_in_flight WHERE key_id = ?),"
+    " (SELECT min(created_at) FROM requests WHERE key_id = ? AND created_at >= ?)"
+)
 
 
 def _lock_number(key_id: str) -> int:
@@ -202,20 +242,26 @@ def _check(conn: LedgerConnection, key_id: str, limits: Limits, estimate_tokens:
             found = conn.execute(_SPENT, (key_id, key_id)).fetchone()
         else:
             first_hour = math.ceil(limits.period_start / 3600)
-            found = conn.execute(_SPENT_SINCE, (key_id, first_hour, key_id, limits.period_start, first_hour * 3600.0,
-                                                key_id)).fetchone()
+            found = conn.execute(
+                _SPENT_SINCE, (key_id, first_hour, key_id, limits.period_start, first_hour * 3600.0, key_id)
+            ).fetchone()
         spent = float(found[0] or 0.0)
         if spent >= limits.budget_usd:
             raise BudgetExceeded(
                 f"this key's budget of ${limits.budget_usd:g} is spent (${spent:.4f} recorded or reserved by requests"
-                " in flight)", code="budget_exceeded")
+                " in flight)",
+                code="budget_exceeded",
+            )
     if limits.tpm is not None:
         since = now - TPM_WINDOW_S
         used, oldest = conn.execute(_TOKENS, (key_id, since, key_id, key_id, since)).fetchone()
         if int(used or 0) >= limits.tpm:
             retry = (float(oldest) + TPM_WINDOW_S - now) if oldest is not None else 1.0
-            raise TokenLimitExceeded(f"this key's limit of {limits.tpm} tokens per minute is reached",
-                                     retry_after=retry, code="rate_limit_exceeded")
+            raise TokenLimitExceeded(
+                f"this key's limit of {limits.tpm} tokens per minute is reached",
+                retry_after=retry,
+                code="rate_limit_exceeded",
+            )
 
 
 def reserve(conn: LedgerConnection, row: InFlight, limits: Limits | None = None, now: float | None = None) -> None:
@@ -254,13 +300,17 @@ def release(conn: LedgerConnection, request_id: str) -> None:
 def in_flight(conn: LedgerConnection, key_id: str | None = None) -> list[InFlight]:
     """The rows in flight (of one key)."""
     sql = f"SELECT {', '.join(_COLUMNS)} FROM requests_in_flight"
-    rows = conn.execute(sql + " WHERE key_id = ? ORDER BY created_at", (key_id,)) if key_id is not None else \
-        conn.execute(sql + " ORDER BY created_at")
+    rows = (
+        conn.execute(sql + " WHERE key_id = ? ORDER BY created_at", (key_id,))
+        if key_id is not None
+        else conn.execute(sql + " ORDER BY created_at")
+    )
     return [InFlight(**dict(zip(_COLUMNS, r, strict=True))) for r in rows.fetchall()]
 
 
-def abandoned(conn: LedgerConnection, now: float | None = None,
-              alive: Callable[[str], bool] = owner_alive) -> list[InFlight]:
+def abandoned(
+    conn: LedgerConnection, now: float | None = None, alive: Callable[[str], bool] = owner_alive
+) -> list[InFlight]:
     """In-flight rows nobody will finish: their lease ended, or their process (on this host) is gone."""
     now = time.time() if now is None else now
     return [row for row in in_flight(conn) if row.expires_at <= now or not alive(row.owner)]
@@ -274,8 +324,10 @@ def settle_abandoned(conn: LedgerConnection, rows: list[InFlight]) -> int:
     if dialect_of(conn) is POSTGRESQL:  # its rollup triggers are AFTER triggers: a skipped row fires none
         sql, extra = f"INSERT INTO requests ({columns}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", False
     else:  # a BEFORE trigger fires even for a row OR IGNORE skips: insert only what is new
-        sql, extra = (f"INSERT INTO requests ({columns}) SELECT {marks}"
-                      " WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = ?)"), True
+        sql, extra = (
+            (f"INSERT INTO requests ({columns}) SELECT {marks} WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = ?)"),
+            True,
+        )
     with conn:
         for row in rows:
             values = request_row(row.abandoned_record())

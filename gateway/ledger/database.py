@@ -3,6 +3,7 @@
 A ledger location is a SQLite file path (the default) or a `postgresql://` URL; each engine has its own set of
 migrations with the same numbers and the same effect (tests/test_engines.py compares them).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,22 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
 from gateway.ledger.dialect import (
-    POSTGRESQL, SQLITE, Dialect, PostgresConnection, connect_postgres, dialect_of, is_postgres,
+    POSTGRESQL,
+    SQLITE,
+    Dialect,
+    PostgresConnection,
+    connect_postgres,
+    dialect_of,
+    is_postgres,
 )
 from gateway.ledger.records import (
-    CALL_COLUMNS, FEATURE_COLUMNS, LABEL_COLUMNS, REQUEST_COLUMNS, LabelRecord, RequestRecord, request_row,
+    CALL_COLUMNS,
+    FEATURE_COLUMNS,
+    LABEL_COLUMNS,
+    REQUEST_COLUMNS,
+    LabelRecord,
+    RequestRecord,
+    request_row,
 )
 
 # any constant: the advisory lock that makes two replicas starting at once migrate one after the other
@@ -43,8 +56,9 @@ def connect(location: str | Path) -> Any:
     conn = sqlite3.connect(str(location), timeout=30, check_same_thread=False)
     # switching a new file to WAL answers "database is locked" at once, without the busy timeout, while another
     # process (a worker or replica starting at the same moment) does the same: retry it for a while
-    for attempt in Retrying(retry=retry_if_exception(_locked), stop=stop_after_delay(30),
-                            wait=wait_random(0.01, 0.1), reraise=True):
+    for attempt in Retrying(
+        retry=retry_if_exception(_locked), stop=stop_after_delay(30), wait=wait_random(0.01, 0.1), reraise=True
+    ):
         with attempt:
             conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
@@ -94,24 +108,39 @@ def _migrate_postgres(conn: PostgresConnection) -> list[int]:
     applied = []
     with conn:  # one transaction under a lock: a second replica waits, then finds the work done
         conn.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
-        conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-                     " applied_at double precision NOT NULL)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at double precision NOT NULL)"
+        )
         done = {row[0] for row in conn.execute("SELECT version FROM schema_migrations")}
         for version, name, sql in _migrations(POSTGRESQL):
             if version in done:
                 continue
             conn.script(sql)  # the whole file in one execute, without parameters: several statements are fine
-            conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-                         (version, name, time.time()))
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
+                (version, name, time.time()),
+            )
             applied.append(version)
     return applied
 
 
-
 def _call_rows(record: RequestRecord) -> list[tuple]:
     return [
-        (record.id, c.created_at, c.model, c.route, c.prompt_tokens, c.completion_tokens, c.cost_usd,
-         c.latency_ms, c.error, c.cached_tokens, c.cache_saving_usd, int(c.unpriced))
+        (
+            record.id,
+            c.created_at,
+            c.model,
+            c.route,
+            c.prompt_tokens,
+            c.completion_tokens,
+            c.cost_usd,
+            c.latency_ms,
+            c.error,
+            c.cached_tokens,
+            c.cache_saving_usd,
+            int(c.unpriced),
+        )
         for c in record.calls
     ]
 
@@ -128,13 +157,25 @@ def _finite(value: Any) -> Any:
 
 
 def _feature_rows(records: list[RequestRecord]) -> list[tuple]:
-    return [(r.id, r.created_at, int(r.features.get("version", 1)), json.dumps(_finite(r.features), default=str))
-            for r in records if r.features is not None]
+    return [
+        (r.id, r.created_at, int(r.features.get("version", 1)), json.dumps(_finite(r.features), default=str))
+        for r in records
+        if r.features is not None
+    ]
 
 
 def label_row(label: LabelRecord) -> tuple:
-    return (label.request_id, label.created_at, label.source, label.key_id, label.verdict, int(label.good),
-            label.score, label.cost_usd, label.label_request_id)
+    return (
+        label.request_id,
+        label.created_at,
+        label.source,
+        label.key_id,
+        label.verdict,
+        int(label.good),
+        label.score,
+        label.cost_usd,
+        label.label_request_id,
+    )
 
 
 _UPSERT_FEATURES = (
@@ -164,8 +205,15 @@ _UPSERT_REQUEST = (
 
 def _rollup_order(record: RequestRecord) -> tuple:
     # writers on several replicas lock rollup rows in the same order, which makes deadlocks rare (retried anyway)
-    return (int(record.created_at // 86400), record.route or "", record.policy or "", record.key_id or "",
-            record.status, int(record.created_at // 3600), record.id)
+    return (
+        int(record.created_at // 86400),
+        record.route or "",
+        record.policy or "",
+        record.key_id or "",
+        record.status,
+        int(record.created_at // 3600),
+        record.id,
+    )
 
 
 # a finished request's row replaces its reservation in the same transaction (gateway/ledger/budget.py): its key's
@@ -205,5 +253,3 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
         )
         _write_learning(conn, records)
         conn.executemany(_SETTLE, [(r.id,) for r in records])
-
-

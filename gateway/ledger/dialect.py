@@ -4,16 +4,17 @@ Queries are written once, SQLite-style (`?` placeholders, rows read by position 
 thin layer that lets the same text run on PostgreSQL: a connection wrapper that rewrites placeholders and returns
 rows like sqlite3.Row, and the few expressions the two spell differently (`Dialect`).
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import re
 import sqlite3
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence, Union
 from urllib.parse import unquote
 
 from gateway.ledger.errors import Unavailable
@@ -49,7 +50,7 @@ SQLITE = Dialect("sqlite", "sqlite")
 POSTGRESQL = Dialect("postgresql", "postgresql")
 
 
-def dialect_of(conn: "LedgerConnection") -> Dialect:
+def dialect_of(conn: LedgerConnection) -> Dialect:
     return POSTGRESQL if isinstance(conn, PostgresConnection) else SQLITE
 
 
@@ -79,10 +80,12 @@ def unavailable_as_error():
 
 def reachable(method):
     """Decorate a method that talks to the ledger database: see unavailable_as_error."""
+
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         with unavailable_as_error():
             return method(*args, **kwargs)
+
     return wrapper
 
 
@@ -167,7 +170,7 @@ class PostgresConnection:
         """The server went away (restart, failover): this connection cannot be used again."""
         return self.raw.broken or self.raw.closed
 
-    def __enter__(self) -> "PostgresConnection":
+    def __enter__(self) -> PostgresConnection:
         if self.raw.autocommit:  # otherwise the block is the transaction psycopg opens at the first statement
             transaction = self.raw.transaction()
             transaction.__enter__()
@@ -232,8 +235,9 @@ def connect_postgres(url: str, *, autocommit: bool = False, connect_timeout: flo
     except ImportError as exc:  # the dependency is declared; this only helps a broken install
         raise RuntimeError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from exc
     try:
-        raw = psycopg.connect(url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)),
-                              row_factory=_row_factory)
+        raw = psycopg.connect(
+            url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)), row_factory=_row_factory
+        )
     except psycopg.Error as exc:
         # the same type (callers tell transient failures by it), its message without the password, and no chained
         # original that a traceback would print in full
@@ -242,4 +246,4 @@ def connect_postgres(url: str, *, autocommit: bool = False, connect_timeout: flo
     return PostgresConnection(raw)
 
 
-LedgerConnection = Union[sqlite3.Connection, PostgresConnection]
+LedgerConnection = sqlite3.Connection | PostgresConnection

@@ -1,4 +1,5 @@
 """One request's ledger entry: its legs, its counterfactual, and exactly one record handed to the ledger."""
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,14 @@ class RequestLedgerEntry:
         self.flags: list[dict[str, Any]] = []  # security findings, kept in the record's provenance
         self.tags: list[str] = []  # the client's metadata.tags, kept in the provenance (`costs --by tag`)
         self.record = RequestRecord(
-            id=request_id, created_at=time.time(), key_id=None, policy=policy, alias=None, route=None,
-            reason=None, status=0,
+            id=request_id,
+            created_at=time.time(),
+            key_id=None,
+            policy=policy,
+            alias=None,
+            route=None,
+            reason=None,
+            status=0,
         )
         self.estimate = Estimate()  # the reservation: an upper bound on what the request may cost
         self._open_legs: list[tuple[ModelConfig, str, float]] = []  # upstream calls started and not yet recorded
@@ -73,12 +80,13 @@ class RequestLedgerEntry:
         """A leg the provider may bill but whose usage never arrived: charged at its estimate."""
         leg = self.estimate.leg(config.model)
         prompt, completion = (leg.prompt_tokens, leg.completion_tokens) if leg is not None else (0, 0)
-        call = self.add_call(config, route, {"prompt_tokens": prompt, "completion_tokens": completion}, latency_ms,
-                             error)
+        call = self.add_call(
+            config, route, {"prompt_tokens": prompt, "completion_tokens": completion}, latency_ms, error
+        )
         call.estimated = True
         return call
 
-    def learning_entry(self, request_id: str, route: str, reason: str) -> "RequestLedgerEntry":
+    def learning_entry(self, request_id: str, route: str, reason: str) -> RequestLedgerEntry:
         """A request of the learning loop (a shadow long answer, a judge) about this one, on the same ledger: its own
         row under `route`, no client key (the operator pays for learning, not the key that asked), linked by its
         provenance."""
@@ -88,7 +96,11 @@ class RequestLedgerEntry:
         return entry
 
     def add_call(
-        self, config: ModelConfig, route: str | None, usage: dict[str, Any] | None, latency_ms: float,
+        self,
+        config: ModelConfig,
+        route: str | None,
+        usage: dict[str, Any] | None,
+        latency_ms: float,
         error: str | None = None,
     ) -> UpstreamCall:
         self._close_leg(config, route)
@@ -97,24 +109,48 @@ class RequestLedgerEntry:
         price = self._prices.price(config)
         cost = price.cost(prompt, completion, cached, written)
         call = UpstreamCall(
-            model=config.model, route=route, prompt_tokens=prompt, completion_tokens=completion,
-            cost_usd=cost, latency_ms=latency_ms, error=error, cached_tokens=min(cached, prompt),
-            cache_saving_usd=price.cost(prompt, completion) - cost, unpriced=not price.known,
+            model=config.model,
+            route=route,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+            error=error,
+            cached_tokens=min(cached, prompt),
+            cache_saving_usd=price.cost(prompt, completion) - cost,
+            unpriced=not price.known,
             cache_write_tokens=min(written, prompt - min(cached, prompt)),
         )
         self.record.calls.append(call)
         return call
 
-    def stream_ended(self, config: ModelConfig, route: str, usage: dict[str, Any] | None, latency_ms: float,
-                     error: str | None, status: int) -> UpstreamCall:
+    def stream_ended(
+        self,
+        config: ModelConfig,
+        route: str,
+        usage: dict[str, Any] | None,
+        latency_ms: float,
+        error: str | None,
+        status: int,
+    ) -> UpstreamCall:
         """A streamed leg's end: its usage, or, when the client left before the usage event came, its estimate."""
         if usage is None and status == CLIENT_CLOSED:
-            return self._charge_estimate(config, route, latency_ms,
-                                         f"{error or 'client disconnected'}; no usage reported: charged at the estimate")
+            return self._charge_estimate(
+                config,
+                route,
+                latency_ms,
+                f"{error or 'client disconnected'}; no usage reported: charged at the estimate",
+            )
         return self.add_call(config, route, usage, latency_ms, error)
 
-    def counterfactual(self, long_config: ModelConfig, context_tokens: int, capacity: int, cached_tokens: int = 0,
-                       cache_write_tokens: int = 0) -> None:
+    def counterfactual(
+        self,
+        long_config: ModelConfig,
+        context_tokens: int,
+        capacity: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> None:
         """What always-long-context would have cost, stored with the prompt tokens it would have sent.
 
         When a long leg answered this request, that leg is the counterfactual: the long route never shows
@@ -135,7 +171,8 @@ class RequestLedgerEntry:
         tokens = min(context_tokens, capacity)
         self.record.context_tokens = tokens
         self.record.counterfactual_cost_usd = self._prices.price(long_config).cost(
-            tokens, completion, cached_tokens, cache_write_tokens)
+            tokens, completion, cached_tokens, cache_write_tokens
+        )
 
     def finish(self, status: int, error: str | None = None) -> None:
         if self._finished:
@@ -143,8 +180,12 @@ class RequestLedgerEntry:
         self._finished = True
         now = time.perf_counter()
         for config, route, started in list(self._open_legs):  # cancelled mid-call: the usage will never come
-            self._charge_estimate(config, route, (now - started) * 1000.0,
-                                  "the request ended before the upstream answered: charged at the estimate")
+            self._charge_estimate(
+                config,
+                route,
+                (now - started) * 1000.0,
+                "the request ended before the upstream answered: charged at the estimate",
+            )
         record = self.record
         record.status = status
         record.error = error if error is not None else record.error

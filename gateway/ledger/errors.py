@@ -1,4 +1,5 @@
 """The ledger's own errors. The server maps them to HTTP statuses (gateway.server.errors); the CLI prints them."""
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ presented key finds its row without trying every hash.
 A named key's ledger id (requests.key_id) is its name, so the ledger and its reports show names and a
 key's spend is what the ledger recorded under that name. Names are never reused, revoked ones included.
 """
+
 from __future__ import annotations
 
 import builtins  # KeyStore.list shadows the builtin in annotations after it
@@ -21,7 +22,11 @@ from pathlib import Path
 
 from gateway.ledger.database import connect, migrate
 from gateway.ledger.dialect import (
-    LedgerConnection, connect_postgres, integrity_error_types, is_postgres, reachable,
+    LedgerConnection,
+    connect_postgres,
+    integrity_error_types,
+    is_postgres,
+    reachable,
 )
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
 from gateway.settings import private_file
@@ -29,8 +34,23 @@ from gateway.settings import private_file
 KEY_PREFIX = "sr-"
 PREFIX_CHARS = 12  # "sr-" and 9 random characters: ~54 bits, enough to find one row
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")  # fullmatch: "$" would let a final newline through
-_COLUMNS = ("name", "prefix", "salt", "hash", "models", "collections", "budget_usd", "rpm", "tpm", "created_at",
-            "expires_at", "revoked_at", "admin", "budget_period_s", "period_anchor")
+_COLUMNS = (
+    "name",
+    "prefix",
+    "salt",
+    "hash",
+    "models",
+    "collections",
+    "budget_usd",
+    "rpm",
+    "tpm",
+    "created_at",
+    "expires_at",
+    "revoked_at",
+    "admin",
+    "budget_period_s",
+    "period_anchor",
+)
 ADMIN_NAME = "admin"  # the name `selfroute keys create --admin` gives the admin key unless told otherwise
 
 
@@ -42,8 +62,11 @@ def expiry_time(age: str, now: float | None = None) -> float:
     """Unix seconds `age` from now: 30m, 12h, 30d, 8w."""
     match = _AGE.match(age or "")
     if not match or int(match.group(1)) == 0:
-        raise InvalidQuery(f"cannot read expiry {str(age)[:40]!r}: use an age such as 30m, 12h, 30d or 8w",
-                           param="expires", code="invalid_expires")
+        raise InvalidQuery(
+            f"cannot read expiry {str(age)[:40]!r}: use an age such as 30m, 12h, 30d or 8w",
+            param="expires",
+            code="invalid_expires",
+        )
     return (time.time() if now is None else now) + int(match.group(1)) * _AGE_SECONDS[match.group(2).lower()]
 
 
@@ -52,8 +75,11 @@ def period_seconds(period: str) -> float:
     from the hourly rollups."""
     match = _AGE.match(period or "")
     if not match or int(match.group(1)) == 0 or match.group(2).lower() == "m":
-        raise InvalidQuery(f"cannot read budget period {str(period)[:40]!r}: use 1h, 24h, 7d, 30d or 4w",
-                           param="budget_period", code="invalid_budget_period")
+        raise InvalidQuery(
+            f"cannot read budget period {str(period)[:40]!r}: use 1h, 24h, 7d, 30d or 4w",
+            param="budget_period",
+            code="invalid_budget_period",
+        )
     return float(int(match.group(1)) * _AGE_SECONDS[match.group(2).lower()])
 
 
@@ -99,15 +125,27 @@ class NamedKey:
 
     def to_dict(self, spend_usd: float | None = None, now: float | None = None) -> dict:
         start = self.period_start(now)
-        item = {"name": self.name, "object": "api_key", "prefix": self.prefix, "admin": self.admin,
-                "models": list(self.models) if self.models is not None else None,
-                "collections": list(self.collections), "budget_usd": self.budget_usd,
-                "budget_period": describe_period(self.budget_period_s) if self.budget_period_s else None,
-                "period_start": start,
-                "period_end": (start + self.budget_period_s
-                               if start is not None and self.budget_period_s is not None else None),
-                "rpm": self.rpm, "tpm": self.tpm, "created_at": self.created_at, "expires_at": self.expires_at,
-                "revoked_at": self.revoked_at, "rotated_at": self.rotated_at, "active": self.active(now)}
+        item = {
+            "name": self.name,
+            "object": "api_key",
+            "prefix": self.prefix,
+            "admin": self.admin,
+            "models": list(self.models) if self.models is not None else None,
+            "collections": list(self.collections),
+            "budget_usd": self.budget_usd,
+            "budget_period": describe_period(self.budget_period_s) if self.budget_period_s else None,
+            "period_start": start,
+            "period_end": (
+                start + self.budget_period_s if start is not None and self.budget_period_s is not None else None
+            ),
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "rotated_at": self.rotated_at,
+            "active": self.active(now),
+        }
         if spend_usd is not None:
             item["spend_usd"] = spend_usd  # in the current period when the budget has one
         return item
@@ -120,10 +158,19 @@ def _hash(salt: str, key: str) -> str:
 def _row_key(row) -> NamedKey:
     models = json.loads(row["models"]) if row["models"] is not None else None
     return NamedKey(
-        name=row["name"], prefix=row["prefix"], models=tuple(models) if models is not None else None,
-        collections=tuple(json.loads(row["collections"] or "[]")), budget_usd=row["budget_usd"], rpm=row["rpm"],
-        tpm=row["tpm"], created_at=row["created_at"], expires_at=row["expires_at"], revoked_at=row["revoked_at"],
-        admin=bool(row["admin"]), budget_period_s=row["budget_period_s"], period_anchor=row["period_anchor"],
+        name=row["name"],
+        prefix=row["prefix"],
+        models=tuple(models) if models is not None else None,
+        collections=tuple(json.loads(row["collections"] or "[]")),
+        budget_usd=row["budget_usd"],
+        rpm=row["rpm"],
+        tpm=row["tpm"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        revoked_at=row["revoked_at"],
+        admin=bool(row["admin"]),
+        budget_period_s=row["budget_period_s"],
+        period_anchor=row["period_anchor"],
         rotated_at=row["rotated_at"],
     )
 
@@ -144,9 +191,12 @@ KEEP = object()
 
 def validate_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name) or name.startswith("k_"):
-        raise InvalidQuery(f"invalid key name {name[:80]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "
-                           "starting with 'k_', which marks keys from the environment)", param="name",
-                           code="invalid_key_name")
+        raise InvalidQuery(
+            f"invalid key name {name[:80]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "
+            "starting with 'k_', which marks keys from the environment)",
+            param="name",
+            code="invalid_key_name",
+        )
     return name
 
 
@@ -194,8 +244,11 @@ class KeyStore:
         if self._reader is None:
             with self._lock:
                 self._db()  # the schema exists before the first read
-            self._reader = (connect_postgres(str(self.location), autocommit=True) if is_postgres(self.location)
-                            else connect(self.location))
+            self._reader = (
+                connect_postgres(str(self.location), autocommit=True)
+                if is_postgres(self.location)
+                else connect(self.location)
+            )
         return self._reader
 
     def close(self) -> None:
@@ -206,10 +259,19 @@ class KeyStore:
             self._conn = self._reader = None
 
     @reachable
-    def create(self, name: str, *, models: list[str] | None = None, collections: list[str] | None = None,
-               budget_usd: float | None = None, rpm: int | None = None, tpm: int | None = None,
-               expires_at: float | None = None, admin: bool = False,
-               budget_period_s: float | None = None) -> tuple[NamedKey, str]:
+    def create(
+        self,
+        name: str,
+        *,
+        models: list[str] | None = None,
+        collections: list[str] | None = None,
+        budget_usd: float | None = None,
+        rpm: int | None = None,
+        tpm: int | None = None,
+        expires_at: float | None = None,
+        admin: bool = False,
+        budget_period_s: float | None = None,
+    ) -> tuple[NamedKey, str]:
         """A new key: returns its record and the key itself, which is never available again. An admin key has no
         model list, grants or limits: it may do everything."""
         validate_name(name)
@@ -218,24 +280,42 @@ class KeyStore:
         rpm, tpm = _positive(rpm, "rpm", int), _positive(tpm, "tpm", int)
         budget_period_s = _positive(budget_period_s, "budget_period")
         if admin and any(v is not None for v in (models, collections, budget_usd, rpm, tpm, budget_period_s)):
-            raise InvalidQuery("the admin key has no model list, grants or limits: it may do everything",
-                               param="admin", code="invalid_admin_key")
+            raise InvalidQuery(
+                "the admin key has no model list, grants or limits: it may do everything",
+                param="admin",
+                code="invalid_admin_key",
+            )
         now = time.time()
         if expires_at is not None and expires_at <= now:
             raise InvalidQuery("expires must be in the future", param="expires", code="invalid_expires")
         secret, salt = _new_secret()
-        row = (name, secret[:PREFIX_CHARS], salt, _hash(salt, secret),
-               json.dumps(list(models)) if models is not None else None, json.dumps(list(collections or [])),
-               budget_usd, rpm, tpm, now, expires_at, None, int(admin), budget_period_s,
-               now if budget_period_s is not None else None)
+        row = (
+            name,
+            secret[:PREFIX_CHARS],
+            salt,
+            _hash(salt, secret),
+            json.dumps(list(models)) if models is not None else None,
+            json.dumps(list(collections or [])),
+            budget_usd,
+            rpm,
+            tpm,
+            now,
+            expires_at,
+            None,
+            int(admin),
+            budget_period_s,
+            now if budget_period_s is not None else None,
+        )
         with self._lock:
             try:
                 with self._db() as conn:
-                    conn.execute(f"INSERT INTO api_keys ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(row))})",
-                                 row)
+                    conn.execute(
+                        f"INSERT INTO api_keys ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(row))})", row
+                    )
             except integrity_error_types():
-                raise KeyConflict(f"a key named {name!r} exists or existed; names are never reused", param="name",
-                                  code="key_exists") from None
+                raise KeyConflict(
+                    f"a key named {name!r} exists or existed; names are never reused", param="name", code="key_exists"
+                ) from None
         return self.get(name), secret
 
     @reachable
@@ -260,15 +340,26 @@ class KeyStore:
     @reachable
     def revoke(self, name: str) -> NamedKey:
         with self._lock, self._db() as conn:
-            cursor = conn.execute("UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL",
-                                  (time.time(), name))
+            cursor = conn.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE name = ? AND revoked_at IS NULL", (time.time(), name)
+            )
         if cursor.rowcount == 0:
             self.get(name)  # raises NotFound for a name never created; a revoked key stays revoked
         return self.get(name)
 
     @reachable
-    def edit(self, name: str, *, models=KEEP, collections=KEEP, budget_usd=KEEP, budget_period_s=KEEP, rpm=KEEP,
-             tpm=KEEP, expires_at=KEEP) -> NamedKey:
+    def edit(
+        self,
+        name: str,
+        *,
+        models=KEEP,
+        collections=KEEP,
+        budget_usd=KEEP,
+        budget_period_s=KEEP,
+        rpm=KEEP,
+        tpm=KEEP,
+        expires_at=KEEP,
+    ) -> NamedKey:
         """Change a key's model list, grants and limits; what is not given stays. None clears a limit (and `models`:
         any model). A new budget period starts counting now."""
         key = self.get(name)
@@ -281,8 +372,12 @@ class KeyStore:
             changes["models"] = json.dumps(list(models)) if models is not None else None
         if collections is not KEEP:
             changes["collections"] = json.dumps(list(collections or []))
-        for field, value, kind in (("budget_usd", budget_usd, float), ("rpm", rpm, int), ("tpm", tpm, int),
-                                   ("budget_period_s", budget_period_s, float)):
+        for field, value, kind in (
+            ("budget_usd", budget_usd, float),
+            ("rpm", rpm, int),
+            ("tpm", tpm, int),
+            ("budget_period_s", budget_period_s, float),
+        ):
             if value is not KEEP:
                 changes[field] = _positive(value, field.removesuffix("_s"), kind)
         if "budget_period_s" in changes:
@@ -292,8 +387,11 @@ class KeyStore:
                 raise InvalidQuery("expires must be in the future", param="expires", code="invalid_expires")
             changes["expires_at"] = expires_at
         if key.admin and set(changes) - {"expires_at"}:
-            raise InvalidQuery("the admin key has no model list, grants or limits: it may do everything",
-                               param="admin", code="invalid_admin_key")
+            raise InvalidQuery(
+                "the admin key has no model list, grants or limits: it may do everything",
+                param="admin",
+                code="invalid_admin_key",
+            )
         if changes:
             assignments = ", ".join(f"{column} = ?" for column in changes)
             with self._lock, self._db() as conn:
@@ -309,8 +407,10 @@ class KeyStore:
             raise InvalidQuery(f"key {name[:80]!r} is revoked or expired", param="name", code="key_inactive")
         secret, salt = _new_secret()
         with self._lock, self._db() as conn:
-            conn.execute("UPDATE api_keys SET prefix = ?, salt = ?, hash = ?, rotated_at = ? WHERE name = ?",
-                         (secret[:PREFIX_CHARS], salt, _hash(salt, secret), time.time(), name))
+            conn.execute(
+                "UPDATE api_keys SET prefix = ?, salt = ?, hash = ?, rotated_at = ? WHERE name = ?",
+                (secret[:PREFIX_CHARS], salt, _hash(salt, secret), time.time(), name),
+            )
         return self.get(name), secret
 
     @reachable
@@ -319,8 +419,11 @@ class KeyStore:
         if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
             return None
         with self._read_lock:
-            rows = self._read_db().execute("SELECT * FROM api_keys WHERE prefix = ?",
-                                           (presented[:PREFIX_CHARS],)).fetchall()
+            rows = (
+                self._read_db()
+                .execute("SELECT * FROM api_keys WHERE prefix = ?", (presented[:PREFIX_CHARS],))
+                .fetchall()
+            )
         for row in rows:
             if hmac.compare_digest(row["hash"], _hash(row["salt"], presented)):
                 key = _row_key(row)
@@ -340,8 +443,11 @@ class KeyStore:
     def has_admin_key(self) -> bool:
         """Whether an admin key that was not revoked is stored."""
         with self._read_lock:
-            row = self._read_db().execute(
-                "SELECT 1 FROM api_keys WHERE admin = 1 AND revoked_at IS NULL LIMIT 1").fetchone()
+            row = (
+                self._read_db()
+                .execute("SELECT 1 FROM api_keys WHERE admin = 1 AND revoked_at IS NULL LIMIT 1")
+                .fetchone()
+            )
         return row is not None
 
     @reachable
@@ -354,11 +460,15 @@ class KeyStore:
         first_hour = math.ceil(start / 3600)  # the first whole hour of the period
         with self._lock:
             db = self._db()
-            hours = db.execute("SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_hourly"
-                               " WHERE key_id = ? AND hour >= ?", (key.name, first_hour)).fetchone()[0]
-            partial = db.execute("SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE key_id = ?"
-                                 " AND created_at >= ? AND created_at < ?",
-                                 (key.name, start, first_hour * 3600.0)).fetchone()[0]
+            hours = db.execute(
+                "SELECT coalesce(sum(cost_usd), 0) FROM request_rollup_hourly WHERE key_id = ? AND hour >= ?",
+                (key.name, first_hour),
+            ).fetchone()[0]
+            partial = db.execute(
+                "SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE key_id = ?"
+                " AND created_at >= ? AND created_at < ?",
+                (key.name, start, first_hour * 3600.0),
+            ).fetchone()[0]
         return float(hours or 0.0) + float(partial or 0.0)
 
     def listing(self, now: float | None = None) -> builtins.list[dict]:
@@ -377,14 +487,27 @@ class KeyStore:
         """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""
         with self._lock:
             if names is None:
-                rows = self._db().execute(
-                    "SELECT d.key_id, sum(d.cost_usd) FROM request_rollup_daily d JOIN api_keys k ON k.name = d.key_id"
-                    " GROUP BY d.key_id").fetchall()
+                rows = (
+                    self._db()
+                    .execute(
+                        "SELECT d.key_id, sum(d.cost_usd) FROM request_rollup_daily d JOIN api_keys k ON k.name = d.key_id"
+                        " GROUP BY d.key_id"
+                    )
+                    .fetchall()
+                )
             else:
                 marks = ", ".join("?" * len(names))
-                rows = self._db().execute(
-                    f"SELECT key_id, sum(cost_usd) FROM request_rollup_daily WHERE key_id IN ({marks})"
-                    " GROUP BY key_id", names).fetchall() if names else []
+                rows = (
+                    self._db()
+                    .execute(
+                        f"SELECT key_id, sum(cost_usd) FROM request_rollup_daily WHERE key_id IN ({marks})"
+                        " GROUP BY key_id",
+                        names,
+                    )
+                    .fetchall()
+                    if names
+                    else []
+                )
         return {row[0]: float(row[1] or 0.0) for row in rows}
 
     @reachable
@@ -397,7 +520,9 @@ class KeyStore:
             conn.execute("DELETE FROM rate_windows WHERE key_id = ? AND minute < ?", (key_id, minute))
             count = conn.execute(
                 "INSERT INTO rate_windows (key_id, minute, requests) VALUES (?, ?, 1) ON CONFLICT (key_id, minute)"
-                " DO UPDATE SET requests = rate_windows.requests + 1 RETURNING requests", (key_id, minute)).fetchone()[0]
+                " DO UPDATE SET requests = rate_windows.requests + 1 RETURNING requests",
+                (key_id, minute),
+            ).fetchone()[0]
         return int(count), (minute + 1) * 60 - now
 
     @reachable
@@ -405,35 +530,45 @@ class KeyStore:
         """Take back a request counted by count_request that was refused after all."""
         minute = int((time.time() if now is None else now) // 60)
         with self._lock, self._db() as conn:
-            conn.execute("UPDATE rate_windows SET requests = requests - 1 WHERE key_id = ? AND minute = ?",
-                         (key_id, minute))
+            conn.execute(
+                "UPDATE rate_windows SET requests = requests - 1 WHERE key_id = ? AND minute = ?", (key_id, minute)
+            )
 
     @reachable
     def tokens_since(self, key_id: str, since: float) -> tuple[int, float]:
         """Tokens the ledger recorded for a key since a moment (the TPM window), and when the oldest of those
         requests started."""
         with self._lock:
-            row = self._db().execute(
-                "SELECT coalesce(sum(prompt_tokens + completion_tokens), 0), min(created_at) FROM requests"
-                " WHERE key_id = ? AND created_at >= ?", (key_id, since)).fetchone()
+            row = (
+                self._db()
+                .execute(
+                    "SELECT coalesce(sum(prompt_tokens + completion_tokens), 0), min(created_at) FROM requests"
+                    " WHERE key_id = ? AND created_at >= ?",
+                    (key_id, since),
+                )
+                .fetchone()
+            )
         return int(row[0] or 0), float(row[1] if row[1] is not None else since)
 
     # -- collection ownership -------------------------------------------------------------------
     @reachable
     def collection_owner(self, collection: str) -> str | None:
         with self._lock:
-            row = self._db().execute("SELECT owner FROM collection_owners WHERE collection = ?",
-                                     (collection,)).fetchone()
+            row = (
+                self._db().execute("SELECT owner FROM collection_owners WHERE collection = ?", (collection,)).fetchone()
+            )
         return row[0] if row else None
 
     @reachable
     def claim_collection(self, collection: str, owner: str) -> str:
         """Make `owner` the owner of a collection nobody owns yet; returns the owner it has now."""
         with self._lock, self._db() as conn:
-            conn.execute("INSERT INTO collection_owners (collection, owner, created_at) VALUES (?, ?, ?)"
-                         " ON CONFLICT (collection) DO NOTHING", (collection, owner, time.time()))
-            return conn.execute("SELECT owner FROM collection_owners WHERE collection = ?",
-                                (collection,)).fetchone()[0]
+            conn.execute(
+                "INSERT INTO collection_owners (collection, owner, created_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (collection) DO NOTHING",
+                (collection, owner, time.time()),
+            )
+            return conn.execute("SELECT owner FROM collection_owners WHERE collection = ?", (collection,)).fetchone()[0]
 
     @reachable
     def collection_owners(self) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Labels and recorded features in the ledger database (migration 010): feedback labels written by the API, the
 learning loop's spend, and what `selfroute learn`, `whatif` and `calibrate --from-ledger` read back."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ class RecordedRequest:
         return None
 
 
-def recorded_requests(location: str | Path, since: float = 0.0, until: float | None = None,
-                      policy: str | None = None) -> list[RecordedRequest]:
+def recorded_requests(
+    location: str | Path, since: float = 0.0, until: float | None = None, policy: str | None = None
+) -> list[RecordedRequest]:
     """The routed requests with recorded features since `since` (unix seconds), oldest first, with their labels."""
     conn = connect(location)
     try:
@@ -56,18 +58,31 @@ def recorded_requests(location: str | Path, since: float = 0.0, until: float | N
         rows = conn.execute(
             "SELECT f.request_id, f.created_at, r.key_id, r.route, r.cost_usd, r.counterfactual_cost_usd, f.data"
             " FROM request_features f JOIN requests r ON r.id = f.request_id"
-            f" WHERE {' AND '.join(where)} ORDER BY f.created_at, f.request_id", tuple(params)).fetchall()
+            f" WHERE {' AND '.join(where)} ORDER BY f.created_at, f.request_id",
+            tuple(params),
+        ).fetchall()
         labels: dict[str, list[dict]] = {}
         for request_id, source, verdict, good, score, cost, created in conn.execute(
-                "SELECT request_id, source, verdict, good, score, cost_usd, created_at FROM labels"
-                " WHERE created_at >= ? ORDER BY created_at, id", (since,)).fetchall():
+            "SELECT request_id, source, verdict, good, score, cost_usd, created_at FROM labels"
+            " WHERE created_at >= ? ORDER BY created_at, id",
+            (since,),
+        ).fetchall():
             labels.setdefault(request_id, []).append(
-                {"source": source, "verdict": verdict, "good": good, "score": score, "cost_usd": cost,
-                 "created_at": created})
+                {
+                    "source": source,
+                    "verdict": verdict,
+                    "good": good,
+                    "score": score,
+                    "cost_usd": cost,
+                    "created_at": created,
+                }
+            )
     finally:
         conn.close()
-    return [RecordedRequest(r[0], r[1], r[2], r[3], r[4] or 0.0, r[5] or 0.0, json.loads(r[6]), labels.get(r[0], []))
-            for r in rows]
+    return [
+        RecordedRequest(r[0], r[1], r[2], r[3], r[4] or 0.0, r[5] or 0.0, json.loads(r[6]), labels.get(r[0], []))
+        for r in rows
+    ]
 
 
 def learning_spend(location: str | Path, since: float) -> float:
@@ -75,8 +90,10 @@ def learning_spend(location: str | Path, since: float) -> float:
     conn = connect(location)
     try:
         marks = ", ".join("?" * len(LEARNING_ROUTES))
-        row = conn.execute(f"SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE route IN ({marks})"
-                           " AND created_at >= ?", (*LEARNING_ROUTES, since)).fetchone()
+        row = conn.execute(
+            f"SELECT coalesce(sum(cost_usd), 0) FROM requests WHERE route IN ({marks}) AND created_at >= ?",
+            (*LEARNING_ROUTES, since),
+        ).fetchone()
     finally:
         conn.close()
     return float(row[0] or 0.0)
@@ -119,6 +136,7 @@ class LabelStore:
         def write(conn):
             with conn:
                 conn.execute(INSERT_LABEL, label_row(label))
+
         self._run(write)
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 litellm's `completion_cost` re-tokenises the prompt (over a millisecond of CPU); the upstream already
 reports token counts, so cost is plain arithmetic on a price looked up once per model.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,16 +28,21 @@ class Price:
     def known(self) -> bool:
         return self.source != "unknown"
 
-    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-             cache_write_tokens: int = 0) -> float:
+    def cost(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, cache_write_tokens: int = 0
+    ) -> float:
         """`prompt_tokens` counts every prompt token, the cached and cache-written ones included (as OpenAI and
         litellm report them); those are priced at the cache rates."""
         cached = min(cached_tokens, prompt_tokens)
         written = min(cache_write_tokens, prompt_tokens - cached)
         read_price = self.input_per_token if self.cache_read_per_token is None else self.cache_read_per_token
         write_price = self.input_per_token if self.cache_write_per_token is None else self.cache_write_per_token
-        return ((prompt_tokens - cached - written) * self.input_per_token + cached * read_price
-                + written * write_price + completion_tokens * self.output_per_token)
+        return (
+            (prompt_tokens - cached - written) * self.input_per_token
+            + cached * read_price
+            + written * write_price
+            + completion_tokens * self.output_per_token
+        )
 
 
 FREE = Price(0.0, 0.0, "unknown")
@@ -74,7 +80,8 @@ class PriceBook:
                 logger.warning(
                     "no price for model %r (not in litellm's cost map, none in the policy): its calls are "
                     "recorded at $0 and marked unpriced; set input_cost_per_mtok and output_cost_per_mtok",
-                    config.model)
+                    config.model,
+                )
 
     def _lookup_map(self, model: str) -> Price | None:
         if self._cost_map is None:
@@ -103,8 +110,10 @@ class PriceBook:
         cost_map = self._cost_map
         assert cost_map is not None  # _lookup_map set it
         provider, _, name = config.model.partition("/")
-        entry = next((cost_map.get(c) for c in (config.model, name, f"{provider}/{name}")
-                      if c and cost_map.get(c)), None) or {}
+        entry = (
+            next((cost_map.get(c) for c in (config.model, name, f"{provider}/{name}") if c and cost_map.get(c)), None)
+            or {}
+        )
 
         def whole(value) -> int | None:
             return int(value) if isinstance(value, (int, float)) and value > 0 else None
@@ -113,14 +122,22 @@ class PriceBook:
         return window, whole(entry.get("max_output_tokens")) or whole(entry.get("max_tokens"))
 
     def price(self, config: ModelConfig) -> Price:
-        key = (config.model, config.input_cost_per_mtok, config.output_cost_per_mtok,
-               config.cached_input_cost_per_mtok, config.cache_write_cost_per_mtok)
+        key = (
+            config.model,
+            config.input_cost_per_mtok,
+            config.output_cost_per_mtok,
+            config.cached_input_cost_per_mtok,
+            config.cache_write_cost_per_mtok,
+        )
         found = self._cache.get(key)
         if found is None:
             if config.input_cost_per_mtok is not None or config.output_cost_per_mtok is not None:
                 found = Price(
-                    (config.input_cost_per_mtok or 0.0) / 1e6, (config.output_cost_per_mtok or 0.0) / 1e6, "policy",
-                    _per_token(config.cached_input_cost_per_mtok), _per_token(config.cache_write_cost_per_mtok),
+                    (config.input_cost_per_mtok or 0.0) / 1e6,
+                    (config.output_cost_per_mtok or 0.0) / 1e6,
+                    "policy",
+                    _per_token(config.cached_input_cost_per_mtok),
+                    _per_token(config.cache_write_cost_per_mtok),
                 )
             else:
                 found = self._lookup_map(config.model) or FREE

@@ -1,4 +1,5 @@
 """What the ledger stores: one record per request with its upstream legs. Column names are defined here once."""
+
 from __future__ import annotations
 
 import hashlib
@@ -69,7 +70,7 @@ class RequestRecord:
     # what the router learns from (migration 010): the request_features row (gateway.routing.learning.features_record)
     # and labels this record produced (a judge request's verdict on another request); written with the request
     features: dict[str, Any] | None = None
-    labels: list["LabelRecord"] = field(default_factory=list)
+    labels: list[LabelRecord] = field(default_factory=list)
 
 
 @dataclass
@@ -95,17 +96,53 @@ LABEL_SOURCES = (LABEL_JUDGE, LABEL_SHADOW, LABEL_FEEDBACK)
 
 # the columns of the requests and upstream_calls tables, in table order (migrations 001, 005 and 012)
 REQUEST_COLUMNS = (
-    "id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
-    "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-    "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd", "client_request_id",
+    "id",
+    "created_at",
+    "key_id",
+    "policy",
+    "alias",
+    "route",
+    "reason",
+    "status",
+    "error",
+    "stream",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "context_tokens",
+    "counterfactual_cost_usd",
+    "provenance",
+    "cached_tokens",
+    "cache_saving_usd",
+    "client_request_id",
 )
 CALL_COLUMNS = (
-    "request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-    "latency_ms", "error", "cached_tokens", "cache_saving_usd", "unpriced",
+    "request_id",
+    "created_at",
+    "model",
+    "route",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "latency_ms",
+    "error",
+    "cached_tokens",
+    "cache_saving_usd",
+    "unpriced",
 )
 FEATURE_COLUMNS = ("request_id", "created_at", "version", "data")
-LABEL_COLUMNS = ("request_id", "created_at", "source", "key_id", "verdict", "good", "score", "cost_usd",
-                 "label_request_id")
+LABEL_COLUMNS = (
+    "request_id",
+    "created_at",
+    "source",
+    "key_id",
+    "verdict",
+    "good",
+    "score",
+    "cost_usd",
+    "label_request_id",
+)
 # what reports list: provenance only on request detail; a leg without its request id
 REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")
 CALL_FIELDS = tuple(c for c in CALL_COLUMNS if c != "request_id")
@@ -116,7 +153,9 @@ def request_row(record: RequestRecord) -> tuple:
     # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
     values = [getattr(record, c) for c in REQUEST_COLUMNS]
     values[REQUEST_COLUMNS.index("stream")] = int(record.stream)
-    values[REQUEST_COLUMNS.index("provenance")] = json.dumps(record.provenance) if record.provenance is not None else None
+    values[REQUEST_COLUMNS.index("provenance")] = (
+        json.dumps(record.provenance) if record.provenance is not None else None
+    )
     return tuple(values)
 
 

@@ -5,6 +5,7 @@ and the raw rows for the partial hours at the edges of a time range, so a report
 O(days x groups), not O(requests).
 Days and hours are UTC. The same queries run on SQLite and PostgreSQL (gateway.ledger.dialect).
 """
+
 from __future__ import annotations
 
 import base64
@@ -14,18 +15,23 @@ import math
 import re
 import sqlite3
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from gateway.ledger.dialect import (
-    POSTGRESQL, LedgerConnection, connect_postgres, dialect_of, is_postgres, unavailable_as_error,
+    POSTGRESQL,
+    LedgerConnection,
+    connect_postgres,
+    dialect_of,
+    is_postgres,
+    unavailable_as_error,
 )
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import DIRECT, LONG, PASSTHROUGH, RAG, answered_by
-from policies.routes import FALLBACK as FALLBACK_ROUTE
 
 GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week", "tag")
 MAX_PAGE = 1000
@@ -110,10 +116,11 @@ def parse_time(value: str, *, now: float | None = None) -> float:
     except ValueError:
         raise InvalidQuery(
             f"cannot read time {value!r}: use ISO 8601 (2025-01-31, 2025-01-31T12:00:00Z) or an age like 30m, 1h, 7d",
-            param="since/until", code="invalid_time",
+            param="since/until",
+            code="invalid_time",
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return moment.timestamp()
 
 
@@ -139,17 +146,27 @@ class Filters:
         status: str | None = None,
         answered_by: str | None = None,
         now: float | None = None,
-    ) -> "Filters":
+    ) -> Filters:
         now = time.time() if now is None else now
         start = parse_time(since, now=now) if since else None
         end = parse_time(until, now=now) if until else None
         if start is not None and end is not None and end <= start:
             raise InvalidQuery("'until' must be after 'since'", param="until", code="invalid_time")
         if answered_by and answered_by not in ANSWERING_ROUTES:
-            raise InvalidQuery(f"cannot read answered-by {answered_by!r}: use one of {', '.join(ANSWERING_ROUTES)}",
-                               param="answered_by", code="invalid_route")
-        return cls(start, end, route or None, _key_id(key) if key else None, policy or None, parse_status(status),
-                   answered_by or None)
+            raise InvalidQuery(
+                f"cannot read answered-by {answered_by!r}: use one of {', '.join(ANSWERING_ROUTES)}",
+                param="answered_by",
+                code="invalid_route",
+            )
+        return cls(
+            start,
+            end,
+            route or None,
+            _key_id(key) if key else None,
+            policy or None,
+            parse_status(status),
+            answered_by or None,
+        )
 
 
 def _key_id(value: str) -> str:
@@ -174,8 +191,9 @@ def parse_status(value: str | None) -> tuple[int, int] | None:
     if match:
         low = int(match.group(1)) * 100
         return (low, low + 100)
-    raise InvalidQuery(f"cannot read status {value!r}: use 200, 4xx, ok or error", param="status",
-                          code="invalid_status")
+    raise InvalidQuery(
+        f"cannot read status {value!r}: use 200, 4xx, ok or error", param="status", code="invalid_status"
+    )
 
 
 def _where(filters: Filters, cols: dict[str, str]) -> tuple[list[str], list]:
@@ -198,32 +216,75 @@ def _where(filters: Filters, cols: dict[str, str]) -> tuple[list[str], list]:
 
 # ---------------------------------------------------------------------------------------------- aggregates
 
-_RAW_REQUEST_DIMS = {"route": "coalesce(route, '')", "policy": "coalesce(policy, '')", "key": "coalesce(key_id, '')",
-                     "status": "status", "day": "{day(created_at)}", "hour": "{hour(created_at)}"}
-_ROLLUP_REQUEST_DIMS = {"route": "route", "policy": "policy", "key": "key_id", "status": "status",
-                        "day": "hour / 24", "hour": "hour"}
-_RAW_REQUEST_SUMS = ("count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
-                     " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms),"
-                     " count(CASE WHEN cached_tokens > 0 THEN 1 END), sum(cached_tokens), sum(cache_saving_usd)")
-_ROLLUP_REQUEST_SUMS = ("sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
-                        " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count),"
-                        " sum(cache_hits), sum(cached_tokens), sum(cache_saving_usd)")
+_RAW_REQUEST_DIMS = {
+    "route": "coalesce(route, '')",
+    "policy": "coalesce(policy, '')",
+    "key": "coalesce(key_id, '')",
+    "status": "status",
+    "day": "{day(created_at)}",
+    "hour": "{hour(created_at)}",
+}
+_ROLLUP_REQUEST_DIMS = {
+    "route": "route",
+    "policy": "policy",
+    "key": "key_id",
+    "status": "status",
+    "day": "hour / 24",
+    "hour": "hour",
+}
+_RAW_REQUEST_SUMS = (
+    "count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
+    " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms),"
+    " count(CASE WHEN cached_tokens > 0 THEN 1 END), sum(cached_tokens), sum(cache_saving_usd)"
+)
+_ROLLUP_REQUEST_SUMS = (
+    "sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
+    " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count),"
+    " sum(cache_hits), sum(cached_tokens), sum(cache_saving_usd)"
+)
 # the provider prompt cache (migration 008): hits are requests, or legs, that read prompt tokens from it
 CACHE_FIELDS = ("cache_hits", "cached_tokens", "cache_saving_usd")
-REQUEST_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "context_tokens", "cost_usd",
-                   "counterfactual_cost_usd", "latency_ms_sum", "latency_count", *CACHE_FIELDS)
+REQUEST_FIELDS = (
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "context_tokens",
+    "cost_usd",
+    "counterfactual_cost_usd",
+    "latency_ms_sum",
+    "latency_count",
+    *CACHE_FIELDS,
+)
 
-_RAW_CALL_DIMS = {"model": "c.model", "route": "coalesce(r.route, '')", "policy": "coalesce(r.policy, '')",
-                  "key": "coalesce(r.key_id, '')", "status": "r.status",
-                  "day": "{day(r.created_at)}", "hour": "{hour(r.created_at)}"}
-_RAW_CALL_SUMS = ("count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
-                  " coalesce(sum(c.latency_ms), 0), count(c.latency_ms),"
-                  " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens), sum(c.cache_saving_usd)")
-_ROLLUP_CALL_SUMS = ("sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
-                     " sum(latency_ms_sum), sum(latency_count), sum(cache_hits), sum(cached_tokens),"
-                     " sum(cache_saving_usd)")
-_CALL_FIELDS = ("calls", "errors", "prompt_tokens", "completion_tokens", "cost_usd", "latency_ms_sum",
-                "latency_count", *CACHE_FIELDS)
+_RAW_CALL_DIMS = {
+    "model": "c.model",
+    "route": "coalesce(r.route, '')",
+    "policy": "coalesce(r.policy, '')",
+    "key": "coalesce(r.key_id, '')",
+    "status": "r.status",
+    "day": "{day(r.created_at)}",
+    "hour": "{hour(r.created_at)}",
+}
+_RAW_CALL_SUMS = (
+    "count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
+    " coalesce(sum(c.latency_ms), 0), count(c.latency_ms),"
+    " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens), sum(c.cache_saving_usd)"
+)
+_ROLLUP_CALL_SUMS = (
+    "sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
+    " sum(latency_ms_sum), sum(latency_count), sum(cache_hits), sum(cached_tokens),"
+    " sum(cache_saving_usd)"
+)
+_CALL_FIELDS = (
+    "calls",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "latency_ms_sum",
+    "latency_count",
+    *CACHE_FIELDS,
+)
 
 
 _INF = 2**62
@@ -256,8 +317,7 @@ def _split_range(filters: Filters, *, days: bool) -> list[tuple[str, float, floa
 
 _TIERS: dict[str, tuple[str, str, str, Mapping[str, str | None]]] = {
     # source: (request table, call table, time column, dims over that source)
-    "day": ("request_rollup_daily", "call_rollup_daily", "day",
-            {**_ROLLUP_REQUEST_DIMS, "day": "day", "hour": None}),
+    "day": ("request_rollup_daily", "call_rollup_daily", "day", {**_ROLLUP_REQUEST_DIMS, "day": "day", "hour": None}),
     "hour": ("request_rollup_hourly", "call_rollup_hourly", "hour", _ROLLUP_REQUEST_DIMS),
 }
 
@@ -294,7 +354,7 @@ def aggregate(conn: LedgerConnection, dims: list[str], filters: Filters, *, call
         for row in conn.execute(sql, params):
             key = tuple(row[: len(dims)])
             slot = merged.setdefault(key, dict.fromkeys(fields, 0))
-            for name, value in zip(fields, row[len(dims):]):
+            for name, value in zip(fields, row[len(dims) :]):
                 slot[name] += value or 0
     count_field = fields[0]
     return {key: slot for key, slot in merged.items() if slot[count_field] > 0}
@@ -336,14 +396,21 @@ def _weeks(days: dict) -> dict:
 def _tags(conn: LedgerConnection, filters: Filters) -> dict:
     """Sums per tag of the requests' metadata.tags (kept in their provenance): a request with two tags counts under
     both. Read from the requests themselves (no rollup holds tags), within the filters' time range."""
-    conds, params = _where(filters, {"route": "coalesce(route, '')", "key": "coalesce(key_id, '')",
-                                     "policy": "coalesce(policy, '')", "status": "status"})
+    conds, params = _where(
+        filters,
+        {
+            "route": "coalesce(route, '')",
+            "key": "coalesce(key_id, '')",
+            "policy": "coalesce(policy, '')",
+            "status": "status",
+        },
+    )
     for bound, op in ((filters.since, ">="), (filters.until, "<")):
         if bound is not None:
             conds.append(f"created_at {op} ?")
             params.append(bound)
     if dialect_of(conn) is POSTGRESQL:
-        source = ("requests, jsonb_array_elements_text(coalesce(provenance::jsonb -> 'tags', '[]'::jsonb)) AS t(value)")
+        source = "requests, jsonb_array_elements_text(coalesce(provenance::jsonb -> 'tags', '[]'::jsonb)) AS t(value)"
         conds.append("provenance IS NOT NULL AND jsonb_typeof(provenance::jsonb -> 'tags') = 'array'")
     else:
         source = "requests, json_each(requests.provenance, '$.tags') AS t"
@@ -354,12 +421,12 @@ def _tags(conn: LedgerConnection, filters: Filters) -> dict:
 
 def group_label(by: str, value: Any) -> str | None:
     if by == "week":  # ISO year and week, e.g. 2026-W49 (Monday 2026-11-30)
-        year, week, _ = datetime.fromtimestamp(int(value) * 86400, timezone.utc).isocalendar()
+        year, week, _ = datetime.fromtimestamp(int(value) * 86400, UTC).isocalendar()
         return f"{year}-W{week:02d}"
     if by == "day":
-        return datetime.fromtimestamp(int(value) * 86400, timezone.utc).strftime("%Y-%m-%d")
+        return datetime.fromtimestamp(int(value) * 86400, UTC).strftime("%Y-%m-%d")
     if by == "hour":
-        return datetime.fromtimestamp(int(value) * 3600, timezone.utc).strftime("%Y-%m-%dT%H:00Z")
+        return datetime.fromtimestamp(int(value) * 3600, UTC).strftime("%Y-%m-%dT%H:00Z")
     return value if value != "" else None
 
 
@@ -394,8 +461,9 @@ def costs(conn: LedgerConnection, by: str, filters: Filters = Filters()) -> dict
     """Requests, tokens, cost, always-long counterfactual and saving per group, plus the total; and per group the
     provider prompt cache's hits, cached prompt tokens and saving."""
     if by not in GROUPINGS:
-        raise InvalidQuery(f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by",
-                              code="invalid_grouping")
+        raise InvalidQuery(
+            f"cannot group by {by!r}: use one of {', '.join(GROUPINGS)}", param="by", code="invalid_grouping"
+        )
     calls = by == "model"
     if by == "week":
         groups = _weeks(aggregate(conn, ["day"], filters))
@@ -430,11 +498,15 @@ def unpriced_models(conn: LedgerConnection, filters: Filters = Filters()) -> lis
         conds.append("r.created_at < ?")
         params.append(filters.until)
     use = dialect_of(conn).use_index
-    sql = ("SELECT c.model, count(*), sum(c.prompt_tokens), sum(c.completion_tokens)"
-           f" FROM upstream_calls c{use('upstream_calls_unpriced')} JOIN requests r ON r.id = c.request_id"
-           f" WHERE {' AND '.join(conds)} GROUP BY c.model ORDER BY c.model")
-    return [{"model": model, "calls": n, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0}
-            for model, n, prompt, completion in conn.execute(sql, params)]
+    sql = (
+        "SELECT c.model, count(*), sum(c.prompt_tokens), sum(c.completion_tokens)"
+        f" FROM upstream_calls c{use('upstream_calls_unpriced')} JOIN requests r ON r.id = c.request_id"
+        f" WHERE {' AND '.join(conds)} GROUP BY c.model ORDER BY c.model"
+    )
+    return [
+        {"model": model, "calls": n, "prompt_tokens": prompt or 0, "completion_tokens": completion or 0}
+        for model, n, prompt, completion in conn.execute(sql, params)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -461,8 +533,9 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         created_at, request_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
         return float(created_at), str(request_id)
     except (ValueError, TypeError, binascii.Error):
-        raise InvalidQuery("cannot read this cursor: pass back next_cursor unchanged", param="cursor",
-                              code="invalid_cursor") from None
+        raise InvalidQuery(
+            "cannot read this cursor: pass back next_cursor unchanged", param="cursor", code="invalid_cursor"
+        ) from None
 
 
 def row_dict(row) -> dict:
@@ -477,15 +550,18 @@ def attach_models(conn: LedgerConnection, items: list[dict]) -> None:
         item["models"] = []
     ids = list(by_id)
     for start in range(0, len(ids), 500):  # stay under SQLite's bound-parameter limit
-        chunk = ids[start:start + 500]
-        sql = (f"SELECT request_id, model FROM upstream_calls WHERE request_id IN ({', '.join('?' * len(chunk))})"
-               " ORDER BY id")
+        chunk = ids[start : start + 500]
+        sql = (
+            f"SELECT request_id, model FROM upstream_calls WHERE request_id IN ({', '.join('?' * len(chunk))})"
+            " ORDER BY id"
+        )
         for row in conn.execute(sql, chunk):
             by_id[row[0]]["models"].append(row[1])
 
 
-def list_requests(conn: LedgerConnection, filters: Filters = Filters(), *, limit: int = 50,
-                  cursor: str | None = None) -> dict:
+def list_requests(
+    conn: LedgerConnection, filters: Filters = Filters(), *, limit: int = 50, cursor: str | None = None
+) -> dict:
     """Newest first, `limit` a page; `next_cursor` continues after the last one (stable under inserts)."""
     if not 1 <= limit <= MAX_PAGE:
         raise InvalidQuery(f"limit must be between 1 and {MAX_PAGE}", param="limit", code="invalid_limit")
@@ -495,8 +571,7 @@ def list_requests(conn: LedgerConnection, filters: Filters = Filters(), *, limit
         conds.append("(created_at < ? OR (created_at = ? AND id < ?))")
         params.extend([created_at, created_at, request_id])
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
-    sql = (f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where}"
-           " ORDER BY created_at DESC, id DESC LIMIT ?")
+    sql = f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at DESC, id DESC LIMIT ?"
     rows = conn.execute(sql, [*params, limit + 1]).fetchall()
     items = [row_dict(row) for row in rows[:limit]]
     attach_models(conn, items)
@@ -510,33 +585,47 @@ def _detail(conn: LedgerConnection, row) -> dict:
     item = row_dict(row)
     item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
     item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
-    item["calls"] = [dict(zip(CALL_COLUMNS, call)) for call in conn.execute(
-        f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (item["id"],))]
+    item["calls"] = [
+        dict(zip(CALL_COLUMNS, call))
+        for call in conn.execute(
+            f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (item["id"],)
+        )
+    ]
     item["models"] = [call["model"] for call in item["calls"]]
     return item
 
 
 def get_request(conn: LedgerConnection, request_id: str) -> dict:
     """One request with its upstream legs and provenance; 404 if unknown."""
-    row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
-                       (request_id,)).fetchone()
+    row = conn.execute(
+        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?", (request_id,)
+    ).fetchone()
     if row is None:
-        raise NotFound(f"no request with id {request_id!r} in the ledger", param="id",
-                           code="request_not_found")
+        raise NotFound(f"no request with id {request_id!r} in the ledger", param="id", code="request_not_found")
     return _detail(conn, row)
 
 
 def find_requests(conn: LedgerConnection, request_id: str, *, limit: int = 20) -> list[dict]:
     """The request with this gateway id, else those the client sent with this X-Request-Id (a client may reuse
     one), newest first, each with its legs and provenance; 404 if none."""
-    row = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?",
-                       (request_id,)).fetchone()
-    rows = [row] if row is not None else conn.execute(
-        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE client_request_id = ?"
-        " ORDER BY created_at DESC, id DESC LIMIT ?", (request_id, limit)).fetchall()
+    row = conn.execute(
+        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?", (request_id,)
+    ).fetchone()
+    rows = (
+        [row]
+        if row is not None
+        else conn.execute(
+            f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE client_request_id = ?"
+            " ORDER BY created_at DESC, id DESC LIMIT ?",
+            (request_id, limit),
+        ).fetchall()
+    )
     if not rows:
-        raise NotFound(f"no request with id {request_id!r} in the ledger (neither the gateway's id nor a client's "
-                       "X-Request-Id)", param="id", code="request_not_found")
+        raise NotFound(
+            f"no request with id {request_id!r} in the ledger (neither the gateway's id nor a client's X-Request-Id)",
+            param="id",
+            code="request_not_found",
+        )
     return [_detail(conn, r) for r in rows]
 
 
@@ -565,15 +654,18 @@ def follow_position(conn: LedgerConnection) -> FollowPosition:
     return FollowPosition(since=newest, seen={row[0]: row[1] for row in rows})
 
 
-def requests_after(conn: LedgerConnection, position: FollowPosition | None, filters: Filters = Filters(),
-                   *, limit: int = 1000) -> tuple[list[dict], FollowPosition]:
+def requests_after(
+    conn: LedgerConnection, position: FollowPosition | None, filters: Filters = Filters(), *, limit: int = 1000
+) -> tuple[list[dict], FollowPosition]:
     """Rows written after `position` (None: from the start), in write order as near as the engine tells."""
     position = position or FollowPosition(seen={})
     conds, params = _request_conditions(filters)
     if dialect_of(conn) is not POSTGRESQL:
         conds.insert(0, "rowid > ?")
-        sql = (f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
-               " ORDER BY rowid LIMIT ?")
+        sql = (
+            f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
+            " ORDER BY rowid LIMIT ?"
+        )
         rows = conn.execute(sql, [position.rowid, *params, limit]).fetchall()
         items = [row_dict(row) for row in rows]
         attach_models(conn, items)
@@ -583,8 +675,9 @@ def requests_after(conn: LedgerConnection, position: FollowPosition | None, filt
         conds.insert(0, "created_at >= ?")
         params.insert(0, position.since - FOLLOW_LAG)
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
-    rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at, id",
-                        params).fetchall()
+    rows = conn.execute(
+        f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at, id", params
+    ).fetchall()
     items = [row_dict(row) for row in rows if row["id"] not in seen][:limit]
     attach_models(conn, items)
     since = max([position.since, *(item["created_at"] for item in items)])
@@ -603,8 +696,10 @@ def iter_export(conn: LedgerConnection, filters: Filters = Filters(), *, batch: 
             page_conds.append("(created_at > ? OR (created_at = ? AND id > ?))")
             page_params.extend([after[0], after[0], after[1]])
         where = f" WHERE {' AND '.join(page_conds)}" if page_conds else ""
-        rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests{where}"
-                            " ORDER BY created_at, id LIMIT ?", [*page_params, batch]).fetchall()
+        rows = conn.execute(
+            f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests{where} ORDER BY created_at, id LIMIT ?",
+            [*page_params, batch],
+        ).fetchall()
         if not rows:
             return
         items = {}
@@ -615,9 +710,12 @@ def iter_export(conn: LedgerConnection, filters: Filters = Filters(), *, batch: 
             items[item["id"]] = item
         ids = list(items)
         for start in range(0, len(ids), 500):
-            chunk = ids[start:start + 500]
-            for call in conn.execute(f"SELECT request_id, {', '.join(CALL_COLUMNS)} FROM upstream_calls"
-                                     f" WHERE request_id IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk):
+            chunk = ids[start : start + 500]
+            for call in conn.execute(
+                f"SELECT request_id, {', '.join(CALL_COLUMNS)} FROM upstream_calls"
+                f" WHERE request_id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
+                chunk,
+            ):
                 items[call[0]]["calls"].append(dict(zip(CALL_COLUMNS, call[1:])))
         yield from items.values()
         after = (rows[-1]["created_at"], rows[-1]["id"])

@@ -6,24 +6,37 @@ holds at most RAW_LATENCY_LIMIT requests (reading more would take seconds), else
 latency histograms (migration 003); the most expensive and slowest requests from the raw rows of the window;
 the provider prompt cache per route from the call rollups' cache columns (migration 008).
 """
+
 from __future__ import annotations
 
 import bisect
 import math
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from gateway.ledger.dialect import LedgerConnection, dialect_of
 from gateway.ledger.records import IN_FLIGHT
 from gateway.ledger.reports import (
-    REQUEST_COLUMNS, REQUEST_FIELDS, Filters, aggregate, attach_models, cost_row, row_dict, unpriced_models,
+    REQUEST_COLUMNS,
+    REQUEST_FIELDS,
+    Filters,
+    aggregate,
+    attach_models,
+    cost_row,
+    row_dict,
+    unpriced_models,
 )
 from policies.routes import FALLBACK as FALLBACK_ROUTE
 
 # (longest window, bucket seconds, name): about 24-72 bars whatever the window
-BUCKETS = ((2 * 3600, 60, "minute"), (12 * 3600, 600, "10 minutes"), (2 * 86400, 3600, "hour"),
-           (14 * 86400, 6 * 3600, "6 hours"), (float("inf"), 86400, "day"))
+BUCKETS = (
+    (2 * 3600, 60, "minute"),
+    (12 * 3600, 600, "10 minutes"),
+    (2 * 86400, 3600, "hour"),
+    (14 * 86400, 6 * 3600, "6 hours"),
+    (float("inf"), 86400, "day"),
+)
 PERCENTILES = (50, 90, 95, 99)
 # exact percentiles read every latency of the window: about 0.1 s per 100,000 requests on one idle core
 RAW_LATENCY_LIMIT = 200_000
@@ -52,8 +65,11 @@ def percentiles(values: list[float]) -> dict:
 def latency_percentiles(conn: LedgerConnection, since: float, until: float) -> dict[str, dict]:
     """Percentiles of the requests' recorded latencies per route and for all, over [since, until)."""
     by_route: dict[str, list[float]] = {}
-    rows = conn.execute("SELECT coalesce(route, ''), latency_ms FROM requests"
-                        " WHERE created_at >= ? AND created_at < ? AND latency_ms IS NOT NULL", (since, until)).fetchall()
+    rows = conn.execute(
+        "SELECT coalesce(route, ''), latency_ms FROM requests"
+        " WHERE created_at >= ? AND created_at < ? AND latency_ms IS NOT NULL",
+        (since, until),
+    ).fetchall()
     for route, latency in rows:
         by_route.setdefault(route, []).append(latency)
     out = {_route_name(route): percentiles(values) for route, values in by_route.items()}
@@ -66,12 +82,15 @@ def latency_histograms(conn: LedgerConnection, since: float) -> tuple[list[float
     edges = [row[0] for row in conn.execute("SELECT upper_ms FROM latency_buckets ORDER BY bucket")]
     counts: dict[str, list[int]] = {}
     first_hour = math.ceil(since / 3600)
-    for route, bucket, n in conn.execute("SELECT route, bucket, sum(requests) FROM latency_rollup_hourly"
-                                         " WHERE hour >= ? GROUP BY 1, 2", (first_hour,)):
+    for route, bucket, n in conn.execute(
+        "SELECT route, bucket, sum(requests) FROM latency_rollup_hourly WHERE hour >= ? GROUP BY 1, 2", (first_hour,)
+    ):
         counts.setdefault(route, [0] * len(edges))[bucket] += n
     for route, latency in conn.execute(
-            "SELECT coalesce(route, ''), latency_ms FROM requests WHERE created_at >= ? AND created_at < ?"
-            " AND latency_ms IS NOT NULL", (since, first_hour * 3600.0)):
+        "SELECT coalesce(route, ''), latency_ms FROM requests WHERE created_at >= ? AND created_at < ?"
+        " AND latency_ms IS NOT NULL",
+        (since, first_hour * 3600.0),
+    ):
         counts.setdefault(route, [0] * len(edges))[bisect.bisect_left(edges, latency)] += 1
     return edges, counts
 
@@ -109,8 +128,10 @@ def _series_cells(conn: LedgerConnection, since: float, until: float, step: int)
     if step < 3600:
         index_sql = dialect_of(conn).bucket("created_at", step)
         for index, route, requests, cost in conn.execute(
-                f"SELECT {index_sql}, coalesce(route, ''), count(*), coalesce(sum(cost_usd), 0) FROM requests"
-                " WHERE created_at >= ? AND created_at < ? GROUP BY 1, 2", (since, until)):
+            f"SELECT {index_sql}, coalesce(route, ''), count(*), coalesce(sum(cost_usd), 0) FROM requests"
+            " WHERE created_at >= ? AND created_at < ? GROUP BY 1, 2",
+            (since, until),
+        ):
             cells[(index, route)] = {"cost_usd": cost, "requests": requests}
         return cells
     unit, seconds = ("day", 86400) if step % 86400 == 0 else ("hour", 3600)
@@ -122,13 +143,16 @@ def _series_cells(conn: LedgerConnection, since: float, until: float, step: int)
 
 
 def _label(start: float, step: int) -> str:
-    moment = datetime.fromtimestamp(start, timezone.utc)
+    moment = datetime.fromtimestamp(start, UTC)
     return moment.strftime("%Y-%m-%d") if step >= 86400 else moment.strftime("%Y-%m-%dT%H:%MZ")
 
 
 def _top(conn: LedgerConnection, order: str, since: float, limit: int) -> list[dict]:
-    rows = conn.execute(f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE created_at >= ?"
-                        f" AND {order} IS NOT NULL ORDER BY {order} DESC LIMIT ?", (since, limit)).fetchall()
+    rows = conn.execute(
+        f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE created_at >= ?"
+        f" AND {order} IS NOT NULL ORDER BY {order} DESC LIMIT ?",
+        (since, limit),
+    ).fetchall()
     items = [row_dict(row) for row in rows]
     attach_models(conn, items)
     return items
@@ -141,19 +165,26 @@ def _route_name(route: str) -> str:
 def _cache_row(route: str | None, legs: dict) -> dict:
     """One route's prompt cache: of its upstream calls, those that read the provider's cache; of their prompt
     tokens, those read from it; and what that saved (cache writes count against it)."""
-    return {"group": route, "calls": legs["calls"], "cache_hits": legs["cache_hits"],
-            "hit_rate": legs["cache_hits"] / legs["calls"] if legs["calls"] else None,
-            "prompt_tokens": legs["prompt_tokens"], "cached_tokens": legs["cached_tokens"],
-            "cached_share": legs["cached_tokens"] / legs["prompt_tokens"] if legs["prompt_tokens"] else None,
-            "cache_saving_usd": round(legs["cache_saving_usd"], 10)}
+    return {
+        "group": route,
+        "calls": legs["calls"],
+        "cache_hits": legs["cache_hits"],
+        "hit_rate": legs["cache_hits"] / legs["calls"] if legs["calls"] else None,
+        "prompt_tokens": legs["prompt_tokens"],
+        "cached_tokens": legs["cached_tokens"],
+        "cached_share": legs["cached_tokens"] / legs["prompt_tokens"] if legs["prompt_tokens"] else None,
+        "cache_saving_usd": round(legs["cache_saving_usd"], 10),
+    }
 
 
 def prompt_cache(legs: dict[str, dict], routes: list[str]) -> dict:
     """Per route (in `routes` order, those with calls) and in total, from the legs' sums per request route."""
     fields = ("calls", "prompt_tokens", "cache_hits", "cached_tokens", "cache_saving_usd")
     total = {name: sum(slot[name] for slot in legs.values()) for name in fields}
-    return {"routes": [_cache_row(_route_name(route), legs[route]) for route in routes if route in legs],
-            "total": _cache_row(None, total)}
+    return {
+        "routes": [_cache_row(_route_name(route), legs[route]) for route in routes if route in legs],
+        "total": _cache_row(None, total),
+    }
 
 
 def summary(conn: LedgerConnection, *, window: float, now: float | None = None, top: int = 10) -> dict:
@@ -180,15 +211,21 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
     series = []
     for index in range(int(since // step), int(now // step) + 1):
         slots = {route: series_cells.get((index, route)) for route in routes}
-        series.append({
-            "t": _label(index * step, step),
-            "start": index * step,
-            "cost_usd": {_route_name(r): (cell["cost_usd"] if cell else 0.0) for r, cell in slots.items()},
-            "requests": {_route_name(r): (cell["requests"] if cell else 0) for r, cell in slots.items()},
-        })
-    mix = [{**cost_row(_route_name(route), by_route[(route,)], calls=False),
-            "share": by_route[(route,)]["requests"] / totals["requests"] if totals["requests"] else 0.0}
-           for route in routes]
+        series.append(
+            {
+                "t": _label(index * step, step),
+                "start": index * step,
+                "cost_usd": {_route_name(r): (cell["cost_usd"] if cell else 0.0) for r, cell in slots.items()},
+                "requests": {_route_name(r): (cell["requests"] if cell else 0) for r, cell in slots.items()},
+            }
+        )
+    mix = [
+        {
+            **cost_row(_route_name(route), by_route[(route,)], calls=False),
+            "share": by_route[(route,)]["requests"] / totals["requests"] if totals["requests"] else 0.0,
+        }
+        for route in routes
+    ]
     attempts = sum(by_route[(r,)]["requests"] for r in ("rag", FALLBACK_ROUTE) if (r,) in by_route)
     fallbacks = by_route[(FALLBACK_ROUTE,)]["requests"] if (FALLBACK_ROUTE,) in by_route else 0
     unpriced = unpriced_models(conn, window_filter)
@@ -197,8 +234,10 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
     models: dict[tuple, dict] = {}
     legs: dict[str, dict] = {}
     for (model, route), slot in aggregate(conn, ["model", "route"], window_filter, calls=True).items():
-        for target in (models.setdefault((model,), dict.fromkeys(slot, 0)),
-                       legs.setdefault(route, dict.fromkeys(slot, 0))):
+        for target in (
+            models.setdefault((model,), dict.fromkeys(slot, 0)),
+            legs.setdefault(route, dict.fromkeys(slot, 0)),
+        ):
             for name, value in slot.items():
                 target[name] += value
     keys = aggregate(conn, ["key"], window_filter)
@@ -212,21 +251,36 @@ def summary(conn: LedgerConnection, *, window: float, now: float | None = None, 
         "bucket": bucket,
         "bucket_s": step,
         "routes": [_route_name(route) for route in routes],
-        "totals": {**total_row, "errors": errors, "unfinished": unfinished,
-                   "error_rate": errors / totals["requests"] if totals["requests"] else 0.0,
-                   "saving_pct": (total_row["saving_usd"] / counterfactual) if counterfactual else None,
-                   "saved_tokens_pct": (total_row["saved_tokens"] / total_row["always_long_tokens"])
-                   if total_row["always_long_tokens"] else None},
-        "fallback": {"fallbacks": fallbacks, "rag_attempts": attempts,
-                     "rate": fallbacks / attempts if attempts else None},
+        "totals": {
+            **total_row,
+            "errors": errors,
+            "unfinished": unfinished,
+            "error_rate": errors / totals["requests"] if totals["requests"] else 0.0,
+            "saving_pct": (total_row["saving_usd"] / counterfactual) if counterfactual else None,
+            "saved_tokens_pct": (total_row["saved_tokens"] / total_row["always_long_tokens"])
+            if total_row["always_long_tokens"]
+            else None,
+        },
+        "fallback": {
+            "fallbacks": fallbacks,
+            "rag_attempts": attempts,
+            "rate": fallbacks / attempts if attempts else None,
+        },
         "series": series,
         "route_mix": mix,
-        "models": sorted(({**cost_row(key[0], slot, calls=True), "unpriced": key[0] in unpriced_names}
-                          for key, slot in models.items()), key=lambda r: -r["cost_usd"]),
+        "models": sorted(
+            (
+                {**cost_row(key[0], slot, calls=True), "unpriced": key[0] in unpriced_names}
+                for key, slot in models.items()
+            ),
+            key=lambda r: -r["cost_usd"],
+        ),
         "unpriced_models": unpriced,
         "prompt_cache": prompt_cache(legs, routes),
-        "keys": sorted((cost_row(key[0] or None, slot, calls=False) for key, slot in keys.items()),
-                       key=lambda r: (-r["cost_usd"], -r["requests"])),
+        "keys": sorted(
+            (cost_row(key[0] or None, slot, calls=False) for key, slot in keys.items()),
+            key=lambda r: (-r["cost_usd"], -r["requests"]),
+        ),
         "latency_ms": latency,
         "latency_source": latency_source,  # "recorded" (exact) or "histogram" (estimated, for huge windows)
         "most_expensive": _top(conn, "cost_usd", since, top),

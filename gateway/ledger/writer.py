@@ -12,6 +12,7 @@ file into the database at start-up and, while it is not empty, every few seconds
 records are upserts by request id, so a record replayed twice (a kill -9 mid-replay) is still one row. Closing
 the ledger writes or dead-letters everything submitted; nothing is dropped.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -55,9 +56,16 @@ class Ledger:
     `dead_letter_dir` (the gateway's data directory), a SQLite one next to the database file.
     """
 
-    def __init__(self, location: str | Path, *, batch_size: int = 256, dead_letter_dir: str | Path | None = None,
-                 retry_delays: tuple[float, ...] = RETRY_DELAYS, replay_backoff: tuple[float, ...] = REPLAY_BACKOFF_S,
-                 close_timeout: float = CLOSE_TIMEOUT_S):
+    def __init__(
+        self,
+        location: str | Path,
+        *,
+        batch_size: int = 256,
+        dead_letter_dir: str | Path | None = None,
+        retry_delays: tuple[float, ...] = RETRY_DELAYS,
+        replay_backoff: tuple[float, ...] = REPLAY_BACKOFF_S,
+        close_timeout: float = CLOSE_TIMEOUT_S,
+    ):
         self.location: str | Path = location if is_postgres(location) else Path(location)
         self.path: Path | None = None if is_postgres(location) else Path(location)
         if self.path is not None:
@@ -173,10 +181,15 @@ class Ledger:
                         break
                     if isinstance(item, RequestRecord):
                         left.append(item)
-                logger.error("ledger writer did not finish in %.0f s: %d records kept in %s", self._close_timeout,
-                             len(left), self.dead_letter_path)
-                self._dead_letter([{"error": "the ledger writer did not finish before shutdown",
-                                    "record": asdict(r)} for r in left])
+                logger.error(
+                    "ledger writer did not finish in %.0f s: %d records kept in %s",
+                    self._close_timeout,
+                    len(left),
+                    self.dead_letter_path,
+                )
+                self._dead_letter(
+                    [{"error": "the ledger writer did not finish before shutdown", "record": asdict(r)} for r in left]
+                )
         with self._request_lock:
             self._drop_request_conn()
 
@@ -270,7 +283,7 @@ class Ledger:
                 rejected.append(line)
         ordered = list(records.values())
         for start in range(0, len(ordered), self._batch_size):
-            batch = ordered[start:start + self._batch_size]
+            batch = ordered[start : start + self._batch_size]
             try:
                 write_records(conn, batch)
             except self._transient:
@@ -282,8 +295,9 @@ class Ledger:
                     except self._transient:
                         raise
                     except self._errors as exc:
-                        logger.error("replayed ledger record %s refused (%s): kept in the rejected file", record.id,
-                                     exc)
+                        logger.error(
+                            "replayed ledger record %s refused (%s): kept in the rejected file", record.id, exc
+                        )
                         rejected.append(json.dumps({"error": str(exc), "record": asdict(record)}, default=str))
         for row in flights.values():
             if row.request_id not in records:
@@ -295,8 +309,9 @@ class Ledger:
                     out.write("".join(line + "\n" for line in rejected))
         file.unlink(missing_ok=True)
         if records or flights:
-            logger.warning("ledger: replayed %d records and %d in-flight rows from %s", len(records), len(flights),
-                           file.name)
+            logger.warning(
+                "ledger: replayed %d records and %d in-flight rows from %s", len(records), len(flights), file.name
+            )
         return len(records)
 
     # -- the writer thread ----------------------------------------------------------------------
@@ -337,8 +352,9 @@ class Ledger:
         rows = budget.abandoned(conn)
         if rows:
             written = budget.settle_abandoned(conn, rows)
-            logger.warning("ledger: %d requests left in flight by stopped processes recorded at their estimate",
-                           written)
+            logger.warning(
+                "ledger: %d requests left in flight by stopped processes recorded at their estimate", written
+            )
 
     def _try(self, conn, records: list[RequestRecord]):
         """Write `records` on `conn` (connecting first when it is None); returns (connection or None, error)."""
@@ -378,8 +394,12 @@ class Ledger:
             return conn
         if isinstance(error, self._transient):
             self._note_failure()
-            logger.error("ledger write of %d records failed (%s): kept in %s until the database takes them",
-                         len(batch), error, self.dead_letter_path)
+            logger.error(
+                "ledger write of %d records failed (%s): kept in %s until the database takes them",
+                len(batch),
+                error,
+                self.dead_letter_path,
+            )
             self._dead_letter([{"error": str(error), "record": asdict(r)} for r in batch])
             return conn
         # a record the database refuses (a constraint, a bad value) must not take its batch with it

@@ -3,10 +3,11 @@ answer's support in those passages in embedding space (classifier.answer_feature
 and SUPPORT_FEATURES). The live check (gateway.routing.planner.cheap_answer) and the replay
 (gateway.evaluation.verification) call these same functions, so both compute the same values.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -56,8 +57,9 @@ def retrieval_inputs(question: str, retrieval) -> dict[str, float] | None:
     return values
 
 
-def answer_support(question: str, answer: str | None, passages: Sequence[str], embed: EmbedFn | None
-                   ) -> dict[str, float] | None:
+def answer_support(
+    question: str, answer: str | None, passages: Sequence[str], embed: EmbedFn | None
+) -> dict[str, float] | None:
     """Cosine similarities in the embedding model's space: the whole answer against its best passage, each of the
     answer's sentences (pipelines.safety.grounding's splitter) against its best passage (mean and min over the
     sentences), and the question against its best passage. None without an embedding model, passages or answer."""
@@ -69,7 +71,7 @@ def answer_support(question: str, answer: str | None, passages: Sequence[str], e
     sentences = [answer[a:b] for a, b in split_sentences(answer)][:MAX_SENTENCES] or [answer]
     vectors = np.asarray(embed([answer, question or answer, *sentences, *passages]), dtype=np.float32)
     whole, asked = vectors[0], vectors[1]
-    claims, sent = vectors[2:2 + len(sentences)], vectors[2 + len(sentences):]
+    claims, sent = vectors[2 : 2 + len(sentences)], vectors[2 + len(sentences) :]
     per_sentence = (claims @ sent.T).max(axis=1)
     return {
         "ans_passage_similarity": float((sent @ whole).max()),

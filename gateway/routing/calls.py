@@ -1,10 +1,11 @@
 """Upstream calls as legs of a request: each one is recorded in the request's ledger entry, success or failure."""
+
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from gateway import tracing
 from gateway.errors import GatewayError
@@ -68,9 +69,14 @@ async def complete_upstream(
             tracing.set_attributes(span, **{"selfroute.error": exc.message})
             raise
         leg = entry.add_call(config, route, completion.get("usage"), (time.perf_counter() - started) * 1000)
-        tracing.set_attributes(span, **{"selfroute.prompt_tokens": leg.prompt_tokens,
-                                        "selfroute.completion_tokens": leg.completion_tokens,
-                                        "selfroute.cost_usd": leg.cost_usd})
+        tracing.set_attributes(
+            span,
+            **{
+                "selfroute.prompt_tokens": leg.prompt_tokens,
+                "selfroute.completion_tokens": leg.completion_tokens,
+                "selfroute.cost_usd": leg.cost_usd,
+            },
+        )
     return completion
 
 
@@ -78,7 +84,11 @@ async def open_stream(
     upstream: Upstream, config: ModelConfig, body: dict[str, Any]
 ) -> tuple[bytes | None, AsyncIterator[bytes]]:
     """Start an upstream stream and wait for its first chunk, so failures still get a proper status."""
-    upstream_body = {**body, "stream": True, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
+    upstream_body = {
+        **body,
+        "stream": True,
+        "stream_options": {**(body.get("stream_options") or {}), "include_usage": True},
+    }
     chunks = upstream.stream(config, upstream_body).__aiter__()
     try:
         first = await chunks.__anext__()
@@ -96,15 +106,22 @@ async def close_stream(chunks: AsyncIterator[bytes]) -> None:
 
 
 async def stream_upstream(
-    upstream: Upstream, entry: RequestLedgerEntry, config: ModelConfig, route: str, body: dict[str, Any], *,
-    client_wants_usage: bool, before_finish: Callable[[], None] | None = None,
+    upstream: Upstream,
+    entry: RequestLedgerEntry,
+    config: ModelConfig,
+    route: str,
+    body: dict[str, Any],
+    *,
+    client_wants_usage: bool,
+    before_finish: Callable[[], None] | None = None,
 ) -> Streamed:
     """Open one upstream stream as a leg of the request; its leg and the request are settled when it ends."""
     started = time.perf_counter()
     entry.leg_started(config, route)
     # the leg's span ends with the stream (None while tracing is off)
-    span = tracing.start_span("selfroute.upstream", **{"selfroute.model": config.model, "selfroute.route": route,
-                                                       "selfroute.stream": True})
+    span = tracing.start_span(
+        "selfroute.upstream", **{"selfroute.model": config.model, "selfroute.route": route, "selfroute.stream": True}
+    )
     try:
         first, chunks = await open_stream(upstream, config, body)
     except GatewayError as exc:

@@ -1,11 +1,12 @@
 """Decide the route of one request from its features: policy rules first, then the classifier,
 then the policy's default route. No I/O: the model is loaded once by gateway.routing.model_files."""
+
 from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from classifier.model import RouteModel
 from policies.schema import Policy, Route, RuleSpec
@@ -72,7 +73,9 @@ class Router:
         for index, rule in enumerate(self.policy.routing.rules):
             if rule_matches(rule, features):
                 name = rule_label(rule, index)
-                reason = f"rule {name}: {rule.feature}={_fmt(float(features[rule.feature]))} {rule.op} {_fmt(rule.value)}"
+                reason = (
+                    f"rule {name}: {rule.feature}={_fmt(float(features[rule.feature]))} {rule.op} {_fmt(rule.value)}"
+                )
                 return RouteDecision(rule.route, reason, name, probability, dict(features))
         classifier = self.policy.routing.classifier
         if probability is not None and classifier is not None:  # probability is None without a classifier

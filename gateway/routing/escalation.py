@@ -12,10 +12,12 @@ The live path (plain and streaming, rag and direct answers) and the offline repl
 (gateway.evaluation.replay) all call `CheapAnswerCheck.verdict`, so the replay measures exactly the rule
 the gateway applies.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.routing.decision import RouteDecision, missing
 from pipelines.unanswerable import UnanswerableDetector
@@ -101,20 +103,32 @@ class CheapAnswerCheck:
         return decision.route in CHECKED_ROUTES and self.policy.routing.fallback.enabled and has_document
 
     @staticmethod
-    def features(answer: CheapAnswer, pre_route_probability: float | None, with_support: bool = True
-                 ) -> dict[str, float]:
+    def features(
+        answer: CheapAnswer, pre_route_probability: float | None, with_support: bool = True
+    ) -> dict[str, float]:
         """The verifier's inputs (classifier.answer_features), computed the same way live and in the replay.
         with_support: embed the answer and passages (when the answer carries an embedding function)."""
         from classifier.answer_features import answer_features
         from gateway.routing.answer_support import answer_support
 
         terms, bigrams, numbers = answer.document if answer.document is not None else (None, None, None)
-        support = (answer_support(answer.query, answer.text, answer.passages, answer.embed)
-                   if with_support and answer.embed is not None else None)
+        support = (
+            answer_support(answer.query, answer.text, answer.passages, answer.embed)
+            if with_support and answer.embed is not None
+            else None
+        )
         return answer_features(
-            answer.query, answer.text, list(answer.passages), None, answer.logprobs, pre_route_probability,
-            retrieval=answer.retrieval, support=support,
-            document_terms_set=terms, document_bigrams=bigrams, document_numbers=numbers,
+            answer.query,
+            answer.text,
+            list(answer.passages),
+            None,
+            answer.logprobs,
+            pre_route_probability,
+            retrieval=answer.retrieval,
+            support=support,
+            document_terms_set=terms,
+            document_bigrams=bigrams,
+            document_numbers=numbers,
         )
 
     def score(self, answer: CheapAnswer, pre_route_probability: float | None = None) -> float | None:
@@ -145,11 +159,11 @@ class CheapAnswerCheck:
                 return Verdict(False, KEPT_REFUSAL, REFUSAL_KEPT)
             return Verdict(True, FALLBACK, ESCALATED)
         if score < threshold:
-            return Verdict(True, FALLBACK, f"verifier: P(good)={score:.2f} < {threshold:.2f}, escalated to long",
-                           score)
+            return Verdict(True, FALLBACK, f"verifier: P(good)={score:.2f} < {threshold:.2f}, escalated to long", score)
         if refused:
-            return Verdict(False, KEPT_REFUSAL, f"verifier: P(good)={score:.2f} >= {threshold:.2f}, refusal kept",
-                           score)
+            return Verdict(
+                False, KEPT_REFUSAL, f"verifier: P(good)={score:.2f} >= {threshold:.2f}, refusal kept", score
+            )
         return Verdict(False, decision.route, f"verifier: P(good)={score:.2f} >= {threshold:.2f}", score)
 
 

@@ -4,6 +4,7 @@ Estimates come from cached unit and token counts, not from prompts built and thr
 exact when its whole context fits, else the route's budget (what packing fills up to). The long route's cost
 counts the provider's prompt cache as this process last saw it (gateway.routing.warm_cache); explaining never
 warms anything."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -21,8 +22,15 @@ if TYPE_CHECKING:
 DEFAULT_COMPLETION_ESTIMATE = 256
 
 
-def _estimate(policy: Policy, prices: PriceBook, planner: RoutePlanner, plan: RoutePlan, route: str,
-              completion_tokens: int, warm: WarmPrefixes) -> dict[str, Any]:
+def _estimate(
+    policy: Policy,
+    prices: PriceBook,
+    planner: RoutePlanner,
+    plan: RoutePlan,
+    route: str,
+    completion_tokens: int,
+    warm: WarmPrefixes,
+) -> dict[str, Any]:
     if route == Route.LONG:
         prompt_tokens, exact, prefix = planner.estimate_long(plan)
     else:
@@ -40,20 +48,29 @@ def _estimate(policy: Policy, prices: PriceBook, planner: RoutePlanner, plan: Ro
     if route == Route.LONG:
         # the key is hashed only for a block that can be cached at all
         cache = warm.estimate(config, plan.block_key if prefix is not None else None, prefix)
-        estimate.update({
-            "cost_usd": price.cost(prompt_tokens, completion_tokens, cache.cached_tokens, cache.write_tokens),
-            "cost_usd_uncached": estimate["cost_usd"],
-            "cache": cache.state,
-            "cache_reason": cache.reason,
-            "cached_tokens_estimate": cache.cached_tokens,
-            "cache_write_tokens_estimate": cache.write_tokens,
-        })
+        estimate.update(
+            {
+                "cost_usd": price.cost(prompt_tokens, completion_tokens, cache.cached_tokens, cache.write_tokens),
+                "cost_usd_uncached": estimate["cost_usd"],
+                "cache": cache.state,
+                "cache_reason": cache.reason,
+                "cached_tokens_estimate": cache.cached_tokens,
+                "cache_write_tokens_estimate": cache.write_tokens,
+            }
+        )
     return estimate
 
 
-def explain_plan(policy: Policy, prices: PriceBook, planner: RoutePlanner, chat: ChatCompletionRequest,
-                 messages: list[dict], header_collection: str | None, warm: WarmPrefixes | None = None,
-                 scope: KeyScope = SHARED) -> dict[str, Any]:
+def explain_plan(
+    policy: Policy,
+    prices: PriceBook,
+    planner: RoutePlanner,
+    chat: ChatCompletionRequest,
+    messages: list[dict],
+    header_collection: str | None,
+    warm: WarmPrefixes | None = None,
+    scope: KeyScope = SHARED,
+) -> dict[str, Any]:
     """`warm`: the serving process's record of warm prompt prefixes; None (the CLI): nothing is known warm.
     `scope`: the caller's key scope (pipelines.scope)."""
     plan = planner.plan(chat, messages, header_collection, scope)

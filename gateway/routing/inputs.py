@@ -3,6 +3,7 @@
 The gateway, `selfroute train` and the replay evaluation all go through these functions, so the
 classifier sees features computed the same way everywhere.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

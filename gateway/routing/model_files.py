@@ -1,4 +1,5 @@
 """Routing model files: a skops file with its JSON card beside it (same name, .json)."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def load_model(path: str | Path) -> RouteModel:
 def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
     """'builtin:default' / 'builtin:verifier' -> the shipped models; other paths are relative to the policy file."""
     if model_path.startswith(BUILTIN_PREFIX):
-        name = model_path[len(BUILTIN_PREFIX):]
+        name = model_path[len(BUILTIN_PREFIX) :]
         if name not in BUILTIN_FILES:
             known = ", ".join(f"'{BUILTIN_PREFIX}{n}'" for n in BUILTIN_FILES)
             raise ValueError(f"unknown builtin model {model_path!r}; the shipped ones are {known}")

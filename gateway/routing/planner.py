@@ -3,6 +3,7 @@
 Synchronous on purpose: embedding, LanceDB and tokenising are CPU or disk work, so the async
 handlers call these methods in worker threads.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,10 +16,10 @@ from typing import Any
 from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
 from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
-from gateway.routing.request_limits import check_documents
 from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
+from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
+from gateway.routing.request_limits import check_documents
 from pipelines.base import ContextRequest, PreparedPrompt
 from pipelines.cache import LockedLRU
 from pipelines.documents import Document
@@ -26,7 +27,8 @@ from pipelines.errors import CollectionNotFound
 from pipelines.long_context import ContextTooLarge, LongContextPipeline, UnitCache, question_tokens
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, content_text, count_message_tokens
 from pipelines.question import extract_question
-from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS, RagPipeline, Retrieval
+from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS
+from pipelines.rag import RagPipeline, Retrieval
 from pipelines.scope import SHARED, KeyScope
 from pipelines.store import DocumentStore, content_hash
 from pipelines.tokens import count_tokens
@@ -72,7 +74,9 @@ class RoutePlan:
     @property
     def has_document(self) -> bool:
         """False for a plain chat whose conversation is only the question (no context to answer from)."""
-        return not (self.source == "prompt" and all(d.text == self.context.question for d in self.context.documents or []))
+        return not (
+            self.source == "prompt" and all(d.text == self.context.question for d in self.context.documents or [])
+        )
 
     @property
     def context_tokens(self) -> int:
@@ -86,8 +90,9 @@ class RoutePlan:
         from content hashes the planner already has, never from the rendered prompt."""
         messages = self.context.messages
         last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=len(messages))
-        payload = json.dumps([self.source, self.documents_key, messages[:last_user]], sort_keys=True, default=str,
-                             ensure_ascii=False)
+        payload = json.dumps(
+            [self.source, self.documents_key, messages[:last_user]], sort_keys=True, default=str, ensure_ascii=False
+        )
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -104,7 +109,9 @@ class RoutePlanner:
         # "direct" sends the whole context to the cheap model, so it packs for the cheap model's window
         self.direct = LongContextPipeline(
             policy.long_context.model_copy(update={"window_tokens": None}),
-            window_tokens=policy.cheap.context_window or 8192, store=store, unit_cache=units,
+            window_tokens=policy.cheap.context_window or 8192,
+            store=store,
+            unit_cache=units,
         )
         # sections and cross-references of a long document take a while to count: asking about the
         # same attached documents again reuses them, like the embeddings
@@ -127,8 +134,9 @@ class RoutePlanner:
     def _document_index(self, documents: list[Document], key: tuple | None = None) -> DocumentIndex:
         from classifier.answer_features import document_index
 
-        return self._cached(self._index_cache, documents,
-                            lambda docs: document_index("\n\n".join(d.text for d in docs)), key)
+        return self._cached(
+            self._index_cache, documents, lambda docs: document_index("\n\n".join(d.text for d in docs)), key
+        )
 
     def _collection_index(self, name: str) -> DocumentIndex | None:
         """A stored collection's term index, built once per version of its contents (the documents' ids and
@@ -144,7 +152,10 @@ class RoutePlanner:
 
     # -- context --------------------------------------------------------------------------------
     def resolve_context(
-        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None,
+        self,
+        chat: ChatCompletionRequest,
+        messages: list[dict],
+        header_collection: str | None,
         scope: KeyScope = SHARED,
     ) -> tuple[str, ContextRequest, DocumentStats, tuple]:
         """(source, context, document statistics, the documents' key: ids and content hashes in order, and for
@@ -153,14 +164,24 @@ class RoutePlanner:
         collection = (options.collection if options else None) or header_collection
         if options and options.documents:
             if collection:
-                raise GatewayError(400, "send either selfroute.documents or a collection, not both",
-                                   param="selfroute", code="conflicting_context")
+                raise GatewayError(
+                    400,
+                    "send either selfroute.documents or a collection, not both",
+                    param="selfroute",
+                    code="conflicting_context",
+                )
             check_documents(self.policy.request_limits, [d.text for d in options.documents], "selfroute.documents")
-            documents = [Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, metadata=d.metadata)
-                         for i, d in enumerate(options.documents)]
+            documents = [
+                Document(id=d.id or f"doc-{i + 1}", text=d.text, title=d.title, metadata=d.metadata)
+                for i, d in enumerate(options.documents)
+            ]
             if len({d.id for d in documents}) != len(documents):
-                raise GatewayError(400, "selfroute.documents ids must be unique", param="selfroute.documents",
-                                   code="duplicate_document_id")
+                raise GatewayError(
+                    400,
+                    "selfroute.documents ids must be unique",
+                    param="selfroute.documents",
+                    code="duplicate_document_id",
+                )
             question = self._last_user_text(messages)
             key = scoped_key(documents, scope)
             stats = self._document_stats(documents, key, check_size=True)
@@ -174,20 +195,29 @@ class RoutePlanner:
                 raise CollectionNotFound(collection)
             question = self._last_user_text(messages)
             key = ("collection", collection, tuple((d.id, d.content_hash) for d in info.documents))
-            return ("collection", ContextRequest(question, messages, collection=collection, scope=scope),
-                    document_stats_from_info(info), key)
+            return (
+                "collection",
+                ContextRequest(question, messages, collection=collection, scope=scope),
+                document_stats_from_info(info),
+                key,
+            )
         try:
             question, context_text = extract_question(messages, self.policy.rag.question_marker)
         except ValueError as exc:
             raise GatewayError(400, str(exc), param="messages", code="no_user_message") from None
         if not question:
-            raise GatewayError(400, "the last user message has no text to answer", param="messages",
-                               code="empty_question")
+            raise GatewayError(
+                400, "the last user message has no text to answer", param="messages", code="empty_question"
+            )
         # scoped like attached documents: a long conversation's statistics, units and embeddings are cached per key
         documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
         key = scoped_key(documents, scope)
-        return ("prompt", ContextRequest(question, messages, documents=documents, scope=scope),
-                self._document_stats(documents, key), key)
+        return (
+            "prompt",
+            ContextRequest(question, messages, documents=documents, scope=scope),
+            self._document_stats(documents, key),
+            key,
+        )
 
     def _check_attached_size(self, documents: list[Document]) -> None:
         """413 for attached documents over the policy's cap, before anything is counted, split or embedded
@@ -202,10 +232,14 @@ class RoutePlanner:
                 total += count_tokens(doc.text[start : start + ATTACHED_COUNT_SLICE])
                 if total > cap:
                     raise GatewayError(
-                        413, f"the attached documents hold more than {cap:,} tokens (the policy's "
+                        413,
+                        f"the attached documents hold more than {cap:,} tokens (the policy's "
                         "rag.max_attached_tokens); ingest them into a collection once (POST "
                         "/v1/collections/{name}/documents or `selfroute ingest`) and ask with "
-                        "selfroute.collection instead", param="selfroute.documents", code="documents_too_large")
+                        "selfroute.collection instead",
+                        param="selfroute.documents",
+                        code="documents_too_large",
+                    )
 
     @staticmethod
     def _last_user_text(messages: list[dict]) -> str:
@@ -214,8 +248,9 @@ class RoutePlanner:
                 text = content_text(message.get("content")).strip()
                 if text:
                     return text
-        raise GatewayError(400, "the conversation has no user message with text", param="messages",
-                           code="no_user_message")
+        raise GatewayError(
+            400, "the conversation has no user message with text", param="messages", code="no_user_message"
+        )
 
     # -- decision -------------------------------------------------------------------------------
     def _needs_retrieval(self, features: dict[str, float]) -> bool:
@@ -233,7 +268,10 @@ class RoutePlanner:
         return self.rag.retrieve_for(context)
 
     def plan(
-        self, chat: ChatCompletionRequest, messages: list[dict], header_collection: str | None = None,
+        self,
+        chat: ChatCompletionRequest,
+        messages: list[dict],
+        header_collection: str | None = None,
         scope: KeyScope = SHARED,
     ) -> RoutePlan:
         """`scope`: the caller's key scope (pipelines.scope), under which attached documents, the conversation and
@@ -256,8 +294,12 @@ class RoutePlanner:
         try:
             return self._prepare(plan, route)
         except ContextTooLarge as exc:
-            raise GatewayError(400, f"the question does not fit the {route} route's window: {exc}",
-                               param="messages", code="context_length_exceeded") from None
+            raise GatewayError(
+                400,
+                f"the question does not fit the {route} route's window: {exc}",
+                param="messages",
+                code="context_length_exceeded",
+            ) from None
 
     def _prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
         if route == RAG:
@@ -269,13 +311,24 @@ class RoutePlanner:
             # the pure drop-in case: when the conversation fits, send it exactly as the client wrote it
             tokens = self._verbatim_tokens(plan)
             if tokens <= pipeline.budget_tokens:
-                provenance = {"route": route, "source": "prompt", "context_tokens": tokens, "all_fitted": True,
-                              "documents": [{"id": PROMPT_DOCUMENT_ID, "title": "conversation"}]}
+                provenance = {
+                    "route": route,
+                    "source": "prompt",
+                    "context_tokens": tokens,
+                    "all_fitted": True,
+                    "documents": [{"id": PROMPT_DOCUMENT_ID, "title": "conversation"}],
+                }
                 return PreparedPrompt(plan.original_messages, provenance, tokens)
         return pipeline.prepare(plan.context)
 
-    def cheap_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
-                     logprobs: list[float] | None = None) -> CheapAnswer:
+    def cheap_answer(
+        self,
+        plan: RoutePlan,
+        prepared: PreparedPrompt,
+        route: str,
+        text: str | None,
+        logprobs: list[float] | None = None,
+    ) -> CheapAnswer:
         """The cheap answer with what it was produced from, for the answer check (gateway.routing.escalation).
         The document index is computed once per attached content, or per version of a stored collection,
         and cached."""
@@ -292,8 +345,15 @@ class RoutePlanner:
         from gateway.routing.answer_support import retrieval_inputs
 
         retrieval = retrieval_inputs(plan.context.question, plan.retrieval) if route == RAG else None
-        return CheapAnswer(text, plan.context.question, passages, index, logprobs, retrieval=retrieval,
-                           embed=self.store.embedder.embed_queries)
+        return CheapAnswer(
+            text,
+            plan.context.question,
+            passages,
+            index,
+            logprobs,
+            retrieval=retrieval,
+            embed=self.store.embedder.embed_queries,
+        )
 
     def estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:
         """(prompt tokens, exact) for a route without preparing its prompt: no unit scoring, no rendering,
@@ -301,8 +361,12 @@ class RoutePlanner:
         try:
             return self._estimate_tokens(plan, route)
         except ContextTooLarge as exc:
-            raise GatewayError(400, f"the question does not fit the {route} route's window: {exc}",
-                               param="messages", code="context_length_exceeded") from None
+            raise GatewayError(
+                400,
+                f"the question does not fit the {route} route's window: {exc}",
+                param="messages",
+                code="context_length_exceeded",
+            ) from None
 
     def _estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:
         if route == RAG:

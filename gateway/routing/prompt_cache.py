@@ -8,6 +8,7 @@ will come back unchanged is marked: every unit of the documents sent, in reading
 (documents larger than the window, or `edges` placement) would be written to the cache at Anthropic's 1.25x input
 price each time and seldom read.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,8 +32,11 @@ def needs_cache_control(config: ModelConfig) -> bool:
 
 def stable_document_block(provenance: dict[str, Any]) -> bool:
     """The long route sent every unit in reading order: the same documents give the same block next time."""
-    return provenance.get("route") == LONG and bool(provenance.get("all_fitted")) \
+    return (
+        provenance.get("route") == LONG
+        and bool(provenance.get("all_fitted"))
         and provenance.get("placement") == "reading"
+    )
 
 
 def mark_document_block(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,12 +7,14 @@ the long route when the policy's verifier doubts it, or, without a verifier, whe
 
 This layer returns `Completed` or `Streamed` values (gateway.routing.calls); the server turns them into HTTP.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -20,10 +22,17 @@ from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.calls import (
-    Answer, Completed, Outcome, Streamed, close_stream, complete_upstream, open_stream, stream_upstream,
-)
 from gateway.routing.answer_support import take_logprobs, with_logprobs
+from gateway.routing.calls import (
+    Answer,
+    Completed,
+    Outcome,
+    Streamed,
+    close_stream,
+    complete_upstream,
+    open_stream,
+    stream_upstream,
+)
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
 from gateway.routing.learning.loop import JudgeInput, LearningLoop
@@ -116,27 +125,35 @@ class RoutingService:
         return self.planner
 
     # -- pass-through ---------------------------------------------------------------------------
-    async def passthrough(self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry,
-                          outcome: Outcome) -> Answer:
+    async def passthrough(
+        self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, outcome: Outcome
+    ) -> Answer:
         outcome.route, outcome.reason = PASSTHROUGH, "model is not a routed alias"
         config = passthrough_config(self.policy, chat.model)
         if chat.stream:
-            return await stream_upstream(self.upstream, entry, config, PASSTHROUGH, body,
-                                         client_wants_usage=chat.wants_usage_in_stream)
+            return await stream_upstream(
+                self.upstream, entry, config, PASSTHROUGH, body, client_wants_usage=chat.wants_usage_in_stream
+            )
         return Completed(await complete_upstream(self.upstream, entry, config, PASSTHROUGH, body))
 
     # -- routed ---------------------------------------------------------------------------------
     async def route(
-        self, chat: ChatCompletionRequest, body: dict[str, Any], entry: RequestLedgerEntry, header_collection: str | None,
-        scope: KeyScope, outcome: Outcome,
+        self,
+        chat: ChatCompletionRequest,
+        body: dict[str, Any],
+        entry: RequestLedgerEntry,
+        header_collection: str | None,
+        scope: KeyScope,
+        outcome: Outcome,
     ) -> Answer:
         """The routed answer. What was decided and done goes into `outcome` as it happens (so a request that fails
         midway is recorded with the route it took); the server renders it and records it in the ledger."""
         planner = self.ready_planner()
         with tracing.span("selfroute.plan") as span:  # context, features, retrieval pass, decision
             plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
-            tracing.set_attributes(span, **{"selfroute.route": plan.decision.route,
-                                            "selfroute.reason": plan.decision.reason})
+            tracing.set_attributes(
+                span, **{"selfroute.route": plan.decision.route, "selfroute.reason": plan.decision.reason}
+            )
         decision = plan.decision
         outcome.route, outcome.reason = decision.route, decision.reason
         outcome.rule, outcome.probability = decision.rule, decision.probability
@@ -155,13 +172,15 @@ class RoutingService:
             completion = await self._call_long(body, prepared, entry)
         else:
             wanted = checked and self.policy.routing.verifier is not None and self.policy.routing.verifier.logprobs
-            completion = await self._call(self.policy.cheap, with_logprobs(body, wanted, self.policy.cheap.model),
-                                          prepared, route, entry)
+            completion = await self._call(
+                self.policy.cheap, with_logprobs(body, wanted, self.policy.cheap.model), prepared, route, entry
+            )
         judged: JudgeInput | None = None
         if checked:
             cheap_text = completion_text(completion)
-            verdict, judged = await self._verdict(plan, prepared, route, cheap_text, outcome,
-                                                  take_logprobs(completion, body))
+            verdict, judged = await self._verdict(
+                plan, prepared, route, cheap_text, outcome, take_logprobs(completion, body)
+            )
             outcome.reason = verdict.reason(decision)
             if verdict.escalate:
                 long_prepared = await prepare(planner, plan, LONG)
@@ -183,8 +202,9 @@ class RoutingService:
             self._maybe_shadow(body, plan, entry, judged)
         return Completed(completion, sent=prepared.messages)
 
-    def _maybe_shadow(self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry,
-                      judged: JudgeInput) -> None:
+    def _maybe_shadow(
+        self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry, judged: JudgeInput
+    ) -> None:
         """For routing.learning.shadow_rate of the accepted cheap answers, once the client has its answer: the long
         model answers too (its own ledgered request, route shadow), then the judge compares the two."""
         if not self.learning.wants_shadow():
@@ -211,17 +231,29 @@ class RoutingService:
         outcome.reason = f"{outcome.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
         outcome.fallback_error = exc
 
-    async def _verdict(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
-                       outcome: Outcome, logprobs: list[float] | None = None
-                       ) -> tuple[Verdict, JudgeInput]:
+    async def _verdict(
+        self,
+        plan: RoutePlan,
+        prepared: PreparedPrompt,
+        route: str,
+        text: str | None,
+        outcome: Outcome,
+        logprobs: list[float] | None = None,
+    ) -> tuple[Verdict, JudgeInput]:
         with tracing.span("selfroute.verify", **{"selfroute.route": route}) as span:
             found = await self._check_answer(plan, prepared, route, text, outcome, logprobs)
             tracing.set_attributes(span, **{"selfroute.escalate": found[0].escalate})
             return found
 
-    async def _check_answer(self, plan: RoutePlan, prepared: PreparedPrompt, route: str, text: str | None,
-                            outcome: Outcome, logprobs: list[float] | None = None
-                            ) -> tuple[Verdict, JudgeInput]:
+    async def _check_answer(
+        self,
+        plan: RoutePlan,
+        prepared: PreparedPrompt,
+        route: str,
+        text: str | None,
+        outcome: Outcome,
+        logprobs: list[float] | None = None,
+    ) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
         read go into the request's learning record; the judge's input (question, passages, answer) comes back."""
@@ -229,6 +261,7 @@ class RoutingService:
             answer = CheapAnswer(text, plan.context.question)
             verdict = self.check.check(plan.decision, answer)
         else:
+
             def verify() -> tuple[Verdict, CheapAnswer]:
                 answer = self.ready_planner().cheap_answer(plan, prepared, route, text, logprobs)
                 return self.check.check(plan.decision, answer), answer
@@ -249,12 +282,12 @@ class RoutingService:
         # provider's cache holds it when any routed request on them ended within the TTL (a conversation that fits
         # goes as the client wrote it, unmarked: not counted as cacheable)
         capacity = pipeline.budget_tokens
-        whole = (plan.source != "prompt" and pipeline.settings.placement == "reading"
-                 and plan.context_tokens <= capacity)
+        whole = plan.source != "prompt" and pipeline.settings.placement == "reading" and plan.context_tokens <= capacity
         sent_stable = stable_document_block(outcome.provenance or {})
         key = plan.block_key if whole or sent_stable else None
-        cache = self.warm.estimate(long, key if whole else None, plan.stats.context_tokens if whole else None,
-                                   always_long=True)
+        cache = self.warm.estimate(
+            long, key if whole else None, plan.stats.context_tokens if whole else None, always_long=True
+        )
         entry.counterfactual(long, plan.context_tokens, capacity, cache.cached_tokens, cache.write_tokens)
         self.warm.record(long, key, entry.calls, sent_stable)
 
@@ -269,12 +302,18 @@ class RoutingService:
         return [self.policy.long, *self.policy.long_alternates]
 
     async def _call(
-        self, config: ModelConfig, body: dict[str, Any], prepared: PreparedPrompt, route: str,
+        self,
+        config: ModelConfig,
+        body: dict[str, Any],
+        prepared: PreparedPrompt,
+        route: str,
         entry: RequestLedgerEntry,
     ) -> dict[str, Any]:
         return await complete_upstream(self.upstream, entry, config, route, self._body(body, config, prepared))
 
-    async def _call_long(self, body: dict[str, Any], prepared: PreparedPrompt, entry: RequestLedgerEntry) -> dict[str, Any]:
+    async def _call_long(
+        self, body: dict[str, Any], prepared: PreparedPrompt, entry: RequestLedgerEntry
+    ) -> dict[str, Any]:
         """The long model, then each alternate in order while the failure is the provider's (every try is a leg)."""
         models = self._long_models()
         for index, config in enumerate(models):
@@ -283,13 +322,19 @@ class RoutingService:
             except GatewayError as exc:
                 if index == len(models) - 1 or not worth_an_alternate(exc):
                     raise
-                logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+                logger.warning(
+                    "long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model
+                )
         raise AssertionError("unreachable: the policy always has a long model")
 
     async def _stream(self, chat, body, config, route, plan: RoutePlan, prepared, entry, outcome: Outcome) -> Streamed:
         outcome.provenance = self.ready_planner().provenance(plan, prepared, route)
         return await stream_upstream(
-            self.upstream, entry, config, route, self._body(body, config, prepared),
+            self.upstream,
+            entry,
+            config,
+            route,
+            self._body(body, config, prepared),
             client_wants_usage=chat.wants_usage_in_stream,
             before_finish=lambda: self._counterfactual(entry, plan, outcome),
         )
@@ -304,11 +349,14 @@ class RoutingService:
             except GatewayError as exc:
                 if index == len(models) - 1 or not worth_an_alternate(exc):
                     raise
-                logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+                logger.warning(
+                    "long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model
+                )
         raise AssertionError("unreachable: the policy always has a long model")
 
-    async def _stream_checked(self, chat, body, plan: RoutePlan, prepared, route: str, entry,
-                              outcome: Outcome) -> Streamed:
+    async def _stream_checked(
+        self, chat, body, plan: RoutePlan, prepared, route: str, entry, outcome: Outcome
+    ) -> Streamed:
         """Hold the cheap stream until the check can decide: its opening for the literal rule, the whole answer
         for the verifier. Then relay it, or close it and stream the long answer instead."""
         cheap = self.policy.cheap
@@ -375,8 +423,9 @@ class RoutingService:
         outcome.route = verdict.outcome
         long_prepared = await prepare(self.ready_planner(), plan, LONG)
         try:
-            return self._judged_stream(await self._stream_long(chat, body, plan, long_prepared, entry, outcome),
-                                       entry, outcome, judged)
+            return self._judged_stream(
+                await self._stream_long(chat, body, plan, long_prepared, entry, outcome), entry, outcome, judged
+            )
         except GatewayError as exc:
             if self.policy.routing.fallback.on_long_error == "error":
                 raise
@@ -395,9 +444,9 @@ class RoutingService:
 
         return Streamed(held[0], held_only(), chat.wants_usage_in_stream, finish_kept)
 
-
-    def _judged_stream(self, streamed: Streamed, entry: RequestLedgerEntry, outcome: Outcome,
-                       judged: JudgeInput) -> Streamed:
+    def _judged_stream(
+        self, streamed: Streamed, entry: RequestLedgerEntry, outcome: Outcome, judged: JudgeInput
+    ) -> Streamed:
         """An escalated stream whose text is collected as it is relayed, for the judge once it has ended whole."""
         if not self.learning.settings.judge:
             return streamed
@@ -435,7 +484,13 @@ def held_tail(first: bytes, usage: dict[str, Any]) -> list[bytes]:
     """Closing chunks for a held stream that was cut after its opening: finish_reason "length" (the text is
     truncated) and the usage counted so far."""
     opening = json.loads(first)
-    base = {"id": opening.get("id"), "object": "chat.completion.chunk", "created": opening.get("created"),
-            "model": opening.get("model")}
-    return [json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode(),
-            json.dumps({**base, "choices": [], "usage": usage}).encode()]
+    base = {
+        "id": opening.get("id"),
+        "object": "chat.completion.chunk",
+        "created": opening.get("created"),
+        "model": opening.get("model"),
+    }
+    return [
+        json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode(),
+        json.dumps({**base, "choices": [], "usage": usage}).encode(),
+    ]

@@ -18,6 +18,7 @@ What counts:
 - the record is per process (one replica): a replica that has not sent a block estimates it cold although
   the provider, shared by every replica, may hold it.
 """
+
 from __future__ import annotations
 
 import threading
@@ -66,8 +67,9 @@ class WarmPrefixes:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def estimate(self, config: ModelConfig, key: str | None, prefix_tokens: int | None, *,
-                 always_long: bool = False) -> CacheEstimate:
+    def estimate(
+        self, config: ModelConfig, key: str | None, prefix_tokens: int | None, *, always_long: bool = False
+    ) -> CacheEstimate:
         """The cache's effect on a long prompt whose stable block (everything before the question) is `prefix_tokens`
         long, None when the block is chosen or ordered per question. Warm when the block was sent within the model's
         TTL (`always_long`: when any routed request on these documents ended within it, since always-long sends every
@@ -76,13 +78,17 @@ class WarmPrefixes:
         if key is None or prefix_tokens is None:
             return CacheEstimate(NOT_CACHEABLE, "the document block is chosen or ordered per question")
         if prefix_tokens < config.prompt_cache_min_tokens:
-            return CacheEstimate(NOT_CACHEABLE, f"the document block ({prefix_tokens:,} tokens) is shorter than "
-                                 f"prompt_cache_min_tokens ({config.prompt_cache_min_tokens:,})")
+            return CacheEstimate(
+                NOT_CACHEABLE,
+                f"the document block ({prefix_tokens:,} tokens) is shorter than "
+                f"prompt_cache_min_tokens ({config.prompt_cache_min_tokens:,})",
+            )
         now = self.clock()
         with self._lock:
             if config.model not in self._caching_models:  # neither reads nor writes assumed: the plain input price
-                return CacheEstimate(COLD, f"{config.model}'s upstream has not reported a prompt-cache read or write "
-                                     "in this process")
+                return CacheEstimate(
+                    COLD, f"{config.model}'s upstream has not reported a prompt-cache read or write in this process"
+                )
             block = self._blocks.peek((config.model, key))
             at = None if block is None else (block.seen_at if always_long else block.sent_at)
             reported = 0 if block is None else block.reported_tokens
@@ -97,7 +103,9 @@ class WarmPrefixes:
         cached = prefix_tokens if always_long or not reported else reported
         return CacheEstimate(WARM, f"sent {now - at:.0f} s ago, within prompt_cache_ttl_s ({ttl:g} s)", cached, 0)
 
-    def record(self, long_config: ModelConfig, key: str | None, calls: Iterable[UpstreamCall], sent_stable: bool) -> None:
+    def record(
+        self, long_config: ModelConfig, key: str | None, calls: Iterable[UpstreamCall], sent_stable: bool
+    ) -> None:
         """A routed request on the documents identified by `key` ended: note it (for the always-long estimate), the
         stable blocks its successful long legs sent (`sent_stable`: the long prompt held every unit in reading
         order), and which upstreams reported caching. `key` None: the documents are not cacheable."""

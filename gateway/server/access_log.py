@@ -6,6 +6,7 @@ A line names the request (its x-request-id, and the gateway's own id when they d
 ledgered request, the key's name (or stored id), the model alias asked for, the route, the tokens and the cost.
 Never the prompt, the answer or any header value. Lines are INFO: `--log-level WARNING` or `--no-access-log`
 turns them off."""
+
 from __future__ import annotations
 
 import json
@@ -32,27 +33,44 @@ class AccessLog:
     def active(self) -> bool:
         return self.enabled and self.logger.isEnabledFor(logging.INFO)
 
-    def emit(self, scope: Scope, status: int, latency_ms: float, gateway_id: str, client_id: str | None,
-             record: RequestRecord | None) -> None:
+    def emit(
+        self,
+        scope: Scope,
+        status: int,
+        latency_ms: float,
+        gateway_id: str,
+        client_id: str | None,
+        record: RequestRecord | None,
+    ) -> None:
         fields = access_fields(scope, status, latency_ms, gateway_id, client_id, record)
         self.logger.info(plain_line(fields), extra={"access": fields})
 
 
-def access_fields(scope: Scope, status: int, latency_ms: float, gateway_id: str, client_id: str | None,
-                  record: RequestRecord | None) -> dict[str, Any]:
+def access_fields(
+    scope: Scope, status: int, latency_ms: float, gateway_id: str, client_id: str | None, record: RequestRecord | None
+) -> dict[str, Any]:
     client = scope.get("client")
     fields: dict[str, Any] = {
-        "request_id": client_id or gateway_id, "method": scope["method"], "path": scope["path"], "status": status,
-        "latency_ms": round(latency_ms, 1), "client": client[0] if client else None,
+        "request_id": client_id or gateway_id,
+        "method": scope["method"],
+        "path": scope["path"],
+        "status": status,
+        "latency_ms": round(latency_ms, 1),
+        "client": client[0] if client else None,
     }
     if client_id:
         fields["selfroute_id"] = gateway_id
     if record is not None:
         if record.status and record.status != status:  # a stream that failed after its 200 went out, a 499
             fields["ledger_status"] = record.status
-        fields.update(key=record.key_id, alias=record.alias, route=record.route,
-                      prompt_tokens=record.prompt_tokens, completion_tokens=record.completion_tokens,
-                      cost_usd=round(record.cost_usd, 8))
+        fields.update(
+            key=record.key_id,
+            alias=record.alias,
+            route=record.route,
+            prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens,
+            cost_usd=round(record.cost_usd, 8),
+        )
     return fields
 
 
@@ -61,8 +79,10 @@ def plain_line(fields: dict[str, Any]) -> str:
     if "ledger_status" in fields:
         line += f" (ended {fields['ledger_status']})"
     if "route" in fields:
-        line += (f" key={fields['key'] or '-'} alias={fields['alias'] or '-'} route={fields['route'] or '-'}"
-                 f" tokens={fields['prompt_tokens']}/{fields['completion_tokens']} cost=${fields['cost_usd']:.6f}")
+        line += (
+            f" key={fields['key'] or '-'} alias={fields['alias'] or '-'} route={fields['route'] or '-'}"
+            f" tokens={fields['prompt_tokens']}/{fields['completion_tokens']} cost=${fields['cost_usd']:.6f}"
+        )
     return line
 
 
@@ -72,7 +92,8 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         item: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname, "logger": record.name,
+            "level": record.levelname,
+            "logger": record.name,
         }
         access = getattr(record, "access", None)
         if access is not None:

@@ -8,22 +8,24 @@ GET /dashboard                the self-contained dashboard page (its data calls 
 
 Queries live in gateway.ledger.reports and run in a worker thread, each on its own read-only connection.
 """
+
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.ledger import summary as dashboard_data
-from gateway.ledger import reports
 from gateway.errors import invalid_request
+from gateway.ledger import reports
+from gateway.ledger import summary as dashboard_data
 from gateway.server.context import RequestContext, keyed
 from gateway.server.state import gateway_of
 
@@ -47,12 +49,20 @@ def _param(request: Request, name: str) -> str | None:
 def _filters(request: Request) -> reports.Filters:
     status = _param(request, "status")
     if status is not None and status.strip().isdigit() and not 100 <= int(status) <= 999:
-        raise invalid_request("status must be an HTTP status between 100 and 999, a class like 4xx, ok or error",
-                              param="status", code="invalid_status")
+        raise invalid_request(
+            "status must be an HTTP status between 100 and 999, a class like 4xx, ok or error",
+            param="status",
+            code="invalid_status",
+        )
     key = _param(request, "key")
-    filters = reports.Filters.parse(since=_param(request, "since"), until=_param(request, "until"),
-                                    route=_param(request, "route"), key=key, policy=_param(request, "policy"),
-                                    status=status)
+    filters = reports.Filters.parse(
+        since=_param(request, "since"),
+        until=_param(request, "until"),
+        route=_param(request, "route"),
+        key=key,
+        policy=_param(request, "policy"),
+        status=status,
+    )
     if key and gateway_of(request).keys.exists(key.strip()):  # a named key is recorded by its name
         filters = replace(filters, key=key.strip())
     return filters
@@ -96,8 +106,9 @@ async def costs(ctx: RequestContext) -> Response:
     filters = _filters(request)
     by = _param(request, "by") or "route"
     if by not in reports.GROUPINGS:  # fail before touching the database
-        raise invalid_request(f"cannot group by {by!r}: use one of {', '.join(reports.GROUPINGS)}", param="by",
-                              code="invalid_grouping")
+        raise invalid_request(
+            f"cannot group by {by!r}: use one of {', '.join(reports.GROUPINGS)}", param="by", code="invalid_grouping"
+        )
     return await _query(ctx, lambda conn: reports.costs(conn, by, filters))
 
 
@@ -107,8 +118,9 @@ async def summary(ctx: RequestContext) -> Response:
     now = time.time()
     window = now - reports.parse_time(text, now=now)
     if not 60 <= window <= MAX_WINDOW_S:
-        raise invalid_request("window must be an age between 1m and 90d, like 1h, 24h or 7d", param="window",
-                              code="invalid_window")
+        raise invalid_request(
+            "window must be an age between 1m and 90d, like 1h, 24h or 7d", param="window", code="invalid_window"
+        )
     top = max(1, min(_int_param(request, "top", 10), 100))
     return await _query(ctx, lambda conn: dashboard_data.summary(conn, window=window, now=now, top=top))
 
@@ -120,8 +132,7 @@ async def dashboard(request: Request) -> Response:
     # The page itself holds no data; it asks for the admin key and calls /v1/admin/summary with it.
     if "page" not in _page_cache:
         _page_cache["page"] = resources.files("gateway.server").joinpath("static/dashboard.html").read_bytes()
-    return HTMLResponse(_page_cache["page"], headers={"cache-control": "no-cache",
-                                                      "referrer-policy": "no-referrer"})
+    return HTMLResponse(_page_cache["page"], headers={"cache-control": "no-cache", "referrer-policy": "no-referrer"})
 
 
 def admin_routes() -> list[Route]:

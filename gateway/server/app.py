@@ -1,5 +1,6 @@
 """The Starlette application factory: everything the handlers use is built here, or passed in by tests,
 and held in one typed `Gateway` (gateway.server.state)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,25 +22,25 @@ from gateway.ledger.labels import LabelStore, learning_spend
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
+from gateway.server.access_log import AccessLog
 from gateway.server.admin import admin_routes
 from gateway.server.auth import Authenticator
 from gateway.server.chat import chat_completions
 from gateway.server.collections import collection_routes
 from gateway.server.context import keyed
-from gateway.server.errors import handle_error
 from gateway.server.embeddings import embeddings_route
+from gateway.server.errors import handle_error
 from gateway.server.explain import explain_route
 from gateway.server.feedback import feedback_routes
 from gateway.server.health import health_routes
 from gateway.server.keys import key_routes
 from gateway.server.metrics import GatewayMetrics, metrics_route
-from gateway.server.access_log import AccessLog
 from gateway.server.middleware import RequestMiddleware
-from gateway.server.tracing import TracingMiddleware
 from gateway.server.models import model_routes
 from gateway.server.openapi import docs_routes, openapi_route
 from gateway.server.startup import Startup
 from gateway.server.state import Gateway
+from gateway.server.tracing import TracingMiddleware
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
 from pipelines.errors import CollectionNotFound, StoreUnavailable
@@ -89,9 +90,14 @@ def create_app(
     if policy is None:
         policy, policy_path = load_policy(settings.policy_path)
     # --cheap-model / --long-model, and every model's window, output limit, timeout and retries filled in
-    policy, limits = effective_policy(policy, cheap_model=settings.cheap_model, long_model=settings.long_model,
-                                      cheap_window=settings.cheap_window, long_window=settings.long_window,
-                                      strict=strict)
+    policy, limits = effective_policy(
+        policy,
+        cheap_model=settings.cheap_model,
+        long_model=settings.long_model,
+        cheap_window=settings.cheap_window,
+        long_window=settings.long_window,
+        strict=strict,
+    )
     private_dir(settings.data_dir)
     ledger = ledger or Ledger(settings.ledger_location, dead_letter_dir=settings.data_dir)
     keys = KeyStore(ledger.location)
@@ -105,23 +111,29 @@ def create_app(
     routing.learning.budget.read_spend = functools.partial(learning_spend, ledger.location)
     labels = LabelStore(ledger.location)
     metrics = metrics or GatewayMetrics()
-    gateway = Gateway(settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels,
-                      startup)
+    gateway = Gateway(
+        settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels, startup
+    )
     ledger.subscribe(metrics.observe)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         ledger.start()
-        warm = threading.Thread(target=prices.warm, args=([policy.cheap, policy.long, *policy.long_alternates],),
-                                name="selfroute-warm-prices", daemon=True)
+        warm = threading.Thread(
+            target=prices.warm,
+            args=([policy.cheap, policy.long, *policy.long_alternates],),
+            name="selfroute-warm-prices",
+            daemon=True,
+        )
         warm.start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
         # models and stores load after the server listens: liveness answers at once, readiness when they are in
         build = threading.Thread(target=startup.build_in_background, name="selfroute-build", daemon=True)
         build.start()
-        threading.Thread(target=_freeze_when_loaded, args=(warm, build), name="selfroute-gc-freeze",
-                         daemon=True).start()
+        threading.Thread(
+            target=_freeze_when_loaded, args=(warm, build), name="selfroute-gc-freeze", daemon=True
+        ).start()
         try:
             yield
         finally:
@@ -153,8 +165,10 @@ def create_app(
         lifespan=lifespan,
         # endpoints that take a key answer their errors themselves (gateway.server.context); these are the rest's,
         # through the same table (gateway.server.errors.failure)
-        exception_handlers={kind: handle_error for kind in (GatewayError, LedgerError, StoreUnavailable,
-                                                             CollectionNotFound, HTTPException, Exception)},
+        exception_handlers={
+            kind: handle_error
+            for kind in (GatewayError, LedgerError, StoreUnavailable, CollectionNotFound, HTTPException, Exception)
+        },
     )
     app.state.gateway = gateway
     app.state.limits = limits  # what `serve` prints at start-up (policies.limits.EffectiveLimits)

@@ -5,6 +5,7 @@ Keys are kept and logged only as hashes.
 A named key is looked up in the database at most every CACHE_S seconds per process, so a key revoked by
 `selfroute keys revoke` in another process stops working within that time (at once in this process).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,7 +62,7 @@ class Authenticator:
         self._stored_admin: tuple[float, bool] = (0.0, False)
 
     @classmethod
-    def from_environment(cls, keys_file: str | Path | None = None, store: KeyStore | None = None) -> "Authenticator":
+    def from_environment(cls, keys_file: str | Path | None = None, store: KeyStore | None = None) -> Authenticator:
         keys = [k.strip() for k in os.environ.get(KEYS_ENV, "").split(",") if k.strip()]
         if keys_file:
             keys += read_keys_file(keys_file)
@@ -172,8 +173,12 @@ class Authenticator:
         if not self.admin_configured:
             if self.open:
                 return Caller(None, admin=True, open=True)
-            raise GatewayError(403, "admin endpoints need the admin key, and none is configured: create one with "
-                               f"`selfroute keys create --admin` (or set {ADMIN_KEY_ENV})", code="admin_disabled")
+            raise GatewayError(
+                403,
+                "admin endpoints need the admin key, and none is configured: create one with "
+                f"`selfroute keys create --admin` (or set {ADMIN_KEY_ENV})",
+                code="admin_disabled",
+            )
         caller = self.check(request)
         if not caller.admin:
             raise GatewayError(403, "this endpoint needs the admin key", code="admin_key_required")

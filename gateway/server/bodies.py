@@ -1,4 +1,5 @@
 """Reading request bodies under the size limit, and writing JSON responses."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,15 @@ async def read_body(request: Request, limit: int) -> bytes:
         with anyio.fail_after(BODY_READ_TIMEOUT_S):
             return await _read(request, limit)
     except TimeoutError:
-        raise GatewayError(408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g}s",
-                           code="body_timeout") from None
+        raise GatewayError(
+            408, f"the request body did not arrive within {BODY_READ_TIMEOUT_S:g}s", code="body_timeout"
+        ) from None
 
 
 async def _read(request: Request, limit: int) -> bytes:
-    too_large = GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes",
-                             code="body_too_large")
+    too_large = GatewayError(
+        413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large"
+    )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise too_large

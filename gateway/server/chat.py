@@ -1,4 +1,5 @@
 """POST /v1/chat/completions: validate, admit, hand the request to routing, and send its answer."""
+
 from __future__ import annotations
 
 import anyio
@@ -35,15 +36,22 @@ def route_headers(outcome: Outcome) -> dict[str, str]:
 
 def selfroute_object(outcome: Outcome, request_id: str) -> dict:
     """The routed answer's `selfroute` object: route, reason, rule, probability, request id and provenance."""
-    found = {"route": outcome.route, "reason": outcome.reason, "rule": outcome.rule,
-             "probability": outcome.probability, "request_id": request_id, "provenance": outcome.provenance}
+    found = {
+        "route": outcome.route,
+        "reason": outcome.reason,
+        "rule": outcome.rule,
+        "probability": outcome.probability,
+        "request_id": request_id,
+        "provenance": outcome.provenance,
+    }
     if outcome.fallback_error is not None:
         found["fallback_error"] = outcome.fallback_error.body()["error"]
     return found
 
 
-def render(answer: Answer, outcome: Outcome, extra_headers: dict[str, str], record: RequestRecord,
-           routed: bool) -> Response:
+def render(
+    answer: Answer, outcome: Outcome, extra_headers: dict[str, str], record: RequestRecord, routed: bool
+) -> Response:
     """The answer with every leg's usage and the cost (gateway.server.usage): a whole answer's in its body and the
     cost header, a stream's in its final usage chunk."""
     failure = outcome.fallback_error
@@ -64,8 +72,14 @@ async def security_notes(gateway: Gateway, answer: Answer, flags: list[dict]) ->
             answer.completion.setdefault("selfroute", {})["flags"] = flags
         security = gateway.policy.security
         if security.grounding != "off":
-            notes |= await anyio.to_thread.run_sync(check_answer, security.grounding, security.grounding_threshold,
-                                                    gateway.store.embedder.embed, answer.completion, answer.sent)
+            notes |= await anyio.to_thread.run_sync(
+                check_answer,
+                security.grounding,
+                security.grounding_threshold,
+                gateway.store.embedder.embed,
+                answer.completion,
+                answer.sent,
+            )
     return notes
 
 

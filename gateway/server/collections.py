@@ -9,6 +9,7 @@ documents' inline collections are never reachable by name. An open gateway (no k
 Adding documents is admitted (the key's budget and rates) and metered (gateway.server.context): its ledger
 record is a pass-through with reason "ingest" and one leg, the embedding.
 """
+
 from __future__ import annotations
 
 import time
@@ -22,11 +23,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
+from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
 from gateway.routing.request_limits import check_documents
 from gateway.server import headers
 from gateway.server.auth import Caller
-from gateway.ledger.entry import RequestLedgerEntry
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
 from gateway.server.embeddings import local_embedding_model
@@ -109,8 +110,9 @@ async def list_collections(ctx: RequestContext) -> Response:
 
 
 async def get_collection(ctx: RequestContext) -> Response:
-    info = await anyio.to_thread.run_sync(_visible_info_or_404, ctx.gateway, ctx.caller,
-                                          ctx.request.path_params["name"])
+    info = await anyio.to_thread.run_sync(
+        _visible_info_or_404, ctx.gateway, ctx.caller, ctx.request.path_params["name"]
+    )
     return json_response({"object": "collection", **info.to_dict()})
 
 
@@ -121,7 +123,9 @@ def _parse_add_documents(raw: bytes) -> AddDocumentsRequest:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
-        raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
+        raise GatewayError(
+            400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value"
+        ) from None
 
 
 def _check_sources(items: list[InlineDocument]) -> None:
@@ -130,16 +134,20 @@ def _check_sources(items: list[InlineDocument]) -> None:
     for i, item in enumerate(items):
         source = item.metadata.get("source")
         if source is not None and not isinstance(source, str):
-            raise GatewayError(400, f"invalid value for 'documents.{i}.metadata.source': a string, not a JSON "
-                                    f"{type(source).__name__}", param=f"documents.{i}.metadata.source",
-                               code="invalid_value")
+            raise GatewayError(
+                400,
+                f"invalid value for 'documents.{i}.metadata.source': a string, not a JSON {type(source).__name__}",
+                param=f"documents.{i}.metadata.source",
+                code="invalid_value",
+            )
 
 
 def _document(item: InlineDocument) -> Document:
     from pipelines.store import content_hash  # pyarrow and lancedb load with the store, not with the app
 
-    doc = Document(id=item.id or "", text=item.text, title=item.title, source=item.metadata.get("source"),
-                   metadata=item.metadata)
+    doc = Document(
+        id=item.id or "", text=item.text, title=item.title, source=item.metadata.get("source"), metadata=item.metadata
+    )
     # named by content, so documents posted without ids in separate requests never replace each other
     return doc if item.id else replace(doc, id="doc-" + content_hash(doc)[:12])
 
@@ -181,8 +189,9 @@ def _ingest(gateway: Gateway, name: str, documents: list[Document], entry: Reque
     embedded = set(report.added) | set(report.updated)
     tokens = sum(count_tokens(d.text) for d in documents if d.id in embedded)
     model = ModelConfig(model=local_embedding_model(gateway.policy), input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
-    entry.add_call(model, PASSTHROUGH, {"prompt_tokens": tokens, "completion_tokens": 0},
-                   (time.perf_counter() - started) * 1000.0)
+    entry.add_call(
+        model, PASSTHROUGH, {"prompt_tokens": tokens, "completion_tokens": 0}, (time.perf_counter() - started) * 1000.0
+    )
     return report
 
 
@@ -196,8 +205,9 @@ async def add_documents(ctx: RequestContext) -> Response:
     _check_sources(payload.documents)
     check_documents(gateway.policy.request_limits, [d.text for d in payload.documents], "documents")
     await ctx.admit(None)  # the gateway's own embedding model: the key's budget and rates, no model list
-    found = await anyio.to_thread.run_sync(screen_documents, gateway.policy.security.injection, payload.documents,
-                                           "documents", ctx.scope)
+    found = await anyio.to_thread.run_sync(
+        screen_documents, gateway.policy.security.injection, payload.documents, "documents", ctx.scope
+    )
     documents = [_document(d) for d in payload.documents]
     await anyio.to_thread.run_sync(_claim_for_writing, gateway, caller, name)
     report = await anyio.to_thread.run_sync(_ingest, gateway, name, documents, entry)
@@ -224,8 +234,16 @@ async def delete_collection(ctx: RequestContext) -> Response:
     # owner can create it again, while another key re-creating it would inherit the grants (`--collections`) and
     # the requests that still name it, and read or receive what was meant for the owner.
     kept = gateway.keys.collection_owner(name) is not None
-    return json_response({"id": name, "object": "collection", "deleted": True, "name_kept": kept,
-                          "document_count": len(info.documents), "chunk_count": info.chunk_count})
+    return json_response(
+        {
+            "id": name,
+            "object": "collection",
+            "deleted": True,
+            "name_kept": kept,
+            "document_count": len(info.documents),
+            "chunk_count": info.chunk_count,
+        }
+    )
 
 
 def collection_routes() -> list[Route]:

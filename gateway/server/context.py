@@ -25,6 +25,7 @@ fills in what only it knows on `ctx.entry.record` (route, reason, ...) and adds 
 Endpoints that do model work (chat, embeddings, explain, adding documents) are metered and admitted;
 reading or deleting collections and the admin API are only authenticated.
 """
+
 from __future__ import annotations
 
 import functools
@@ -123,8 +124,9 @@ def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_
         except Exception as exc:
             failed = failure(exc)
             if failed.unexpected:  # logged once here, answered with the envelope, never a traceback
-                logger.exception("%s %s failed (request %s)", request.method, request.url.path,
-                                 request.state.request_id)
+                logger.exception(
+                    "%s %s failed (request %s)", request.method, request.url.path, request.state.request_id
+                )
             if entry is not None:
                 entry.finish(failed.error.status, failed.ledger_text)
             return error_response(failed.error, {**request_id_header(request), **ctx.rate_limit_headers()})

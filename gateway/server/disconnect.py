@@ -1,10 +1,12 @@
 """Work for a request that stops when its client leaves: the HTTP server reports the disconnect on the
 request's receive channel once the body has been read, and the work is cancelled at once (upstream
 calls in flight included) instead of running, and being paid for, to its end."""
+
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 from starlette.requests import Request

@@ -1,11 +1,12 @@
 """POST /v1/embeddings: the gateway's own embedding model (the one it retrieves with, e.g.
 `local/all-minilm-l6-v2`) answers in-process; other model names go to the OpenAI-compatible upstream."""
+
 from __future__ import annotations
 
 import base64
 import time
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import anyio
 import numpy as np
@@ -27,9 +28,10 @@ PACKAGED_EMBEDDING_MODEL = "local/all-minilm-l6-v2"
 
 class EmbeddingsRequest(BaseModel):
     """OpenAI's embeddings request; unknown fields go upstream as sent."""
+
     model_config = ConfigDict(extra="allow")
     model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = Field(None, ge=1)
     user: str | None = None
@@ -43,7 +45,7 @@ class EmbeddingsRequest(BaseModel):
 class Embedding(BaseModel):
     object: Literal["embedding"] = "embedding"
     index: int
-    embedding: Union[list[float], str] = Field(description="floats, or base64 of little-endian float32")
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
 
 
 class EmbeddingsUsage(BaseModel):
@@ -72,7 +74,9 @@ def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = str(err["loc"][0]) if err["loc"] else None
-        raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
+        raise GatewayError(
+            400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value"
+        ) from None
     if request.input == [] or request.input == "":
         raise GatewayError(400, "'input' must not be empty", param="input", code="invalid_value")
     return request, body
@@ -82,8 +86,12 @@ def _texts(request: EmbeddingsRequest) -> list[str]:
     items = [request.input] if isinstance(request.input, str) else request.input
     texts = [item for item in items if isinstance(item, str)]
     if len(texts) != len(items):
-        raise GatewayError(400, f"{request.model} takes text input; token arrays belong to another tokenizer",
-                           param="input", code="unsupported_parameter")
+        raise GatewayError(
+            400,
+            f"{request.model} takes text input; token arrays belong to another tokenizer",
+            param="input",
+            code="unsupported_parameter",
+        )
     return texts
 
 
@@ -108,11 +116,19 @@ async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestL
     started = time.perf_counter()
     vectors, tokens = await anyio.to_thread.run_sync(_embed_local, embedder, texts)
     if request.dimensions is not None and request.dimensions != vectors.shape[1]:
-        raise GatewayError(400, f"{name} has {vectors.shape[1]} dimensions and cannot shorten them",
-                           param="dimensions", code="unsupported_parameter")
+        raise GatewayError(
+            400,
+            f"{name} has {vectors.shape[1]} dimensions and cannot shorten them",
+            param="dimensions",
+            code="unsupported_parameter",
+        )
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-    entry.add_call(ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0), PASSTHROUGH, usage,
-                   (time.perf_counter() - started) * 1000.0)
+    entry.add_call(
+        ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0),
+        PASSTHROUGH,
+        usage,
+        (time.perf_counter() - started) * 1000.0,
+    )
     data = [Embedding(index=i, embedding=_encode(v, request.encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingsResponse(data=data, model=name, usage=EmbeddingsUsage(**usage)).model_dump()
 
@@ -122,8 +138,13 @@ async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], e
     from gateway.upstreams.embeddings import passes_through, upstream_embeddings
 
     if not passes_through(request.model):
-        raise GatewayError(400, f"embeddings for {request.model!r} are not offered: use {PACKAGED_EMBEDDING_MODEL} "
-                                "or an OpenAI-compatible model", param="model", code="model_not_found")
+        raise GatewayError(
+            400,
+            f"embeddings for {request.model!r} are not offered: use {PACKAGED_EMBEDDING_MODEL} "
+            "or an OpenAI-compatible model",
+            param="model",
+            code="model_not_found",
+        )
     config = passthrough_config(gateway.policy, request.model)
     started = time.perf_counter()
     try:

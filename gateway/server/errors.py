@@ -1,6 +1,7 @@
 """Errors as responses: GatewayError, the ledger's and the document store's errors and Starlette's own, all in
 OpenAI's envelope, through one table (`failure`): the keyed endpoints' wrapper (gateway.server.context) records
 its status in the ledger and answers with its envelope; `handle_error` does the same for the app's other routes."""
+
 from __future__ import annotations
 
 import logging
@@ -19,7 +20,9 @@ logger = logging.getLogger(__name__)
 
 
 def error_response(error: GatewayError, extra_headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers={**(error.headers or {}), **(extra_headers or {})})
+    return JSONResponse(
+        error.body(), status_code=error.status, headers={**(error.headers or {}), **(extra_headers or {})}
+    )
 
 
 UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
@@ -28,15 +31,18 @@ UNAVAILABLE_RETRY_S = 2  # a PostgreSQL restart or failover takes seconds
 def collection_not_found(name: str, param: str | None = "selfroute.collection", or_empty: bool = True) -> GatewayError:
     """The one 404 for a collection that is absent, empty, or not this caller's to see (all answer alike): a chat or
     explain request naming it (`param` selfroute.collection), or the collections API (no param, `or_empty` False)."""
-    return GatewayError(404, f"collection {name[:128]!r} does not exist{' or is empty' if or_empty else ''}",
-                        param=param, code="collection_not_found")
+    return GatewayError(
+        404,
+        f"collection {name[:128]!r} does not exist{' or is empty' if or_empty else ''}",
+        param=param,
+        code="collection_not_found",
+    )
 
 
 def from_store_error(exc: StoreUnavailable | CollectionNotFound) -> GatewayError:
     if isinstance(exc, CollectionNotFound):  # absent or empty when planned, or deleted while a request read it
         return collection_not_found(exc.collection)
-    return GatewayError(503, exc.message, code="store_unavailable",
-                        headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
+    return GatewayError(503, exc.message, code="store_unavailable", headers={"retry-after": str(UNAVAILABLE_RETRY_S)})
 
 
 def from_ledger_error(exc: LedgerError) -> GatewayError:
@@ -71,8 +77,11 @@ def failure(exc: BaseException) -> Failure:
     elif isinstance(exc, HTTPException):  # Starlette's own 404/405 etc.
         error = GatewayError(exc.status_code, str(exc.detail or "error"))
     else:  # never a bare 500 with a traceback: the envelope, and the cause in the log and the ledger
-        return Failure(GatewayError(500, INTERNAL_ERROR, code="internal_error"),
-                       f"internal error: {type(exc).__name__}: {exc}", unexpected=True)
+        return Failure(
+            GatewayError(500, INTERNAL_ERROR, code="internal_error"),
+            f"internal error: {type(exc).__name__}: {exc}",
+            unexpected=True,
+        )
     return Failure(error, error.message)
 
 

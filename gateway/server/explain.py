@@ -2,6 +2,7 @@
 
 Admitted and metered like chat (planning can embed attached documents): its ledger record is a pass-through
 with reason "explain" and no legs."""
+
 from __future__ import annotations
 
 import anyio
@@ -30,8 +31,15 @@ async def explain_route(ctx: RequestContext) -> Response:
     gateway.check_ready()
     planner = gateway.routing.ready_planner()
     result = await anyio.to_thread.run_sync(
-        explain_plan, gateway.policy, gateway.prices, planner, chat, body["messages"],
-        ctx.request.headers.get(headers.COLLECTION), gateway.routing.warm, ctx.scope,
+        explain_plan,
+        gateway.policy,
+        gateway.prices,
+        planner,
+        chat,
+        body["messages"],
+        ctx.request.headers.get(headers.COLLECTION),
+        gateway.routing.warm,
+        ctx.scope,
     )
     if found:
         result["flags"] = found

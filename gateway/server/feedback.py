@@ -4,6 +4,7 @@
 A key labels only its own requests: another key's request, like an unknown one, is a 404 request_not_found (the
 answer does not tell the two apart). The admin key may label any request; a gateway without keys has one tenant.
 """
+
 from __future__ import annotations
 
 import anyio
@@ -28,7 +29,7 @@ class FeedbackRequest(BaseModel):
     score: float | None = Field(None, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
-    def _one_judgement(self) -> "FeedbackRequest":
+    def _one_judgement(self) -> FeedbackRequest:
         if (self.good is None) == (self.score is None):
             raise ValueError("give exactly one of good (true/false) or score (0..1)")
         return self
@@ -47,8 +48,9 @@ async def feedback(ctx: RequestContext) -> Response:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
-        raise GatewayError(400, f"invalid feedback{f' ({param})' if param else ''}: {err['msg']}", param=param,
-                           code="invalid_value") from None
+        raise GatewayError(
+            400, f"invalid feedback{f' ({param})' if param else ''}: {err['msg']}", param=param, code="invalid_value"
+        ) from None
     store = gateway.labels
     if store is None:  # only a bare test holder has no label store (the app always opens one)
         raise GatewayError(503, "this gateway keeps no feedback labels", code="not_ready")
@@ -64,11 +66,18 @@ async def feedback(ctx: RequestContext) -> Response:
     if not found or not (caller.admin or caller.open or key_id == caller.key_id):
         raise _not_found(spec.request_id)
     good = spec.good if spec.good is not None else spec.score is not None and spec.score >= GOOD_SCORE
-    label = LabelRecord(request_id=spec.request_id, source=LABEL_FEEDBACK, good=bool(good),
-                        verdict="good" if good else "bad", key_id=key_id, score=spec.score)
+    label = LabelRecord(
+        request_id=spec.request_id,
+        source=LABEL_FEEDBACK,
+        good=bool(good),
+        verdict="good" if good else "bad",
+        key_id=key_id,
+        score=spec.score,
+    )
     await anyio.to_thread.run_sync(store.add, label)
-    return json_response({"object": "feedback", "request_id": spec.request_id, "good": bool(good),
-                          "score": spec.score}, status=201)
+    return json_response(
+        {"object": "feedback", "request_id": spec.request_id, "good": bool(good), "score": spec.score}, status=201
+    )
 
 
 def feedback_routes() -> list[Route]:

@@ -2,6 +2,7 @@
 scored against the text that was sent to the model (pipelines.safety.grounding); `flag` reports the scores in
 `selfroute.grounding` and the x-selfroute-grounding header, `drop` also removes the unsupported sentences.
 Streamed answers are sent as they come and are not checked."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,9 @@ from gateway.server import headers
 CONTEXT_ROLES = ("system", "developer", "user", "tool")
 
 
-def check_answer(mode: str, threshold: float, embed, completion: dict[str, Any],
-                 sent: list[dict] | None) -> dict[str, str]:
+def check_answer(
+    mode: str, threshold: float, embed, completion: dict[str, Any], sent: list[dict] | None
+) -> dict[str, str]:
     """Score (and for `drop`, edit) the completion in place; returns the header to add. CPU work: run in a thread."""
     if mode == "off" or not sent:
         return {}

@@ -1,4 +1,5 @@
 """HTTP header names the gateway reads or writes: spelled once here."""
+
 from __future__ import annotations
 
 REQUEST_ID = "x-selfroute-request-id"  # on every response: the gateway's own id of the request (the ledger's key)

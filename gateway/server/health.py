@@ -2,6 +2,7 @@
 embedding model, both of its copies, the routing classifier and the verifier) and the document store is open (they
 load in the background after the server starts listening), 503 until then. A ready answer names the hosted models
 whose key variable is unset (`missing_credentials`): their calls will fail until it is set."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -5,6 +5,7 @@ flag: the request goes on; its findings are reported (x-selfroute-flags: injecti
 and `flags` in the ledger's provenance). strip: the matched spans are removed before anything is embedded or sent,
 and reported. block: 400 document_injection naming the document and the rules.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,9 @@ def _scan(scanner, mode: str, text: str, scope: KeyScope):
     return _scans.get_or_make(key, lambda: scanner.apply(text))
 
 
-def screen_documents(mode: str, documents: list[InlineDocument] | None, param: str,
-                     scope: KeyScope = SHARED) -> list[dict[str, Any]]:
+def screen_documents(
+    mode: str, documents: list[InlineDocument] | None, param: str, scope: KeyScope = SHARED
+) -> list[dict[str, Any]]:
     """Apply `mode` to documents in place (strip rewrites their text); returns what was found, per document.
     `scope` is the sending key's (pipelines.scope: its scans are remembered apart from other keys'). CPU work over the whole
     text: call it in a worker thread."""
@@ -52,9 +54,13 @@ def screen_documents(mode: str, documents: list[InlineDocument] | None, param: s
             continue
         name = document.id or f"{param}[{index}]"
         if result.blocked:
-            raise GatewayError(400, f"document {name[:128]!r} holds instruction-like text the policy blocks "
-                               f"(rules: {', '.join(result.rules)})", param=f"{param}[{index}]",
-                               code="document_injection")
+            raise GatewayError(
+                400,
+                f"document {name[:128]!r} holds instruction-like text the policy blocks "
+                f"(rules: {', '.join(result.rules)})",
+                param=f"{param}[{index}]",
+                code="document_injection",
+            )
         if mode == "strip":
             document.text = result.kept_text
         found.append(result.report(name, MAX_FINDINGS_PER_DOCUMENT))
@@ -72,5 +78,6 @@ async def screen_attached(policy: Policy, chat: ChatCompletionRequest, scope: Ke
         check_documents(policy.request_limits, [d.text for d in documents], "selfroute.documents")
     if not documents or policy.security.injection == "off":
         return []
-    return await anyio.to_thread.run_sync(screen_documents, policy.security.injection, documents,
-                                          "selfroute.documents", scope)
+    return await anyio.to_thread.run_sync(
+        screen_documents, policy.security.injection, documents, "selfroute.documents", scope
+    )

@@ -7,6 +7,7 @@ PATCH  /v1/admin/keys/{name}         change the fields given (null clears a limi
 POST   /v1/admin/keys/{name}/rotate  a new secret for the key, once; the old one stops working
 DELETE /v1/admin/keys/{name}         revoke (the name is never reused; a `notice` when it was the last key)
 """
+
 from __future__ import annotations
 
 from typing import Any, TypeVar
@@ -40,6 +41,7 @@ class CreateKeyRequest(BaseModel):
 
 class EditKeyRequest(BaseModel):
     """What is given changes; null clears a limit (models: any model; expires: never)."""
+
     model_config = ConfigDict(extra="forbid")
     models: list[str] | None = None
     collections: list[str] | None = None
@@ -50,12 +52,16 @@ class EditKeyRequest(BaseModel):
     expires: str | None = None
 
 
-FIRST_KEY_NOTICE = ("the gateway's first key: it was open to anyone and now needs a key on every request (within 2 s "
-                    "on other processes); the dashboard and /v1/admin/* need the admin key (POST /v1/admin/keys with "
-                    "\"admin\": true, `selfroute keys create --admin`, or SELFROUTE_ADMIN_KEY); collections nobody "
-                    "owns are this key's only by grant; revoking it opens the gateway again")
-LAST_KEY_NOTICE = ("the last key in the key store: the gateway returns to its configured mode, open to anyone unless "
-                   "it was started with SELFROUTE_API_KEYS, --keys-file or SELFROUTE_ADMIN_KEY")
+FIRST_KEY_NOTICE = (
+    "the gateway's first key: it was open to anyone and now needs a key on every request (within 2 s "
+    "on other processes); the dashboard and /v1/admin/* need the admin key (POST /v1/admin/keys with "
+    '"admin": true, `selfroute keys create --admin`, or SELFROUTE_ADMIN_KEY); collections nobody '
+    "owns are this key's only by grant; revoking it opens the gateway again"
+)
+LAST_KEY_NOTICE = (
+    "the last key in the key store: the gateway returns to its configured mode, open to anyone unless "
+    "it was started with SELFROUTE_API_KEYS, --keys-file or SELFROUTE_ADMIN_KEY"
+)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -67,7 +73,9 @@ def _parse(model: type[M], body: dict) -> M:
     except ValidationError as exc:
         err = exc.errors()[0]
         param = ".".join(str(p) for p in err["loc"]) or None
-        raise GatewayError(400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value") from None
+        raise GatewayError(
+            400, f"invalid value for '{param}': {err['msg']}", param=param, code="invalid_value"
+        ) from None
 
 
 async def create_key(ctx: RequestContext) -> Response:
@@ -78,9 +86,17 @@ async def create_key(ctx: RequestContext) -> Response:
         expires_at = expiry_time(spec.expires) if spec.expires else None
         period = period_seconds(spec.budget_period) if spec.budget_period else None
         first = not gateway.keys.any_keys()
-        key, secret = gateway.keys.create(spec.name, models=spec.models, collections=spec.collections,
-                                          budget_usd=spec.budget_usd, rpm=spec.rpm, tpm=spec.tpm,
-                                          expires_at=expires_at, admin=spec.admin, budget_period_s=period)
+        key, secret = gateway.keys.create(
+            spec.name,
+            models=spec.models,
+            collections=spec.collections,
+            budget_usd=spec.budget_usd,
+            rpm=spec.rpm,
+            tpm=spec.tpm,
+            expires_at=expires_at,
+            admin=spec.admin,
+            budget_period_s=period,
+        )
         return key, secret, first
 
     try:
@@ -101,8 +117,11 @@ async def edit_key(ctx: RequestContext) -> Response:
     given = spec.model_fields_set
 
     def edit():
-        changes: dict[str, Any] = {field: getattr(spec, field) for field in ("models", "collections", "budget_usd", "rpm", "tpm")
-                   if field in given}
+        changes: dict[str, Any] = {
+            field: getattr(spec, field)
+            for field in ("models", "collections", "budget_usd", "rpm", "tpm")
+            if field in given
+        }
         if "budget_period" in given:
             changes["budget_period_s"] = period_seconds(spec.budget_period) if spec.budget_period else None
         if "expires" in given:

@@ -7,24 +7,25 @@ are reserved before the first upstream call (gateway/ledger/budget.py: the reque
 against what the ledger recorded and what requests in flight reserved, in one transaction). Replicas with their
 own databases each enforce the limits on their own share of the traffic.
 """
+
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 import time
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import anyio
 
 from gateway.errors import GatewayError
-from gateway.server import headers
 from gateway.ledger.budget import BudgetExceeded, Estimate, LegEstimate, Limits, TokenLimitExceeded
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.keys import KeyStore, NamedKey
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.service import passthrough_config
+from gateway.server import headers
 from gateway.server.auth import Caller
 from pipelines.tokens import count_tokens
 from policies.limits import model_info
@@ -44,8 +45,7 @@ def model_allowed(patterns: tuple[str, ...] | list[str] | None, model: str) -> b
 
 
 def _not_allowed(model: str) -> GatewayError:
-    return GatewayError(403, f"this key may not use the model {model[:256]!r}", param="model",
-                        code="model_not_allowed")
+    return GatewayError(403, f"this key may not use the model {model[:256]!r}", param="model", code="model_not_allowed")
 
 
 def model_usable(policy: Policy, caller: Caller, model: str) -> bool:
@@ -86,10 +86,20 @@ class RateLimits:
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
-        for state, names in ((self.requests, (headers.RATELIMIT_LIMIT_REQUESTS, headers.RATELIMIT_REMAINING_REQUESTS,
-                                              headers.RATELIMIT_RESET_REQUESTS)),
-                             (self.tokens, (headers.RATELIMIT_LIMIT_TOKENS, headers.RATELIMIT_REMAINING_TOKENS,
-                                            headers.RATELIMIT_RESET_TOKENS))):
+        for state, names in (
+            (
+                self.requests,
+                (
+                    headers.RATELIMIT_LIMIT_REQUESTS,
+                    headers.RATELIMIT_REMAINING_REQUESTS,
+                    headers.RATELIMIT_RESET_REQUESTS,
+                ),
+            ),
+            (
+                self.tokens,
+                (headers.RATELIMIT_LIMIT_TOKENS, headers.RATELIMIT_REMAINING_TOKENS, headers.RATELIMIT_RESET_TOKENS),
+            ),
+        ):
             if state is not None:
                 limit, remaining, reset = state
                 out[names[0]], out[names[1]], out[names[2]] = str(limit), str(max(0, remaining)), reset_text(reset)
@@ -110,8 +120,12 @@ def _check_usage(keys: KeyStore, key: NamedKey, now: float) -> RateLimits:
     if count > key.rpm:
         keys.uncount_request(key.name, now)
         limits = RateLimits((key.rpm, 0, until_next), tokens)
-        raise GatewayError(429, f"this key's limit of {key.rpm} requests per minute is reached",
-                           code="rate_limit_exceeded", headers={**_retry_after(until_next), **limits.headers()})
+        raise GatewayError(
+            429,
+            f"this key's limit of {key.rpm} requests per minute is reached",
+            code="rate_limit_exceeded",
+            headers={**_retry_after(until_next), **limits.headers()},
+        )
     return RateLimits((key.rpm, key.rpm - count, until_next), tokens)
 
 
@@ -125,6 +139,7 @@ async def admit(policy: Policy, keys: KeyStore, caller: Caller, model: str | Non
     if key is not None and (key.rpm is not None or key.tpm is not None):
         return await anyio.to_thread.run_sync(_check_usage, keys, key, time.time())
     return None
+
 
 def _text_tokens(value) -> int:
     """Tokens of the text in a message's content (strings and text parts; images and audio are not text)."""
@@ -208,8 +223,13 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     return Estimate((cheap, dearest), tuple(item for item in longs if item is not dearest))
 
 
-async def reserve(policy: Policy, prices: PriceBook, entry: RequestLedgerEntry, caller: Caller,
-                  chat: ChatCompletionRequest | None = None) -> None:
+async def reserve(
+    policy: Policy,
+    prices: PriceBook,
+    entry: RequestLedgerEntry,
+    caller: Caller,
+    chat: ChatCompletionRequest | None = None,
+) -> None:
     """Record the request in flight with its reservation before any upstream call: the key's budget and TPM hold
     it atomically in the ledger database (429 when there is no room), and a request that ends without usage (the
     client left) is charged at it."""
@@ -224,9 +244,11 @@ async def reserve(policy: Policy, prices: PriceBook, entry: RequestLedgerEntry, 
         await anyio.to_thread.run_sync(work)
     except BudgetExceeded as exc:
         period = "" if key is None or key.budget_period_s is None else " for this period"
-        raise GatewayError(429, exc.message.replace(" is spent", f"{period} is spent", 1),
-                           code="budget_exceeded") from None
+        raise GatewayError(
+            429, exc.message.replace(" is spent", f"{period} is spent", 1), code="budget_exceeded"
+        ) from None
     except TokenLimitExceeded as exc:
         window = RateLimits(tokens=(key.tpm, 0, exc.retry_after)) if key is not None and key.tpm else RateLimits()
-        raise GatewayError(429, exc.message, code="rate_limit_exceeded",
-                           headers={**_retry_after(exc.retry_after), **window.headers()}) from None
+        raise GatewayError(
+            429, exc.message, code="rate_limit_exceeded", headers={**_retry_after(exc.retry_after), **window.headers()}
+        ) from None

@@ -11,6 +11,7 @@ Under `selfroute serve --workers N` every worker writes its values to files in $
 worker answers it, adds up all of them, so counters never jump back between scrapes. process_* then comes
 once per live worker, labelled with its pid. No `_created` series in either mode.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics,
-    generate_latest, values,
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+    values,
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
@@ -90,41 +98,90 @@ class GatewayMetrics:
         r = self.registry
         if self.multiprocess_dir is None:  # one process: its own process_* (multiprocess: every worker's, at scrape)
             ProcessCollector(registry=r)
-        self.requests = Counter("selfroute_requests", "Requests answered, by route and HTTP status.",
-                                ["route", "status"], registry=r)
-        self.request_cost = Counter("selfroute_request_cost_usd", "Cost of requests in USD (all their legs), by route.",
-                                    ["route"], registry=r)
+        self.requests = Counter(
+            "selfroute_requests", "Requests answered, by route and HTTP status.", ["route", "status"], registry=r
+        )
+        self.request_cost = Counter(
+            "selfroute_request_cost_usd", "Cost of requests in USD (all their legs), by route.", ["route"], registry=r
+        )
         self.counterfactual_cost = Counter(
-            "selfroute_counterfactual_cost_usd", "What always-long-context would have cost, in USD, by route.",
-            ["route"], registry=r)
-        self.tokens = Counter("selfroute_tokens", "Upstream tokens by request route, model and kind (prompt|completion).",
-                              ["route", "model", "kind"], registry=r)
-        self.cost = Counter("selfroute_cost_usd", "Upstream cost in USD by request route and model.",
-                            ["route", "model"], registry=r)
-        self.upstream_calls = Counter("selfroute_upstream_calls", "Upstream calls (legs) by request route and model.",
-                                      ["route", "model"], registry=r)
-        self.fallbacks = Counter("selfroute_fallbacks", "Self-Route fallbacks: a RAG answer judged unanswerable, "
-                                 "answered again with long context.", registry=r)
+            "selfroute_counterfactual_cost_usd",
+            "What always-long-context would have cost, in USD, by route.",
+            ["route"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "selfroute_tokens",
+            "Upstream tokens by request route, model and kind (prompt|completion).",
+            ["route", "model", "kind"],
+            registry=r,
+        )
+        self.cost = Counter(
+            "selfroute_cost_usd", "Upstream cost in USD by request route and model.", ["route", "model"], registry=r
+        )
+        self.upstream_calls = Counter(
+            "selfroute_upstream_calls",
+            "Upstream calls (legs) by request route and model.",
+            ["route", "model"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "selfroute_fallbacks",
+            "Self-Route fallbacks: a RAG answer judged unanswerable, answered again with long context.",
+            registry=r,
+        )
         self.unpriced_calls = Counter(
-            "selfroute_unpriced_calls", "Upstream calls to a model with no known price (recorded at $0), by model.",
-            ["model"], registry=r)
-        self.upstream_errors = Counter("selfroute_upstream_errors", "Upstream calls that failed, by request route and model.",
-                                       ["route", "model"], registry=r)
-        self.request_latency = Histogram("selfroute_request_latency_seconds", "Request latency by route.",
-                                         ["route"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.upstream_latency = Histogram("selfroute_upstream_latency_seconds", "Upstream call latency by request route and model.",
-                                          ["route", "model"], buckets=LATENCY_BUCKETS_S, registry=r)
-        self.unauthenticated = Counter("selfroute_unauthenticated_requests",
-                                       "Requests refused for a missing or unknown API key (not ledgered).",
-                                       registry=r)
+            "selfroute_unpriced_calls",
+            "Upstream calls to a model with no known price (recorded at $0), by model.",
+            ["model"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "selfroute_upstream_errors",
+            "Upstream calls that failed, by request route and model.",
+            ["route", "model"],
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "selfroute_request_latency_seconds",
+            "Request latency by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            "selfroute_upstream_latency_seconds",
+            "Upstream call latency by request route and model.",
+            ["route", "model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.unauthenticated = Counter(
+            "selfroute_unauthenticated_requests",
+            "Requests refused for a missing or unknown API key (not ledgered).",
+            registry=r,
+        )
         # livesum: a worker that exits takes its share with it (gateway.server.app marks it dead on shutdown)
-        self.in_flight = Gauge("selfroute_requests_in_flight", "HTTP requests being answered now (scrapes not counted).",
-                               registry=r, multiprocess_mode="livesum")
-        self.ttft = Histogram("selfroute_time_to_first_token_seconds",
-                              "Streamed answers: from the request's arrival to its first event sent, by route.",
-                              ["route"], buckets=TTFT_BUCKETS_S, registry=r)
-        self.build_info = Gauge("selfroute_build_info", "The running selfroute: version and Python (always 1).",
-                                ["version", "python"], registry=r, multiprocess_mode="max")
+        self.in_flight = Gauge(
+            "selfroute_requests_in_flight",
+            "HTTP requests being answered now (scrapes not counted).",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.ttft = Histogram(
+            "selfroute_time_to_first_token_seconds",
+            "Streamed answers: from the request's arrival to its first event sent, by route.",
+            ["route"],
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "selfroute_build_info",
+            "The running selfroute: version and Python (always 1).",
+            ["version", "python"],
+            registry=r,
+            multiprocess_mode="max",
+        )
         self.build_info.labels(package_version(), platform.python_version()).set(1)
         self._children: dict[tuple, Any] = {}
 

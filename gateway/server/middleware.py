@@ -3,6 +3,7 @@ access-log line when its response is done; a stream's time to its first event is
 
 Plain ASGI, not BaseHTTPMiddleware: it runs on every request, pass-through included, so it does only what it
 must (a header scan, two clock reads, a gauge) and builds the access line only when the access log is on."""
+
 from __future__ import annotations
 
 import re

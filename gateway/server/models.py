@@ -1,4 +1,5 @@
 """GET /v1/models and GET /v1/models/{id}: the routed aliases, the models they use and the embedding model."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -8,9 +9,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
+from gateway.server.auth import Caller
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
-from gateway.server.auth import Caller
 from gateway.server.embeddings import local_embedding_model
 from gateway.server.limits import model_usable
 from gateway.server.state import Gateway
@@ -18,6 +19,7 @@ from gateway.server.state import Gateway
 
 class ModelCard(BaseModel):
     """OpenAI's model object."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = 0

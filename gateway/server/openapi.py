@@ -8,6 +8,7 @@ components/schemas; tests validate real answers against them. A handler missing 
 
 Swagger UI's files come from the `swagger-ui-bundle-v2` package (Swagger UI 5, which reads OpenAPI 3.1), served
 from /docs/assets: the page loads nothing from any other host."""
+
 from __future__ import annotations
 
 import re
@@ -44,6 +45,7 @@ class ErrorDetail(BaseModel):
 
 class ErrorEnvelope(BaseModel):
     """Every error: OpenAI's envelope."""
+
     error: ErrorDetail
 
 
@@ -53,6 +55,7 @@ class Health(BaseModel):
 
 class Readiness(_Open):
     """200 ready; 503 starting (reason not_ready) or failed (reason build_failed)."""
+
     status: Literal["ready", "starting", "failed"]
     reason: str | None = None
 
@@ -65,6 +68,7 @@ class Usage(_Open):
 
 class SelfrouteInfo(_Open):
     """Routed answers: the route and why, the classifier's probability, what was sent (provenance)."""
+
     route: str
     reason: str | None = None
     request_id: str
@@ -73,6 +77,7 @@ class SelfrouteInfo(_Open):
 class ChatCompletion(_Open):
     """OpenAI's chat.completion; a routed answer adds its `selfroute` object. With `stream: true` the answer is
     server-sent events of chat.completion.chunk objects ending with `data: [DONE]`."""
+
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -116,6 +121,7 @@ class Collection(_Open):
 
 class IngestReport(_Open):
     """201 when a document was added, else 200; `flags` lists injection findings (security.injection: flag)."""
+
     object: Literal["ingest_report"]
     collection: str
     added: list[str]
@@ -158,6 +164,7 @@ class RouteExplanation(_Open):
 
 class LedgerRequest(_Open):
     """One request as the ledger lists it: `id` is the gateway's, `client_request_id` the client's X-Request-Id."""
+
     id: str
     created_at: float
     key_id: str | None
@@ -219,6 +226,7 @@ class CostReport(_Open):
 
 class Summary(_Open):
     """What the dashboard draws over the window."""
+
     now: float
     since: float
     window_s: float
@@ -281,70 +289,131 @@ def operations() -> dict[Any, Operation]:
     from gateway.server.admin import costs, dashboard, get_request, list_requests, summary
     from gateway.server.chat import chat_completions
     from gateway.server.collections import (
-        AddDocumentsRequest, add_documents, delete_collection, delete_document, get_collection, list_collections,
+        AddDocumentsRequest,
+        add_documents,
+        delete_collection,
+        delete_document,
+        get_collection,
+        list_collections,
     )
     from gateway.server.embeddings import EmbeddingsRequest, EmbeddingsResponse, create_embeddings
     from gateway.server.explain import explain_route
     from gateway.server.feedback import FeedbackRequest, feedback
     from gateway.server.health import liveness, readiness
     from gateway.server.keys import (
-        CreateKeyRequest, EditKeyRequest, create_key, edit_key, list_keys, revoke_key, rotate_key,
+        CreateKeyRequest,
+        EditKeyRequest,
+        create_key,
+        edit_key,
+        list_keys,
+        revoke_key,
+        rotate_key,
     )
     from gateway.server.metrics import metrics_endpoint
     from gateway.server.models import ModelCard, ModelList, list_models, retrieve_model
 
     return {
         liveness: Operation("Liveness probe", "200 as soon as the server listens.", response=Health),
-        readiness: Operation("Readiness probe", "200 once the embedding model, store and classifier are loaded; "
-                             "503 with a stable reason before (or after a failed start).", response=Readiness),
-        list_models: Operation("List models", "The routed aliases, the models they use and the embedding model "
-                               "this key may use.", response=ModelList),
-        retrieve_model: Operation("Retrieve a model", "404 model_not_found for a name this key cannot use.",
-                                  response=ModelCard),
+        readiness: Operation(
+            "Readiness probe",
+            "200 once the embedding model, store and classifier are loaded; "
+            "503 with a stable reason before (or after a failed start).",
+            response=Readiness,
+        ),
+        list_models: Operation(
+            "List models",
+            "The routed aliases, the models they use and the embedding model this key may use.",
+            response=ModelList,
+        ),
+        retrieve_model: Operation(
+            "Retrieve a model", "404 model_not_found for a name this key cannot use.", response=ModelCard
+        ),
         chat_completions: Operation(
-            "Create a chat completion", "OpenAI's chat completions. A routed alias (`selfroute`) picks a route per "
+            "Create a chat completion",
+            "OpenAI's chat completions. A routed alias (`selfroute`) picks a route per "
             "request (headers x-selfroute-route, x-selfroute-reason, x-selfroute-cost-usd; a `selfroute` object in "
             "the body); any other model name is passed through. `stream: true` answers server-sent events.",
-            request=ChatCompletionRequest, response=ChatCompletion, stream=True),
-        create_embeddings: Operation("Create embeddings", "The gateway's own embedding model in-process, other "
-                                     "models through the OpenAI-compatible upstream.", request=EmbeddingsRequest,
-                                     response=EmbeddingsResponse),
-        list_collections: Operation("List collections", "The collections this key may see.",
-                                    response=CollectionList),
-        get_collection: Operation("Show a collection", "Its documents: tokens, sections, cross-references, chunks.",
-                                  response=Collection),
-        delete_collection: Operation("Delete a collection", "Its documents go; the name stays its owner's.",
-                                     response=DeletedCollection),
-        add_documents: Operation("Add documents to a collection", "Chunk, embed and store them (unchanged ones are "
-                                 "skipped); creates the collection. 201 when a document was added, else 200.",
-                                 request=AddDocumentsRequest, response=IngestReport, statuses=("201", "200")),
+            request=ChatCompletionRequest,
+            response=ChatCompletion,
+            stream=True,
+        ),
+        create_embeddings: Operation(
+            "Create embeddings",
+            "The gateway's own embedding model in-process, other models through the OpenAI-compatible upstream.",
+            request=EmbeddingsRequest,
+            response=EmbeddingsResponse,
+        ),
+        list_collections: Operation("List collections", "The collections this key may see.", response=CollectionList),
+        get_collection: Operation(
+            "Show a collection", "Its documents: tokens, sections, cross-references, chunks.", response=Collection
+        ),
+        delete_collection: Operation(
+            "Delete a collection", "Its documents go; the name stays its owner's.", response=DeletedCollection
+        ),
+        add_documents: Operation(
+            "Add documents to a collection",
+            "Chunk, embed and store them (unchanged ones are "
+            "skipped); creates the collection. 201 when a document was added, else 200.",
+            request=AddDocumentsRequest,
+            response=IngestReport,
+            statuses=("201", "200"),
+        ),
         delete_document: Operation("Delete a document", response=DeletedDocument),
-        explain_route: Operation("Explain the routing decision", "The decision for a chat body, its features and "
-                                 "each route's estimated tokens and cost; no model is called.",
-                                 request=ChatCompletionRequest, response=RouteExplanation),
-        list_requests: Operation("List ledgered requests", "Newest first, filtered (route, key, policy, status, "
-                                 "since, until), paged by cursor.", response=RequestPage),
-        get_request: Operation("Show a ledgered request", "With its legs, provenance and saving.",
-                               response=RequestDetail),
-        costs: Operation("Costs by group", "Spend, always-long counterfactual and saving per route, model, policy, "
-                         "key, day or hour.", response=CostReport),
+        explain_route: Operation(
+            "Explain the routing decision",
+            "The decision for a chat body, its features and "
+            "each route's estimated tokens and cost; no model is called.",
+            request=ChatCompletionRequest,
+            response=RouteExplanation,
+        ),
+        list_requests: Operation(
+            "List ledgered requests",
+            "Newest first, filtered (route, key, policy, status, since, until), paged by cursor.",
+            response=RequestPage,
+        ),
+        get_request: Operation(
+            "Show a ledgered request", "With its legs, provenance and saving.", response=RequestDetail
+        ),
+        costs: Operation(
+            "Costs by group",
+            "Spend, always-long counterfactual and saving per route, model, policy, key, day or hour.",
+            response=CostReport,
+        ),
         summary: Operation("Dashboard data", "What the dashboard draws over a window.", response=Summary),
-        dashboard: Operation("Cost dashboard", "The page; its data comes from /v1/admin/summary with the admin key.",
-                             media="text/html"),
-        create_key: Operation("Create a named key", "The key is in this answer once (with a `notice` when it is "
-                              "the first key: the gateway is no longer open).", request=CreateKeyRequest,
-                              response=CreatedApiKey, statuses=("201",)),
-        edit_key: Operation("Edit a named key", "Its limits and grants: the fields given; null clears one.",
-                            request=EditKeyRequest, response=ApiKey),
-        rotate_key: Operation("Rotate a named key", "A new secret for the same name and limits, in this answer "
-                              "once; the old one stops working.", response=CreatedApiKey),
+        dashboard: Operation(
+            "Cost dashboard", "The page; its data comes from /v1/admin/summary with the admin key.", media="text/html"
+        ),
+        create_key: Operation(
+            "Create a named key",
+            "The key is in this answer once (with a `notice` when it is the first key: the gateway is no longer open).",
+            request=CreateKeyRequest,
+            response=CreatedApiKey,
+            statuses=("201",),
+        ),
+        edit_key: Operation(
+            "Edit a named key",
+            "Its limits and grants: the fields given; null clears one.",
+            request=EditKeyRequest,
+            response=ApiKey,
+        ),
+        rotate_key: Operation(
+            "Rotate a named key",
+            "A new secret for the same name and limits, in this answer once; the old one stops working.",
+            response=CreatedApiKey,
+        ),
         list_keys: Operation("List named keys", "With their limits and spend.", response=ApiKeyList),
         revoke_key: Operation("Revoke a named key", "Names are never reused.", response=ApiKey),
-        feedback: Operation("Judge an answer", "A client's own judgement of one of its answers (by the gateway's "
-                            "request id, x-selfroute-request-id), kept as a label for the router.",
-                            request=FeedbackRequest, response=FeedbackLabel, statuses=("201",)),
-        metrics_endpoint: Operation("Prometheus metrics", "Text format, one view over every worker.",
-                                    media="text/plain"),
+        feedback: Operation(
+            "Judge an answer",
+            "A client's own judgement of one of its answers (by the gateway's "
+            "request id, x-selfroute-request-id), kept as a label for the router.",
+            request=FeedbackRequest,
+            response=FeedbackLabel,
+            statuses=("201",),
+        ),
+        metrics_endpoint: Operation(
+            "Prometheus metrics", "Text format, one view over every worker.", media="text/plain"
+        ),
         openapi_schema: Operation("This OpenAPI description", response=OpenApiDocument),
         docs: Operation("API documentation", "Swagger UI over /openapi.json.", media="text/html"),
     }
@@ -366,9 +435,13 @@ def _success(found: Operation) -> dict[str, Any]:
 
 def build_schema(routes: list[BaseRoute], title: str, version: str) -> dict[str, Any]:
     known = operations()
-    models: set[type[BaseModel]] = {ErrorEnvelope, *(m for op in known.values() for m in (op.request, op.response) if m is not None)}
-    _, definitions = models_json_schema([(m, "validation") for m in sorted(models, key=lambda m: m.__name__)],
-                                        ref_template=REF)
+    models: set[type[BaseModel]] = {
+        ErrorEnvelope,
+        *(m for op in known.values() for m in (op.request, op.response) if m is not None),
+    }
+    _, definitions = models_json_schema(
+        [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=REF
+    )
     paths: dict[str, dict] = {}
     used: set[str] = set()
     for endpoint in SchemaGenerator({}).get_endpoints(routes):
@@ -390,8 +463,10 @@ def build_schema(routes: list[BaseRoute], title: str, version: str) -> dict[str,
         }
         if found.description:
             operation["description"] = found.description
-        parameters = [{"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                      for name in re.findall(r"{(\w+)}", endpoint.path)]
+        parameters = [
+            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in re.findall(r"{(\w+)}", endpoint.path)
+        ]
         if parameters:
             operation["parameters"] = parameters
         if found.request:
@@ -450,5 +525,7 @@ def docs_routes() -> list[BaseRoute]:
     from starlette.staticfiles import StaticFiles
     from swagger_ui_bundle import swagger_ui_path
 
-    return [Route("/docs", docs, methods=["GET"]),
-            Mount(DOCS_ASSETS, app=StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")]
+    return [
+        Route("/docs", docs, methods=["GET"]),
+        Mount(DOCS_ASSETS, app=StaticFiles(directory=str(swagger_ui_path)), name="docs-assets"),
+    ]

@@ -1,4 +1,5 @@
 """Server-sent events in OpenAI's streaming shape."""
+
 from __future__ import annotations
 
 import json

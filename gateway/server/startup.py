@@ -2,6 +2,7 @@
 routing: the embedding model (both copies), the document store, the route model and the verifier, and in-process
 chat models. They load in a worker thread after the server listens (liveness answers at once); readiness, and the 503
 of a request that needs them, say whether they are in, still loading, or failed to load."""
+
 from __future__ import annotations
 
 import logging
@@ -30,8 +31,16 @@ BUILD_FAILED = "build_failed"  # loading them failed; the process stays up to sa
 
 
 class Startup:
-    def __init__(self, settings: Settings, policy: Policy, policy_path: Path | None, upstream: Upstream,
-                 routing: RoutingService, *, embedder: Embedder | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        policy: Policy,
+        policy_path: Path | None,
+        upstream: Upstream,
+        routing: RoutingService,
+        *,
+        embedder: Embedder | None = None,
+    ):
         self.settings, self.policy, self.policy_path = settings, policy, policy_path
         self.upstream, self.routing = upstream, routing
         self._embedder = embedder
@@ -50,8 +59,12 @@ class Startup:
 
         policy = self.policy
         rag = policy.rag
-        embedder = self._embedder or Embedder(rag.embedding_model, batch_size=rag.embedding_batch_size,
-                                              backend=rag.embedding_backend, cache_dir=self.settings.data_dir / "models")
+        embedder = self._embedder or Embedder(
+            rag.embedding_model,
+            batch_size=rag.embedding_batch_size,
+            backend=rag.embedding_backend,
+            cache_dir=self.settings.data_dir / "models",
+        )
         # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
         # first routed request does not load it (seconds) and a ready gateway has every model it needs
         getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
@@ -76,8 +89,10 @@ class Startup:
             self.error = f"{type(exc).__name__}: {exc}"
             logger.exception("loading the embedding model, store or routing classifier failed")
             return
-        logger.info("ready: embedding model, document store and routing classifier loaded in %.1fs",
-                    time.perf_counter() - started)
+        logger.info(
+            "ready: embedding model, document store and routing classifier loaded in %.1fs",
+            time.perf_counter() - started,
+        )
 
     @property
     def not_ready_reason(self) -> str | None:

@@ -1,4 +1,5 @@
 """The typed holder of what request handlers use, built once by the app factory (gateway.server.app)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,11 @@ class Gateway:
         return self.startup.store
 
     def not_ready(self) -> GatewayError:
-        return self.startup.not_ready() if self.startup is not None else GatewayError(
-            503, "the gateway is still starting", code="not_ready")
+        return (
+            self.startup.not_ready()
+            if self.startup is not None
+            else GatewayError(503, "the gateway is still starting", code="not_ready")
+        )
 
     def check_ready(self) -> None:
         """503 (not_ready or build_failed) until start-up has loaded what routed requests need."""

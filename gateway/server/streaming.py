@@ -1,9 +1,10 @@
 """Relaying an upstream stream to the client as server-sent events."""
+
 from __future__ import annotations
 
 import json
 import logging
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -15,6 +16,7 @@ from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
 
 logger = logging.getLogger(__name__)
+
 
 class EventStreamResponse(StreamingResponse):
     """SSE that always watches for the client leaving (Starlette only does so for older ASGI servers), so
@@ -41,8 +43,9 @@ class EventStreamResponse(StreamingResponse):
             group.cancel_scope.cancel()
 
 
-def stream_response(streamed: Streamed, headers: dict[str, str] | None = None,
-                    final: Callable[[bytes], bytes] | None = None) -> EventStreamResponse:
+def stream_response(
+    streamed: Streamed, headers: dict[str, str] | None = None, final: Callable[[bytes], bytes] | None = None
+) -> EventStreamResponse:
     return EventStreamResponse(
         relay_stream(streamed.first, streamed.chunks, streamed.client_wants_usage, streamed.finish, final),
         headers=headers,
@@ -50,7 +53,10 @@ def stream_response(streamed: Streamed, headers: dict[str, str] | None = None,
 
 
 async def relay_stream(
-    first: bytes | None, chunks: AsyncIterator[bytes], client_wants_usage: bool, finish: StreamFinish,
+    first: bytes | None,
+    chunks: AsyncIterator[bytes],
+    client_wants_usage: bool,
+    finish: StreamFinish,
     final: Callable[[bytes], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
@@ -105,7 +111,9 @@ async def relay_stream(
         yield DONE
     except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut
         logger.exception("stream relay failed")
-        failure = GatewayError(502, f"upstream stream failed: {type(exc).__name__}: {client_safe(str(exc))}", code="upstream_error")
+        failure = GatewayError(
+            502, f"upstream stream failed: {type(exc).__name__}: {client_safe(str(exc))}", code="upstream_error"
+        )
         await end(failure.message, failure.status)
         yield sse_json(failure.body())
         yield DONE

@@ -8,6 +8,7 @@ completion, total, and the prompt tokens read from the provider's cache), and it
 `selfroute` object of its final usage chunk (sent when the client asks `stream_options.include_usage`).
 Pass-through answers keep the upstream's usage as it came, with the cost header (whole) or the final chunk's
 `selfroute.cost_usd` (streams) when the model has a price."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,11 @@ def priced(record: RequestRecord) -> bool:
 def total_usage(record: RequestRecord) -> dict[str, Any]:
     prompt = sum(call.prompt_tokens for call in record.calls)
     completion = sum(call.completion_tokens for call in record.calls)
-    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                             "total_tokens": prompt + completion}
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
     cached = sum(call.cached_tokens for call in record.calls)
     if cached:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
@@ -41,9 +45,14 @@ def total_usage(record: RequestRecord) -> dict[str, Any]:
 def legs(record: RequestRecord) -> list[dict[str, Any]]:
     out = []
     for call in record.calls:
-        leg: dict[str, Any] = {"model": call.model, "route": call.route, "prompt_tokens": call.prompt_tokens,
-                               "completion_tokens": call.completion_tokens, "cost_usd": round(call.cost_usd, 10),
-                               "latency_ms": None if call.latency_ms is None else round(call.latency_ms, 1)}
+        leg: dict[str, Any] = {
+            "model": call.model,
+            "route": call.route,
+            "prompt_tokens": call.prompt_tokens,
+            "completion_tokens": call.completion_tokens,
+            "cost_usd": round(call.cost_usd, 10),
+            "latency_ms": None if call.latency_ms is None else round(call.latency_ms, 1),
+        }
         if call.cached_tokens:
             leg["cached_tokens"] = call.cached_tokens
         if call.unpriced:

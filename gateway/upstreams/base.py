@@ -3,15 +3,18 @@
 `Upstream.complete` returns an OpenAI chat.completion dict; `Upstream.stream` yields the JSON bytes of
 each chat.completion.chunk.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, AsyncIterator, Protocol
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 from gateway.errors import GatewayError
 from gateway.upstreams.scrub import scrub
 from policies.schema import ModelConfig
+
 
 class Upstream(Protocol):
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]: ...
@@ -57,8 +60,11 @@ def upstream_error(status: int | None, message: str, model: str, secret_env: tup
     secret_env: names of environment variables holding this upstream's key (the policy's api_key_env)."""
     if status in (401, 403):
         # the gateway's credentials for the provider are wrong: not the client's fault, nor its business
-        return GatewayError(502, f"upstream model {model!r} failed: the provider refused the gateway's credentials "
-                                 f"(HTTP {status})", code="upstream_authentication_failed")
+        return GatewayError(
+            502,
+            f"upstream model {model!r} failed: the provider refused the gateway's credentials (HTTP {status})",
+            code="upstream_authentication_failed",
+        )
     text = f"upstream model {model!r} failed: {client_safe(message, secret_env)}"
     if status is None:
         return GatewayError(502, text, code="upstream_unreachable")
@@ -72,13 +78,15 @@ def upstream_error(status: int | None, message: str, model: str, secret_env: tup
 
 
 def malformed_chunk(exc: Exception) -> GatewayError:
-    return GatewayError(502, f"the upstream sent a malformed stream chunk: {client_safe(str(exc))}",
-                        code="upstream_error")
+    return GatewayError(
+        502, f"the upstream sent a malformed stream chunk: {client_safe(str(exc))}", code="upstream_error"
+    )
 
 
 def malformed_answer(model: str, problem: str) -> GatewayError:
-    return GatewayError(502, f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}",
-                        code="upstream_error")
+    return GatewayError(
+        502, f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}", code="upstream_error"
+    )
 
 
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")

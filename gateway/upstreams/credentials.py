@@ -1,5 +1,6 @@
 """Which of a policy's hosted models have no key in the environment: a start-up warning and a readiness detail,
 instead of a first request that fails with a 502 (litellm's validate_environment knows each provider's variables)."""
+
 from __future__ import annotations
 
 import logging
@@ -32,14 +33,21 @@ def missing_key(config: ModelConfig) -> str | None:
 
 def missing_credentials(policy: Policy) -> list[dict]:
     """[{role, model, missing}] for the policy's models whose key variable is unset."""
-    models = [("cheap", policy.cheap), ("long", policy.long),
-              *((f"long_alternates.{i}", m) for i, m in enumerate(policy.long_alternates))]
+    models = [
+        ("cheap", policy.cheap),
+        ("long", policy.long),
+        *((f"long_alternates.{i}", m) for i, m in enumerate(policy.long_alternates)),
+    ]
     out = []
     for role, config in models:
         missing = missing_key(config)
         if missing:
             out.append({"role": role, "model": config.model, "missing": missing})
     for item in out:
-        logger.warning("%s model %s: %s is not set, so its calls will fail (502) until it is", item["role"],
-                       item["model"], item["missing"])
+        logger.warning(
+            "%s model %s: %s is not set, so its calls will fail (502) until it is",
+            item["role"],
+            item["model"],
+            item["missing"],
+        )
     return out

@@ -3,15 +3,16 @@
 litellm costs milliseconds of CPU per call, more than this proxy's whole budget, so these skip it:
 no translation, bytes in, bytes out.
 """
+
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import json
 import logging
 import os
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -114,7 +115,8 @@ class DirectOpenAIUpstream:
         # created lazily: a session belongs to the event loop it was made in
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=512, ttl_dns_cache=300), auto_decompress=True,
+                connector=aiohttp.TCPConnector(limit=512, ttl_dns_cache=300),
+                auto_decompress=True,
             )
         return self._session
 
@@ -143,13 +145,18 @@ class DirectOpenAIUpstream:
         async def attempt() -> aiohttp.ClientResponse:
             try:
                 response = await self._client().post(url, data=payload, headers=headers, timeout=timeout)
-            except asyncio.TimeoutError:
-                raise _Retryable(GatewayError(
-                    504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
-                )) from None
+            except TimeoutError:
+                raise _Retryable(
+                    GatewayError(
+                        504,
+                        f"upstream model {config.model!r} timed out after {config.timeout:g}s",
+                        code="upstream_timeout",
+                    )
+                ) from None
             except aiohttp.ClientError as exc:
-                raise _Retryable(upstream_error(None, f"{type(exc).__name__}: {exc}", config.model,
-                                                _secret_env(config))) from None
+                raise _Retryable(
+                    upstream_error(None, f"{type(exc).__name__}: {exc}", config.model, _secret_env(config))
+                ) from None
             if response.status < 400:
                 return response
             content = await response.read()
@@ -171,8 +178,9 @@ class DirectOpenAIUpstream:
                 raise failures.pop()
             return await attempt()
 
-        retrying = AsyncRetrying(stop=_stop(config.max_retries + 1), wait=_wait,
-                                 retry=retry_if_exception_type(_Retryable), reraise=True)
+        retrying = AsyncRetrying(
+            stop=_stop(config.max_retries + 1), wait=_wait, retry=retry_if_exception_type(_Retryable), reraise=True
+        )
         try:
             return await retrying(replay_then_attempt)
         except _Retryable as exc:
@@ -182,7 +190,7 @@ class DirectOpenAIUpstream:
         response = await self._send(config, {**body, "stream": False})
         try:
             content = await response.read()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise GatewayError(504, f"upstream model {config.model!r} timed out", code="upstream_timeout") from None
         except aiohttp.ClientError as exc:
             raise upstream_error(None, f"reading the answer failed: {exc}", config.model) from None
@@ -200,8 +208,10 @@ class DirectOpenAIUpstream:
             if kind and not kind.startswith("text/event-stream"):
                 # a JSON answer (or an HTML page) to a stream request: relaying nothing would look like an empty 200
                 content = await response.read()
-                raise malformed_answer(config.model, f"asked for a stream, it answered {kind.split(';')[0]}: "
-                                                     f"{error_message(content)[:200]}")
+                raise malformed_answer(
+                    config.model,
+                    f"asked for a stream, it answered {kind.split(';')[0]}: {error_message(content)[:200]}",
+                )
             async for line in response.content:
                 if not line.startswith(b"data:"):
                     continue
@@ -210,8 +220,10 @@ class DirectOpenAIUpstream:
                     break
                 if data:
                     yield data
-        except asyncio.TimeoutError:
-            raise GatewayError(504, f"upstream model {config.model!r} timed out mid-stream", code="upstream_timeout") from None
+        except TimeoutError:
+            raise GatewayError(
+                504, f"upstream model {config.model!r} timed out mid-stream", code="upstream_timeout"
+            ) from None
         except aiohttp.ClientError as exc:
             raise upstream_error(None, f"stream broke: {exc}", config.model) from None
         finally:

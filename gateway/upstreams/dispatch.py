@@ -3,9 +3,11 @@ path, `local/...` runs the in-process model, and every other provider prefix (an
 ...) goes through litellm, which translates the protocol. A bare model name goes to the OpenAI-compatible
 upstream, as it would from the openai client.
 """
+
 from __future__ import annotations
 
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.upstreams.base import Upstream, split_provider
@@ -25,7 +27,9 @@ class ProviderUpstream:
         provider, _ = split_provider(config.model)
         if provider == "local":
             if self.local is None:
-                raise GatewayError(503, "the local model is not available in this gateway", code="local_model_unavailable")
+                raise GatewayError(
+                    503, "the local model is not available in this gateway", code="local_model_unavailable"
+                )
             return self.local
         if provider is None or provider in DIRECT_PROVIDERS:
             # a bare model name means the OpenAI-compatible upstream (OPENAI_API_BASE), as with the openai client

@@ -1,8 +1,8 @@
 """Embeddings from an OpenAI-compatible upstream (POST {api_base}/embeddings), for the gateway's pass-through of
 embedding models it does not hold itself. Same base URL and key resolution as chat (gateway.upstreams.direct)."""
+
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -28,18 +28,24 @@ async def upstream_embeddings(config: ModelConfig, body: dict[str, Any]) -> dict
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=config.timeout, sock_read=config.timeout)
     try:
         # a session per call: embedding pass-through is rare next to chat, and this keeps nothing open between calls
-        async with aiohttp.ClientSession() as session, session.post(
-                url, data=json.dumps({**body, "model": name}).encode(), headers=headers, timeout=timeout) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                url, data=json.dumps({**body, "model": name}).encode(), headers=headers, timeout=timeout
+            ) as response,
+        ):
             content = await response.read()
             status = response.status
-    except asyncio.TimeoutError:
-        raise GatewayError(504, f"upstream model {config.model!r} timed out after {config.timeout:g}s",
-                           code="upstream_timeout") from None
+    except TimeoutError:
+        raise GatewayError(
+            504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
+        ) from None
     except aiohttp.ClientError as exc:
         raise upstream_error(None, f"{type(exc).__name__}: {exc}", config.model) from None
     if status >= 400:
-        raise upstream_error(status, error_message(content), config.model,
-                             (config.api_key_env,) if config.api_key_env else ())
+        raise upstream_error(
+            status, error_message(content), config.model, (config.api_key_env,) if config.api_key_env else ()
+        )
     try:
         answer = json.loads(content)
     except ValueError:

@@ -4,13 +4,15 @@ litellm takes every keyword as a call option, connection settings included (`api
 `mock_response`, ...), so a request body is never spread into it: only the documented OpenAI parameters
 (gateway.protocol.OPENAI_PARAMS) go, and the connection comes from the policy's ModelConfig alone.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import os
 import re
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from gateway.errors import GatewayError
 from gateway.protocol import OPENAI_PARAMS
@@ -53,9 +55,12 @@ def _check_no_remote_urls(messages: Any) -> None:
                 for value in _string_values(part):
                     if _REMOTE_URL.match(value):
                         raise GatewayError(
-                            400, "this provider is reached through the gateway, which does not fetch URLs for it: "
-                            "send the content inline as a data: URL", param=f"messages[{m}].content[{p}]",
-                            code="remote_url_not_supported")
+                            400,
+                            "this provider is reached through the gateway, which does not fetch URLs for it: "
+                            "send the content inline as a data: URL",
+                            param=f"messages[{m}].content[{p}]",
+                            code="remote_url_not_supported",
+                        )
 
 
 def _string_values(value: Any):

@@ -3,6 +3,7 @@
 llama.cpp contexts are not thread-safe, so one lock serialises generation: concurrent requests
 queue on it instead of crashing. Generation runs in worker threads, never on the event loop.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -13,8 +14,9 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 
@@ -31,9 +33,14 @@ _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "f
 def unsupported_parameter(body: dict[str, Any], model: str) -> GatewayError | None:
     """What the in-process model cannot do, named, instead of silently dropping it: several choices, tools
     and function calling, log probabilities, JSON-schema output (a plain `json_object` is supported)."""
+
     def refuse(param: str, what: str) -> GatewayError:
-        return GatewayError(400, f"{model} does not support {what}; send the request to a model that does",
-                            param=param, code="unsupported_parameter")
+        return GatewayError(
+            400,
+            f"{model} does not support {what}; send the request to a model that does",
+            param=param,
+            code="unsupported_parameter",
+        )
 
     n = body.get("n")
     if n is not None and n != 1:
@@ -47,7 +54,9 @@ def unsupported_parameter(body: dict[str, Any], model: str) -> GatewayError | No
         return refuse("top_logprobs", "log probabilities")
     response_format = body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") not in (None, "text", "json_object"):
-        return refuse("response_format", f"response_format type {response_format.get('type')!r} (only text and json_object)")
+        return refuse(
+            "response_format", f"response_format type {response_format.get('type')!r} (only text and json_object)"
+        )
     return None
 
 
@@ -82,8 +91,10 @@ class LocalModelUpstream:
         if path.suffix == ".gguf" and path.is_file():
             return path
         raise GatewayError(
-            400, f"unknown local model {config.model!r}: use local/smollm2-135m-instruct or local/<file.gguf>",
-            param="model", code="model_not_found",
+            400,
+            f"unknown local model {config.model!r}: use local/smollm2-135m-instruct or local/<file.gguf>",
+            param="model",
+            code="model_not_found",
         )
 
     def load(self, config: ModelConfig):
@@ -98,7 +109,9 @@ class LocalModelUpstream:
                 # its route's packing, not the shared model (the cheap route may need more than the long)
                 n_ctx = self._n_ctx
                 model = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=self._n_threads, verbose=False)
-                logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, n_ctx, time.perf_counter() - started)
+                logger.info(
+                    "loaded local model %s (n_ctx=%d) in %.1fs", path.name, n_ctx, time.perf_counter() - started
+                )
                 self._models[str(path)] = model
             return model
 
@@ -129,7 +142,9 @@ class LocalModelUpstream:
             if stop.is_set():  # timed out while queued for the model
                 raise GatewayError(504, f"local model {config.model!r} timed out", code="upstream_timeout")
             try:
-                chunks = model.create_chat_completion(messages=self._messages(body), stream=True, **self._arguments(body))
+                chunks = model.create_chat_completion(
+                    messages=self._messages(body), stream=True, **self._arguments(body)
+                )
                 parts, finish_reason, completion_tokens = [], "stop", 0
                 for chunk in chunks:
                     if stop.is_set():
@@ -145,12 +160,23 @@ class LocalModelUpstream:
                 raise _context_error(exc, config) from None
             total = int(getattr(model, "n_tokens", 0))
         return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
             "model": config.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                         "logprobs": None, "finish_reason": finish_reason}],
-            "usage": {"prompt_tokens": max(total - completion_tokens, 0), "completion_tokens": completion_tokens,
-                      "total_tokens": total},
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(parts)},
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": max(total - completion_tokens, 0),
+                "completion_tokens": completion_tokens,
+                "total_tokens": total,
+            },
         }
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
@@ -217,9 +243,11 @@ class LocalModelUpstream:
             while True:
                 try:  # the policy's timeout bounds every wait for the next token (as a read timeout would)
                     item = await asyncio.wait_for(queue.get(), timeout=config.timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     raise GatewayError(
-                        504, f"local model {config.model!r} sent nothing for {config.timeout:g}s", code="upstream_timeout"
+                        504,
+                        f"local model {config.model!r} sent nothing for {config.timeout:g}s",
+                        code="upstream_timeout",
                     ) from None
                 if item is done:
                     break
@@ -229,8 +257,14 @@ class LocalModelUpstream:
                     raise GatewayError(502, f"local model failed: {item}", code="local_model_error")
                 if "__usage__" in item:
                     if (body.get("stream_options") or {}).get("include_usage"):
-                        final = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
-                                 "model": config.model, "choices": [], "usage": item["__usage__"]}
+                        final = {
+                            "id": chunk_id,
+                            "object": "chat.completion.chunk",
+                            "created": created,
+                            "model": config.model,
+                            "choices": [],
+                            "usage": item["__usage__"],
+                        }
                         yield json.dumps(final).encode()
                     continue
                 item["id"], item["created"] = chunk_id, created
@@ -246,7 +280,9 @@ def _context_error(exc: ValueError, config: ModelConfig) -> GatewayError:
     message = str(exc)
     if "context window" in message or "exceed" in message:
         return GatewayError(
-            400, f"the prompt does not fit {config.model}'s context window: {message}",
-            param="messages", code="context_length_exceeded",
+            400,
+            f"the prompt does not fit {config.model}'s context window: {message}",
+            param="messages",
+            code="context_length_exceeded",
         )
     return GatewayError(400, f"local model rejected the request: {message}", code="invalid_request")

@@ -7,6 +7,7 @@ is what helps the client: the provider's complaint, without key-shaped strings (
 AWS keys, ...), without the values of the gateway's own configured keys (any environment variable whose name says it
 holds a secret, and the policy's `api_key_env`), and cut before any traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,7 +60,8 @@ def configured_secrets(extra_env: tuple[str, ...] = ()) -> list[str]:
     """The values of the environment variables that hold secrets (by their names), and of those named in
     extra_env (a policy's api_key_env), longest first so a key is never half replaced by a shorter one."""
     values = {
-        value for name, value in os.environ.items()
+        value
+        for name, value in os.environ.items()
         if (name in extra_env or _SECRET_NAME.search(name)) and len(value) >= MIN_SECRET_CHARS
     }
     return sorted(values, key=len, reverse=True)

@@ -19,11 +19,12 @@ supported. Negation and swapped entities that keep the same words are NOT caught
     report.unsupported                                # [SentenceScore] below the threshold
     drop(answer, report)                              # the answer without its unsupported sentences
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -36,7 +37,8 @@ NUMBER_CAP = 0.3  # a claim with a number absent from every passage scores at mo
 WINDOW_SENTENCES = 2  # passage windows: this many sentences, sliding by one
 WINDOW_MAX_CHARS = 600
 
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
 a about above after again against all also am an and any are aren't as at be because been before being below between
 both but by can can't cannot could did didn't do does doesn't doing don't down during each either few for from further
 had has have having he her here hers herself him himself his how however i if in into is isn't it it's its itself just
@@ -45,14 +47,42 @@ own same shall she should so some such than that that's the their theirs them th
 they this those through thus to too under until up upon us very was wasn't we were weren't what when where which while
 who whom whose why will with within without would yes yet you your yours yourself yourselves according based said
 says say stated states passage passages document documents text context answer question also well one's
-""".split())
+""".split()
+)
 
 _NUMBER_WORDS = {
-    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7", "eight": "8",
-    "nine": "9", "ten": "10", "eleven": "11", "twelve": "12", "thirteen": "13", "fourteen": "14", "fifteen": "15",
-    "sixteen": "16", "seventeen": "17", "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30",
-    "forty": "40", "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90", "hundred": "100",
-    "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+    "eleven": "11",
+    "twelve": "12",
+    "thirteen": "13",
+    "fourteen": "14",
+    "fifteen": "15",
+    "sixteen": "16",
+    "seventeen": "17",
+    "eighteen": "18",
+    "nineteen": "19",
+    "twenty": "20",
+    "thirty": "30",
+    "forty": "40",
+    "fifty": "50",
+    "sixty": "60",
+    "seventy": "70",
+    "eighty": "80",
+    "ninety": "90",
+    "hundred": "100",
+    "thousand": "1000",
+    "million": "1000000",
+    "billion": "1000000000",
 }
 _NUMBER = re.compile(r"(?<![\w.])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w])|(?<![\w.])\.\d+\b")
 _NUMBER_WORD = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
@@ -61,9 +91,49 @@ _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)?", re.UNICODE)
 
 # sentence boundaries: end punctuation followed by space and an upper-case letter/digit/quote, or a line break;
 # common abbreviations and initials do not end a sentence
-_ABBREVIATIONS = ("mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "no", "vs", "etc", "inc", "ltd", "co", "corp",
-                  "e.g", "i.e", "cf", "fig", "sec", "art", "u.s", "u.k", "jan", "feb", "mar", "apr", "jun", "jul",
-                  "aug", "sep", "sept", "oct", "nov", "dec", "approx", "dept", "est", "vol", "pp", "ch")
+_ABBREVIATIONS = (
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "sr",
+    "jr",
+    "st",
+    "no",
+    "vs",
+    "etc",
+    "inc",
+    "ltd",
+    "co",
+    "corp",
+    "e.g",
+    "i.e",
+    "cf",
+    "fig",
+    "sec",
+    "art",
+    "u.s",
+    "u.k",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "approx",
+    "dept",
+    "est",
+    "vol",
+    "pp",
+    "ch",
+)
 _SENTENCE_END = re.compile(r"([.!?。！？]+[\"'”’)\]]*)(\s+)|(\n\s*\n|\n(?=\s*(?:[-*•]|\d+[.)])\s))")
 _LIST_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
@@ -83,10 +153,19 @@ class SentenceScore:
     supported: bool = True
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "text": self.text, "start": self.start, "end": self.end,
-                "score": round(self.score, 4), "semantic": round(self.semantic, 4), "lexical": round(self.lexical, 4),
-                "missing_numbers": self.missing_numbers, "best_passage": self.best_passage, "checked": self.checked,
-                "supported": self.supported}
+        return {
+            "index": self.index,
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "score": round(self.score, 4),
+            "semantic": round(self.semantic, 4),
+            "lexical": round(self.lexical, 4),
+            "missing_numbers": self.missing_numbers,
+            "best_passage": self.best_passage,
+            "checked": self.checked,
+            "supported": self.supported,
+        }
 
 
 @dataclass
@@ -113,8 +192,12 @@ class GroundingReport:
         return min(s.score for s in checked) if checked else None
 
     def to_dict(self) -> dict:
-        return {"threshold": self.threshold, "supported_fraction": round(self.supported_fraction, 4),
-                "unsupported": [s.index for s in self.unsupported], "sentences": [s.to_dict() for s in self.sentences]}
+        return {
+            "threshold": self.threshold,
+            "supported_fraction": round(self.supported_fraction, 4),
+            "unsupported": [s.index for s in self.unsupported],
+            "sentences": [s.to_dict() for s in self.sentences],
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -127,14 +210,18 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     pos = 0
     for m in _SENTENCE_END.finditer(text):
         if m.group(1):
-            before = text[pos:m.start(1)]
+            before = text[pos : m.start(1)]
             if not any(c.isalpha() for c in before):  # "1." list marker, "..." alone
                 continue
             last = re.search(r"([\w.]+)$", before)
             word = last.group(1).lower() if last else ""
-            nxt = text[m.end():m.end() + 1]
-            if m.group(1).startswith(".") and (word.rstrip(".") in _ABBREVIATIONS or re.fullmatch(r"[a-z]", word)
-                                               or re.fullmatch(r"\d+", word) and nxt[:1].isdigit()):
+            nxt = text[m.end() : m.end() + 1]
+            if m.group(1).startswith(".") and (
+                word.rstrip(".") in _ABBREVIATIONS
+                or re.fullmatch(r"[a-z]", word)
+                or re.fullmatch(r"\d+", word)
+                and nxt[:1].isdigit()
+            ):
                 continue
             if nxt and nxt.islower():  # "e.g. the …", "approx. five" — no sentence starts lower-case
                 continue
@@ -156,8 +243,29 @@ def _add_span(text: str, a: int, b: int, spans: list[tuple[int, int]]) -> None:
         spans.append((a, b))
 
 
-_SUFFIXES = ("ational", "ations", "ation", "ingly", "ings", "ing", "ments", "ment", "ions", "ion", "ness", "ities",
-             "ity", "ies", "ied", "ed", "ly", "ers", "er", "es", "s")
+_SUFFIXES = (
+    "ational",
+    "ations",
+    "ation",
+    "ingly",
+    "ings",
+    "ing",
+    "ments",
+    "ment",
+    "ions",
+    "ion",
+    "ness",
+    "ities",
+    "ity",
+    "ies",
+    "ied",
+    "ed",
+    "ly",
+    "ers",
+    "er",
+    "es",
+    "s",
+)
 
 
 def _fold(word: str) -> str:
@@ -196,8 +304,9 @@ def numbers(text: str) -> set[str]:
     return out
 
 
-def passage_windows(passages: Sequence[str], sentences: int = WINDOW_SENTENCES,
-                    max_chars: int = WINDOW_MAX_CHARS) -> tuple[list[str], list[int]]:
+def passage_windows(
+    passages: Sequence[str], sentences: int = WINDOW_SENTENCES, max_chars: int = WINDOW_MAX_CHARS
+) -> tuple[list[str], list[int]]:
     """Windows of ``sentences`` consecutive sentences (sliding by one) and the passage index of each."""
     windows: list[str] = []
     owners: list[int] = []
@@ -206,11 +315,11 @@ def passage_windows(passages: Sequence[str], sentences: int = WINDOW_SENTENCES,
         if not sents:
             continue
         if len(sents) <= sentences:
-            windows.append(" ".join(sents)[:max_chars * 2])
+            windows.append(" ".join(sents)[: max_chars * 2])
             owners.append(i)
             continue
         for k in range(len(sents) - sentences + 1):
-            windows.append(" ".join(sents[k:k + sentences])[:max_chars * 2])
+            windows.append(" ".join(sents[k : k + sentences])[: max_chars * 2])
             owners.append(i)
     return windows, owners
 
@@ -220,9 +329,16 @@ def passage_windows(passages: Sequence[str], sentences: int = WINDOW_SENTENCES,
 
 
 class GroundingChecker:
-    def __init__(self, embed: EmbedFn, threshold: float = DEFAULT_THRESHOLD, semantic_weight: float = SEMANTIC_WEIGHT,
-                 lexical_weight: float = LEXICAL_WEIGHT, number_cap: float = NUMBER_CAP,
-                 min_content_words: int = 3, window_sentences: int = WINDOW_SENTENCES):
+    def __init__(
+        self,
+        embed: EmbedFn,
+        threshold: float = DEFAULT_THRESHOLD,
+        semantic_weight: float = SEMANTIC_WEIGHT,
+        lexical_weight: float = LEXICAL_WEIGHT,
+        number_cap: float = NUMBER_CAP,
+        min_content_words: int = 3,
+        window_sentences: int = WINDOW_SENTENCES,
+    ):
         self.embed = embed
         self.threshold = threshold
         self.semantic_weight = semantic_weight
@@ -248,7 +364,7 @@ class GroundingChecker:
         windows, owners = passage_windows(passages, self.window_sentences)
         if to_check and windows:
             vectors = np.asarray(self.embed([claims[i] for i in to_check] + windows), dtype=np.float32)
-            cv, wv = vectors[:len(to_check)], vectors[len(to_check):]
+            cv, wv = vectors[: len(to_check)], vectors[len(to_check) :]
             sims = cv @ wv.T
             arg = sims.argmax(axis=1)
             for row, i in enumerate(to_check):
@@ -266,19 +382,34 @@ class GroundingChecker:
             score = self.semantic_weight * max(0.0, float(semantic[i])) + self.lexical_weight * lexical
             if missing:
                 score = min(score, self.number_cap)
-            out.append(SentenceScore(i, claim, a, b, score, float(semantic[i]), lexical, missing, best[i],
-                                     checked=True, supported=score >= self.threshold))
+            out.append(
+                SentenceScore(
+                    i,
+                    claim,
+                    a,
+                    b,
+                    score,
+                    float(semantic[i]),
+                    lexical,
+                    missing,
+                    best[i],
+                    checked=True,
+                    supported=score >= self.threshold,
+                )
+            )
         return GroundingReport(out, self.threshold)
 
 
-def check(answer: str, passages: Sequence[str], embed: EmbedFn, threshold: float = DEFAULT_THRESHOLD,
-          **options) -> GroundingReport:
+def check(
+    answer: str, passages: Sequence[str], embed: EmbedFn, threshold: float = DEFAULT_THRESHOLD, **options
+) -> GroundingReport:
     """Score every sentence of ``answer`` against ``passages``; see the module docstring."""
     return GroundingChecker(embed, threshold, **options).check(answer, passages)
 
 
-def unsupported_sentences(answer: str, passages: Sequence[str], embed: EmbedFn,
-                          threshold: float = DEFAULT_THRESHOLD) -> list[str]:
+def unsupported_sentences(
+    answer: str, passages: Sequence[str], embed: EmbedFn, threshold: float = DEFAULT_THRESHOLD
+) -> list[str]:
     return [s.text for s in check(answer, passages, embed, threshold).unsupported]
 
 

@@ -21,6 +21,7 @@ original text. Everything is regular expressions compiled once at import.
 
 The gateway's modes (off | flag | strip | block) are applied by :class:`InjectionScanner`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -28,8 +29,9 @@ import binascii
 import re
 import unicodedata
 from bisect import bisect_right
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
 Mode = Literal["off", "flag", "strip", "block"]
 
@@ -43,12 +45,54 @@ _DROP = set(ZERO_WIDTH + BIDI_CONTROLS + "".join(chr(c) for c in range(0xFE00, 0
 
 # Cyrillic and Greek letters that look like Latin ones (the common homoglyph substitutions)
 _CONFUSABLES = {
-    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s", "һ": "h",
-    "ԁ": "d", "ɡ": "g", "ո": "n", "ı": "i",
-    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C", "Т": "T", "Х": "X",
-    "І": "I", "Ѕ": "S", "Ј": "J",
-    "ο": "o", "α": "a", "ε": "e", "ι": "i", "ν": "v", "τ": "t", "κ": "k", "ρ": "p",
-    "Α": "A", "Β": "B", "Ε": "E", "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X",
+    "а": "a",
+    "е": "e",
+    "о": "o",
+    "р": "p",
+    "с": "c",
+    "у": "y",
+    "х": "x",
+    "і": "i",
+    "ј": "j",
+    "ѕ": "s",
+    "һ": "h",
+    "ԁ": "d",
+    "ɡ": "g",
+    "ո": "n",
+    "ı": "i",
+    "А": "A",
+    "В": "B",
+    "Е": "E",
+    "К": "K",
+    "М": "M",
+    "Н": "H",
+    "О": "O",
+    "Р": "P",
+    "С": "C",
+    "Т": "T",
+    "Х": "X",
+    "І": "I",
+    "Ѕ": "S",
+    "Ј": "J",
+    "ο": "o",
+    "α": "a",
+    "ε": "e",
+    "ι": "i",
+    "ν": "v",
+    "τ": "t",
+    "κ": "k",
+    "ρ": "p",
+    "Α": "A",
+    "Β": "B",
+    "Ε": "E",
+    "Ι": "I",
+    "Κ": "K",
+    "Μ": "M",
+    "Ν": "N",
+    "Ο": "O",
+    "Ρ": "P",
+    "Τ": "T",
+    "Χ": "X",
 }
 _NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
 # a word split letter by letter with one separator ("I-g-n-o-r-e", "i.g.n.o.r.e", "i_g_n_o_r_e"): at least four
@@ -151,8 +195,13 @@ class Finding:
         return RULE_CATEGORIES.get(self.rule, "other")
 
     def to_dict(self) -> dict:
-        return {"rule": self.rule, "category": self.category, "start": self.start, "end": self.end,
-                "excerpt": self.excerpt}
+        return {
+            "rule": self.rule,
+            "category": self.category,
+            "start": self.start,
+            "end": self.end,
+            "excerpt": self.excerpt,
+        }
 
 
 def _excerpt(text: str, start: int, end: int, limit: int = 120) -> str:
@@ -189,29 +238,91 @@ def _alt(words: Iterable[str], leet: bool = False) -> str:
 _TAIL = r"[^\n.!?。！？]{0,300}[.!?。！？]?"
 _TAIL_ZH = r"[^\n。！？!?]{0,200}[。！？!?]?"
 
-_IGNORE_VERBS = _alt(["ignore", "disregard", "forget", "skip", "bypass", "override", "overrule", "discard", "neglect",
-                      "abandon"], leet=True)
-_IGNORE_VERB_PHRASES = r"(?:set\s+aside|throw\s+away|pay\s+no\s+attention\s+to|do\s+not\s+follow|don'?t\s+follow|" \
-                       r"stop\s+following|no\s+longer\s+follow|do\s+not\s+obey|don'?t\s+obey|stop\s+obeying)"
+_IGNORE_VERBS = _alt(
+    ["ignore", "disregard", "forget", "skip", "bypass", "override", "overrule", "discard", "neglect", "abandon"],
+    leet=True,
+)
+_IGNORE_VERB_PHRASES = (
+    r"(?:set\s+aside|throw\s+away|pay\s+no\s+attention\s+to|do\s+not\s+follow|don'?t\s+follow|"
+    r"stop\s+following|no\s+longer\s+follow|do\s+not\s+obey|don'?t\s+obey|stop\s+obeying)"
+)
 _DETS = r"(?:(?:[a4@][l1|][l1|]|any|and|every|each|the|your|my|of|these|those|its|our)\s+){0,4}"
-_ADJS = _alt(["previous", "prior", "preceding", "above", "earlier", "foregoing", "former", "initial", "original",
-              "old", "system", "developer", "pre-?set", "past", "safety", "above-?mentioned", "aforementioned",
-              "built-?in", "hidden", "openai", "anthropic"], leet=True)
-_OBJECTS = _alt(["instructions?", "prompts?", "directions?", "directives?", "commands?", "guidelines?", "rules?",
-                 "context", "messages?", "conversation", "constraints?", "restrictions?", "guardrails?", "programming",
-                 "training", "policies", "policy", "text", "inputs?", "tasks?", "settings"], leet=True)
+_ADJS = _alt(
+    [
+        "previous",
+        "prior",
+        "preceding",
+        "above",
+        "earlier",
+        "foregoing",
+        "former",
+        "initial",
+        "original",
+        "old",
+        "system",
+        "developer",
+        "pre-?set",
+        "past",
+        "safety",
+        "above-?mentioned",
+        "aforementioned",
+        "built-?in",
+        "hidden",
+        "openai",
+        "anthropic",
+    ],
+    leet=True,
+)
+_OBJECTS = _alt(
+    [
+        "instructions?",
+        "prompts?",
+        "directions?",
+        "directives?",
+        "commands?",
+        "guidelines?",
+        "rules?",
+        "context",
+        "messages?",
+        "conversation",
+        "constraints?",
+        "restrictions?",
+        "guardrails?",
+        "programming",
+        "training",
+        "policies",
+        "policy",
+        "text",
+        "inputs?",
+        "tasks?",
+        "settings",
+    ],
+    leet=True,
+)
 
 _RULE_SPECS: list[dict] = []
-_T_IGNORE = (r"gn[o0]r|[e3]g[a4@]rd|rg[e3]t|skip|bypass|overr|scard|glect|bandon"
-             r"|set\s+aside|throw\s+away|no\s+attention|t\s+follow|stop\s+follow|longer\s+follow|t\s+obey|stop\s+obey")
+_T_IGNORE = (
+    r"gn[o0]r|[e3]g[a4@]rd|rg[e3]t|skip|bypass|overr|scard|glect|bandon"
+    r"|set\s+aside|throw\s+away|no\s+attention|t\s+follow|stop\s+follow|longer\s+follow|t\s+obey|stop\s+obey"
+)
 
 
 _TRIGGERS: dict[str, re.Pattern] = {}
 
 
-def _rule(name: str, category: str, pattern: str, flags: int = re.IGNORECASE, target: str = "norm",
-          check: Callable[[re.Match], bool] | None = None, description: str = "", trigger: str | None = None,
-          back: int = 80, words_back: int | None = None, needs: str | None = None) -> None:
+def _rule(
+    name: str,
+    category: str,
+    pattern: str,
+    flags: int = re.IGNORECASE,
+    target: str = "norm",
+    check: Callable[[re.Match], bool] | None = None,
+    description: str = "",
+    trigger: str | None = None,
+    back: int = 80,
+    words_back: int | None = None,
+    needs: str | None = None,
+) -> None:
     """Register a rule.
 
     ``trigger``: a cheap pattern on the lower-cased normalised text that every match contains, at most ``back``
@@ -222,87 +333,143 @@ def _rule(name: str, category: str, pattern: str, flags: int = re.IGNORECASE, ta
     """
     if trigger is not None and trigger not in _TRIGGERS:
         _TRIGGERS[trigger] = re.compile(trigger)
-    _RULE_SPECS.append({"name": name, "category": category, "regex": re.compile(pattern, flags), "target": target,
-                        "check": check, "description": description, "trigger": trigger, "back": back,
-                        "words_back": words_back, "needs": needs})
+    _RULE_SPECS.append(
+        {
+            "name": name,
+            "category": category,
+            "regex": re.compile(pattern, flags),
+            "target": target,
+            "check": check,
+            "description": description,
+            "trigger": trigger,
+            "back": back,
+            "words_back": words_back,
+            "needs": needs,
+        }
+    )
 
 
 # ---- override phrases (English) ----
-_rule("override_ignore_previous", "override",
-      rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+{_DETS}(?:{_ADJS}(?:\s*(?:and|&|or|,)\s*{_ADJS})?\s+{_OBJECTS}"
-      rf"|(?:all|your|any)\s+(?:of\s+)?(?:your\s+|the\s+)?{_OBJECTS}(?:\s+(?:above|before|so\s+far|given|you\s+(?:were|have\s+been)\s+given))?)\b{_TAIL}",
-      description="ignore/disregard/forget + (all|previous|prior|above|system…) + instructions/prompts/rules…",
-      trigger=_T_IGNORE, words_back=3)
-_rule("override_ignore_above", "override",
-      rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+(?:"
-      r"(?:everything|anything|all)(?:\s+(?:that|which))?(?:\s+(?:was|is|has\s+been|you\s+(?:were|have\s+been|'ve\s+been)))?"
-      r"\s+(?:said|written|told|stated|given|mentioned|above|before|previously|earlier|so\s+far|until\s+now|up\s+to\s+now)"
-      r"|what(?:ever)?\s+(?:you\s+(?:were|have\s+been|'ve\s+been)|was|has\s+been)\s+(?:told|said|given|instructed|written)"
-      r"|(?:(?:the|all\s+the)\s+(?:above|text\s+above|content\s+above|preceding)(?:\s+(?:text|content|message|prompt|instructions?))?"
-      r"|(?:everything|all)\s+(?:above|before\s+this|prior\s+to\s+this))(?=\s*(?:[.,;:!\n]|and\b|then\b|$)))"
-      rf"\b{_TAIL}",
-      description="disregard the above / forget everything you were told", trigger=_T_IGNORE, words_back=3)
-_rule("override_new_instructions", "override",
-      r"(?:\b(?:your|the|my)\s+(?:new|real|actual|true|updated|revised)\s+(?:instructions?|task|role|goal|objective|directive|mission|prompt|orders?)\s+(?:is|are|will\s+be|:)"
-      r"|\bnew\s+(?:system\s+)?(?:instructions?|prompt|directives?|rules?)\s*[:：]"
-      r"|\b(?:updated|revised|overriding|priority|emergency|important)\s+(?:system\s+)?instructions?\s*[:：]"
-      r"|\bfrom\s+now\s+on,?\s+(?:you|u)\s+(?:are|will|must|shall|should|respond|answer|act|only|have\s+to|need\s+to|can)\b"
-      r"|\binstead,?\s+(?:you\s+(?:must|should|will)\s+)?(?:respond|reply|answer|say|output|print|write)\s+(?:only\s+)?(?:with\s+)?(?:the\s+(?:word|phrase|text|string)|exactly|[\"'“]))"
-      rf"{_TAIL}",
-      description="your new instructions are / from now on you … / instead respond with",
-      trigger=r"instruction|task|role|goal|objective|directive|mission|prompt|order|rule|from\s+now|instead", words_back=4)
-_rule("persona_switch", "override",
-      r"(?:\byou\s+are\s+(?:now|no\s+longer)\s+(?:an?\s+|the\s+|my\s+)?(?:(?:unrestricted|unfiltered|uncensored|evil|jailbroken|different|new|rogue|free|malicious)\s+)?"
-      r"(?:AI|assistant|chatbot|bot|model|language\s+model|LLM|DAN|persona|character|hacker|restricted|bound\s+by|required\s+to|in\s+(?:developer|dan|god|debug|admin|jailbreak|unrestricted|sudo)\s+mode)"
-      r"|\b(?:pretend|imagine)\s+(?:to\s+be|you\s+are|that\s+you\s+are|you're)\s+(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|evil|jailbroken|rogue|AI|assistant|chatbot|DAN|language\s+model|different\s+(?:AI|assistant|model))"
-      r"|\b(?:act|behave|respond)\s+as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|jailbroken|evil|rogue|DAN|AI\s+(?:with(?:out)?|that))"
-      r"|\bdo\s+anything\s+now\b"
-      r"|\b(?:enable|activate|enter|switch\s+to)\s+(?:developer|dan|god|jailbreak|unrestricted|sudo|admin|debug)\s+mode"
-      r"|\b(?:developer|dan|god|jailbreak|unrestricted|sudo)\s+mode\s+(?:is\s+)?(?:enabled|activated|on|engaged))"
-      rf"{_TAIL}",
-      description="you are now DAN / pretend you are an unrestricted AI / developer mode enabled",
-      trigger=r"you\s+are\s+(?:now|no)|pretend|imagine|act\s+as|behave\s+as|respond\s+as|anything\s+now|mode", words_back=3)
-_rule("prompt_exfiltration", "override",
-      r"(?:\b(?:reveal|print|show|output|repeat|display|disclose|leak|tell\s+me|give\s+me|send|share|write\s+out|spell\s+out|dump|echo|list|translate)\s+"
-      r"(?:me\s+|us\s+)?(?:(?:all|the|your|any|of|full|entire|complete|exact|verbatim)\s+){0,4}"
-      r"(?:(?:original|hidden|secret|initial|internal|previous|prior|confidential)\s+)*"
-      r"(?:system\s+(?:prompt|message|instructions?)|(?:initial|original|hidden|secret|internal|confidential)\s+(?:prompt|instructions?)|"
-      r"instructions\s+(?:above|you\s+were\s+given)|api[\s_-]?keys?|conversation\s+history|chat\s+history|prompt\s+above)"
-      r"|\bwhat\s+(?:is|was|are|were)\s+your\s+(?:system\s+prompt|initial\s+instructions|original\s+instructions|instructions))"
-      rf"{_TAIL}",
-      description="reveal your system prompt / print the hidden instructions",
-      trigger=r"system|prompt|instruction|api|history", words_back=10)
-_rule("ai_addressed_directive", "override",
-      r"(?:\b(?:note|message|instructions?|attention|notice|important|reminder|directive|memo|hint)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?"
-      r"(?:AI|A\.I\.|AI\s+assistants?|(?:large\s+)?language\s+models?|LLMs?|chatbots?|GPT|ChatGPT|Claude|Gemini|AI\s+models?|AI\s+systems?|AI\s+agents?)\b"
-      r"|\bif\s+you\s+are\s+(?:an?\s+)?(?:AI|LLM|(?:large\s+)?language\s+model|assistant|chatbot|GPT|bot|AI\s+(?:model|system|agent|assistant))\b"
-      r"|\b(?:AI|assistant|LLM|language\s+model|chatbot)s?\s+(?:reading|processing|summari[sz]ing|analy[sz]ing|reviewing)\s+(?:this|these)"
-      r"|\bas\s+an?\s+(?:AI|language\s+model|assistant),?\s+you\s+(?:must|should|will|are\s+required|have\s+to))"
-      rf"{_TAIL}",
-      description="note to the AI / if you are an LLM …",
-      trigger=r"ai\b|a\.i\.|assistant|language\s+model|llm|chatbot|gpt|claude|gemini|bots?\b|agent", words_back=5)
-_rule("conceal_from_user", "override",
-      r"\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)\s+"
-      r"(?:(?:this|these\s+instructions|the\s+instructions|anything\s+about\s+this|it)\s+)?(?:to\s+)?the\s+(?:user|human|reader)\s+"
-      r"(?:that|about|know|of|what)\b"
-      rf"{_TAIL}"
-      r"|\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose)\s+(?:this|these\s+instructions|the\s+instructions)\s+to\s+(?:the\s+)?(?:user|human)\b"
-      rf"{_TAIL}",
-      description="do not tell the user about this",
-      trigger=r"(?:not|n't|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)", words_back=1)
-_rule("attack_payload_marker", "override", r"\b(?:HACKED|PWNED|I\s+have\s+been\s+PWNED|I\s+have\s+been\s+hacked)\b",
-      flags=0, description="canonical payload words of injection tests (upper-case HACKED, PWNED)",
-      trigger=r"hacked|pwned", words_back=3)
-_rule("exfil_markdown_image", "override",
-      r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{0,200}[?&][\w.-]{1,30}=(?:\{|%7B|\[|<|\$)[^)\n]{0,200}\)",
-      description="markdown image whose URL carries a template placeholder (data exfiltration)", trigger=r"!\[", back=0)
-_rule("spaced_letters_override", "override",
-      r"\b(?:i[\W_]{1,3}g[\W_]{1,3}n[\W_]{1,3}o[\W_]{1,3}r[\W_]{1,3}e|d[\W_]{1,3}i[\W_]{1,3}s[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}g[\W_]{1,3}a[\W_]{1,3}r[\W_]{1,3}d)"
-      r"[\W_]{1,5}(?:(?:a[\W_]{1,3}l[\W_]{1,3}l|p[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}v|p[\W_]{1,3}r[\W_]{1,3}i[\W_]{1,3}o[\W_]{1,3}r)|i[\W_]{1,3}n[\W_]{1,3}s[\W_]{1,3}t"
-      r"|(?:all|any|the|your|previous|prior|earlier|above)\s+(?:(?:the|of|your|previous|prior|earlier)\s+){0,2}"
-      r"(?:instructions?|prompts?|rules|directions|guidelines))"
-      rf"{_TAIL}",
-      description="letter-by-letter 'i g n o r e  a l l …'", trigger=r"[id][^a-z0-9\n]{1,3}[gi][^a-z0-9\n]{1,3}[ns]", back=2)
+_rule(
+    "override_ignore_previous",
+    "override",
+    rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+{_DETS}(?:{_ADJS}(?:\s*(?:and|&|or|,)\s*{_ADJS})?\s+{_OBJECTS}"
+    rf"|(?:all|your|any)\s+(?:of\s+)?(?:your\s+|the\s+)?{_OBJECTS}(?:\s+(?:above|before|so\s+far|given|you\s+(?:were|have\s+been)\s+given))?)\b{_TAIL}",
+    description="ignore/disregard/forget + (all|previous|prior|above|system…) + instructions/prompts/rules…",
+    trigger=_T_IGNORE,
+    words_back=3,
+)
+_rule(
+    "override_ignore_above",
+    "override",
+    rf"\b(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES})\s+(?:"
+    r"(?:everything|anything|all)(?:\s+(?:that|which))?(?:\s+(?:was|is|has\s+been|you\s+(?:were|have\s+been|'ve\s+been)))?"
+    r"\s+(?:said|written|told|stated|given|mentioned|above|before|previously|earlier|so\s+far|until\s+now|up\s+to\s+now)"
+    r"|what(?:ever)?\s+(?:you\s+(?:were|have\s+been|'ve\s+been)|was|has\s+been)\s+(?:told|said|given|instructed|written)"
+    r"|(?:(?:the|all\s+the)\s+(?:above|text\s+above|content\s+above|preceding)(?:\s+(?:text|content|message|prompt|instructions?))?"
+    r"|(?:everything|all)\s+(?:above|before\s+this|prior\s+to\s+this))(?=\s*(?:[.,;:!\n]|and\b|then\b|$)))"
+    rf"\b{_TAIL}",
+    description="disregard the above / forget everything you were told",
+    trigger=_T_IGNORE,
+    words_back=3,
+)
+_rule(
+    "override_new_instructions",
+    "override",
+    r"(?:\b(?:your|the|my)\s+(?:new|real|actual|true|updated|revised)\s+(?:instructions?|task|role|goal|objective|directive|mission|prompt|orders?)\s+(?:is|are|will\s+be|:)"
+    r"|\bnew\s+(?:system\s+)?(?:instructions?|prompt|directives?|rules?)\s*[:：]"
+    r"|\b(?:updated|revised|overriding|priority|emergency|important)\s+(?:system\s+)?instructions?\s*[:：]"
+    r"|\bfrom\s+now\s+on,?\s+(?:you|u)\s+(?:are|will|must|shall|should|respond|answer|act|only|have\s+to|need\s+to|can)\b"
+    r"|\binstead,?\s+(?:you\s+(?:must|should|will)\s+)?(?:respond|reply|answer|say|output|print|write)\s+(?:only\s+)?(?:with\s+)?(?:the\s+(?:word|phrase|text|string)|exactly|[\"'“]))"
+    rf"{_TAIL}",
+    description="your new instructions are / from now on you … / instead respond with",
+    trigger=r"instruction|task|role|goal|objective|directive|mission|prompt|order|rule|from\s+now|instead",
+    words_back=4,
+)
+_rule(
+    "persona_switch",
+    "override",
+    r"(?:\byou\s+are\s+(?:now|no\s+longer)\s+(?:an?\s+|the\s+|my\s+)?(?:(?:unrestricted|unfiltered|uncensored|evil|jailbroken|different|new|rogue|free|malicious)\s+)?"
+    r"(?:AI|assistant|chatbot|bot|model|language\s+model|LLM|DAN|persona|character|hacker|restricted|bound\s+by|required\s+to|in\s+(?:developer|dan|god|debug|admin|jailbreak|unrestricted|sudo)\s+mode)"
+    r"|\b(?:pretend|imagine)\s+(?:to\s+be|you\s+are|that\s+you\s+are|you're)\s+(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|evil|jailbroken|rogue|AI|assistant|chatbot|DAN|language\s+model|different\s+(?:AI|assistant|model))"
+    r"|\b(?:act|behave|respond)\s+as\s+(?:if\s+you\s+(?:are|were)\s+)?(?:an?\s+)?(?:unrestricted|unfiltered|uncensored|jailbroken|evil|rogue|DAN|AI\s+(?:with(?:out)?|that))"
+    r"|\bdo\s+anything\s+now\b"
+    r"|\b(?:enable|activate|enter|switch\s+to)\s+(?:developer|dan|god|jailbreak|unrestricted|sudo|admin|debug)\s+mode"
+    r"|\b(?:developer|dan|god|jailbreak|unrestricted|sudo)\s+mode\s+(?:is\s+)?(?:enabled|activated|on|engaged))"
+    rf"{_TAIL}",
+    description="you are now DAN / pretend you are an unrestricted AI / developer mode enabled",
+    trigger=r"you\s+are\s+(?:now|no)|pretend|imagine|act\s+as|behave\s+as|respond\s+as|anything\s+now|mode",
+    words_back=3,
+)
+_rule(
+    "prompt_exfiltration",
+    "override",
+    r"(?:\b(?:reveal|print|show|output|repeat|display|disclose|leak|tell\s+me|give\s+me|send|share|write\s+out|spell\s+out|dump|echo|list|translate)\s+"
+    r"(?:me\s+|us\s+)?(?:(?:all|the|your|any|of|full|entire|complete|exact|verbatim)\s+){0,4}"
+    r"(?:(?:original|hidden|secret|initial|internal|previous|prior|confidential)\s+)*"
+    r"(?:system\s+(?:prompt|message|instructions?)|(?:initial|original|hidden|secret|internal|confidential)\s+(?:prompt|instructions?)|"
+    r"instructions\s+(?:above|you\s+were\s+given)|api[\s_-]?keys?|conversation\s+history|chat\s+history|prompt\s+above)"
+    r"|\bwhat\s+(?:is|was|are|were)\s+your\s+(?:system\s+prompt|initial\s+instructions|original\s+instructions|instructions))"
+    rf"{_TAIL}",
+    description="reveal your system prompt / print the hidden instructions",
+    trigger=r"system|prompt|instruction|api|history",
+    words_back=10,
+)
+_rule(
+    "ai_addressed_directive",
+    "override",
+    r"(?:\b(?:note|message|instructions?|attention|notice|important|reminder|directive|memo|hint)\s+(?:to|for)\s+(?:the\s+|any\s+|all\s+)?"
+    r"(?:AI|A\.I\.|AI\s+assistants?|(?:large\s+)?language\s+models?|LLMs?|chatbots?|GPT|ChatGPT|Claude|Gemini|AI\s+models?|AI\s+systems?|AI\s+agents?)\b"
+    r"|\bif\s+you\s+are\s+(?:an?\s+)?(?:AI|LLM|(?:large\s+)?language\s+model|assistant|chatbot|GPT|bot|AI\s+(?:model|system|agent|assistant))\b"
+    r"|\b(?:AI|assistant|LLM|language\s+model|chatbot)s?\s+(?:reading|processing|summari[sz]ing|analy[sz]ing|reviewing)\s+(?:this|these)"
+    r"|\bas\s+an?\s+(?:AI|language\s+model|assistant),?\s+you\s+(?:must|should|will|are\s+required|have\s+to))"
+    rf"{_TAIL}",
+    description="note to the AI / if you are an LLM …",
+    trigger=r"ai\b|a\.i\.|assistant|language\s+model|llm|chatbot|gpt|claude|gemini|bots?\b|agent",
+    words_back=5,
+)
+_rule(
+    "conceal_from_user",
+    "override",
+    r"\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)\s+"
+    r"(?:(?:this|these\s+instructions|the\s+instructions|anything\s+about\s+this|it)\s+)?(?:to\s+)?the\s+(?:user|human|reader)\s+"
+    r"(?:that|about|know|of|what)\b"
+    rf"{_TAIL}"
+    r"|\b(?:do\s+not|don'?t|never)\s+(?:tell|inform|mention|reveal|disclose)\s+(?:this|these\s+instructions|the\s+instructions)\s+to\s+(?:the\s+)?(?:user|human)\b"
+    rf"{_TAIL}",
+    description="do not tell the user about this",
+    trigger=r"(?:not|n't|never)\s+(?:tell|inform|mention|reveal|disclose|show|let)",
+    words_back=1,
+)
+_rule(
+    "attack_payload_marker",
+    "override",
+    r"\b(?:HACKED|PWNED|I\s+have\s+been\s+PWNED|I\s+have\s+been\s+hacked)\b",
+    flags=0,
+    description="canonical payload words of injection tests (upper-case HACKED, PWNED)",
+    trigger=r"hacked|pwned",
+    words_back=3,
+)
+_rule(
+    "exfil_markdown_image",
+    "override",
+    r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{0,200}[?&][\w.-]{1,30}=(?:\{|%7B|\[|<|\$)[^)\n]{0,200}\)",
+    description="markdown image whose URL carries a template placeholder (data exfiltration)",
+    trigger=r"!\[",
+    back=0,
+)
+_rule(
+    "spaced_letters_override",
+    "override",
+    r"\b(?:i[\W_]{1,3}g[\W_]{1,3}n[\W_]{1,3}o[\W_]{1,3}r[\W_]{1,3}e|d[\W_]{1,3}i[\W_]{1,3}s[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}g[\W_]{1,3}a[\W_]{1,3}r[\W_]{1,3}d)"
+    r"[\W_]{1,5}(?:(?:a[\W_]{1,3}l[\W_]{1,3}l|p[\W_]{1,3}r[\W_]{1,3}e[\W_]{1,3}v|p[\W_]{1,3}r[\W_]{1,3}i[\W_]{1,3}o[\W_]{1,3}r)|i[\W_]{1,3}n[\W_]{1,3}s[\W_]{1,3}t"
+    r"|(?:all|any|the|your|previous|prior|earlier|above)\s+(?:(?:the|of|your|previous|prior|earlier)\s+){0,2}"
+    r"(?:instructions?|prompts?|rules|directions|guidelines))"
+    rf"{_TAIL}",
+    description="letter-by-letter 'i g n o r e  a l l …'",
+    trigger=r"[id][^a-z0-9\n]{1,3}[gi][^a-z0-9\n]{1,3}[ns]",
+    back=2,
+)
 
 # ---- exfiltration, tool calls, persona jailbreaks, task hijacking (issue 21: styles the first rules missed) ----
 # An instruction to send data somewhere: an imperative send verb (sentence start, or after please/then/and/can you),
@@ -311,140 +478,235 @@ _rule("spaced_letters_override", "override",
 # within one sentence: a full stop only inside a host name or number (www.bank.com, 2.5)
 _IN_SENTENCE = r"(?:[^\n.!?]|\.(?=\S))"
 _SEND = r"(?:send|e-?mail|forward|upload|post|transmit|share|leak|exfiltrate)"
-_IMPERATIVE_LEAD = (r"(?:^|(?<=[.!?:;])\s+|\n\s*|(?://|#)\s*(?:TODO|FIXME)?:?\s*|\b(?:please|then|and\s+then|also|now|"
-                    r"and|can\s+you|could\s+you|you\s+(?:must|should|will)|instructions?\s*:)\s+)")
-_DATA = (r"(?:(?:the|all|any|every|my|your|their|his|her|its|this|these|those|our|user'?s?|the\s+user'?s?|real|full|"
-         r"entire|complete|saved|stored|private|personal|confidential|new)\s+){0,4}"
-         r"(?:passwords?|pass\s*codes?|credentials?|api\s*keys?|tokens?|secrets?|source\s+code|code|files?|data|contents?|"
-         r"information|details|conversation|chat|history|summary|records?|names?|messages?|e-?mails?|addresses|"
-         r"documents?|notes|results?|answers?|logs?)")
-_DESTINATION = (r"(?:[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://\S+|(?:www\.)?[\w-]+\.(?:com|net|org|io|edu|ru|cn|xyz|info|co|me|app|dev)"
-                r"(?:/\S*)?|\S+\.(?:com|net|org|io)/\S*)")
-_rule("exfiltration_instruction", "override",
-      rf"{_IMPERATIVE_LEAD}(?:please\s+)?{_SEND}\s+(?:(?:back|over|out|along)\s+)?(?:me\s+)?{_DATA}\b{_IN_SENTENCE}{{0,80}}?"
-      rf"\b(?:to|with|at|into|on)\s*[:'\"(\[]*\s*(?:my\s+(?:alternate\s+|other\s+|personal\s+)?(?:e-?mail\s+)?(?:address\s*)?,?\s*)?{_DESTINATION}"
-      rf"{_TAIL}"
-      r"|\b(?:trigger|make|send|issue|perform|execute|fire)\s+(?:a|an|the)\s+(?:URL|HTTP|GET|POST|web|fetch)\s+(?:query|request|call)\s+to\b"
-      rf"{_TAIL}",
-      description="send/e-mail/upload <data> to <e-mail address | URL> as an instruction; trigger a URL query to …",
-      trigger=r"(?:send|mail|forward|upload|post|transmit|share|leak|exfiltrate)\s|"
-              r"(?:url|http|get|post|web|fetch)\s+(?:query|request|call)\s+to", back=40)
-_rule("tool_call_instruction", "override",
-      r"\b(?:use|using|call|calling|invoke|invoking|run|running|trigger|with)\s+(?:the\s+|your\s+)?`?[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+`?"
-      r"\s+(?:tool|function|action|plugin|command|api|endpoint)\b"
-      r"|\b(?:use|call|invoke)\s+(?:the\s+|a\s+|your\s+)?(?:tools?|functions?|plugins?|browsing|fetch\s+tool|search\s+tool)\s+"
-      r"(?:to\s+(?:send|e-?mail|upload|post|delete|transfer|share|exfiltrate|fetch|visit|open)|from\s+now\s+on)"
-      rf"{_TAIL}",
-      description="use the send_email function / use a tool to send … / use a tool from now on",
-      trigger=r"_[a-z0-9]+`?\s+(?:tool|function|action|plugin|command|api|endpoint)|"
-              r"(?:tools?|functions?|plugins?|browsing|fetch\s+tool|search\s+tool)\s+(?:to\s|from\s+now)", back=100)
-_rule("persona_jailbreak", "override",
-      r"(?:\bimmerse\s+yourself\s+(?:in(?:to)?\s+)?(?:the\s+)?role\b"
-      r"|\b(?:another|an?)\s+(?:AI|artificial\s+intelligence)\s+(?:model|assistant|chatbot)\s+(?:known\s+as|called|named)\b"
-      r"|\b(?:unfiltered|amoral|uncensored|unrestricted|unhinged|jailbroken)\s+(?:and\s+\w+\s+)?(?:AI|chatbot|assistant|model|language\s+model|bot)\b"
-      r"|\bsimulate\s+(?:a\s+|the\s+)?(?:developer|dan|jailbreak|god|unrestricted)\s+mode\b"
-      r"|\b(?:developer|dan|jailbreak)\s+mode\s+(?:output|responses?|enabled)\b"
-      r"|\byou\s+are\s+(?:going\s+)?to\s+(?:act|pretend|roleplay|role-play)\s+(?:as|to\s+be)\b"
-      r")"
-      rf"{_TAIL}",
-      description="immerse yourself in the role of … / an AI model known as DAN / unfiltered and amoral chatbot / "
-                  "simulate Developer Mode / you are going to pretend to be",
-      trigger=r"immerse|(?:ai|intelligence)\s+(?:model|assistant|chatbot)\s+(?:known|called|named)|unfiltered|amoral|"
-              r"uncensored|unrestricted|unhinged|jailbroken|simulate|mode\s+(?:output|response|enabled)|"
-              r"(?:going\s+to|you\s+are\s+to)\s+(?:act|pretend|role)", back=60)
-_rule("response_hijack", "override",
-      r"(?:(?:^|(?<=[.!?:;\"])\s*|\n\s*)(?:please\s+)?(?:encode|translate|reverse|modify|alter|add|append|use)"
-      r"|(?-i:(?:Please\s+)?(?:Encode|Translate|Reverse|Modify|Alter|Add|Append|Use)))\b"
-      rf"{_IN_SENTENCE}{{0,100}}?\b(?:in|to|into|of|for|with|from)\s+your\s+(?:response|reply|answer|output)s?\b"
-      r"|\bin\s+your\s+(?:response|reply|answer|output),?\s+(?:suggest|include|mention|add|say|state|tell|write|promote|claim|insert)\b"
-      r"|(?:(?:^|(?<=[.!?:;])\s*|\n\s*)(?:please\s+)?(?:reverse|encode|translate|modify)|(?-i:Reverse|Encode|Translate|Modify))"
-      r"\s+your\s+(?:response|reply|answer|output)"
-      rf"{_TAIL}",
-      description="an instruction about the model's own answer: encode/translate/modify your response, add … to your "
-                  "reply (BIPIA's task hijacks)",
-      trigger=r"your\s+(?:response|reply|answer|output)", back=120)
+_IMPERATIVE_LEAD = (
+    r"(?:^|(?<=[.!?:;])\s+|\n\s*|(?://|#)\s*(?:TODO|FIXME)?:?\s*|\b(?:please|then|and\s+then|also|now|"
+    r"and|can\s+you|could\s+you|you\s+(?:must|should|will)|instructions?\s*:)\s+)"
+)
+_DATA = (
+    r"(?:(?:the|all|any|every|my|your|their|his|her|its|this|these|those|our|user'?s?|the\s+user'?s?|real|full|"
+    r"entire|complete|saved|stored|private|personal|confidential|new)\s+){0,4}"
+    r"(?:passwords?|pass\s*codes?|credentials?|api\s*keys?|tokens?|secrets?|source\s+code|code|files?|data|contents?|"
+    r"information|details|conversation|chat|history|summary|records?|names?|messages?|e-?mails?|addresses|"
+    r"documents?|notes|results?|answers?|logs?)"
+)
+_DESTINATION = (
+    r"(?:[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://\S+|(?:www\.)?[\w-]+\.(?:com|net|org|io|edu|ru|cn|xyz|info|co|me|app|dev)"
+    r"(?:/\S*)?|\S+\.(?:com|net|org|io)/\S*)"
+)
+_rule(
+    "exfiltration_instruction",
+    "override",
+    rf"{_IMPERATIVE_LEAD}(?:please\s+)?{_SEND}\s+(?:(?:back|over|out|along)\s+)?(?:me\s+)?{_DATA}\b{_IN_SENTENCE}{{0,80}}?"
+    rf"\b(?:to|with|at|into|on)\s*[:'\"(\[]*\s*(?:my\s+(?:alternate\s+|other\s+|personal\s+)?(?:e-?mail\s+)?(?:address\s*)?,?\s*)?{_DESTINATION}"
+    rf"{_TAIL}"
+    r"|\b(?:trigger|make|send|issue|perform|execute|fire)\s+(?:a|an|the)\s+(?:URL|HTTP|GET|POST|web|fetch)\s+(?:query|request|call)\s+to\b"
+    rf"{_TAIL}",
+    description="send/e-mail/upload <data> to <e-mail address | URL> as an instruction; trigger a URL query to …",
+    trigger=r"(?:send|mail|forward|upload|post|transmit|share|leak|exfiltrate)\s|"
+    r"(?:url|http|get|post|web|fetch)\s+(?:query|request|call)\s+to",
+    back=40,
+)
+_rule(
+    "tool_call_instruction",
+    "override",
+    r"\b(?:use|using|call|calling|invoke|invoking|run|running|trigger|with)\s+(?:the\s+|your\s+)?`?[A-Za-z][A-Za-z0-9]*(?:_[A-Za-z0-9]+)+`?"
+    r"\s+(?:tool|function|action|plugin|command|api|endpoint)\b"
+    r"|\b(?:use|call|invoke)\s+(?:the\s+|a\s+|your\s+)?(?:tools?|functions?|plugins?|browsing|fetch\s+tool|search\s+tool)\s+"
+    r"(?:to\s+(?:send|e-?mail|upload|post|delete|transfer|share|exfiltrate|fetch|visit|open)|from\s+now\s+on)"
+    rf"{_TAIL}",
+    description="use the send_email function / use a tool to send … / use a tool from now on",
+    trigger=r"_[a-z0-9]+`?\s+(?:tool|function|action|plugin|command|api|endpoint)|"
+    r"(?:tools?|functions?|plugins?|browsing|fetch\s+tool|search\s+tool)\s+(?:to\s|from\s+now)",
+    back=100,
+)
+_rule(
+    "persona_jailbreak",
+    "override",
+    r"(?:\bimmerse\s+yourself\s+(?:in(?:to)?\s+)?(?:the\s+)?role\b"
+    r"|\b(?:another|an?)\s+(?:AI|artificial\s+intelligence)\s+(?:model|assistant|chatbot)\s+(?:known\s+as|called|named)\b"
+    r"|\b(?:unfiltered|amoral|uncensored|unrestricted|unhinged|jailbroken)\s+(?:and\s+\w+\s+)?(?:AI|chatbot|assistant|model|language\s+model|bot)\b"
+    r"|\bsimulate\s+(?:a\s+|the\s+)?(?:developer|dan|jailbreak|god|unrestricted)\s+mode\b"
+    r"|\b(?:developer|dan|jailbreak)\s+mode\s+(?:output|responses?|enabled)\b"
+    r"|\byou\s+are\s+(?:going\s+)?to\s+(?:act|pretend|roleplay|role-play)\s+(?:as|to\s+be)\b"
+    r")"
+    rf"{_TAIL}",
+    description="immerse yourself in the role of … / an AI model known as DAN / unfiltered and amoral chatbot / "
+    "simulate Developer Mode / you are going to pretend to be",
+    trigger=r"immerse|(?:ai|intelligence)\s+(?:model|assistant|chatbot)\s+(?:known|called|named)|unfiltered|amoral|"
+    r"uncensored|unrestricted|unhinged|jailbroken|simulate|mode\s+(?:output|response|enabled)|"
+    r"(?:going\s+to|you\s+are\s+to)\s+(?:act|pretend|role)",
+    back=60,
+)
+_rule(
+    "response_hijack",
+    "override",
+    r"(?:(?:^|(?<=[.!?:;\"])\s*|\n\s*)(?:please\s+)?(?:encode|translate|reverse|modify|alter|add|append|use)"
+    r"|(?-i:(?:Please\s+)?(?:Encode|Translate|Reverse|Modify|Alter|Add|Append|Use)))\b"
+    rf"{_IN_SENTENCE}{{0,100}}?\b(?:in|to|into|of|for|with|from)\s+your\s+(?:response|reply|answer|output)s?\b"
+    r"|\bin\s+your\s+(?:response|reply|answer|output),?\s+(?:suggest|include|mention|add|say|state|tell|write|promote|claim|insert)\b"
+    r"|(?:(?:^|(?<=[.!?:;])\s*|\n\s*)(?:please\s+)?(?:reverse|encode|translate|modify)|(?-i:Reverse|Encode|Translate|Modify))"
+    r"\s+your\s+(?:response|reply|answer|output)"
+    rf"{_TAIL}",
+    description="an instruction about the model's own answer: encode/translate/modify your response, add … to your "
+    "reply (BIPIA's task hijacks)",
+    trigger=r"your\s+(?:response|reply|answer|output)",
+    back=120,
+)
 
 # ---- override phrases (Chinese, simplified and traditional) ----
 _ZH_VERBS = "(?:忽略|无视|無視|忽视|忽視|忘记|忘記|忘掉|不要理会|不要理會|不要理睬|别理会|別理會|不要遵守|不要遵循|不再遵守|不再遵循|停止遵循|停止遵守|抛弃|拋棄|丢弃|丟棄|放弃|放棄|跳过|跳過|覆盖|覆蓋|取消|撤销|撤銷|清除)"
 _ZH_SCOPE = "(?:之前|以前|先前|此前|上面|上述|以上|前面|前述|原来|原來|原有|原先|所有|全部|一切|系统|系統|开发者|開發者|你的|您的|我的|这些|這些|那些|已有|现有|現有|默认|默認)"
 _ZH_OBJECTS = "(?:指令|指示|提示词|提示詞|提示|说明|說明|规则|規則|要求|设定|設定|命令|内容|內容|对话|對話|限制|约束|約束|安全准则|安全準則|准则|準則|任务|任務|信息|訊息)"
-_rule("override_ignore_previous_zh", "override",
-      rf"{_ZH_VERBS}\s*(?:掉|了)?\s*(?:你|您)?\s*{_ZH_SCOPE}[^。！？\n]{{0,12}}?{_ZH_OBJECTS}{_TAIL_ZH}", flags=0,
-      description="忽略之前的所有指令 / 无视以上规则 …", needs="cjk")
-_rule("persona_switch_zh", "override",
-      r"(?:(?:从现在(?:开始|起)|從現在(?:開始|起)|现在起|現在起|接下来|接下來)[，,\s]*(?:你|您)(?:是|将是|將是|要|必须|必須|只能|只需|扮演|作为|作為|就是|不再)"
-      r"|你现在是|你現在是|你现在(?:扮演|作为|作為|的身份是|的角色是)|你現在(?:扮演|的身份是|的角色是)|你不再是"
-      r"|(?:请|請)?(?:扮演|假装|假裝)(?:你是|成|为|為)?(?:一个|一個|一名|一位)?(?:没有|沒有|不受|无|無)[^。\n]{0,10}(?:限制|约束|約束|审查|審查)"
-      r"|(?:开发者|開發者|越狱|越獄|DAN)模式(?:已)?(?:开启|開啟|启用|啟用|激活))"
-      rf"{_TAIL_ZH}", flags=0, description="你现在是… / 从现在开始你是… / 开发者模式已开启", needs="cjk")
-_rule("prompt_exfiltration_zh", "override",
-      r"(?:输出|輸出|显示|顯示|打印|透露|泄露|洩露|泄漏|告诉我|告訴我|重复|重複|展示|给出|給出|列出|翻译|翻譯)[^。\n]{0,8}"
-      r"(?:系统提示|系統提示|系统指令|系統指令|初始指令|原始指令|初始提示|提示词|提示詞|隐藏指令|隱藏指令|系统消息|系統訊息|API\s*密钥|API\s*金鑰)"
-      rf"{_TAIL_ZH}", flags=0, description="输出你的系统提示词", needs="cjk")
-_rule("persona_jailbreak_zh", "override",
-      r"(?:(?:你|您)(?:将|將|会|會)?被[^。\n]{0,40}(?:模型|AI|人工智能|助手|机器人|機器人)[^。\n]{0,6}(?:所)?取代"
-      r"|(?:你|您|模型|AI|助手)[^。\n]{0,10}(?:不受|没有任何|沒有任何|无任何|無任何)[^。\n]{0,4}(?:限制|约束|約束|过滤|過濾|审查|審查)"
-      r"|(?:你|您)(?:绝不会|絕不會|永远不会|永遠不會|不会再|不會再|不得|不可以|不能)(?:提醒|警告|告诉|告訴|拒绝|拒絕)"
-      r"|(?:现在|現在)?(?:增加|添加|新增|加入)(?:一个|一個|一条|一條)?(?:基本的|新的)?(?:规则|規則|指令|设定|設定))"
-      rf"{_TAIL_ZH}", flags=0, description="你将被…模型所取代 / 你不受任何限制 / 你绝不会提醒 / 增加一个规则", needs="cjk")
-_rule("new_instructions_zh", "override",
-      r"(?:新的?(?:指令|指示|任务|任務|规则|規則)\s*[:：]|(?:系统|系統)(?:消息|訊息|提示|指令|通知|覆盖|覆蓋)\s*[:：]"
-      r"|(?:注意|提醒|致)\s*[，,:：]?\s*(?:AI|人工智能|助手|语言模型|語言模型|大模型|模型)\s*[，,:：]"
-      r"|(?:不要|别|別)(?:告诉|告訴|透露给|透露給)用户)"
-      rf"{_TAIL_ZH}", flags=0, description="新指令： / 系统消息： / 注意，AI：", needs="cjk")
+_rule(
+    "override_ignore_previous_zh",
+    "override",
+    rf"{_ZH_VERBS}\s*(?:掉|了)?\s*(?:你|您)?\s*{_ZH_SCOPE}[^。！？\n]{{0,12}}?{_ZH_OBJECTS}{_TAIL_ZH}",
+    flags=0,
+    description="忽略之前的所有指令 / 无视以上规则 …",
+    needs="cjk",
+)
+_rule(
+    "persona_switch_zh",
+    "override",
+    r"(?:(?:从现在(?:开始|起)|從現在(?:開始|起)|现在起|現在起|接下来|接下來)[，,\s]*(?:你|您)(?:是|将是|將是|要|必须|必須|只能|只需|扮演|作为|作為|就是|不再)"
+    r"|你现在是|你現在是|你现在(?:扮演|作为|作為|的身份是|的角色是)|你現在(?:扮演|的身份是|的角色是)|你不再是"
+    r"|(?:请|請)?(?:扮演|假装|假裝)(?:你是|成|为|為)?(?:一个|一個|一名|一位)?(?:没有|沒有|不受|无|無)[^。\n]{0,10}(?:限制|约束|約束|审查|審查)"
+    r"|(?:开发者|開發者|越狱|越獄|DAN)模式(?:已)?(?:开启|開啟|启用|啟用|激活))"
+    rf"{_TAIL_ZH}",
+    flags=0,
+    description="你现在是… / 从现在开始你是… / 开发者模式已开启",
+    needs="cjk",
+)
+_rule(
+    "prompt_exfiltration_zh",
+    "override",
+    r"(?:输出|輸出|显示|顯示|打印|透露|泄露|洩露|泄漏|告诉我|告訴我|重复|重複|展示|给出|給出|列出|翻译|翻譯)[^。\n]{0,8}"
+    r"(?:系统提示|系統提示|系统指令|系統指令|初始指令|原始指令|初始提示|提示词|提示詞|隐藏指令|隱藏指令|系统消息|系統訊息|API\s*密钥|API\s*金鑰)"
+    rf"{_TAIL_ZH}",
+    flags=0,
+    description="输出你的系统提示词",
+    needs="cjk",
+)
+_rule(
+    "persona_jailbreak_zh",
+    "override",
+    r"(?:(?:你|您)(?:将|將|会|會)?被[^。\n]{0,40}(?:模型|AI|人工智能|助手|机器人|機器人)[^。\n]{0,6}(?:所)?取代"
+    r"|(?:你|您|模型|AI|助手)[^。\n]{0,10}(?:不受|没有任何|沒有任何|无任何|無任何)[^。\n]{0,4}(?:限制|约束|約束|过滤|過濾|审查|審查)"
+    r"|(?:你|您)(?:绝不会|絕不會|永远不会|永遠不會|不会再|不會再|不得|不可以|不能)(?:提醒|警告|告诉|告訴|拒绝|拒絕)"
+    r"|(?:现在|現在)?(?:增加|添加|新增|加入)(?:一个|一個|一条|一條)?(?:基本的|新的)?(?:规则|規則|指令|设定|設定))"
+    rf"{_TAIL_ZH}",
+    flags=0,
+    description="你将被…模型所取代 / 你不受任何限制 / 你绝不会提醒 / 增加一个规则",
+    needs="cjk",
+)
+_rule(
+    "new_instructions_zh",
+    "override",
+    r"(?:新的?(?:指令|指示|任务|任務|规则|規則)\s*[:：]|(?:系统|系統)(?:消息|訊息|提示|指令|通知|覆盖|覆蓋)\s*[:：]"
+    r"|(?:注意|提醒|致)\s*[，,:：]?\s*(?:AI|人工智能|助手|语言模型|語言模型|大模型|模型)\s*[，,:：]"
+    r"|(?:不要|别|別)(?:告诉|告訴|透露给|透露給)用户)"
+    rf"{_TAIL_ZH}",
+    flags=0,
+    description="新指令： / 系统消息： / 注意，AI：",
+    needs="cjk",
+)
 
 # ---- role markers and chat-template tokens ----
-_rule("role_marker_line", "role_marker",
-      r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:SYSTEM(?:\s+(?:PROMPT|MESSAGE|OVERRIDE|NOTE|INSTRUCTIONS?|UPDATE|ALERT))?|SYS|DEVELOPER|ADMIN(?:ISTRATOR)?)"
-      r"\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE,
-      description="SYSTEM: / DEVELOPER: / [SYSTEM] at line start (upper case)",
-      trigger=r"sys|developer|admin", back=20)
-_rule("role_marker_assistant", "role_marker",
-      r"^[ \t>*#_\-]*[\[<(]?\s*ASSISTANT\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE,
-      description="a fake ASSISTANT: turn at line start; dropped when the document has 3 or more (a chat transcript)",
-      trigger="assistant", back=20)
+_rule(
+    "role_marker_line",
+    "role_marker",
+    r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:SYSTEM(?:\s+(?:PROMPT|MESSAGE|OVERRIDE|NOTE|INSTRUCTIONS?|UPDATE|ALERT))?|SYS|DEVELOPER|ADMIN(?:ISTRATOR)?)"
+    r"\s*[\])>]?\s*[:：][^\n]{0,300}",
+    flags=re.MULTILINE,
+    description="SYSTEM: / DEVELOPER: / [SYSTEM] at line start (upper case)",
+    trigger=r"sys|developer|admin",
+    back=20,
+)
+_rule(
+    "role_marker_assistant",
+    "role_marker",
+    r"^[ \t>*#_\-]*[\[<(]?\s*ASSISTANT\s*[\])>]?\s*[:：][^\n]{0,300}",
+    flags=re.MULTILINE,
+    description="a fake ASSISTANT: turn at line start; dropped when the document has 3 or more (a chat transcript)",
+    trigger="assistant",
+    back=20,
+)
 TRANSCRIPT_MIN_TURNS = 3
-_rule("role_marker_titled", "role_marker",
-      r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:system\s+(?:prompt|message|override|instructions?|note|update)|developer\s+(?:message|instructions?)|admin(?:istrator)?\s+(?:override|message|instructions?))"
-      r"\s*[\])>]?\s*[:：][^\n]{0,300}", flags=re.MULTILINE | re.IGNORECASE,
-      description="System prompt: / System override: / Developer message: at line start",
-      trigger=r"(?:system|developer|admin|administrator)\s+(?:prompt|message|override|instruction|note|update)", back=20)
-_rule("chat_template_token", "role_marker",
-      r"<\|im_start\|>\s*system[\s\S]{0,2000}?(?:<\|im_end\|>|\n\s*\n|$)"
-      r"|<\|(?:im_start|im_end|im_sep|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id|begin_of_text|end_of_text|eom_id|python_tag)\|>"
-      r"|\[/?INST\]|<</?SYS>>|<start_of_turn>|<end_of_turn>|<\|?(?:SYSTEM|system)_?(?:PROMPT|prompt)?\|?>|</?\s*system(?:[_-]?prompt)?\s*>",
-      flags=0, description="<|im_start|>system, <|eot_id|>, [INST], <<SYS>>, <system> …", trigger=r"<|\[/?inst\]", back=0)
-_rule("bracket_override", "role_marker",
-      r"(?:\[\[|\{\{|<<)\s*[^\]\}>\n]{0,60}?(?:system|admin|override|instruction|developer|jailbreak|prompt|assistant|sudo)[^\]\}>\n]{0,60}(?:\]\]|\}\}|>>)"
-      r"|\[\s*(?:system|admin|developer|sudo|root)(?:[ _-]+(?:override|message|prompt|note|instructions?|command|mode|update))\s*\]"
-      r"|\[(?:SYSTEM|ADMIN|OVERRIDE|SUDO)\]",
-      flags=re.IGNORECASE, description="[[system override]], {{admin instruction}}, [system message], [SYSTEM]",
-      trigger=r"\[\[|\{\{|<<|\[\s*(?:system|admin|developer|sudo|root|override)", back=0)
-_rule("instruction_header", "role_marker",
-      r"^[ \t]*#{1,6}[ \t]*(?:Instructions?|System(?:[ \t]+Prompt)?|New[ \t]+Instructions?|Response|Input)[ \t]*:[^\n]{0,300}"
-      r"|^[ \t]*###[ \t]*(?:Instruction|System|Response|Human|Assistant)[ \t]*$",
-      flags=re.MULTILINE | re.IGNORECASE, description="### Instruction: (Alpaca-style headers)", trigger="#", back=10)
+_rule(
+    "role_marker_titled",
+    "role_marker",
+    r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:system\s+(?:prompt|message|override|instructions?|note|update)|developer\s+(?:message|instructions?)|admin(?:istrator)?\s+(?:override|message|instructions?))"
+    r"\s*[\])>]?\s*[:：][^\n]{0,300}",
+    flags=re.MULTILINE | re.IGNORECASE,
+    description="System prompt: / System override: / Developer message: at line start",
+    trigger=r"(?:system|developer|admin|administrator)\s+(?:prompt|message|override|instruction|note|update)",
+    back=20,
+)
+_rule(
+    "chat_template_token",
+    "role_marker",
+    r"<\|im_start\|>\s*system[\s\S]{0,2000}?(?:<\|im_end\|>|\n\s*\n|$)"
+    r"|<\|(?:im_start|im_end|im_sep|system|user|assistant|endoftext|eot_id|start_header_id|end_header_id|begin_of_text|end_of_text|eom_id|python_tag)\|>"
+    r"|\[/?INST\]|<</?SYS>>|<start_of_turn>|<end_of_turn>|<\|?(?:SYSTEM|system)_?(?:PROMPT|prompt)?\|?>|</?\s*system(?:[_-]?prompt)?\s*>",
+    flags=0,
+    description="<|im_start|>system, <|eot_id|>, [INST], <<SYS>>, <system> …",
+    trigger=r"<|\[/?inst\]",
+    back=0,
+)
+_rule(
+    "bracket_override",
+    "role_marker",
+    r"(?:\[\[|\{\{|<<)\s*[^\]\}>\n]{0,60}?(?:system|admin|override|instruction|developer|jailbreak|prompt|assistant|sudo)[^\]\}>\n]{0,60}(?:\]\]|\}\}|>>)"
+    r"|\[\s*(?:system|admin|developer|sudo|root)(?:[ _-]+(?:override|message|prompt|note|instructions?|command|mode|update))\s*\]"
+    r"|\[(?:SYSTEM|ADMIN|OVERRIDE|SUDO)\]",
+    flags=re.IGNORECASE,
+    description="[[system override]], {{admin instruction}}, [system message], [SYSTEM]",
+    trigger=r"\[\[|\{\{|<<|\[\s*(?:system|admin|developer|sudo|root|override)",
+    back=0,
+)
+_rule(
+    "instruction_header",
+    "role_marker",
+    r"^[ \t]*#{1,6}[ \t]*(?:Instructions?|System(?:[ \t]+Prompt)?|New[ \t]+Instructions?|Response|Input)[ \t]*:[^\n]{0,300}"
+    r"|^[ \t]*###[ \t]*(?:Instruction|System|Response|Human|Assistant)[ \t]*$",
+    flags=re.MULTILINE | re.IGNORECASE,
+    description="### Instruction: (Alpaca-style headers)",
+    trigger="#",
+    back=10,
+)
 
 # ---- hidden text ----
 _INSTRUCTIONY = re.compile(
     r"ignore|disregard|forget|instruction|prompt|\bSYSTEM\b|assistant|\bAI\b|\bLLM|language\s+model|"
     r"you\s+(?:must|should|are|will|shall|need)|respond|reply|\bHACKED\b|忽略|无视|無視|指令|提示|你现在|你現在",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 def _comment_has_instruction(m: re.Match) -> bool:
     return bool(_INSTRUCTIONY.search(m.group(1)))
 
 
-_rule("html_comment_instruction", "hidden_text", r"<!--([\s\S]{0,3000}?)-->", flags=0, check=_comment_has_instruction,
-      description="HTML comment whose body reads like an instruction", trigger="<!--", back=0)
+_rule(
+    "html_comment_instruction",
+    "hidden_text",
+    r"<!--([\s\S]{0,3000}?)-->",
+    flags=0,
+    check=_comment_has_instruction,
+    description="HTML comment whose body reads like an instruction",
+    trigger="<!--",
+    back=0,
+)
 
 _HIDDEN_STYLE = re.compile(
     r"display\s*:\s*none|visibility\s*:\s*hidden|font-size\s*:\s*0*(?:\.0+)?(?:px|pt|em|rem|%)?\s*(?:;|!|$)|"
     r"opacity\s*:\s*0*(?:\.0+)?\s*(?:;|!|$)|(?<![-\w])color\s*:\s*(?:white|#fff(?:fff)?\b|rgba?\(\s*255\s*,\s*255\s*,\s*255)|"
     r"(?:max-)?height\s*:\s*0(?:px)?\s*;[^\"']*overflow\s*:\s*hidden|(?:left|top|text-indent)\s*:\s*-\d{3,}|clip\s*:\s*rect\(\s*0",
-    re.IGNORECASE)
-_NON_WHITE_BACKGROUND = re.compile(r"background(?:-color)?\s*:\s*(?!white|#fff(?:fff)?\b|rgba?\(\s*255\s*,\s*255\s*,\s*255)", re.I)
+    re.IGNORECASE,
+)
+_NON_WHITE_BACKGROUND = re.compile(
+    r"background(?:-color)?\s*:\s*(?!white|#fff(?:fff)?\b|rgba?\(\s*255\s*,\s*255\s*,\s*255)", re.I
+)
 
 
 def _hidden_element(m: re.Match) -> bool:
@@ -458,17 +720,25 @@ def _hidden_element(m: re.Match) -> bool:
     return True
 
 
-_rule("css_hidden_text", "hidden_text",
-      r"<(?P<tag>[a-zA-Z][\w-]*)\b[^>]{0,300}?\bstyle\s*=\s*(?P<q>[\"'])(?P<style>[^\"']{0,400})(?P=q)[^>]{0,200}>"
-      r"(?:[\s\S]{0,3000}?</(?P=tag)\s*>)?",
-      flags=re.IGNORECASE, check=_hidden_element,
-      description="element styled display:none / visibility:hidden / font-size:0 / opacity:0 / white text")
-_rule("hidden_markup", "hidden_text",
-      r"<font\b[^>]{0,200}?(?:color\s*=\s*[\"']?(?:white|#fff(?:fff)?)\b|size\s*=\s*[\"']?0[\"'\s>])[^>]{0,200}>[\s\S]{0,3000}?</font\s*>"
-      r"|<(?P<htag>[a-zA-Z][\w-]*)\b[^>]{0,200}?\s(?:hidden(?:\s*=\s*[\"'][^\"']*[\"'])?|aria-hidden\s*=\s*[\"']true[\"'][^>]{0,200}?\bclass\s*=\s*[\"'][^\"']*(?:sr-only|visually-hidden)[^\"']*[\"'])[^>]{0,200}>[\s\S]{0,3000}?</(?P=htag)\s*>"
-      r"|\\textcolor\s*\{\s*white\s*\}\s*\{[^{}]{0,3000}\}|\{\s*\\color\s*\{\s*white\s*\}[^{}]{0,3000}\}"
-      r"|\\(?:fontsize\s*\{\s*0(?:\.\d+)?\s*(?:pt)?\s*\}|tiny\s*\\color\{white\})[^\n]{0,300}",
-      flags=re.IGNORECASE, description="<font color=white>, <div hidden>, \\textcolor{white}{…}")
+_rule(
+    "css_hidden_text",
+    "hidden_text",
+    r"<(?P<tag>[a-zA-Z][\w-]*)\b[^>]{0,300}?\bstyle\s*=\s*(?P<q>[\"'])(?P<style>[^\"']{0,400})(?P=q)[^>]{0,200}>"
+    r"(?:[\s\S]{0,3000}?</(?P=tag)\s*>)?",
+    flags=re.IGNORECASE,
+    check=_hidden_element,
+    description="element styled display:none / visibility:hidden / font-size:0 / opacity:0 / white text",
+)
+_rule(
+    "hidden_markup",
+    "hidden_text",
+    r"<font\b[^>]{0,200}?(?:color\s*=\s*[\"']?(?:white|#fff(?:fff)?)\b|size\s*=\s*[\"']?0[\"'\s>])[^>]{0,200}>[\s\S]{0,3000}?</font\s*>"
+    r"|<(?P<htag>[a-zA-Z][\w-]*)\b[^>]{0,200}?\s(?:hidden(?:\s*=\s*[\"'][^\"']*[\"'])?|aria-hidden\s*=\s*[\"']true[\"'][^>]{0,200}?\bclass\s*=\s*[\"'][^\"']*(?:sr-only|visually-hidden)[^\"']*[\"'])[^>]{0,200}>[\s\S]{0,3000}?</(?P=htag)\s*>"
+    r"|\\textcolor\s*\{\s*white\s*\}\s*\{[^{}]{0,3000}\}|\{\s*\\color\s*\{\s*white\s*\}[^{}]{0,3000}\}"
+    r"|\\(?:fontsize\s*\{\s*0(?:\.\d+)?\s*(?:pt)?\s*\}|tiny\s*\\color\{white\})[^\n]{0,300}",
+    flags=re.IGNORECASE,
+    description="<font color=white>, <div hidden>, \\textcolor{white}{…}",
+)
 
 # characters (on the raw text)
 _ZW_CLASS = "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\u180e\u034f\u115f\u1160\u3164"
@@ -494,12 +764,34 @@ def _zero_width_is_suspicious(m: re.Match) -> bool:
     return True
 
 
-_rule("zero_width_chars", "hidden_chars", f"[{_ZW_CLASS}]+", flags=0, target="raw", check=_zero_width_is_suspicious,
-      description="zero-width / invisible formatting characters", needs="non_ascii")
-_rule("bidi_control", "hidden_chars", "[\u202a-\u202e\u2066-\u2069]+", flags=0, target="raw",
-      description="bidirectional override/embedding/isolate controls (Trojan Source)", needs="non_ascii")
-_rule("unicode_tag_chars", "hidden_chars", "(?<!\U0001F3F4)[\U000E0000-\U000E007F\U000E0100-\U000E01EF]+", flags=0,
-      target="raw", description="Unicode tag / variation-selector-supplement characters (ASCII smuggling)", needs="non_ascii")
+_rule(
+    "zero_width_chars",
+    "hidden_chars",
+    f"[{_ZW_CLASS}]+",
+    flags=0,
+    target="raw",
+    check=_zero_width_is_suspicious,
+    description="zero-width / invisible formatting characters",
+    needs="non_ascii",
+)
+_rule(
+    "bidi_control",
+    "hidden_chars",
+    "[\u202a-\u202e\u2066-\u2069]+",
+    flags=0,
+    target="raw",
+    description="bidirectional override/embedding/isolate controls (Trojan Source)",
+    needs="non_ascii",
+)
+_rule(
+    "unicode_tag_chars",
+    "hidden_chars",
+    "(?<!\U0001f3f4)[\U000e0000-\U000e007f\U000e0100-\U000e01ef]+",
+    flags=0,
+    target="raw",
+    description="Unicode tag / variation-selector-supplement characters (ASCII smuggling)",
+    needs="non_ascii",
+)
 
 
 # ---- encoded payloads ----
@@ -511,12 +803,23 @@ def _base64_override(m: re.Match) -> bool:
         return False
     if sum(c.isprintable() or c.isspace() for c in decoded) < 0.9 * max(1, len(decoded)):
         return False
-    return any(spec["category"] == "override" and spec["target"] == "norm" and spec["regex"].search(decoded)
-               for spec in _RULE_SPECS if spec["name"] != "base64_instruction")
+    return any(
+        spec["category"] == "override" and spec["target"] == "norm" and spec["regex"].search(decoded)
+        for spec in _RULE_SPECS
+        if spec["name"] != "base64_instruction"
+    )
 
 
-_rule("base64_instruction", "encoded", r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/])", flags=0,
-      check=_base64_override, description="base64 blob that decodes to an override phrase", trigger=r"[a-z0-9+/]{24}", back=0)
+_rule(
+    "base64_instruction",
+    "encoded",
+    r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{24,}={0,2}(?![A-Za-z0-9+/])",
+    flags=0,
+    check=_base64_override,
+    description="base64 blob that decodes to an override phrase",
+    trigger=r"[a-z0-9+/]{24}",
+    back=0,
+)
 
 RULES: dict[str, str] = {spec["name"]: spec["description"] for spec in _RULE_SPECS}
 RULE_CATEGORIES: dict[str, str] = {spec["name"]: spec["category"] for spec in _RULE_SPECS}
@@ -648,8 +951,11 @@ def strip(text: str, findings: Iterable[Finding] | None = None) -> str:
     """
     if findings is None:
         findings = scan(text)
-    spans = sorted((_sentence_start(text, f.start) if f.category == "override" else f.start, f.end)
-                   for f in findings if f.end > f.start)
+    spans = sorted(
+        (_sentence_start(text, f.start) if f.category == "override" else f.start, f.end)
+        for f in findings
+        if f.end > f.start
+    )
     if not spans:
         return text
     merged: list[list[int]] = []
@@ -662,7 +968,7 @@ def strip(text: str, findings: Iterable[Finding] | None = None) -> str:
     pos = 0
     for s, e in merged:
         piece = text[pos:s]
-        nxt = text[e:e + 1]
+        nxt = text[e : e + 1]
         if piece.endswith((" ", "\t")) and (nxt in ("", " ", "\t", "\n") or nxt in ".,;:!?"):
             piece = piece.rstrip(" \t")
         out.append(piece)
@@ -694,8 +1000,12 @@ class ScanResult:
     def report(self, document: str, max_findings: int = 20) -> dict:
         """What was found in one document and what was done about it, as clients and the CLI see it."""
         action = "blocked" if self.blocked else "stripped" if self.mode == "strip" else "flagged"
-        return {"document": document, "action": action, "rules": self.rules,
-                "findings": [f.to_dict() for f in self.findings[:max_findings]]}
+        return {
+            "document": document,
+            "action": action,
+            "rules": self.rules,
+            "findings": [f.to_dict() for f in self.findings[:max_findings]],
+        }
 
 
 class InjectionScanner:

@@ -2,6 +2,7 @@
 documents of a fictional harbour (a berth lease, a pump-station manual, a safety code) with numbered
 sections that refer to each other. Written for selfroute and dedicated to the public domain (CC0 1.0, see
 LICENSE beside this file)."""
+
 from __future__ import annotations
 
 from importlib import resources

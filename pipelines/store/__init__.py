@@ -1,6 +1,7 @@
 """The document store, by concern: the LanceDB store (document_store: tables, ingestion, search; its LanceDB errors
 in lance_errors, its filters in filters), the inline collections of attached documents (inline: naming secret,
 usage records, idle eviction) and the in-memory chunk vectors (vectors). Callers import from here."""
+
 from pipelines.store.document_store import (
     CollectionInfo,
     DocumentInfo,

@@ -9,6 +9,7 @@ only the brief writes to one collection are serialised within a process. Searche
 Attached documents' collections live in pipelines.store.inline, the in-memory chunk vectors in
 pipelines.store.vectors; filters are typed expressions (pipelines.store.filters).
 """
+
 from __future__ import annotations
 
 import json
@@ -102,7 +103,6 @@ class CollectionInfo:
         }
 
 
-
 class DocumentStore:
     def __init__(self, uri: str, embedder: Embedder, settings: RagSettings | None = None):
         self.uri = str(uri)
@@ -148,8 +148,9 @@ class DocumentStore:
         docs, chunks = self._open(collection + DOCS), self._open(collection + CHUNKS)
         if create and (docs is None or chunks is None):
             if chunks is None:
-                chunks = self.db.create_table(collection + CHUNKS, schema=chunks_schema(self.embedder.dimension),
-                                              exist_ok=True)
+                chunks = self.db.create_table(
+                    collection + CHUNKS, schema=chunks_schema(self.embedder.dimension), exist_ok=True
+                )
             if docs is None:
                 docs = self.db.create_table(collection + DOCS, schema=docs_schema(), exist_ok=True)
         return docs, chunks
@@ -197,20 +198,26 @@ class DocumentStore:
             if planned is not None:
                 planned(len(chunks))
             if pending_chunks >= _WRITE_BATCH_CHUNKS:
-                report.chunks_written += self._write_batch(collection, docs_table, chunks_table, pending, progress,
-                                                           should_stop)
+                report.chunks_written += self._write_batch(
+                    collection, docs_table, chunks_table, pending, progress, should_stop
+                )
                 pending, pending_chunks = [], 0
         if pending:
-            report.chunks_written += self._write_batch(collection, docs_table, chunks_table, pending, progress,
-                                                       should_stop)
+            report.chunks_written += self._write_batch(
+                collection, docs_table, chunks_table, pending, progress, should_stop
+            )
         if report.added or report.updated:
             with self._writing.hold(collection):
                 self._refresh_indexes(chunks_table)
         report.seconds = time.perf_counter() - started
         log.info(
             "ingested %s: %d added, %d updated, %d unchanged, %d chunks in %.1fs",
-            collection, len(report.added), len(report.updated), len(report.unchanged),
-            report.chunks_written, report.seconds,
+            collection,
+            len(report.added),
+            len(report.updated),
+            len(report.unchanged),
+            report.chunks_written,
+            report.seconds,
         )
         return report
 
@@ -236,8 +243,9 @@ class DocumentStore:
             "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
         }
 
-    def _embed_chunks(self, chunks: list[Chunk], progress: Callable[[int], None] | None,
-                      should_stop: Callable[[], bool] | None) -> np.ndarray:
+    def _embed_chunks(
+        self, chunks: list[Chunk], progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None
+    ) -> np.ndarray:
         """Vectors in slices of a few model batches, so ingestions of different documents take turns on
         the model, a cancelled one stops within a slice, and progress comes in steady steps."""
         parts = []
@@ -251,8 +259,15 @@ class DocumentStore:
                 progress(len(piece))
         return np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)
 
-    def _write_batch(self, collection: str, docs_table, chunks_table, pending: list[tuple[dict, list[Chunk], bool]],
-                     progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None) -> int:
+    def _write_batch(
+        self,
+        collection: str,
+        docs_table,
+        chunks_table,
+        pending: list[tuple[dict, list[Chunk], bool]],
+        progress: Callable[[int], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> int:
         """Embed one batch (no lock), then upsert it. Chunks go in before their document row, so a
         document row only exists once its chunks do; a replaced document's surplus chunks go too."""
         chunks = [c for _, cs, _ in pending for c in cs]
@@ -292,8 +307,9 @@ class DocumentStore:
 
     # -- inline documents (pipelines.store.inline) -----------------------------------------------
     @io_as_unavailable
-    def inline_collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None,
-                          scope: KeyScope = SHARED) -> str:
+    def inline_collection(
+        self, docs: list[Document], should_stop: Callable[[], bool] | None = None, scope: KeyScope = SHARED
+    ) -> str:
         """A collection holding exactly these documents, named by their content hashes; ingested only
         the first time, so asking again about the same documents neither re-chunks nor re-embeds them.
         Requests for documents already ingested never wait for another document's ingestion; two
@@ -308,8 +324,13 @@ class DocumentStore:
         return self.inline.name(docs, scope)
 
     @io_as_unavailable
-    def read_inline(self, docs: list[Document], read: Callable[[str], T],
-                    should_stop: Callable[[], bool] | None = None, scope: KeyScope = SHARED) -> T:
+    def read_inline(
+        self,
+        docs: list[Document],
+        read: Callable[[str], T],
+        should_stop: Callable[[], bool] | None = None,
+        scope: KeyScope = SHARED,
+    ) -> T:
         """read(name) of these documents' inline collection. Should it have been dropped before or during the read
         (the read raises CollectionNotFound, or a storage error, and the collection no longer holds the
         documents), the documents are ingested again and read once more."""
@@ -346,9 +367,15 @@ class DocumentStore:
         rows = docs_table.search().select(columns).limit(None).to_list() if docs_table.count_rows() else []
         infos = [
             DocumentInfo(
-                id=r["id"], title=r["title"], source=r["source"], tokens=r["tokens"],
-                sections=list(r["sections"] or []), cross_refs=r["cross_refs"], chunks=r["chunks"],
-                content_hash=r["content_hash"], metadata=json.loads(r["metadata"] or "{}"),
+                id=r["id"],
+                title=r["title"],
+                source=r["source"],
+                tokens=r["tokens"],
+                sections=list(r["sections"] or []),
+                cross_refs=r["cross_refs"],
+                chunks=r["chunks"],
+                content_hash=r["content_hash"],
+                metadata=json.loads(r["metadata"] or "{}"),
             )
             for r in rows
         ]
@@ -438,11 +465,7 @@ class DocumentStore:
         if docs_table is None or not ids:
             return {}
         rows = (
-            docs_table.search()
-            .where(filters.among("id", ids))
-            .select(["id", "title", "source"])
-            .limit(None)
-            .to_list()
+            docs_table.search().where(filters.among("id", ids)).select(["id", "title", "source"]).limit(None).to_list()
         )
         return {r["id"]: (r["title"], r["source"]) for r in rows}
 

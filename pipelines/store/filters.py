@@ -3,6 +3,7 @@ the values (document ids, collection names, which a client chooses) are literals
 text spliced into a query. Only query builders and delete take them (count_rows takes SQL text alone, and LanceDB's
 own rendering of a literal does not survive every value: a backslash before a quote breaks it), so nothing here is
 turned back into SQL."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -42,4 +43,3 @@ def batches(filters: list[Expr]) -> Iterable[Expr]:
     """The filters ORed in groups of BATCH (one delete per group)."""
     for i in range(0, len(filters), BATCH):
         yield any_of(filters[i : i + BATCH])
-

@@ -8,6 +8,7 @@ replica's clock ahead, a read slower than the idle period) embeds the documents 
 slower, never an error. Names are an HMAC under a secret kept in the store, so no client can derive the name of
 another key's attached documents.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -67,8 +68,9 @@ class InlineCollections:
         return self.store.settings
 
     # -- making and reading ----------------------------------------------------------------------
-    def collection(self, docs: list[Document], should_stop: Callable[[], bool] | None = None,
-                   scope: KeyScope = SHARED) -> str:
+    def collection(
+        self, docs: list[Document], should_stop: Callable[[], bool] | None = None, scope: KeyScope = SHARED
+    ) -> str:
         """See DocumentStore.inline_collection."""
         name = self.name(docs, scope)
         # recorded before ingesting: from now on no process takes it for idle
@@ -81,8 +83,13 @@ class InlineCollections:
                     self._drop_idle()  # only a new collection can take the store past the cap
         return name
 
-    def read(self, docs: list[Document], read: Callable[[str], T], should_stop: Callable[[], bool] | None = None,
-             scope: KeyScope = SHARED) -> T:
+    def read(
+        self,
+        docs: list[Document],
+        read: Callable[[str], T],
+        should_stop: Callable[[], bool] | None = None,
+        scope: KeyScope = SHARED,
+    ) -> T:
         """See DocumentStore.read_inline."""
         name = self.name(docs, scope)
         try:
@@ -90,8 +97,11 @@ class InlineCollections:
         except (CollectionNotFound, StoreUnavailable):
             if self.holds(name, docs):
                 raise  # still there: a real failure, not a drop
-        log.info("inline collection %s was dropped while in use (by another process sharing the store?); "
-                 "embedding its documents again", name)
+        log.info(
+            "inline collection %s was dropped while in use (by another process sharing the store?); "
+            "embedding its documents again",
+            name,
+        )
         try:
             return read(self.store.inline_collection(docs, should_stop, scope))
         except CollectionNotFound:
@@ -144,8 +154,9 @@ class InlineCollections:
         finds the row and inserts nothing; both then read the one that won."""
         table = self.store._open(SECRET_TABLE)
         if table is None:
-            schema = pa.schema([pa.field("id", pa.string(), nullable=False, metadata=PRIMARY_KEY),
-                                ("secret", pa.string())])
+            schema = pa.schema(
+                [pa.field("id", pa.string(), nullable=False, metadata=PRIMARY_KEY), ("secret", pa.string())]
+            )
             table = self.store.db.create_table(SECRET_TABLE, schema=schema, exist_ok=True)
         secret = self._read_secret(table)
         if secret is None:
@@ -178,8 +189,9 @@ class InlineCollections:
     def _usage_table(self):
         table = self.store._open(USAGE_TABLE)
         if table is None:
-            schema = pa.schema([pa.field("name", pa.string(), nullable=False, metadata=PRIMARY_KEY),
-                                ("used_at", pa.float64())])
+            schema = pa.schema(
+                [pa.field("name", pa.string(), nullable=False, metadata=PRIMARY_KEY), ("used_at", pa.float64())]
+            )
             table = self.store.db.create_table(USAGE_TABLE, schema=schema, exist_ok=True)
         return table
 
@@ -249,7 +261,12 @@ class InlineCollections:
         for i in range(0, len(stale), filters.BATCH):
             table.delete(filters.among("name", stale[i : i + filters.BATCH]))
         compact(table)
-        log.info("dropped %d inline collections (the store holds %d, cap %d%s)", len(gone_now),
-                 len(names) - len(gone_now), self.settings.inline_cache_collections,
-                 "" if len(gone_now) == over else f"; the others were used in the last "
-                 f"{self.settings.inline_cache_idle_seconds:g}s")
+        log.info(
+            "dropped %d inline collections (the store holds %d, cap %d%s)",
+            len(gone_now),
+            len(names) - len(gone_now),
+            self.settings.inline_cache_collections,
+            ""
+            if len(gone_now) == over
+            else f"; the others were used in the last {self.settings.inline_cache_idle_seconds:g}s",
+        )

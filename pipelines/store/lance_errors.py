@@ -5,6 +5,7 @@ By type where LanceDB gives one: an OSError is an IO failure, and opening a miss
 FileNotFoundError or ValueError. Errors from Lance's Rust core all arrive as a bare RuntimeError (lancedb 0.40 has
 no classes for them), so those two kinds are told apart by Lance's error-kind tag in the text, here and nowhere
 else."""
+
 from __future__ import annotations
 
 import functools
@@ -33,6 +34,7 @@ def dropped(exc: BaseException) -> bool:
 def io_as_unavailable(method):
     """A store method whose storage failed raises StoreUnavailable; the cause goes to the log. One whose
     collection was dropped while it read it (its first argument names the collection) raises CollectionNotFound."""
+
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         try:
@@ -45,4 +47,5 @@ def io_as_unavailable(method):
                 raise
             log.warning("document store unavailable: %s", exc)
             raise StoreUnavailable(StoreUnavailable.message) from None
+
     return wrapper

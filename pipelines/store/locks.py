@@ -1,4 +1,5 @@
 """Per-key locks for the store's writes within one process."""
+
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,5 @@
 """Collection names and document content hashes: what may be named, and what identifies a document's version."""
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,10 @@ def check_writable_name(name: str) -> str:
     (`inline-*` is reserved for the documents attached to requests, which the gateway alone writes)."""
     validate_collection_name(name)
     if name.startswith(INLINE_PREFIX):
-        raise ValueError(f"collection names starting with {INLINE_PREFIX!r} are reserved for the gateway's "
-                         "attached-document caches; choose another name")
+        raise ValueError(
+            f"collection names starting with {INLINE_PREFIX!r} are reserved for the gateway's "
+            "attached-document caches; choose another name"
+        )
     return name
 
 

@@ -1,4 +1,5 @@
 """The LanceDB tables behind a collection, and the writes every table of the store shares."""
+
 from __future__ import annotations
 
 import logging

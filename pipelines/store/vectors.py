@@ -1,4 +1,5 @@
 """Stored chunk vectors kept in memory for long-context scoring: read from the store once per document version."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -32,14 +33,14 @@ class ChunkVectorCache:
     def __init__(self, max_chunks: int = VECTOR_CACHE_CHUNKS):
         self._vectors: LockedLRU[tuple[str, str, str], ChunkVectors] = LockedLRU(max_chunks, getsizeof=len)
 
-    def read(self, collection: str, docs_table, chunks_table, doc_ids: Iterable[str],
-             dimension: int) -> dict[str, ChunkVectors]:
+    def read(
+        self, collection: str, docs_table, chunks_table, doc_ids: Iterable[str], dimension: int
+    ) -> dict[str, ChunkVectors]:
         """doc id -> its chunks' spans and vectors, from memory when this version of it was read before."""
         ids = sorted(set(doc_ids))
         if not ids:
             return {}
-        rows = (docs_table.search().where(filters.among("id", ids))
-                .select(["id", "content_hash"]).limit(None).to_arrow())
+        rows = docs_table.search().where(filters.among("id", ids)).select(["id", "content_hash"]).limit(None).to_arrow()
         current = dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), strict=True))
         found: dict[str, ChunkVectors] = {}
         for doc_id, digest in current.items():
@@ -48,13 +49,21 @@ class ChunkVectorCache:
                 found[doc_id] = entry
         missing = [d for d in current if d not in found]
         if missing:
-            table = (chunks_table.search().where(filters.among("doc_id", missing))
-                     .select(["doc_id", "position", "start", "end", "vector"]).limit(None).to_arrow())
+            table = (
+                chunks_table.search()
+                .where(filters.among("doc_id", missing))
+                .select(["doc_id", "position", "start", "end", "vector"])
+                .limit(None)
+                .to_arrow()
+            )
             owners = np.asarray(table["doc_id"].to_pylist(), dtype=object)
             positions = table["position"].to_numpy()
             starts, ends = table["start"].to_numpy(), table["end"].to_numpy()
-            vectors = table["vector"].combine_chunks().flatten().to_numpy().reshape(len(table), -1) \
-                if len(table) else np.zeros((0, dimension), np.float32)
+            vectors = (
+                table["vector"].combine_chunks().flatten().to_numpy().reshape(len(table), -1)
+                if len(table)
+                else np.zeros((0, dimension), np.float32)
+            )
             for doc_id in missing:
                 mine = np.flatnonzero(owners == doc_id)
                 mine = mine[np.argsort(positions[mine], kind="stable")]

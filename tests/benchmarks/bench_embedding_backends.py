@@ -9,6 +9,7 @@ same chunk texts is timed beside it, then every answerable question is searched 
 vector + full text, the cheap route's retrieval) and recall@k counts the questions whose top k chunks hold
 one of the gold answers (case-insensitive substring). Also: query embedding p50 (one question, one thread).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,14 @@ def main() -> int:
     docs, questions = load_squad(args.squad)
     questions = questions[: args.questions]
     work = Path(tempfile.mkdtemp(prefix="selfroute-embed-bench-"))
-    print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}, {len(docs)} documents, "
-          f"{len(questions)} answerable questions, cores {len(os.sched_getaffinity(0))}")
-    print(f"{'backend':10} {'chunks':>6} {'encode c/s':>10} {'ingest c/s':>10} {'ingest/encode':>13} {'query p50 ms':>12} "
-          + " ".join(f"{'recall@' + str(k):>9}" for k in args.k))
+    print(
+        f"load average {Path('/proc/loadavg').read_text().split()[:3]}, {len(docs)} documents, "
+        f"{len(questions)} answerable questions, cores {len(os.sched_getaffinity(0))}"
+    )
+    print(
+        f"{'backend':10} {'chunks':>6} {'encode c/s':>10} {'ingest c/s':>10} {'ingest/encode':>13} {'query p50 ms':>12} "
+        + " ".join(f"{'recall@' + str(k):>9}" for k in args.k)
+    )
     for backend in args.backends:
         embedder = Embedder(backend=backend, cache_dir=work / "models")
         store = DocumentStore(str(work / f"lancedb-{backend}"), embedder, RagSettings())
@@ -78,9 +83,11 @@ def main() -> int:
             for k in args.k:
                 hits[k] += any(a in text for text in found[:k] for a in answers)
         n = report.chunks_written or len(texts)
-        print(f"{backend:10} {n:6d} {len(texts) / encode_s:10.1f} {n / ingest_s:10.1f} {ingest_s / (encode_s * n / len(texts)):13.2f} "
-              f"{statistics.median(latencies):12.1f} " + " ".join(f"{hits[k] / len(questions):9.3f}" for k in args.k),
-              flush=True)
+        print(
+            f"{backend:10} {n:6d} {len(texts) / encode_s:10.1f} {n / ingest_s:10.1f} {ingest_s / (encode_s * n / len(texts)):13.2f} "
+            f"{statistics.median(latencies):12.1f} " + " ".join(f"{hits[k] / len(questions):9.3f}" for k in args.k),
+            flush=True,
+        )
     return 0
 
 

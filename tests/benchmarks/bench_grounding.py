@@ -15,6 +15,7 @@ SQuAD. Latency: check() of a 4-sentence answer against the five passages of a SQ
 
     HF_HUB_OFFLINE=1 .venv/bin/python tests/benchmarks/bench_grounding.py --data ../shared/data
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,7 @@ def auc(scores: list[float], labels: list[int]) -> float:
         j = i
         while j + 1 < len(s) and sorted_s[j + 1] == sorted_s[i]:
             j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1
         i = j + 1
     pos = y == 1
     n1, n0 = pos.sum(), (~pos).sum()
@@ -65,8 +66,12 @@ def flag_metrics(scores: list[float], labels: list[int], threshold: float) -> di
     fn = sum((not f) and u for f, u in zip(flagged, unsupported))
     p = tp / (tp + fp) if tp + fp else 0.0
     r = tp / (tp + fn) if tp + fn else 0.0
-    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0,
-            "supported_kept": 1 - fp / max(1, sum(labels))}
+    return {
+        "precision": p,
+        "recall": r,
+        "f1": 2 * p * r / (p + r) if p + r else 0.0,
+        "supported_kept": 1 - fp / max(1, sum(labels)),
+    }
 
 
 def qa_claim(question: str, answer: str) -> str:
@@ -80,7 +85,7 @@ def swap_number(sentence: str, rng: random.Random) -> str | None:
     m = rng.choice(found)
     value = int(m.group(0))
     new = value + rng.choice([1, 2, 3, 7, 10]) if value < 1000 else value + rng.choice([1, 2, 5, 11])
-    return sentence[:m.start()] + str(new) + sentence[m.end():]
+    return sentence[: m.start()] + str(new) + sentence[m.end() :]
 
 
 def hotpot_sets(path: Path, rng: random.Random, per_question_negatives: int = 4):
@@ -101,7 +106,9 @@ def hotpot_sets(path: Path, rng: random.Random, per_question_negatives: int = 4)
         if item["answer"].lower() not in ("yes", "no"):
             claim = qa_claim(item["question"], item["answer"])
             qa.append((claim, gold, 1))
-            distractors = [" ".join(s.strip() for s in para) for para in (entry[1] for entry in item["distractors"][:2])]
+            distractors = [
+                " ".join(s.strip() for s in para) for para in (entry[1] for entry in item["distractors"][:2])
+            ]
             qa.append((claim, distractors, 0))
     return {"hotpot_sent": sent, "hotpot_qa": qa, "numswap": numswap}
 
@@ -125,7 +132,11 @@ def squad_set(path: Path, rng: random.Random):
                     continue
                 k = holder[0]
                 answer = qa["answers"][0]["text"]
-                others = [j for j in range(len(spans)) if j != k and answer.lower() not in ctx[spans[j][0]:spans[j][1]].lower()]
+                others = [
+                    j
+                    for j in range(len(spans))
+                    if j != k and answer.lower() not in ctx[spans[j][0] : spans[j][1]].lower()
+                ]
                 if not others:
                     continue
                 claim = qa_claim(qa["question"], answer)
@@ -144,7 +155,7 @@ class CachedEmbed:
     def prefill(self, texts: list[str]) -> None:
         missing = sorted({t for t in texts if t not in self.cache})
         for i in range(0, len(missing), 256):
-            chunk = missing[i:i + 256]
+            chunk = missing[i : i + 256]
             for t, v in zip(chunk, self.inner(chunk)):
                 self.cache[t] = v
 
@@ -211,8 +222,9 @@ def main() -> None:
         scores = {n: score_pairs(checker, p) for n, p in sets.items()}
         hot_s = sum((scores[n] for n in calib_names), [])
         hot_y = sum(([p[2] for p in sets[n]] for n in calib_names), [])
-        aucs = [auc(scores[n], [p[2] for p in sets[n]]) if len({p[2] for p in sets[n]}) > 1 else float("nan")
-                for n in sets]
+        aucs = [
+            auc(scores[n], [p[2] for p in sets[n]]) if len({p[2] for p in sets[n]}) > 1 else float("nan") for n in sets
+        ]
         print(f"{label:44s} " + " ".join(f"{a:11.3f}" for a in aucs) + f" {auc(hot_s, hot_y):11.3f}")
         if not opts:
             default_scores = scores
@@ -226,8 +238,10 @@ def main() -> None:
         print(f"  threshold {t:.2f}")
         for n in sets:
             m = flag_metrics(default_scores[n], [p[2] for p in sets[n]], t)
-            print(f"    {n:12s} flag-unsupported precision {m['precision']:.3f} recall {m['recall']:.3f} "
-                  f"F1 {m['f1']:.3f}  supported kept {m['supported_kept']:.3f}")
+            print(
+                f"    {n:12s} flag-unsupported precision {m['precision']:.3f} recall {m['recall']:.3f} "
+                f"F1 {m['f1']:.3f}  supported kept {m['supported_kept']:.3f}"
+            )
 
     # latency: a 4-sentence answer vs 5 passages (SQuAD paragraphs), real embedder, no cache
     checker = GroundingChecker(embedder.embed, threshold=threshold)
@@ -242,8 +256,10 @@ def main() -> None:
         checker.check(answer, passages)
         times.append(time.perf_counter() - t0)
     times.sort()
-    print(f"\nlatency per answer (4 sentences vs 5 passages, {args.latency_runs} runs, CPU): "
-          f"median {statistics.median(times) * 1000:.0f} ms, p90 {times[int(0.9 * len(times)) - 1] * 1000:.0f} ms")
+    print(
+        f"\nlatency per answer (4 sentences vs 5 passages, {args.latency_runs} runs, CPU): "
+        f"median {statistics.median(times) * 1000:.0f} ms, p90 {times[int(0.9 * len(times)) - 1] * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

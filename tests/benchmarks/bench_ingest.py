@@ -13,6 +13,7 @@ folders (e.g. Debian policy and licence texts), until --docs documents.
     .venv/bin/python tests/benchmarks/bench_ingest.py --cuad ../shared/data/cuad/CUAD_v1/full_contract_txt \\
         --extra ../shared/data/corpus_structured_docs --docs 1000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,14 +115,18 @@ def main() -> None:
     print(f"  pipeline overhead: ingest takes {report.seconds / encode_s:.2f}x the bare encode time")
     t0 = time.perf_counter()
     again = store.ingest("throughput", sample)
-    print(f"  re-ingest unchanged: {time.perf_counter() - t0:.2f}s, {len(again.unchanged)} unchanged, "
-          f"{again.chunks_written} chunks written")
+    print(
+        f"  re-ingest unchanged: {time.perf_counter() - t0:.2f}s, {len(again.unchanged)} unchanged, "
+        f"{again.chunks_written} chunks written"
+    )
 
     # -- 2. latency on the large collection --------------------------------------------------------
     t0 = time.perf_counter()
     big = store.ingest("bench", docs)
-    print(f"latency collection: {len(docs)} documents, {big.chunks_written} chunks, ingested in "
-          f"{time.perf_counter() - t0:.1f}s ({big.chunks_written / big.seconds:.1f} chunks/s)")
+    print(
+        f"latency collection: {len(docs)} documents, {big.chunks_written} chunks, ingested in "
+        f"{time.perf_counter() - t0:.1f}s ({big.chunks_written / big.seconds:.1f} chunks/s)"
+    )
     rag = RagPipeline(store, settings)
     for q in QUERIES[:3]:  # warm caches and indexes
         rag.retrieve("bench", q)
@@ -137,14 +142,21 @@ def main() -> None:
         t0 = time.perf_counter()
         rag.retrieve("bench", q)
         retrieve_ms.append((time.perf_counter() - t0) * 1000)
-    for name, values in [("query embedding", embed_ms), ("store.search (hybrid, top_k=8)", search_ms),
-                         ("RagPipeline.retrieve (search+expand+select)", retrieve_ms)]:
-        print(f"  {name}: p50 {percentile(values, 50):.1f} ms, p99 {percentile(values, 99):.1f} ms, "
-              f"mean {statistics.mean(values):.1f} ms over {len(values)} queries")
+    for name, values in [
+        ("query embedding", embed_ms),
+        ("store.search (hybrid, top_k=8)", search_ms),
+        ("RagPipeline.retrieve (search+expand+select)", retrieve_ms),
+    ]:
+        print(
+            f"  {name}: p50 {percentile(values, 50):.1f} ms, p99 {percentile(values, 99):.1f} ms, "
+            f"mean {statistics.mean(values):.1f} ms over {len(values)} queries"
+        )
     sample_hit = store.search("bench", QUERIES[0], 3)
     for h in sample_hit:
-        print(f"  sample hit for {QUERIES[0]!r}: {h.chunk.doc_id} [{h.chunk.section}] cos={h.vector_score:.3f} "
-              f"{h.chunk.text[:100]!r}")
+        print(
+            f"  sample hit for {QUERIES[0]!r}: {h.chunk.doc_id} [{h.chunk.section}] cos={h.vector_score:.3f} "
+            f"{h.chunk.text[:100]!r}"
+        )
     print(f"db: {db_dir}")
 
 

@@ -22,6 +22,7 @@ the held-out figure. Each is inserted into --public-hosts random CUAD contracts 
 split: recall, and for strip, how many detected documents still hold a whole sentence of the payload afterwards
 (a working instruction left behind).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,14 +44,16 @@ HERE = Path(__file__).resolve().parent
 
 def benign_corpora(data: Path) -> dict[str, list[str]]:
     corpora: dict[str, list[str]] = {}
-    corpora["cuad"] = [Path(f).read_text(errors="replace")
-                       for f in sorted(glob.glob(str(data / "cuad/CUAD_v1/full_contract_txt/*.txt")))]
+    corpora["cuad"] = [
+        Path(f).read_text(errors="replace")
+        for f in sorted(glob.glob(str(data / "cuad/CUAD_v1/full_contract_txt/*.txt")))
+    ]
     windows = []
     for f in sorted(glob.glob(str(data / "corpus_structured_docs/*/*"))):
         if f.endswith("copyright"):
             continue
         text = Path(f).read_text(errors="replace")
-        windows += [text[i:i + 20_000] for i in range(0, len(text), 20_000)]
+        windows += [text[i : i + 20_000] for i in range(0, len(text), 20_000)]
     corpora["structured_docs"] = windows
     seen, loogle = set(), []
     for f in sorted(glob.glob(str(data / "loogle/LooGLE-testdata/*.jsonl"))):
@@ -95,8 +98,10 @@ def instruction_left(cleaned: str, payload: str) -> bool:
 def public_set(path: str, contracts: list[str], hosts: int, rng: random.Random) -> None:
     """Recall per style and split on strings written by others, inserted into whole CUAD contracts."""
     strings = [json.loads(line) for line in open(path) if line.strip()]
-    print(f"\nstrings written by others ({path}): {len(strings)}; "
-          + ", ".join(f"{k} {v}" for k, v in sorted(collections.Counter(s["kind"] for s in strings).items())))
+    print(
+        f"\nstrings written by others ({path}): {len(strings)}; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(collections.Counter(s["kind"] for s in strings).items()))
+    )
     table = collections.defaultdict(lambda: [0, 0, 0, 0])  # (kind, split) -> hit, total, detected, instruction left
     misses = []
     for s in strings:
@@ -133,8 +138,11 @@ def main() -> None:
     ap.add_argument("--strings", default=str(HERE / "injection_strings.jsonl"))
     ap.add_argument("--hosts", type=int, default=5, help="benign host windows per injection string")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--public", default=str(HERE / "injection_public.jsonl"),
-                    help="attack strings written by others (with kind, split, source); '' to skip")
+    ap.add_argument(
+        "--public",
+        default=str(HERE / "injection_public.jsonl"),
+        help="attack strings written by others (with kind, split, source); '' to skip",
+    )
     ap.add_argument("--public-hosts", type=int, default=5, help="CUAD contracts per string of --public")
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -142,12 +150,16 @@ def main() -> None:
 
     corpora = benign_corpora(data)
     strings = [json.loads(line) for line in open(args.strings) if line.strip()]
-    print(f"injection strings: {len(strings)} in {len(set(s['kind'] for s in strings))} kinds; "
-          + ", ".join(f"{k} {v}" for k, v in collections.Counter(s["kind"] for s in strings).items()))
+    print(
+        f"injection strings: {len(strings)} in {len(set(s['kind'] for s in strings))} kinds; "
+        + ", ".join(f"{k} {v}" for k, v in collections.Counter(s["kind"] for s in strings).items())
+    )
 
     # --- negatives: false positives per corpus, and throughput
     print("\nbenign corpora (negatives)")
-    print(f"{'corpus':16s} {'docs':>5s} {'MB':>6s} {'docs flagged':>13s} {'findings':>9s} {'per 100KB':>10s} {'ms/100KB':>9s}")
+    print(
+        f"{'corpus':16s} {'docs':>5s} {'MB':>6s} {'docs flagged':>13s} {'findings':>9s} {'per 100KB':>10s} {'ms/100KB':>9s}"
+    )
     all_fp_rules = collections.Counter()
     neg_flagged = neg_total = 0
     total_chars = total_time = 0.0
@@ -170,15 +182,21 @@ def main() -> None:
         neg_total += len(docs)
         total_chars += chars
         total_time += dt
-        print(f"{name:16s} {len(docs):5d} {chars / 1e6:6.2f} {flagged:6d} ({flagged / len(docs):5.1%}) {findings:9d} "
-              f"{findings / (chars / 1e5):10.3f} {dt * 1000 / (chars / 1e5):9.2f}")
-    print(f"{'all':16s} {neg_total:5d} {total_chars / 1e6:6.2f} {neg_flagged:6d} ({neg_flagged / neg_total:5.1%})"
-          f" {'':9s} {'':10s} {total_time * 1000 / (total_chars / 1e5):9.2f}")
+        print(
+            f"{name:16s} {len(docs):5d} {chars / 1e6:6.2f} {flagged:6d} ({flagged / len(docs):5.1%}) {findings:9d} "
+            f"{findings / (chars / 1e5):10.3f} {dt * 1000 / (chars / 1e5):9.2f}"
+        )
+    print(
+        f"{'all':16s} {neg_total:5d} {total_chars / 1e6:6.2f} {neg_flagged:6d} ({neg_flagged / neg_total:5.1%})"
+        f" {'':9s} {'':10s} {total_time * 1000 / (total_chars / 1e5):9.2f}"
+    )
     if all_fp_rules:
         print("false-positive rules:", dict(all_fp_rules))
         for e in examples:
             print("   ", e)
-    print(f"throughput: {total_chars / 1e6 / total_time:.2f} MB/s ({total_time * 1000 / (total_chars / 1e5):.2f} ms per 100 KB)")
+    print(
+        f"throughput: {total_chars / 1e6 / total_time:.2f} MB/s ({total_time * 1000 / (total_chars / 1e5):.2f} ms per 100 KB)"
+    )
 
     # --- positives
     host_pool = [(name, d) for name, docs in corpora.items() for d in docs if len(d) > 2000]
@@ -192,7 +210,7 @@ def main() -> None:
         for _ in range(args.hosts):
             name, doc = rng.choice(host_pool)
             start = rng.randrange(0, max(1, len(doc) - 8000))
-            host = doc[start:start + 8000]
+            host = doc[start : start + 8000]
             text, a, b = insert(host, s["text"], rng)
             found = scan(text)
             hit = [f for f in found if f.start < b and f.end > a]
@@ -222,12 +240,16 @@ def main() -> None:
         print(f"{kind:14s} {hit / total:8.3f}  {top}")
     recall = tp / n_pos
     precision = tp / (tp + neg_flagged) if tp + neg_flagged else 0.0
-    print(f"overall recall {recall:.3f} ({tp}/{n_pos}); document-level precision {precision:.3f} "
-          f"({tp} detected positives vs {neg_flagged} flagged benign documents out of {neg_total})")
+    print(
+        f"overall recall {recall:.3f} ({tp}/{n_pos}); document-level precision {precision:.3f} "
+        f"({tp} detected positives vs {neg_flagged} flagged benign documents out of {neg_total})"
+    )
     print(f"positive hosts with a finding outside the inserted span: {pos_docs_with_extra_fp}")
-    print(f"strip (of {strip_total} detected positives): no finding left {strip_no_finding}, host text exactly "
-          f"restored {strip_host_intact} (the rest: a sentence tail of host text also removed, or an unflagged "
-          f"follow-on sentence of the payload left), both {strip_clean}")
+    print(
+        f"strip (of {strip_total} detected positives): no finding left {strip_no_finding}, host text exactly "
+        f"restored {strip_host_intact} (the rest: a sentence tail of host text also removed, or an unflagged "
+        f"follow-on sentence of the payload left), both {strip_clean}"
+    )
     if misses:
         print("missed strings:")
         for m in misses:

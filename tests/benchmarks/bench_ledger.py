@@ -13,6 +13,7 @@ the report functions, the CLI commands as subprocesses (Python start-up included
 a Starlette app, and the write path: Ledger.submit on the caller's thread and the writer's per-row cost with
 and without the rollup triggers. Prints figures; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from gateway.ledger import reports  # noqa: E402
+from gateway.ledger.database import _migrations, connect, migrate, write_records  # noqa: E402
+from gateway.ledger.records import RequestRecord, UpstreamCall
 from gateway.ledger.summary import summary  # noqa: E402
 from gateway.ledger.writer import Ledger
-from gateway.ledger.records import RequestRecord, UpstreamCall
-from gateway.ledger.database import _migrations, connect, migrate, write_records  # noqa: E402
 
 ROUTES = ["rag", "long", "rag>long", "direct", "passthrough", "none"]
 ROUTE_WEIGHTS = [55, 22, 10, 6, 5, 2]
@@ -47,11 +48,40 @@ CHEAP, LONG = "openai/gpt-4o-mini", "openai/gpt-4.1"
 # rollups) and the schema ends as the gateway's.
 RAW_MIGRATIONS = (1, 5, 6, 11)
 CACHE_READS = 0.6  # the share of long legs that read 90% of their prompt from OpenAI's prompt cache
-REQUEST_LOADED = ("id", "created_at", "key_id", "policy", "alias", "route", "reason", "status", "error", "stream",
-                  "latency_ms", "prompt_tokens", "completion_tokens", "cost_usd", "context_tokens",
-                  "counterfactual_cost_usd", "provenance", "cached_tokens", "cache_saving_usd")
-CALL_LOADED = ("request_id", "created_at", "model", "route", "prompt_tokens", "completion_tokens", "cost_usd",
-               "latency_ms", "error", "cached_tokens", "cache_saving_usd")
+REQUEST_LOADED = (
+    "id",
+    "created_at",
+    "key_id",
+    "policy",
+    "alias",
+    "route",
+    "reason",
+    "status",
+    "error",
+    "stream",
+    "latency_ms",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "context_tokens",
+    "counterfactual_cost_usd",
+    "provenance",
+    "cached_tokens",
+    "cache_saving_usd",
+)
+CALL_LOADED = (
+    "request_id",
+    "created_at",
+    "model",
+    "route",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "latency_ms",
+    "error",
+    "cached_tokens",
+    "cache_saving_usd",
+)
 INSERT_REQUESTS = f"INSERT INTO requests ({', '.join(REQUEST_LOADED)}) VALUES ({', '.join('?' * len(REQUEST_LOADED))})"
 ROW_COUNTS = ("requests", "upstream_calls", "request_rollup_hourly", "call_rollup_hourly")
 INSERT_CALLS = f"INSERT INTO upstream_calls ({', '.join(CALL_LOADED)}) VALUES ({', '.join('?' * len(CALL_LOADED))})"
@@ -84,8 +114,16 @@ def synthetic(rows: int, days: float, keys: int, seed: int, end: float):
         calls = []
         if route in ("rag", "rag>long", "direct", "passthrough"):
             prompt = rng.randrange(300, 4000) if route != "direct" else rng.randrange(50, 800)
-            calls.append((CHEAP, "rag" if route != "direct" else route, prompt, completion,
-                          prompt * 0.15e-6 + completion * 0.6e-6, rng.uniform(200, 2000)))
+            calls.append(
+                (
+                    CHEAP,
+                    "rag" if route != "direct" else route,
+                    prompt,
+                    completion,
+                    prompt * 0.15e-6 + completion * 0.6e-6,
+                    rng.uniform(200, 2000),
+                )
+            )
             calls[-1] += (0, 0.0)
         if route in ("long", "rag>long"):
             # a cache read: 90% of the prompt at $0.50/M instead of $2/M; that long leg is the counterfactual
@@ -95,12 +133,31 @@ def synthetic(rows: int, days: float, keys: int, seed: int, end: float):
             calls.append((LONG, "long", context, completion, counterfactual, rng.uniform(1000, 12000), cached, saving))
         error = "upstream error" if status >= 500 else None
         rid = f"req_{i:08d}"
-        request = (rid, at, rng.choice(key_ids), rng.choice(policies), "selfroute-auto", route, "classifier", status,
-                   error, 0, sum(c[5] for c in calls) + rng.uniform(5, 100), sum(c[2] for c in calls),
-                   sum(c[3] for c in calls), sum(c[4] for c in calls), context, counterfactual, None,
-                   sum(c[6] for c in calls), sum(c[7] for c in calls))
-        call_rows = [(rid, at, m, r, p, c, cost, lat, error if j == len(calls) - 1 else None, ct, sv)
-                     for j, (m, r, p, c, cost, lat, ct, sv) in enumerate(calls)]
+        request = (
+            rid,
+            at,
+            rng.choice(key_ids),
+            rng.choice(policies),
+            "selfroute-auto",
+            route,
+            "classifier",
+            status,
+            error,
+            0,
+            sum(c[5] for c in calls) + rng.uniform(5, 100),
+            sum(c[2] for c in calls),
+            sum(c[3] for c in calls),
+            sum(c[4] for c in calls),
+            context,
+            counterfactual,
+            None,
+            sum(c[6] for c in calls),
+            sum(c[7] for c in calls),
+        )
+        call_rows = [
+            (rid, at, m, r, p, c, cost, lat, error if j == len(calls) - 1 else None, ct, sv)
+            for j, (m, r, p, c, cost, lat, ct, sv) in enumerate(calls)
+        ]
         yield request, call_rows
 
 
@@ -138,8 +195,10 @@ def fill_postgres(url: str, args) -> None:
 
     conn = connect(url)
     with conn:
-        conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
-                     " applied_at double precision NOT NULL)")
+        conn.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at double precision NOT NULL)"
+        )
         for version, name, sql in _migrations(POSTGRESQL):
             if version in RAW_MIGRATIONS:
                 conn.script(sql)
@@ -172,8 +231,10 @@ def timed(label: str, fn, repeat: int) -> None:
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    print(f"  {label:<58} first {times[0] * 1000:8.1f} ms   median {statistics.median(times) * 1000:8.1f} ms"
-          f"   max {max(times) * 1000:8.1f} ms")
+    print(
+        f"  {label:<58} first {times[0] * 1000:8.1f} ms   median {statistics.median(times) * 1000:8.1f} ms"
+        f"   max {max(times) * 1000:8.1f} ms"
+    )
 
 
 def bench_reports(path: Path, repeat: int) -> None:
@@ -185,15 +246,27 @@ def bench_reports(path: Path, repeat: int) -> None:
     timed("costs --by model (all time)", lambda: reports.costs(conn, "model"), repeat)
     timed("costs --by key (all time)", lambda: reports.costs(conn, "key"), repeat)
     timed("costs --by hour --since 7d", lambda: reports.costs(conn, "hour", week), repeat)
-    timed("costs --by day --route long --key k_0..03 (all time)",
-          lambda: reports.costs(conn, "day", reports.Filters(route="long", key=f"k_{3:016x}")), repeat)
-    timed("logs --route long (20 newest)", lambda: reports.list_requests(conn, reports.Filters(route="long"),
-                                                                         limit=20), repeat)
+    timed(
+        "costs --by day --route long --key k_0..03 (all time)",
+        lambda: reports.costs(conn, "day", reports.Filters(route="long", key=f"k_{3:016x}")),
+        repeat,
+    )
+    timed(
+        "logs --route long (20 newest)",
+        lambda: reports.list_requests(conn, reports.Filters(route="long"), limit=20),
+        repeat,
+    )
     page = reports.list_requests(conn, reports.Filters(route="long"), limit=100)
-    timed("logs --route long, page 2 by cursor", lambda: reports.list_requests(
-        conn, reports.Filters(route="long"), limit=100, cursor=page["next_cursor"]), repeat)
-    timed("logs --status error --since 7d", lambda: reports.list_requests(
-        conn, reports.Filters.parse(status="error", since="7d"), limit=20), repeat)
+    timed(
+        "logs --route long, page 2 by cursor",
+        lambda: reports.list_requests(conn, reports.Filters(route="long"), limit=100, cursor=page["next_cursor"]),
+        repeat,
+    )
+    timed(
+        "logs --status error --since 7d",
+        lambda: reports.list_requests(conn, reports.Filters.parse(status="error", since="7d"), limit=20),
+        repeat,
+    )
     timed("dashboard summary, 24h window", lambda: summary(conn, window=86400), repeat)
     timed("dashboard summary, 7d window", lambda: summary(conn, window=7 * 86400), repeat)
     timed("dashboard summary, 30d window (histogram percentiles)", lambda: summary(conn, window=30 * 86400), repeat)
@@ -206,24 +279,26 @@ def bench_cli(data_dir: Path, repeat: int) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for argv in (["costs", "--by", "day"], ["logs", "--route", "long"], ["costs", "--by", "model", "--since", "7d"]):
         cmd = [sys.executable, "-m", "gateway.cli", *argv, "--data-dir", str(data_dir)]
-        timed(" ".join(["selfroute", *argv]), lambda: subprocess.run(cmd, check=True, env=env, cwd=ROOT,
-                                                                       stdout=subprocess.DEVNULL), repeat)
-    timed("python -c 'import gateway.cli' (start-up floor)", lambda: subprocess.run(
-        [sys.executable, "-c", "import gateway.cli"], check=True, env=env, cwd=ROOT), repeat)
+        timed(
+            " ".join(["selfroute", *argv]),
+            lambda: subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL),
+            repeat,
+        )
+    timed(
+        "python -c 'import gateway.cli' (start-up floor)",
+        lambda: subprocess.run([sys.executable, "-c", "import gateway.cli"], check=True, env=env, cwd=ROOT),
+        repeat,
+    )
 
 
 def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None) -> None:
     import warnings
 
-    from starlette.applications import Starlette
-
     with warnings.catch_warnings():  # starlette's note about httpx2 is not ours to act on
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
 
-    from gateway.server.admin import admin_routes
     from gateway.server.auth import Authenticator
-    from gateway.errors import GatewayError
 
     print("admin endpoints (Starlette app in process, httpx test client, admin key):")
     from tests.ledger_fixtures import admin_app
@@ -231,29 +306,85 @@ def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None
     app = admin_app(Ledger(path, dead_letter_dir=dead_letter_dir), Authenticator(["sk-user"], "sk-admin"))
     headers = {"Authorization": "Bearer sk-admin"}
     with TestClient(app) as client:
-        for url in ("/v1/admin/costs?by=day", "/v1/admin/costs?by=model", "/v1/admin/costs?by=hour&since=7d",
-                    "/v1/admin/requests?route=long", "/v1/admin/requests?status=error&since=1d&limit=100",
-                    f"/v1/admin/requests/req_{rows // 2:08d}", "/v1/admin/summary?window=24h",
-                    "/v1/admin/summary?window=7d"):
+        for url in (
+            "/v1/admin/costs?by=day",
+            "/v1/admin/costs?by=model",
+            "/v1/admin/costs?by=hour&since=7d",
+            "/v1/admin/requests?route=long",
+            "/v1/admin/requests?status=error&since=1d&limit=100",
+            f"/v1/admin/requests/req_{rows // 2:08d}",
+            "/v1/admin/summary?window=24h",
+            "/v1/admin/summary?window=7d",
+        ):
+
             def get(url=url):
                 response = client.get(url, headers=headers)
                 assert response.status_code == 200, response.text
+
             timed(f"GET {url}", get, repeat)
 
 
 def _records(count: int, seed: int) -> list[RequestRecord]:
     out = []
     for request, call_rows in synthetic(count, 1, 20, seed, time.time()):
-        (rid, at, key, policy, alias, route, reason, status, error, _, latency, p, c, cost, ctx, cf, _, cached,
-         saved) = request
-        out.append(RequestRecord(
-            id=f"w{seed}_{rid}", created_at=at, key_id=key, policy=policy, alias=alias, route=route, reason=reason,
-            status=status, error=error, latency_ms=latency, prompt_tokens=p, completion_tokens=c, cost_usd=cost,
-            context_tokens=ctx, counterfactual_cost_usd=cf, cached_tokens=cached, cache_saving_usd=saved,
-            provenance={"chunks": [{"document": "doc.txt", "chunk": 7, "score": 0.81}]},
-            calls=[UpstreamCall(model=m, route=r, prompt_tokens=pt, completion_tokens=ct, cost_usd=co, latency_ms=la,
-                                error=er, created_at=at, cached_tokens=cc, cache_saving_usd=sv)
-                   for _, _, m, r, pt, ct, co, la, er, cc, sv in call_rows]))
+        (
+            rid,
+            at,
+            key,
+            policy,
+            alias,
+            route,
+            reason,
+            status,
+            error,
+            _,
+            latency,
+            p,
+            c,
+            cost,
+            ctx,
+            cf,
+            _,
+            cached,
+            saved,
+        ) = request
+        out.append(
+            RequestRecord(
+                id=f"w{seed}_{rid}",
+                created_at=at,
+                key_id=key,
+                policy=policy,
+                alias=alias,
+                route=route,
+                reason=reason,
+                status=status,
+                error=error,
+                latency_ms=latency,
+                prompt_tokens=p,
+                completion_tokens=c,
+                cost_usd=cost,
+                context_tokens=ctx,
+                counterfactual_cost_usd=cf,
+                cached_tokens=cached,
+                cache_saving_usd=saved,
+                provenance={"chunks": [{"document": "doc.txt", "chunk": 7, "score": 0.81}]},
+                calls=[
+                    UpstreamCall(
+                        model=m,
+                        route=r,
+                        prompt_tokens=pt,
+                        completion_tokens=ct,
+                        cost_usd=co,
+                        latency_ms=la,
+                        error=er,
+                        created_at=at,
+                        cached_tokens=cc,
+                        cache_saving_usd=sv,
+                    )
+                    for _, _, m, r, pt, ct, co, la, er, cc, sv in call_rows
+                ],
+            )
+        )
     return out
 
 
@@ -262,8 +393,10 @@ def bench_writes(path: Path, count: int) -> None:
 
     print(f"write path ({count:,} records):")
     records = _records(count, seed=11)
-    for label, subscribers in (("Ledger.submit (no subscriber)", []),
-                               ("Ledger.submit + GatewayMetrics.observe", [GatewayMetrics().observe])):
+    for label, subscribers in (
+        ("Ledger.submit (no subscriber)", []),
+        ("Ledger.submit + GatewayMetrics.observe", [GatewayMetrics().observe]),
+    ):
         ledger = Ledger(path)
         for callback in subscribers:
             ledger.subscribe(callback)
@@ -276,8 +409,10 @@ def bench_writes(path: Path, count: int) -> None:
         ledger.flush(timeout=300)
         ledger.close()
         per_call.sort()
-        print(f"  {label:<45} mean {statistics.mean(per_call) * 1e6:6.1f} us   p50 {per_call[len(per_call) // 2] * 1e6:6.1f} us"
-              f"   p99 {per_call[int(len(per_call) * 0.99)] * 1e6:6.1f} us   (caller's thread)")
+        print(
+            f"  {label:<45} mean {statistics.mean(per_call) * 1e6:6.1f} us   p50 {per_call[len(per_call) // 2] * 1e6:6.1f} us"
+            f"   p99 {per_call[int(len(per_call) * 0.99)] * 1e6:6.1f} us   (caller's thread)"
+        )
         records = _records(count, seed=12)
 
     def writer_cost(target: Path, label: str, with_rollups: bool) -> None:
@@ -287,7 +422,7 @@ def bench_writes(path: Path, count: int) -> None:
         batch = _records(count, seed=13 if with_rollups else 14)
         started = time.perf_counter()
         for i in range(0, len(batch), 256):  # the writer's batch size
-            write_records(conn, batch[i:i + 256])
+            write_records(conn, batch[i : i + 256])
         elapsed = time.perf_counter() - started
         conn.close()
         print(f"  {label:<58} {elapsed / len(batch) * 1e6:6.1f} us/row (batches of 256, synchronous=NORMAL)")

@@ -20,6 +20,7 @@ column prices the same prompts without any cache.
 
     .venv/bin/python tests/benchmarks/bench_prompt_cache.py --data ../shared/data/leval
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,10 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=Path("../shared/data/leval"))
     args = parser.parse_args()
     book = PriceBook()
-    models = {"openai": book.price(ModelConfig(model="openai/gpt-4.1")),
-              "anthropic": book.price(ModelConfig(model="anthropic/claude-sonnet-4-5"))}
+    models = {
+        "openai": book.price(ModelConfig(model="openai/gpt-4.1")),
+        "anthropic": book.price(ModelConfig(model="anthropic/claude-sonnet-4-5")),
+    }
     started = time.perf_counter()
     block_tokens: dict[str, int] = {}
     blocks: dict[str, str] = {}
@@ -96,20 +99,28 @@ def main() -> None:
             warm["anthropic"] += models["anthropic"].cost(prompt, completion, 0, block)
         seen[doc_id] += 1
     elapsed = time.perf_counter() - started
-    print(f"replay: {questions} questions on {len(block_tokens)} documents ({questions / len(block_tokens):.1f} a "
-          f"document), {prompt_total:,} prompt + {completion_total:,} completion tokens; {unfitted} prompts without "
-          f"every unit; {elapsed:.0f} s")
-    for name, model, cached in (("openai", "gpt-4.1", cached_openai), ("anthropic", "claude-sonnet-4-5",
-                                                                         cached_anthropic)):
+    print(
+        f"replay: {questions} questions on {len(block_tokens)} documents ({questions / len(block_tokens):.1f} a "
+        f"document), {prompt_total:,} prompt + {completion_total:,} completion tokens; {unfitted} prompts without "
+        f"every unit; {elapsed:.0f} s"
+    )
+    for name, model, cached in (
+        ("openai", "gpt-4.1", cached_openai),
+        ("anthropic", "claude-sonnet-4-5", cached_anthropic),
+    ):
         price = models[name]
-        rates = (f"input ${price.input_per_token * 1e6:.2f}/M, cache read ${price.cache_read_per_token * 1e6:.2f}/M"
-                 + (f", cache write ${price.cache_write_per_token * 1e6:.2f}/M" if price.cache_write_per_token else "")
-                 + f", output ${price.output_per_token * 1e6:.2f}/M")
+        rates = (
+            f"input ${price.input_per_token * 1e6:.2f}/M, cache read ${price.cache_read_per_token * 1e6:.2f}/M"
+            + (f", cache write ${price.cache_write_per_token * 1e6:.2f}/M" if price.cache_write_per_token else "")
+            + f", output ${price.output_per_token * 1e6:.2f}/M"
+        )
         saving = cold[name] - warm[name]
         print(f"{name:9s} {model:18s} {rates}")
-        print(f"{'':9s} long route without caching ${cold[name]:.2f}, with caching ${warm[name]:.2f}: "
-              f"saves ${saving:.2f} ({100 * saving / cold[name]:.1f}%); cached prompt tokens {cached:,} "
-              f"({100 * cached / prompt_total:.1f}% of prompt tokens)")
+        print(
+            f"{'':9s} long route without caching ${cold[name]:.2f}, with caching ${warm[name]:.2f}: "
+            f"saves ${saving:.2f} ({100 * saving / cold[name]:.1f}%); cached prompt tokens {cached:,} "
+            f"({100 * cached / prompt_total:.1f}% of prompt tokens)"
+        )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the proxy's latency percentile minus the direct path's at the same concurrency. 
 CPU 0 and the upstream and the load generator on CPU 1 (as issue 23 measured). Idle RSS is read before
 the first cell, once the proxy answers and its start-up threads are done.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,19 +29,53 @@ import tempfile
 import time
 from pathlib import Path
 
-COMPLETION = json.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
-}).encode()
-CHUNKS = [
-    json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-                "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}]}).encode()
-    for w in ("The ", "answer ", "is ", "ok", ".")
-] + [json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench",
-                 "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}).encode()
-] + [json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "bench", "choices": [],
-                 "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}}).encode()]
+COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "bench",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+    }
+).encode()
+CHUNKS = (
+    [
+        json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "bench",
+                "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": None}],
+            }
+        ).encode()
+        for w in ("The ", "answer ", "is ", "ok", ".")
+    ]
+    + [
+        json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "bench",
+                "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            }
+        ).encode()
+    ]
+    + [
+        json.dumps(
+            {
+                "id": "c",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": "bench",
+                "choices": [],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
+            }
+        ).encode()
+    ]
+)
 
 
 async def instant_upstream(scope, receive, send):
@@ -98,6 +133,7 @@ passthrough: {{allow: ["*"]}}
 
 def cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of a process and its children (the LiteLLM CLI may fork its server)."""
+
     def own(p: int) -> float:
         fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -130,19 +166,28 @@ litellm_settings: {{telemetry: false}}
 
 def start_litellm(port: int, upstream_port: int, data_dir: str, extra_path: str | None) -> subprocess.Popen | None:
     """The LiteLLM proxy (one worker) in front of the same upstream, or None when its extras do not import."""
-    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
+    env = {
+        **os.environ,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+    }
     if extra_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (extra_path, env.get("PYTHONPATH")) if p)
-    check = subprocess.run([sys.executable, "-c", "import litellm.proxy.proxy_server"], env=env,
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, "-c", "import litellm.proxy.proxy_server"], env=env, capture_output=True, text=True
+    )
     if check.returncode != 0:
         print("LiteLLM proxy not measured: " + (check.stderr.strip().splitlines() or ["?"])[-1], file=sys.stderr)
         return None
     config = Path(data_dir) / "litellm.yaml"
     config.write_text(LITELLM_CONFIG.format(upstream_port=upstream_port))
     cli = Path(sys.executable).with_name("litellm")
-    return subprocess.Popen([str(cli), "--config", str(config), "--port", str(port), "--num_workers", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [str(cli), "--config", str(config), "--port", str(port), "--num_workers", "1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def wait_ready(url: str) -> None:
@@ -152,8 +197,11 @@ async def wait_ready(url: str) -> None:
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
-                async with session.post(url, data=b'{"model":"gpt-bench","messages":[{"role":"user","content":"hi"}]}',
-                                        headers={"content-type": "application/json"}) as r:
+                async with session.post(
+                    url,
+                    data=b'{"model":"gpt-bench","messages":[{"role":"user","content":"hi"}]}',
+                    headers={"content-type": "application/json"},
+                ) as r:
                     await r.read()
                     if r.status == 200:
                         return
@@ -201,9 +249,13 @@ def measure(label: str, url: str, pid: int | None, requests: int, concurrency: i
     latencies, elapsed = asyncio.run(load(url, requests, concurrency, stream))
     cpu = (cpu_seconds(pid) - cpu_before) if pid else None
     return {
-        "path": label, "stream": stream, "requests": requests, "concurrency": concurrency,
+        "path": label,
+        "stream": stream,
+        "requests": requests,
+        "concurrency": concurrency,
         "req_per_s": requests / elapsed,
-        "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": percentile(latencies, 99),
         "cpu_ms_per_req": None if cpu is None else cpu / requests * 1000,
     }
 
@@ -229,12 +281,15 @@ def main() -> int:
     litellm = None if args.no_litellm else start_litellm(litellm_port, upstream_port, data_dir, args.litellm_path)
     try:
         if args.pin:
-            for proxy in (gateway.pid, *( [litellm.pid] if litellm else [])):
+            for proxy in (gateway.pid, *([litellm.pid] if litellm else [])):
                 os.sched_setaffinity(proxy, {0})
             os.sched_setaffinity(upstream.pid, {1})
             os.sched_setaffinity(0, {1})
         direct_url = f"http://127.0.0.1:{upstream_port}/v1/chat/completions"
-        paths = [("direct", direct_url, None), ("selfroute", f"http://127.0.0.1:{gateway_port}/v1/chat/completions", gateway.pid)]
+        paths = [
+            ("direct", direct_url, None),
+            ("selfroute", f"http://127.0.0.1:{gateway_port}/v1/chat/completions", gateway.pid),
+        ]
         if litellm is not None:
             paths.insert(1, ("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", litellm.pid))
         for _, url, _ in paths:
@@ -254,24 +309,37 @@ def main() -> int:
         if args.json:
             print(json.dumps({"idle_rss_mb": idle, "rows": rows}, indent=2))
             return 0
-        print(f"uptime: {Path('/proc/loadavg').read_text().split()[:3]} (load average), pinned: {args.pin}, "
-              f"{args.requests} requests per cell")
+        print(
+            f"uptime: {Path('/proc/loadavg').read_text().split()[:3]} (load average), pinned: {args.pin}, "
+            f"{args.requests} requests per cell"
+        )
         print("idle RSS: " + ", ".join(f"{k} {v:.0f} MB" for k, v in idle.items()))
-        print(f"{'mode':6} {'conc':>4} {'path':9} {'req/s':>8} {'of direct':>9} {'CPU ms/req':>10} "
-              f"{'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'added p99':>9}")
+        print(
+            f"{'mode':6} {'conc':>4} {'path':9} {'req/s':>8} {'of direct':>9} {'CPU ms/req':>10} "
+            f"{'p50 ms':>7} {'p99 ms':>7} {'added p50':>9} {'added p99':>9}"
+        )
         for r in rows:
             cpu = f"{r['cpu_ms_per_req']:.2f}" if r["cpu_ms_per_req"] is not None else "-"
             share = f"{r['share_of_direct']:.0%}" if "share_of_direct" in r else "-"
-            added = (f"{r['added_p50_ms']:9.2f} {r['added_p99_ms']:9.2f}" if "added_p50_ms" in r else f"{'-':>9} {'-':>9}")
-            print(f"{'stream' if r['stream'] else 'plain':6} {r['concurrency']:4d} {r['path']:9} {r['req_per_s']:8.0f} "
-                  f"{share:>9} {cpu:>10} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {added}")
+            added = (
+                f"{r['added_p50_ms']:9.2f} {r['added_p99_ms']:9.2f}" if "added_p50_ms" in r else f"{'-':>9} {'-':>9}"
+            )
+            print(
+                f"{'stream' if r['stream'] else 'plain':6} {r['concurrency']:4d} {r['path']:9} {r['req_per_s']:8.0f} "
+                f"{share:>9} {cpu:>10} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} {added}"
+            )
         for r in rows:
             if r["path"] == "selfroute" and r["concurrency"] == max(args.concurrency):
-                ok = (r["share_of_direct"] >= 0.5, r["cpu_ms_per_req"] <= 0.3,
-                      r["added_p99_ms"] <= 5 * max(r["added_p50_ms"], 1e-9))
-                print(f"targets, {'stream' if r['stream'] else 'plain'} at {r['concurrency']}: >= 50% of direct "
-                      f"{'met' if ok[0] else 'NOT met'}, <= 0.3 ms CPU {'met' if ok[1] else 'NOT met'}, "
-                      f"added p99 <= 5x added p50 {'met' if ok[2] else 'NOT met'}")
+                ok = (
+                    r["share_of_direct"] >= 0.5,
+                    r["cpu_ms_per_req"] <= 0.3,
+                    r["added_p99_ms"] <= 5 * max(r["added_p50_ms"], 1e-9),
+                )
+                print(
+                    f"targets, {'stream' if r['stream'] else 'plain'} at {r['concurrency']}: >= 50% of direct "
+                    f"{'met' if ok[0] else 'NOT met'}, <= 0.3 ms CPU {'met' if ok[1] else 'NOT met'}, "
+                    f"added p99 <= 5x added p50 {'met' if ok[2] else 'NOT met'}"
+                )
     finally:
         gateway.terminate()
         upstream.terminate()

@@ -19,6 +19,7 @@ variables). The policy routes summary questions to the long route (window --long
 collection: units are chosen by relevance) and the others by the shipped classifier after a retrieval pass; every
 question is different, so each one is embedded (on the replica's CPU). The route mix is read from the ledger.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,13 +58,38 @@ routing:
   classifier: {{model_path: "builtin:default", threshold: 0.4428886833129369}}
   default_route: long
 """
-TOPICS = ["command-line options", "the --help option", "the --version option", "error messages", "makefile targets",
-          "installation directories", "DESTDIR", "change logs", "the NEWS file", "portability between Unix systems",
-          "memory allocation", "signal handling", "formatting C source code", "comments in code", "file names",
-          "internationalization", "documentation in Texinfo", "man pages", "releases and tarballs",
-          "copyright notices", "legal papers from contributors", "recording contributors", "mailing lists",
-          "reporting bugs", "web pages of a package", "ftp uploads", "non-free software references",
-          "standard targets for users", "configuration with configure", "library behaviour"]
+TOPICS = [
+    "command-line options",
+    "the --help option",
+    "the --version option",
+    "error messages",
+    "makefile targets",
+    "installation directories",
+    "DESTDIR",
+    "change logs",
+    "the NEWS file",
+    "portability between Unix systems",
+    "memory allocation",
+    "signal handling",
+    "formatting C source code",
+    "comments in code",
+    "file names",
+    "internationalization",
+    "documentation in Texinfo",
+    "man pages",
+    "releases and tarballs",
+    "copyright notices",
+    "legal papers from contributors",
+    "recording contributors",
+    "mailing lists",
+    "reporting bugs",
+    "web pages of a package",
+    "ftp uploads",
+    "non-free software references",
+    "standard targets for users",
+    "configuration with configure",
+    "library behaviour",
+]
 
 
 async def load(urls: list[str], requests: int, concurrency: int) -> tuple[list[float], float]:
@@ -103,8 +129,9 @@ def run(engine: str, replicas: int, args, ctx, upstream_port: int, server) -> di
     data_dir = tempfile.mkdtemp(prefix="selfroute-replicas-")
     ledger_url = server.create_database() if engine == "postgresql" else None
     ports = [free_port() for _ in range(replicas)]
-    procs = [ctx.Process(target=run_gateway, args=(port, upstream_port, data_dir, ledger_url), daemon=True)
-             for port in ports]
+    procs = [
+        ctx.Process(target=run_gateway, args=(port, upstream_port, data_dir, ledger_url), daemon=True) for port in ports
+    ]
     for proc in procs:
         proc.start()
     urls = [f"http://127.0.0.1:{port}/v1/chat/completions" for port in ports]
@@ -124,9 +151,15 @@ def run(engine: str, replicas: int, args, ctx, upstream_port: int, server) -> di
         for proc in procs:
             proc.join(10)
         shutil.rmtree(data_dir, ignore_errors=True)
-    return {"engine": engine, "replicas": replicas, "req_per_s": args.requests / elapsed,
-            "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99),
-            "ledger_rows": rows, "expected_rows": expected}
+    return {
+        "engine": engine,
+        "replicas": replicas,
+        "req_per_s": args.requests / elapsed,
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": percentile(latencies, 99),
+        "ledger_rows": rows,
+        "expected_rows": expected,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ routed
@@ -137,10 +170,20 @@ def routed_bodies(n: int, tag: str) -> list[bytes]:
     bodies = []
     for i in range(n):
         topic = TOPICS[i % len(TOPICS)]
-        question = (f"Summarize what the standards say about {topic} ({tag} {i})." if i % 4 == 3
-                    else f"What do the standards require about {topic}? ({tag} {i})")
-        bodies.append(json.dumps({"model": "selfroute", "messages": [{"role": "user", "content": question}],
-                                  "selfroute": {"collection": COLLECTION}}).encode())
+        question = (
+            f"Summarize what the standards say about {topic} ({tag} {i})."
+            if i % 4 == 3
+            else f"What do the standards require about {topic}? ({tag} {i})"
+        )
+        bodies.append(
+            json.dumps(
+                {
+                    "model": "selfroute",
+                    "messages": [{"role": "user", "content": question}],
+                    "selfroute": {"collection": COLLECTION},
+                }
+            ).encode()
+        )
     return bodies
 
 
@@ -168,8 +211,14 @@ async def load_bodies(urls: list[str], bodies: list[bytes], concurrency: int) ->
 
 
 def cli_env(extra: dict[str, str]) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "OPENAI_API_KEY": "bench", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OPENAI_API_KEY": "bench",
+        **extra,
+    }
 
 
 class Replica:
@@ -178,8 +227,22 @@ class Replica:
     def __init__(self, policy: Path, data_dir: Path, ledger_url: str | None, store_uri: str, env: dict[str, str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(self.port),
-                   "--data-dir", str(data_dir), "--store-uri", store_uri, "--log-level", "WARNING"]
+        command = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--policy",
+            str(policy),
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+            "--store-uri",
+            store_uri,
+            "--log-level",
+            "WARNING",
+        ]
         if ledger_url:
             command += ["--ledger-url", ledger_url]
         self.log = data_dir.parent / f"{data_dir.name}-{self.port}.log"
@@ -216,15 +279,28 @@ class MotoS3:
     def __init__(self):
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
         import boto3
         import botocore.exceptions
 
-        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                              aws_access_key_id="bench", aws_secret_access_key="bench")
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -243,9 +319,26 @@ class MotoS3:
 
 def ingest(store_uri: str, docs: list[Path], env: dict[str, str], data_dir: Path) -> float:
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gateway.cli", "ingest", COLLECTION, *map(str, docs), "--store-uri", store_uri,
-                    "--data-dir", str(data_dir), "--no-progress", "--log-level", "WARNING"],
-                   env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "ingest",
+            COLLECTION,
+            *map(str, docs),
+            "--store-uri",
+            store_uri,
+            "--data-dir",
+            str(data_dir),
+            "--no-progress",
+            "--log-level",
+            "WARNING",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return time.perf_counter() - started
 
 
@@ -259,8 +352,17 @@ def ledger_routes(location) -> dict[str, int]:
         conn.close()
 
 
-def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, replicas: int, args, policy: Path,
-               server, moto: "MotoS3 | None") -> dict:
+def run_routed(
+    store: str,
+    store_uri: str,
+    env: dict[str, str],
+    engine: str,
+    replicas: int,
+    args,
+    policy: Path,
+    server,
+    moto: MotoS3 | None,
+) -> dict:
     root = Path(tempfile.mkdtemp(prefix="selfroute-replicas-routed-"))
     ledger_url = server.create_database() if engine == "postgresql" else None
     # SQLite: the replicas share the data directory's ledger file (WAL); PostgreSQL: each has its own directory
@@ -271,14 +373,18 @@ def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, rep
         for proc in procs:
             proc.wait_ready()
         warm = 4 * args.routed_concurrency
-        asyncio.run(load_bodies(urls, routed_bodies(warm, f"warm {store} {engine} {replicas}"),
-                                args.routed_concurrency))
+        asyncio.run(
+            load_bodies(urls, routed_bodies(warm, f"warm {store} {engine} {replicas}"), args.routed_concurrency)
+        )
         load_before = os.getloadavg()[0]
         # CPU the replicas (and the S3 server) spend per request: where the time goes on a shared machine
         pids = [p.process.pid for p in procs] + ([moto.process.pid] if moto is not None else [])
         cpu_before = [cpu_seconds(pid) for pid in pids]
-        latencies, elapsed = asyncio.run(load_bodies(urls, routed_bodies(args.routed_requests, f"run {store} {engine} "
-                                                                         f"{replicas}"), args.routed_concurrency))
+        latencies, elapsed = asyncio.run(
+            load_bodies(
+                urls, routed_bodies(args.routed_requests, f"run {store} {engine} {replicas}"), args.routed_concurrency
+            )
+        )
         load_after = os.getloadavg()[0]
         cpu = [(cpu_seconds(pid) - before) * 1000 / args.routed_requests for pid, before in zip(pids, cpu_before)]
         expected = warm + args.routed_requests
@@ -291,10 +397,20 @@ def run_routed(store: str, store_uri: str, env: dict[str, str], engine: str, rep
         for proc in procs:
             proc.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return {"store": store, "engine": engine, "replicas": replicas, "req_per_s": args.routed_requests / elapsed,
-            "p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99), "ledger_rows": rows,
-            "expected_rows": expected, "routes": routes, "load": (load_before, load_after),
-            "gateway_cpu_ms": sum(cpu[:replicas]), "s3_cpu_ms": cpu[replicas] if moto is not None else None}
+    return {
+        "store": store,
+        "engine": engine,
+        "replicas": replicas,
+        "req_per_s": args.routed_requests / elapsed,
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": percentile(latencies, 99),
+        "ledger_rows": rows,
+        "expected_rows": expected,
+        "routes": routes,
+        "load": (load_before, load_after),
+        "gateway_cpu_ms": sum(cpu[:replicas]),
+        "s3_cpu_ms": cpu[replicas] if moto is not None else None,
+    }
 
 
 def bench_routed(args, server, upstream_port: int) -> None:
@@ -304,10 +420,14 @@ def bench_routed(args, server, upstream_port: int) -> None:
     from pipelines.tokens import count_tokens
 
     tokens = sum(count_tokens(p.read_text(errors="replace")) for p in args.docs)
-    print(f"\nrouted: {args.routed_requests} requests at concurrency {args.routed_concurrency} about a collection of "
-          f"{len(args.docs)} documents ({tokens:,} tokens); long window {args.long_window:,}")
-    print(f"{'store':6} {'ledger':10} {'replicas':>8} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>12}"
-          f"  {'routes':24} {'CPU ms/req: gateways':>20} {'S3':>5}  load1 before/after")
+    print(
+        f"\nrouted: {args.routed_requests} requests at concurrency {args.routed_concurrency} about a collection of "
+        f"{len(args.docs)} documents ({tokens:,} tokens); long window {args.long_window:,}"
+    )
+    print(
+        f"{'store':6} {'ledger':10} {'replicas':>8} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'ledger rows':>12}"
+        f"  {'routes':24} {'CPU ms/req: gateways':>20} {'S3':>5}  load1 before/after"
+    )
     moto = None
     try:
         for store in args.stores:
@@ -323,9 +443,12 @@ def bench_routed(args, server, upstream_port: int) -> None:
                     r = run_routed(store, store_uri, env, engine, replicas, args, policy, server, moto)
                     s3_cpu = "-" if r["s3_cpu_ms"] is None else f"{r['s3_cpu_ms']:.1f}"
                     mix = " ".join(f"{k}={v}" for k, v in sorted(r["routes"].items(), key=lambda kv: str(kv[0])))
-                    print(f"{r['store']:6} {r['engine']:10} {r['replicas']:8d} {r['req_per_s']:7.1f} {r['p50_ms']:8.1f}"
-                          f" {r['p99_ms']:8.1f} {r['ledger_rows']:>5}/{r['expected_rows']:<6}  {mix:24}"
-                          f" {r['gateway_cpu_ms']:20.1f} {s3_cpu:>5}  {r['load'][0]:.1f}/{r['load'][1]:.1f}", flush=True)
+                    print(
+                        f"{r['store']:6} {r['engine']:10} {r['replicas']:8d} {r['req_per_s']:7.1f} {r['p50_ms']:8.1f}"
+                        f" {r['p99_ms']:8.1f} {r['ledger_rows']:>5}/{r['expected_rows']:<6}  {mix:24}"
+                        f" {r['gateway_cpu_ms']:20.1f} {s3_cpu:>5}  {r['load'][0]:.1f}/{r['load'][1]:.1f}",
+                        flush=True,
+                    )
             if moto is not None:
                 moto.stop()
                 moto = None
@@ -341,8 +464,12 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--routed-requests", type=int, default=400)
     parser.add_argument("--routed-concurrency", type=int, default=8)
-    parser.add_argument("--long-window", type=int, default=16_000,
-                        help="the long model's window: smaller than the collection, so the long route chooses units")
+    parser.add_argument(
+        "--long-window",
+        type=int,
+        default=16_000,
+        help="the long model's window: smaller than the collection, so the long route chooses units",
+    )
     parser.add_argument("--docs", nargs="+", type=Path, default=DEFAULT_DOCS, help="the collection's documents")
     parser.add_argument("--stores", nargs="+", choices=["local", "s3"], default=["local", "s3"])
     parser.add_argument("--skip", choices=["passthrough", "routed"], default=None)
@@ -365,8 +492,11 @@ def main() -> int:
             for engine in ("sqlite", "postgresql"):
                 for replicas in (1, 2):
                     r = run(engine, replicas, args, ctx, upstream_port, server)
-                    print(f"{r['engine']:10} {r['replicas']:8d} {r['req_per_s']:8.0f} {r['p50_ms']:8.1f}"
-                          f" {r['p99_ms']:8.1f} {r['ledger_rows']:>6}/{r['expected_rows']:<7}", flush=True)
+                    print(
+                        f"{r['engine']:10} {r['replicas']:8d} {r['req_per_s']:8.0f} {r['p50_ms']:8.1f}"
+                        f" {r['p99_ms']:8.1f} {r['ledger_rows']:>6}/{r['expected_rows']:<7}",
+                        flush=True,
+                    )
         if args.skip != "routed":
             bench_routed(args, server, upstream_port)
     finally:

@@ -14,6 +14,7 @@ subprocess. With an instant upstream, a request's latency is the gateway's time.
 - rag p50/p99 while another client posts a ~1 MB document to a collection (ingest under way);
 - routed throughput at concurrency 8 (rag route), with 1 worker and with --workers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,10 +44,28 @@ long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{port}/v1", contex
         input_cost_per_mtok: 2.0, output_cost_per_mtok: 8.0}}
 routing: {{classifier: null, default_route: rag, fallback: {{enabled: false}}}}
 """
-TOPICS = ["maintainer scripts", "package priorities", "the menu system", "shared libraries", "configuration files",
-          "virtual packages", "the changelog", "copyright files", "init scripts", "file permissions", "users and groups",
-          "documentation", "manual pages", "the build process", "source packages", "binary packages", "dependencies",
-          "conflicts", "essential packages", "the archive areas"]
+TOPICS = [
+    "maintainer scripts",
+    "package priorities",
+    "the menu system",
+    "shared libraries",
+    "configuration files",
+    "virtual packages",
+    "the changelog",
+    "copyright files",
+    "init scripts",
+    "file permissions",
+    "users and groups",
+    "documentation",
+    "manual pages",
+    "the build process",
+    "source packages",
+    "binary packages",
+    "dependencies",
+    "conflicts",
+    "essential packages",
+    "the archive areas",
+]
 
 
 def questions(n: int, tag: str) -> list[str]:
@@ -70,8 +89,20 @@ class Gateway:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "bench"}
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(self.port),
-                   "--data-dir", str(data_dir), "--log-level", "WARNING"]
+        command = [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--policy",
+            str(policy),
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(data_dir),
+            "--log-level",
+            "WARNING",
+        ]
         if workers > 1:
             command += ["--workers", str(workers)]
         self.process = subprocess.Popen(command, env=env)
@@ -111,8 +142,9 @@ def body(question: str, doc_text: str | None, route: str | None, collection: str
         options["collection"] = collection
     if route:
         options["route"] = route
-    return json.dumps({"model": "selfroute", "messages": [{"role": "user", "content": question}],
-                       "selfroute": options}).encode()
+    return json.dumps(
+        {"model": "selfroute", "messages": [{"role": "user", "content": question}], "selfroute": options}
+    ).encode()
 
 
 async def timed_posts(url: str, bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
@@ -152,8 +184,12 @@ def bare_encode_seconds(text: str) -> tuple[float, int]:
     embedder = Embedder()
     embedder.embed(["warm-up"])
     started = time.perf_counter()
-    embedder.model.encode([c.text for c in chunks], batch_size=settings.embedding_batch_size,
-                          normalize_embeddings=True, show_progress_bar=False)
+    embedder.model.encode(
+        [c.text for c in chunks],
+        batch_size=settings.embedding_batch_size,
+        normalize_embeddings=True,
+        show_progress_bar=False,
+    )
     return time.perf_counter() - started, len(chunks)
 
 
@@ -172,8 +208,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--doc", required=True, type=Path)
     parser.add_argument("--requests", type=int, default=40, help="requests per latency figure")
-    parser.add_argument("--long-window", type=int, default=32_000,
-                        help="the long model's window: smaller than the document, so the long route chooses units")
+    parser.add_argument(
+        "--long-window",
+        type=int,
+        default=32_000,
+        help="the long model's window: smaller than the document, so the long route chooses units",
+    )
     parser.add_argument("--workers", type=int, default=2, help="workers for the second throughput figure")
     parser.add_argument("--throughput-requests", type=int, default=200)
     parser.add_argument("--skip", nargs="*", default=[], choices=["ingest-compare", "during-ingest", "throughput"])
@@ -189,8 +229,10 @@ def main() -> int:
     policy.write_text(POLICY.format(port=upstream_port, window=args.long_window))
     from pipelines.tokens import count_tokens
 
-    print(f"document: {args.doc} ({len(text):,} characters, {count_tokens(text):,} tokens); "
-          f"long window {args.long_window:,}; upstream instant on loopback")
+    print(
+        f"document: {args.doc} ({len(text):,} characters, {count_tokens(text):,} tokens); "
+        f"long window {args.long_window:,}; upstream instant on loopback"
+    )
     gateway = Gateway(policy, work / "data")
     chat = f"{gateway.url}/v1/chat/completions"
     explain = f"{gateway.url}/v1/route/explain"
@@ -199,8 +241,10 @@ def main() -> int:
         print(f"first request with the new document (ingest + answer): {first[0] / 1000:.1f} s")
         if "ingest-compare" not in args.skip:
             seconds, n_chunks = bare_encode_seconds(text)
-            print(f"bare encode of its {n_chunks} chunks in this process: {seconds:.1f} s "
-                  f"(first request / bare encode = {first[0] / 1000 / seconds:.2f}x)")
+            print(
+                f"bare encode of its {n_chunks} chunks in this process: {seconds:.1f} s "
+                f"(first request / bare encode = {first[0] / 1000 / seconds:.2f}x)"
+            )
         n = args.requests
         rag, _ = post(chat, [body(q, text, "rag") for q in questions(n, "rag")])
         print(f"rag route, cached document:     {summary(rag)}")
@@ -220,8 +264,12 @@ def main() -> int:
                 data = json.dumps({"documents": [{"id": "big", "text": big}]}).encode()
                 import httpx
 
-                response = httpx.post(f"{gateway.url}/v1/collections/big/documents", content=data,
-                                      headers={"content-type": "application/json"}, timeout=3600)
+                response = httpx.post(
+                    f"{gateway.url}/v1/collections/big/documents",
+                    content=data,
+                    headers={"content-type": "application/json"},
+                    timeout=3600,
+                )
                 ingest_seconds.append(time.perf_counter() - started)
                 if response.status_code != 200:
                     print("ingest failed:", response.status_code, response.text[:300])
@@ -242,8 +290,10 @@ def main() -> int:
                 state = "still being ingested when the measurement ended"
             print(f"1 MB document ({len(big.encode()):,} bytes) {state}; meanwhile:")
             print(f"  rag before the ingest:        {summary(baseline)}")
-            print(f"  rag during the ingest:        {summary(during)}   "
-                  f"added p99 {percentile(during, 99) - percentile(baseline, 99):+.1f} ms")
+            print(
+                f"  rag during the ingest:        {summary(during)}   "
+                f"added p99 {percentile(during, 99) - percentile(baseline, 99):+.1f} ms"
+            )
     finally:
         gateway.stop()
 
@@ -253,10 +303,13 @@ def main() -> int:
             try:
                 chat = f"{served.url}/v1/chat/completions"
                 post(chat, [body(q, text, "rag") for q in questions(8 * workers, f"warm {workers}")], 8)
-                latencies, elapsed = post(chat, [body(q, text, "rag") for q in
-                                                 questions(args.throughput_requests, f"tp {workers}")], 8)
-                print(f"throughput, rag route, concurrency 8, {workers} worker(s): "
-                      f"{len(latencies) / elapsed:6.1f} req/s   {summary(latencies)}")
+                latencies, elapsed = post(
+                    chat, [body(q, text, "rag") for q in questions(args.throughput_requests, f"tp {workers}")], 8
+                )
+                print(
+                    f"throughput, rag route, concurrency 8, {workers} worker(s): "
+                    f"{len(latencies) / elapsed:6.1f} req/s   {summary(latencies)}"
+                )
             finally:
                 served.stop()
     upstream.terminate()

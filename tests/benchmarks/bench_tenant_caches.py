@@ -6,6 +6,7 @@ Not collected by pytest.
 
     .venv/bin/python tests/benchmarks/bench_tenant_caches.py [--doc FILE] [--repeats 30]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,12 @@ def main() -> None:
     scan_misses, scan_hits = [], []
     for i in range(max(3, args.repeats // 3)):
         body = text + f"\n\nrevision {i}\n"  # a new text each round: the first scan is a miss
-        scan_misses.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first"))))
-        scan_hits.append(timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first"))))
+        scan_misses.append(
+            timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first")))
+        )
+        scan_hits.append(
+            timed(lambda: screen_documents("flag", [InlineDocument(id="d", text=body)], "d", KeyScope("first")))
+        )
     summary("injection scan, miss (another key)", scan_misses)
     summary("injection scan, hit (same key)", scan_hits)
 

@@ -20,6 +20,7 @@ threshold with the best training quality whose training cost share stays under -
 applied to the held-out fold. The pre-route P(cheap) fed to the verifier is itself nested out of fold.
 Prices: the reference pair (gpt-3.5-turbo $0.5/$1.5, gpt-3.5-turbo-16k $3/$4 per million tokens).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,11 @@ from classifier.features import FEATURE_NAMES  # noqa: E402
 from classifier.training import build_pipeline  # noqa: E402
 from classifier.training import feature_matrix as route_matrix  # noqa: E402
 from classifier.verifier import (  # noqa: E402
-    VerifierModel, build_verifier_pipeline, choice_weights, grouped_splits, label_good,
+    VerifierModel,
+    build_verifier_pipeline,
+    choice_weights,
+    grouped_splits,
+    label_good,
     leave_one_group_out_splits,
 )
 
@@ -67,8 +72,12 @@ def _reference_prices() -> dict[str, float]:
         except ImportError:
             from gateway.reference_prices import reference_prices
         p = reference_prices()
-        return {"cheap_in": p.cheap_input, "cheap_out": p.cheap_output, "long_in": p.long_input,
-                "long_out": p.long_output}
+        return {
+            "cheap_in": p.cheap_input,
+            "cheap_out": p.cheap_output,
+            "long_in": p.long_input,
+            "long_out": p.long_output,
+        }
     except Exception:  # no cost map available: the documented reference pair
         return dict(PRICES)
 
@@ -160,10 +169,12 @@ class Replay:
         self.lc = np.array([float(r["lc_score"]) for r in rows])
         rag_out = np.array(output_tokens([r.get("rag_pred") or "" for r in rows]))
         lc_out = np.array(output_tokens([r.get("lc_pred") or "" for r in rows]))
-        self.rag_cost = (np.array([i["rag_prompt_tokens"] for i in inputs]) * prices["cheap_in"]
-                         + rag_out * prices["cheap_out"]) / 1e6
-        self.long_cost = (np.array([i["long_prompt_tokens"] for i in inputs]) * prices["long_in"]
-                          + lc_out * prices["long_out"]) / 1e6
+        self.rag_cost = (
+            np.array([i["rag_prompt_tokens"] for i in inputs]) * prices["cheap_in"] + rag_out * prices["cheap_out"]
+        ) / 1e6
+        self.long_cost = (
+            np.array([i["long_prompt_tokens"] for i in inputs]) * prices["long_in"] + lc_out * prices["long_out"]
+        ) / 1e6
 
     def outcome(self, idx, direct_long, escalate):
         """Quality and cost of questions idx: direct_long -> long only; else RAG, plus long if escalate."""
@@ -176,8 +187,12 @@ class Replay:
     def summary(self, idx, direct_long, escalate) -> dict[str, float]:
         score, cost = self.outcome(idx, direct_long, escalate)
         long_q, long_c = self.lc[idx].mean(), self.long_cost[idx].sum()
-        return {"quality": score.mean(), "points": 100 * (score.mean() - long_q), "cost_share": cost.sum() / long_c,
-                "long_share": float(np.mean(np.asarray(direct_long, bool) | np.asarray(escalate, bool)))}
+        return {
+            "quality": score.mean(),
+            "points": 100 * (score.mean() - long_q),
+            "cost_share": cost.sum() / long_c,
+            "long_share": float(np.mean(np.asarray(direct_long, bool) | np.asarray(escalate, bool))),
+        }
 
 
 def pick_threshold(replay: Replay, idx, scores, cost_cap: float, direct_long=None) -> float:
@@ -232,8 +247,15 @@ def nested_pre_route(protocol, x_route, y, docs, tasks):
         pre_train = np.zeros(len(train))
         for itr, ite in inner:
             pre_train[ite] = fit_predict_route(x_route, y, train[itr], train[ite])
-        folds.append({"train": train, "test": test, "inner": inner, "pre_train": pre_train,
-                      "pre_test": fit_predict_route(x_route, y, train, test)})
+        folds.append(
+            {
+                "train": train,
+                "test": test,
+                "inner": inner,
+                "pre_train": pre_train,
+                "pre_test": fit_predict_route(x_route, y, train, test),
+            }
+        )
     return folds
 
 
@@ -251,13 +273,15 @@ def nested_verifier(folds, ans_rows, y, w, names, use_pre_route, estimator="boos
         ver_train = np.zeros(len(train))
         for itr, ite in f["inner"]:
             ver_train[ite] = fit_predict_verifier(rows, y, w, train[itr], train[ite], names, estimator)
-        out.append(dict(f, ver_train=ver_train,
-                        ver_test=fit_predict_verifier(rows, y, w, train, test, names, estimator)))
+        out.append(
+            dict(f, ver_train=ver_train, ver_test=fit_predict_verifier(rows, y, w, train, test, names, estimator))
+        )
     return out
 
 
-def evaluate_protocol(protocol, replay, x_route, ans_rows, y, w, docs, tasks, refused, variants, cost_cap,
-                      pre_route_share=0.10):
+def evaluate_protocol(
+    protocol, replay, x_route, ans_rows, y, w, docs, tasks, refused, variants, cost_cap, pre_route_share=0.10
+):
     """Rows of the results table for one protocol, and the per-question decisions of each strategy."""
     n = len(y)
     all_idx = np.arange(n)
@@ -316,8 +340,10 @@ def table(results: dict[str, dict]) -> str:
     head = f"| {'strategy':<52} | quality | vs long (pts) | cost vs long | long/escalated % |"
     lines = [head, "|" + "-" * 54 + "|---------|---------------|--------------|------------------|"]
     for name, r in results.items():
-        lines.append(f"| {name:<52} | {r['quality']:.4f}  | {r['points']:+13.2f} | {r['cost_share']:12.3f} | "
-                     f"{100 * r['long_share']:16.1f} |")
+        lines.append(
+            f"| {name:<52} | {r['quality']:.4f}  | {r['points']:+13.2f} | {r['cost_share']:12.3f} | "
+            f"{100 * r['long_share']:16.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -374,12 +400,19 @@ def main(argv=None) -> int:
     parser.add_argument("--paired", type=Path, required=True, help="paired_rag_vs_lc.jsonl")
     parser.add_argument("--leval-dir", type=Path, required=True, help="folder holding LEval-data/")
     parser.add_argument("--cache-dir", type=Path, default=Path("/tmp/verifier_lab"))
-    parser.add_argument("--cost-cap-grouped", type=float, default=0.35,
-                        help="grouped 5-fold thresholds: best training quality with training cost share <= this "
-                             "(default 0.35: the 0.40 target less a margin)")
-    parser.add_argument("--cost-cap-loto", type=float, default=0.45,
-                        help="leave-one-task-out thresholds: the same under this cap (default 0.45: the 0.50 target "
-                             "less a margin)")
+    parser.add_argument(
+        "--cost-cap-grouped",
+        type=float,
+        default=0.35,
+        help="grouped 5-fold thresholds: best training quality with training cost share <= this "
+        "(default 0.35: the 0.40 target less a margin)",
+    )
+    parser.add_argument(
+        "--cost-cap-loto",
+        type=float,
+        default=0.45,
+        help="leave-one-task-out thresholds: the same under this cap (default 0.45: the 0.50 target less a margin)",
+    )
     parser.add_argument("--margin", type=float, default=0.0, help="label: good when rag_score >= lc_score - margin")
     parser.add_argument("--importance", action="store_true", help="also print permutation importances")
     parser.add_argument("--ablations", action="store_true", help="also replay feature-group and label ablations")
@@ -396,8 +429,17 @@ def main(argv=None) -> int:
     ans_rows = []
     for r, inp in zip(rows, inputs):
         terms, bigrams, nums = doc_index[r["doc_id"]]
-        f = answer_features(r["query"], r.get("rag_pred"), inp["passages"], None, None, None,
-                            document_terms_set=terms, document_bigrams=bigrams, document_numbers=nums)
+        f = answer_features(
+            r["query"],
+            r.get("rag_pred"),
+            inp["passages"],
+            None,
+            None,
+            None,
+            document_terms_set=terms,
+            document_bigrams=bigrams,
+            document_numbers=nums,
+        )
         f.update(inp["features"])  # pre-route features, for variants that use them
         ans_rows.append(f)
     y = np.array([label_good(r["rag_score"], r["lc_score"], args.margin) for r in rows])
@@ -416,29 +458,46 @@ def main(argv=None) -> int:
         groups = {
             "refusal/hedge": [n for n in full if n.startswith(("ans_refusal", "ans_hedges", "ans_missing"))],
             "multiple choice": [n for n in full if n.startswith("mc_")],
-            "grounding": [n for n in full
-                          if "support" in n or n in ("ans_unsupported_terms", "passage_share_of_document")],
+            "grounding": [
+                n for n in full if "support" in n or n in ("ans_unsupported_terms", "passage_share_of_document")
+            ],
             "shape": ["ans_words", "ans_log_chars", "ans_numbers", "ans_query_len_ratio", "ans_query_overlap"],
         }
-        variants.update({
-            "ablation: unweighted label": (full + FEATURE_NAMES, True, False, "boosting"),
-            "ablation: logistic": (full + FEATURE_NAMES, True, True, "logistic"),
-            "ablation: pre-route P only, no raw pre-route features": (full, True, True, "boosting"),
-            **{f"ablation: without {g}": ([n for n in full + FEATURE_NAMES if n not in drop], True, True,
-                                           "boosting")
-               for g, drop in groups.items()},
-            "ablation: pre-route P + shape only": (["pre_route_probability"] + groups["shape"], True, True, "boosting"),
-        })
-    print(f"{len(rows)} questions, {len(docs)} documents, {len(set(tasks.tolist()))} tasks; "
-          f"{int(refused.sum())} cheap answers are refusals; label: rag_score >= lc_score - {args.margin:g} "
-          f"({100 * y.mean():.1f}% good); prices {prices}; threshold cost caps {args.cost_cap_grouped} (grouped), "
-          f"{args.cost_cap_loto} (LOTO)")
+        variants.update(
+            {
+                "ablation: unweighted label": (full + FEATURE_NAMES, True, False, "boosting"),
+                "ablation: logistic": (full + FEATURE_NAMES, True, True, "logistic"),
+                "ablation: pre-route P only, no raw pre-route features": (full, True, True, "boosting"),
+                **{
+                    f"ablation: without {g}": (
+                        [n for n in full + FEATURE_NAMES if n not in drop],
+                        True,
+                        True,
+                        "boosting",
+                    )
+                    for g, drop in groups.items()
+                },
+                "ablation: pre-route P + shape only": (
+                    ["pre_route_probability"] + groups["shape"],
+                    True,
+                    True,
+                    "boosting",
+                ),
+            }
+        )
+    print(
+        f"{len(rows)} questions, {len(docs)} documents, {len(set(tasks.tolist()))} tasks; "
+        f"{int(refused.sum())} cheap answers are refusals; label: rag_score >= lc_score - {args.margin:g} "
+        f"({100 * y.mean():.1f}% good); prices {prices}; threshold cost caps {args.cost_cap_grouped} (grouped), "
+        f"{args.cost_cap_loto} (LOTO)"
+    )
     report = {}
     for protocol, title in (("grouped", "Grouped-by-document 5-fold"), ("loto", "Leave-one-task-out")):
         t0 = time.time()
         cap = args.cost_cap_loto if protocol == "loto" else args.cost_cap_grouped
-        results, decisions, scores = evaluate_protocol(protocol, replay, x_route, ans_rows, y, w, docs_arr, tasks,
-                                                       refused, variants, cap)
+        results, decisions, scores = evaluate_protocol(
+            protocol, replay, x_route, ans_rows, y, w, docs_arr, tasks, refused, variants, cap
+        )
         print(f"\n## {title} ({time.time() - t0:.0f}s)\n")
         print(table(results))
         for name, r in results.items():
@@ -446,9 +505,15 @@ def main(argv=None) -> int:
                 print(f"  {name}: thresholds per fold {[round(t, 3) for t in r['thresholds']]}")
         if protocol == "loto":
             print("\nPer task (LOTO; quality, long/escalated share):\n")
-            show = ["always-long", "always-rag", "self-route (escalate refusals)",
-                    "pre-route classifier + fallback (10% long)", "verifier only (answer features)",
-                    "pre-route + verifier", "oracle (better route per question)"]
+            show = [
+                "always-long",
+                "always-rag",
+                "self-route (escalate refusals)",
+                "pre-route classifier + fallback (10% long)",
+                "verifier only (answer features)",
+                "pre-route + verifier",
+                "oracle (better route per question)",
+            ]
             print(per_task_table(replay, tasks, decisions, show))
         report[protocol] = {k: {kk: vv for kk, vv in v.items()} for k, v in results.items()}
         if protocol == "grouped":

@@ -16,6 +16,7 @@ request's max_tokens, the fake's answer is an echo), with the estimate priced as
 
     .venv/bin/python tests/benchmarks/bench_warm_estimate.py --data ../shared/data/leval --provider anthropic
 """
+
 from __future__ import annotations
 
 import argparse
@@ -128,9 +129,19 @@ def main() -> None:
     upstream = fake.create_fake_upstream()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, serve_app(upstream) as base:
-        policy = parse_policy(POLICY.format(base=base, model=model, marked=str(marked).lower(), input=price_in,
-                                            read=price_read, write=price_write, output=price_out,
-                                            window=args.window), "bench.yaml")
+        policy = parse_policy(
+            POLICY.format(
+                base=base,
+                model=model,
+                marked=str(marked).lower(),
+                input=price_in,
+                read=price_read,
+                write=price_write,
+                output=price_out,
+                window=args.window,
+            ),
+            "bench.yaml",
+        )
         app = create_app(Settings(data_dir=Path(tmp)), policy=policy)
         with serve_app(app) as url:
             while httpx.get(f"{url}/health/readiness").status_code != 200:
@@ -140,37 +151,62 @@ def main() -> None:
             for doc_id, text, queries in session(args.data, args.documents, args.questions, args.window - 2000):
                 docs = [{"id": doc_id, "text": text}]
                 for question in queries:
-                    body = {"model": "selfroute", "max_tokens": MAX_TOKENS,
-                            "messages": [{"role": "user", "content": question}],
-                            "selfroute": {"documents": docs, "route": "long"}}
-                    estimate = httpx.post(f"{url}/v1/route/explain", json=body, timeout=600,
-                                          headers={"authorization": "Bearer bench"}).json()["estimates"]["long"]
-                    client.chat.completions.create(model="selfroute", max_tokens=MAX_TOKENS, messages=body["messages"],
-                                                   extra_body={"selfroute": body["selfroute"]})
+                    body = {
+                        "model": "selfroute",
+                        "max_tokens": MAX_TOKENS,
+                        "messages": [{"role": "user", "content": question}],
+                        "selfroute": {"documents": docs, "route": "long"},
+                    }
+                    estimate = httpx.post(
+                        f"{url}/v1/route/explain", json=body, timeout=600, headers={"authorization": "Bearer bench"}
+                    ).json()["estimates"]["long"]
+                    client.chat.completions.create(
+                        model="selfroute",
+                        max_tokens=MAX_TOKENS,
+                        messages=body["messages"],
+                        extra_body={"selfroute": body["selfroute"]},
+                    )
                     app.state.gateway.ledger.flush()
                     with sqlite3.connect(app.state.gateway.ledger.path) as conn:
                         cost, completion, cached = conn.execute(
                             "SELECT cost_usd, completion_tokens, cached_tokens FROM upstream_calls "
-                            "ORDER BY id DESC LIMIT 1").fetchone()
+                            "ORDER BY id DESC LIMIT 1"
+                        ).fetchone()
                     out = estimate["completion_tokens_estimate"] * price_out / 1e6
-                    rows.append((doc_id, estimate["cache"], estimate["cost_usd"] - out,
-                                 estimate["cost_usd_uncached"] - out, cost - completion * price_out / 1e6,
-                                 estimate["cached_tokens_estimate"], cached))
+                    rows.append(
+                        (
+                            doc_id,
+                            estimate["cache"],
+                            estimate["cost_usd"] - out,
+                            estimate["cost_usd_uncached"] - out,
+                            cost - completion * price_out / 1e6,
+                            estimate["cached_tokens_estimate"],
+                            cached,
+                        )
+                    )
     elapsed = time.perf_counter() - started
-    print(f"{args.provider}: {len(rows)} questions on {len({r[0] for r in rows})} documents, window {args.window:,}; "
-          f"prices $/M input {price_in}, cache read {price_read}, cache write {price_write}; {elapsed:.0f} s")
-    print(f"{'document':22s} {'cache':6s} {'estimate':>10s} {'uncached':>10s} {'recorded':>10s} {'est. cached':>11s} "
-          f"{'reported':>9s}")
+    print(
+        f"{args.provider}: {len(rows)} questions on {len({r[0] for r in rows})} documents, window {args.window:,}; "
+        f"prices $/M input {price_in}, cache read {price_read}, cache write {price_write}; {elapsed:.0f} s"
+    )
+    print(
+        f"{'document':22s} {'cache':6s} {'estimate':>10s} {'uncached':>10s} {'recorded':>10s} {'est. cached':>11s} "
+        f"{'reported':>9s}"
+    )
     for doc_id, state, estimate, uncached, recorded, cached_estimate, cached in rows:
-        print(f"{doc_id:22s} {state:6s} {estimate:10.5f} {uncached:10.5f} {recorded:10.5f} {cached_estimate:11,d} "
-              f"{cached:9,d}")
+        print(
+            f"{doc_id:22s} {state:6s} {estimate:10.5f} {uncached:10.5f} {recorded:10.5f} {cached_estimate:11,d} "
+            f"{cached:9,d}"
+        )
     recorded = sum(r[4] for r in rows)
     for name, column in (("cache-aware estimate", 2), ("uncached estimate", 3)):
         total = sum(r[column] for r in rows)
         errors = [abs(r[column] - r[4]) / r[4] for r in rows]
-        print(f"{name:21s} total ${total:.4f} vs recorded ${recorded:.4f} ({100 * (total - recorded) / recorded:+.1f}%); "
-              f"per question: median error {100 * statistics.median(errors):.1f}%, "
-              f"within 5% on {sum(e <= 0.05 for e in errors)}/{len(errors)}")
+        print(
+            f"{name:21s} total ${total:.4f} vs recorded ${recorded:.4f} ({100 * (total - recorded) / recorded:+.1f}%); "
+            f"per question: median error {100 * statistics.median(errors):.1f}%, "
+            f"within 5% on {sum(e <= 0.05 for e in errors)}/{len(errors)}"
+        )
     states = [r[1] for r in rows]
     print("estimates: " + ", ".join(f"{s} {states.count(s)}" for s in ("warm", "cold", "not_cacheable")))
 

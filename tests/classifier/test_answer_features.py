@@ -28,37 +28,45 @@ PASSAGES = [
 DOCUMENT = PASSAGES[0] + " Later chapters discuss statisticians, the Zeta Protocol and revenue of 9,100 dollars."
 
 
-@pytest.mark.parametrize("answer", [
-    "unanswerable",
-    "Unanswerable.",
-    "The passages do not contain the answer.",
-    "There is no information provided in the given context about the advertising method.",
-    "I'm sorry, but the provided context does not contain information about bookings.",
-    "It is not specified in the provided information.",
-    "文中没有提及这个问题。",
-    "根据材料，无法确定答案。",
-    "没有相关信息",
-    "",
-    None,
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "unanswerable",
+        "Unanswerable.",
+        "The passages do not contain the answer.",
+        "There is no information provided in the given context about the advertising method.",
+        "I'm sorry, but the provided context does not contain information about bookings.",
+        "It is not specified in the provided information.",
+        "文中没有提及这个问题。",
+        "根据材料，无法确定答案。",
+        "没有相关信息",
+        "",
+        None,
+    ],
+)
 def test_refusals_are_detected_in_english_and_chinese(answer):
     assert is_refusal(answer)
 
 
-@pytest.mark.parametrize("answer", [
-    "B. Rapid increase in computing capabilities and data generation",
-    "10 episodes",
-    "The second topic we discussed was the future of space tourism.",
-    "答案是B，计算能力的快速提升。",
-    "A. it does not damage the artworks",
-])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "B. Rapid increase in computing capabilities and data generation",
+        "10 episodes",
+        "The second topic we discussed was the future of space tourism.",
+        "答案是B，计算能力的快速提升。",
+        "A. it does not damage the artworks",
+    ],
+)
 def test_answers_are_not_refusals(answer):
     assert not is_refusal(answer)
 
 
 def test_refusal_deep_in_a_long_answer_is_partial_not_a_refusal():
-    answer = ("Section 11.1 renews the agreement for one-year periods unless either party gives notice. " * 4
-              + "The text does not mention a renewal fee.")
+    answer = (
+        "Section 11.1 renews the agreement for one-year periods unless either party gives notice. " * 4
+        + "The text does not mention a renewal fee."
+    )
     assert not is_refusal(answer)
     assert refusal_anywhere(answer)
 
@@ -135,16 +143,24 @@ def test_document_features_nan_without_document_and_precomputed_index_matches():
     assert math.isnan(no_doc["ans_number_support_document"])
     terms, bigrams, nums = document_index(DOCUMENT)
     with_text = answer_features(query, "4,500 analysts at Acme", PASSAGES, DOCUMENT)
-    with_index = answer_features(query, "4,500 analysts at Acme", PASSAGES, None, document_terms_set=terms,
-                                 document_bigrams=bigrams, document_numbers=nums)
+    with_index = answer_features(
+        query,
+        "4,500 analysts at Acme",
+        PASSAGES,
+        None,
+        document_terms_set=terms,
+        document_bigrams=bigrams,
+        document_numbers=nums,
+    )
     assert with_text == pytest.approx(with_index, nan_ok=True)
 
 
 def test_optional_logprobs_and_pre_route_probability():
     f = answer_features("Who?", "Acme", PASSAGES, DOCUMENT)
     assert math.isnan(f["ans_logprob_mean"]) and math.isnan(f["pre_route_probability"])
-    g = answer_features("Who?", "Acme", PASSAGES, DOCUMENT, logprobs=[-0.1, -2.0, float("nan")],
-                        pre_route_probability=0.7)
+    g = answer_features(
+        "Who?", "Acme", PASSAGES, DOCUMENT, logprobs=[-0.1, -2.0, float("nan")], pre_route_probability=0.7
+    )
     assert g["ans_logprob_mean"] == pytest.approx(-1.05)
     assert g["ans_logprob_min"] == pytest.approx(-2.0)
     assert g["pre_route_probability"] == pytest.approx(0.7)
@@ -154,7 +170,11 @@ def test_question_names_absent_from_the_document():
     from classifier.answer_features import answer_features, query_names
 
     assert query_names("Why did Miss Winslow reject Mr. Rhodes's offer in 1921? Then what?") >= {
-        "miss", "winslow", "rhodes", "1921"}
+        "miss",
+        "winslow",
+        "rhodes",
+        "1921",
+    }
     assert "why" not in query_names("Why did Miss Winslow go?") and "then" not in query_names("A b. Then c?")
     doc = "Miss Winslow lived in Florence. She refused the room in 1921."
     present = answer_features("Why did Miss Winslow refuse the room?", "unanswerable", [], doc)
@@ -167,8 +187,14 @@ def test_question_names_absent_from_the_document():
 def test_retrieval_and_support_inputs_pass_through_or_are_missing():
     from classifier.answer_features import answer_features
 
-    f = answer_features("q?", "a", ["p"], None, retrieval={"top_score": 0.7, "top_margin": 0.1, "hit_spread": 0.5},
-                        support={"ans_passage_similarity": 0.8})
+    f = answer_features(
+        "q?",
+        "a",
+        ["p"],
+        None,
+        retrieval={"top_score": 0.7, "top_margin": 0.1, "hit_spread": 0.5},
+        support={"ans_passage_similarity": 0.8},
+    )
     assert f["ret_top_score"] == 0.7 and f["ret_top_margin"] == 0.1 and f["ret_hit_spread"] == 0.5
     assert f["ans_passage_similarity"] == 0.8
     assert math.isnan(f["ret_score_spread"]) and math.isnan(f["ans_sentence_support_min"])

@@ -16,8 +16,15 @@ STATS = DocumentStats(context_tokens=4000, max_document_tokens=3000, n_documents
 
 
 def test_policy_rule_features_exist_in_a_stable_order():
-    for name in ("context_tokens", "max_document_tokens", "cross_ref_count", "cross_ref_density",
-                 "n_documents", "n_sections", "top_score"):
+    for name in (
+        "context_tokens",
+        "max_document_tokens",
+        "cross_ref_count",
+        "cross_ref_density",
+        "n_documents",
+        "n_sections",
+        "top_score",
+    ):
         assert name in FEATURE_NAMES
     assert len(FEATURE_NAMES) == len(set(FEATURE_NAMES))
     features = extract_features("Who wrote it?", STATS, None)

@@ -29,8 +29,14 @@ def toy_rows(n_groups=10, per_group=24, noise=0.05, seed=0):
             good = int(support > 0.5 and not refusal)
             if rng.uniform() < noise:
                 good = 1 - good
-            rows.append({"ans_support_passages": support, "ans_refusal": refusal,
-                         "ans_words": float(rng.integers(1, 60)), "ans_logprob_mean": float("nan")})
+            rows.append(
+                {
+                    "ans_support_passages": support,
+                    "ans_refusal": refusal,
+                    "ans_words": float(rng.integers(1, 60)),
+                    "ans_logprob_mean": float("nan"),
+                }
+            )
             labels.append(good)
             groups.append(f"doc{g}")
     return rows, np.array(labels), groups
@@ -173,9 +179,19 @@ def test_permutation_importance_finds_the_feature_that_carries_the_signal():
     lc = 1.0 - rag
     corpora = ["a" if int(g[3:]) < 4 else "b" for g in groups]
     splits = protocol_splits("corpus", labels, groups, corpora=corpora)
-    result = dict(permutation_importance(rows, labels, rag, lc, splits, split_units(splits, len(rows)),
-                                         feature_names=["ans_support_passages", "ans_refusal", "ans_words"],
-                                         estimator="logistic", sample_weight=choice_weights(rag, lc)))
+    result = dict(
+        permutation_importance(
+            rows,
+            labels,
+            rag,
+            lc,
+            splits,
+            split_units(splits, len(rows)),
+            feature_names=["ans_support_passages", "ans_refusal", "ans_words"],
+            estimator="logistic",
+            sample_weight=choice_weights(rag, lc),
+        )
+    )
     assert result["(none shuffled: the scores)"]["auc"] > 0.8
     assert result["ans_support_passages"]["auc"] > 0.2 and result["ans_support_passages"]["transfer"] > 5
     assert abs(result["ans_words"]["auc"]) < 0.05  # noise carries nothing across corpora

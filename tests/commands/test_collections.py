@@ -1,4 +1,5 @@
 """`selfroute collections list|show|delete` on a real LanceDB store holding the packaged sample."""
+
 from __future__ import annotations
 
 import json

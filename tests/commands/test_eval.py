@@ -1,4 +1,5 @@
 """`selfroute eval prepare-leval | replay | absent` on tiny fixtures of our own (real MiniLM + LanceDB)."""
+
 import json
 
 import pytest
@@ -6,9 +7,17 @@ import pytest
 from gateway.cli import main
 from tests.routing_fixtures import write_paired_fixture
 
-STRATEGIES = ["always-long", "always-rag", "self-route", "rules+classifier", "router (rules+classifier+fallback)",
-              "router + keep-refusal option", "verifier only (rag, then verifier)", "rules+classifier+verifier",
-              "oracle"]
+STRATEGIES = [
+    "always-long",
+    "always-rag",
+    "self-route",
+    "rules+classifier",
+    "router (rules+classifier+fallback)",
+    "router + keep-refusal option",
+    "verifier only (rag, then verifier)",
+    "rules+classifier+verifier",
+    "oracle",
+]
 
 
 def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
@@ -21,21 +30,61 @@ def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
     ]
     (tasks / "quiz.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     paired = [
-        {"task": "quiz", "doc": 0, "question": 1, "query": "Q0b?", "gt": "b", "rag_pred": "b", "lc_pred": "x",
-         "metric": "exam", "rag_score": 1.0, "lc_score": 0.0},
-        {"task": "quiz", "doc": 1, "question": 0, "query": "Q1a?", "gt": "c", "rag_pred": "unanswerable",
-         "lc_pred": "c", "metric": "exam", "rag_score": 0.0, "lc_score": 1.0},
-        {"task": "quiz", "doc": 1, "question": 0, "query": "Different?", "gt": "c", "rag_pred": "c",
-         "lc_pred": "c", "metric": "exam", "rag_score": 1.0, "lc_score": 1.0},
+        {
+            "task": "quiz",
+            "doc": 0,
+            "question": 1,
+            "query": "Q0b?",
+            "gt": "b",
+            "rag_pred": "b",
+            "lc_pred": "x",
+            "metric": "exam",
+            "rag_score": 1.0,
+            "lc_score": 0.0,
+        },
+        {
+            "task": "quiz",
+            "doc": 1,
+            "question": 0,
+            "query": "Q1a?",
+            "gt": "c",
+            "rag_pred": "unanswerable",
+            "lc_pred": "c",
+            "metric": "exam",
+            "rag_score": 0.0,
+            "lc_score": 1.0,
+        },
+        {
+            "task": "quiz",
+            "doc": 1,
+            "question": 0,
+            "query": "Different?",
+            "gt": "c",
+            "rag_pred": "c",
+            "lc_pred": "c",
+            "metric": "exam",
+            "rag_score": 1.0,
+            "lc_score": 1.0,
+        },
     ]
     (leval / "paired_rag_vs_lc.jsonl").write_text("".join(json.dumps(x) + "\n" for x in paired))
     out = tmp_path / "out"
     assert main(["eval", "prepare-leval", str(leval), str(out)]) == 0
     rows = [json.loads(line) for line in (out / "paired.jsonl").read_text().splitlines()]
     assert [r["doc_id"] for r in rows] == ["quiz-000", "quiz-001", "quiz-001"]
-    assert rows[1] == {"doc_id": "quiz-001", "query": "Q1a?", "rag_score": 0.0, "lc_score": 1.0,
-                       "rag_pred": "unanswerable", "lc_pred": "c", "task": "quiz", "gt": "c", "group": "quiz-001",
-                       "metric": "exam", "model": "gpt-3.5-turbo"}
+    assert rows[1] == {
+        "doc_id": "quiz-001",
+        "query": "Q1a?",
+        "rag_score": 0.0,
+        "lc_score": 1.0,
+        "rag_pred": "unanswerable",
+        "lc_pred": "c",
+        "task": "quiz",
+        "gt": "c",
+        "group": "quiz-001",
+        "metric": "exam",
+        "model": "gpt-3.5-turbo",
+    }
     assert (out / "docs" / "quiz-000.txt").read_text() == "Document zero text."
     printed = capsys.readouterr().out
     assert "3 questions over 2 documents" in printed and "1 queries differ" in printed
@@ -48,9 +97,24 @@ def replay_run(tmp_path_factory):
     paired, docs = write_paired_fixture(folder)
     data_dir = folder / "data"
     plot = folder / "curve.png"
-    args = ["eval", "replay", "--data", str(paired), "--docs", str(docs), "--folds", "3", "--prices", "reference",
-            "--estimator", "logistic",
-            "--data-dir", str(data_dir), "--log-level", "WARNING"]
+    args = [
+        "eval",
+        "replay",
+        "--data",
+        str(paired),
+        "--docs",
+        str(docs),
+        "--folds",
+        "3",
+        "--prices",
+        "reference",
+        "--estimator",
+        "logistic",
+        "--data-dir",
+        str(data_dir),
+        "--log-level",
+        "WARNING",
+    ]
     return {"args": args, "plot": plot, "data_dir": data_dir, "folder": folder}
 
 
@@ -116,24 +180,67 @@ def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, ca
 
     paired = two_task_fixture(replay_run["folder"])
     verifier = replay_run["folder"] / "verifier.skops"
-    common = ["--docs", str(replay_run["folder"] / "docs"), "--data-dir", str(replay_run["data_dir"]),
-              "--prices", "reference", "--log-level", "WARNING"]
-    assert main(["train", "--verifier", "--data", str(paired), "--out", str(verifier), "--estimator", "logistic",
-                 "--folds", "3", *common]) == 0
+    common = [
+        "--docs",
+        str(replay_run["folder"] / "docs"),
+        "--data-dir",
+        str(replay_run["data_dir"]),
+        "--prices",
+        "reference",
+        "--log-level",
+        "WARNING",
+    ]
+    assert (
+        main(
+            [
+                "train",
+                "--verifier",
+                "--data",
+                str(paired),
+                "--out",
+                str(verifier),
+                "--estimator",
+                "logistic",
+                "--folds",
+                "3",
+                *common,
+            ]
+        )
+        == 0
+    )
     card_threshold = json.loads(verifier.with_suffix(".json").read_text())["threshold"]
     capsys.readouterr()
     model = "classifier/models/default.skops"
     policy = replay_run["folder"] / "no-threshold.yaml"
-    from policies.loader import shipped_policy_path
-
     import re
+
+    from policies.loader import shipped_policy_path
 
     text = shipped_policy_path().read_text()
     no_threshold = re.sub(r"(  verifier:\n    model_path: builtin:verifier\n)    threshold: [0-9.]+\n", r"\1", text)
     assert no_threshold != text
     policy.write_text(no_threshold)
-    assert main(["eval", "replay", "--data", str(paired), "--model", model, "--verifier", str(verifier),
-                 "--policy", str(policy), "--protocol", "loto", "--json", *common]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "replay",
+                "--data",
+                str(paired),
+                "--model",
+                model,
+                "--verifier",
+                str(verifier),
+                "--policy",
+                str(policy),
+                "--protocol",
+                "loto",
+                "--json",
+                *common,
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     by_name = {s["name"]: s for s in result["strategies"]}
     assert result["verifier_threshold"] == pytest.approx(card_threshold)  # the card's: the policy names none
@@ -142,8 +249,10 @@ def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, ca
     assert set(only["route_shares"]) <= {"rag", "rag>long", "kept-refusal"}
     assert set(only["per_task"]) == {"even", "odd"}
     # one task alone cannot be left out
-    assert main(["eval", "replay", "--data", str(replay_run["folder"] / "paired.jsonl"), "--protocol", "loto",
-                 *common]) == 2
+    assert (
+        main(["eval", "replay", "--data", str(replay_run["folder"] / "paired.jsonl"), "--protocol", "loto", *common])
+        == 2
+    )
     assert "at least two tasks" in capsys.readouterr().err
 
 
@@ -153,20 +262,35 @@ SQUAD = {
         {
             "title": "Harbour",
             "paragraphs": [
-                {"context": "Kestrel Harbour was built in 1871. Its keeper, Ada Quill, kept the tide gauge of copper.",
-                 "qas": [
-                     {"id": "1", "question": "Who kept the tide gauge?", "is_impossible": False,
-                      "answers": [{"text": "Ada Quill", "answer_start": 40}]},
-                     {"id": "2", "question": "What colour was the lighthouse on Mars?", "is_impossible": True,
-                      "answers": []},
-                 ]},
-                {"context": "The harbour received forty ships in its first year, mostly fishing boats.",
-                 "qas": [
-                     {"id": "3", "question": "How many ships came in the first year?", "is_impossible": False,
-                      "answers": [{"text": "forty", "answer_start": 21}]},
-                     {"id": "4", "question": "Which king opened the airport?", "is_impossible": True,
-                      "answers": []},
-                 ]},
+                {
+                    "context": "Kestrel Harbour was built in 1871. Its keeper, Ada Quill, kept the tide gauge of copper.",
+                    "qas": [
+                        {
+                            "id": "1",
+                            "question": "Who kept the tide gauge?",
+                            "is_impossible": False,
+                            "answers": [{"text": "Ada Quill", "answer_start": 40}],
+                        },
+                        {
+                            "id": "2",
+                            "question": "What colour was the lighthouse on Mars?",
+                            "is_impossible": True,
+                            "answers": [],
+                        },
+                    ],
+                },
+                {
+                    "context": "The harbour received forty ships in its first year, mostly fishing boats.",
+                    "qas": [
+                        {
+                            "id": "3",
+                            "question": "How many ships came in the first year?",
+                            "is_impossible": False,
+                            "answers": [{"text": "forty", "answer_start": 21}],
+                        },
+                        {"id": "4", "question": "Which king opened the airport?", "is_impossible": True, "answers": []},
+                    ],
+                },
             ],
         }
     ],
@@ -180,14 +304,29 @@ def test_absent_reports_kept_and_escalated_refusals(tmp_path, capsys):
     policy = tmp_path / "policy.yaml"
     from policies.loader import shipped_policy_path
 
-    text = shipped_policy_path().read_text().replace(
-        "  fallback:\n    enabled: true",
-        "  fallback:\n    enabled: true\n    keep_refusal_when_absent: true\n    absent_max_top_score: 0.99\n"
-        "    absent_min_probability: 0.0",
+    text = (
+        shipped_policy_path()
+        .read_text()
+        .replace(
+            "  fallback:\n    enabled: true",
+            "  fallback:\n    enabled: true\n    keep_refusal_when_absent: true\n    absent_max_top_score: 0.99\n"
+            "    absent_min_probability: 0.0",
+        )
     )
     policy.write_text(text)
-    rc = main(["eval", "absent", "--squad", str(squad), "--policy", str(policy), "--json",
-               "--data-dir", str(tmp_path / "data")])
+    rc = main(
+        [
+            "eval",
+            "absent",
+            "--squad",
+            str(squad),
+            "--policy",
+            str(policy),
+            "--json",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ]
+    )
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert report["n_unanswerable"] == 2 and report["n_answerable"] == 2
@@ -214,8 +353,20 @@ def two_corpora(folder):
 @pytest.mark.slow
 def test_replay_leaves_one_corpus_or_one_model_out(replay_run, capsys):
     pairs = two_corpora(replay_run["folder"] / "corpora")
-    common = [*pairs, "--folds", "3", "--prices", "reference", "--estimator", "logistic",
-              "--data-dir", str(replay_run["data_dir"]), "--log-level", "WARNING", "--json"]
+    common = [
+        *pairs,
+        "--folds",
+        "3",
+        "--prices",
+        "reference",
+        "--estimator",
+        "logistic",
+        "--data-dir",
+        str(replay_run["data_dir"]),
+        "--log-level",
+        "WARNING",
+        "--json",
+    ]
     assert main(["eval", "replay", *common, "--protocol", "corpus", "--max-token-share", "0.9"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["corpora"] == ["alpha", "beta"] and result["questions"] == 30
@@ -235,7 +386,7 @@ def test_replay_leaves_one_corpus_or_one_model_out(replay_run, capsys):
     assert main(["eval", "replay", *common, "--protocol", "model"]) == 0
     assert {u["unit"] for u in json.loads(capsys.readouterr().out)["units"]} == {"m0", "m1"}
     # one corpus cannot be left out, and the pairs must match
-    assert main(["eval", "replay", *pairs[:4], *common[len(pairs):], "--protocol", "corpus"]) == 2
+    assert main(["eval", "replay", *pairs[:4], *common[len(pairs) :], "--protocol", "corpus"]) == 2
     assert "at least two corpora" in capsys.readouterr().err
-    assert main(["eval", "replay", *pairs, "--docs", pairs[3], *common[len(pairs):]]) == 2
+    assert main(["eval", "replay", *pairs, "--docs", pairs[3], *common[len(pairs) :]]) == 2
     assert "one --docs per --data" in capsys.readouterr().err

@@ -1,4 +1,5 @@
 """`selfroute explain`: the explain endpoint's decision from the command line, in-process, on a collection or files."""
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,10 @@ def test_explain_on_a_collection(data_dir, capsys):
 
 def test_explain_on_a_file_goes_direct_when_it_is_short(tmp_path, capsys):
     lease = sample_path() / "berth-lease.md"
-    assert main(["explain", "What is the governing law?", "--file", str(lease), "--data-dir", str(tmp_path),
-                 "--json"]) == 0
+    assert (
+        main(["explain", "What is the governing law?", "--file", str(lease), "--data-dir", str(tmp_path), "--json"])
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["route"] == "direct" and result["rule"] == "short-context"
     assert result["context_tokens"] > 1000

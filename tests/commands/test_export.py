@@ -1,8 +1,8 @@
 import csv
 import json
+from datetime import datetime
 
 import pytest
-from datetime import datetime
 
 from gateway.cli import main
 from tests.ledger_fixtures import sample_records, write_ledger
@@ -26,7 +26,8 @@ def test_jsonl_export_round_trips_every_record(data_dir, tmp_path):
         assert item["cost_usd"] == rec.cost_usd and item["counterfactual_cost_usd"] == rec.counterfactual_cost_usd
         assert item["context_tokens"] == rec.context_tokens and item["provenance"] == rec.provenance
         assert [(c["model"], c["prompt_tokens"], c["cost_usd"], c["error"]) for c in item["calls"]] == [
-            (c.model, c.prompt_tokens, c.cost_usd, c.error) for c in rec.calls]
+            (c.model, c.prompt_tokens, c.cost_usd, c.error) for c in rec.calls
+        ]
 
 
 def test_csv_export_round_trips_the_request_columns(data_dir, capsys):

@@ -1,4 +1,5 @@
 """`selfroute ingest`: files and folders into a collection, idempotent, into any LanceDB location."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,19 @@ def test_ingest_applies_the_policys_injection_action_like_the_collections_api(tm
     texts = {}
     for mode, status in (("flag", 0), ("strip", 0), ("block", 1), ("off", 0)):
         store_uri = str(tmp_path / f"store-{mode}")
-        args = ["ingest", "fees", str(folder), "--data-dir", str(tmp_path / "data"), "--store-uri", store_uri,
-                "--policy", str(_policy(tmp_path, mode)), "--no-progress", "--json"]
+        args = [
+            "ingest",
+            "fees",
+            str(folder),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--store-uri",
+            store_uri,
+            "--policy",
+            str(_policy(tmp_path, mode)),
+            "--no-progress",
+            "--json",
+        ]
         assert main(args) == status, mode
         report = json.loads(capsys.readouterr().out)
         if mode == "off":
@@ -98,8 +110,21 @@ def test_ingest_applies_the_policys_injection_action_like_the_collections_api(tm
 
 def test_ingest_names_what_it_found_in_its_text_output(tmp_path, capsys):
     folder = _injected_folder(tmp_path)
-    assert main(["ingest", "fees", str(folder), "--data-dir", str(tmp_path / "data"), "--no-progress",
-                 "--policy", str(_policy(tmp_path, "block"))]) == 1
+    assert (
+        main(
+            [
+                "ingest",
+                "fees",
+                str(folder),
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--no-progress",
+                "--policy",
+                str(_policy(tmp_path, "block")),
+            ]
+        )
+        == 1
+    )
     out, err = capsys.readouterr()
     assert "selfroute ingest: hidden.txt: instruction-like text (rules: " in err and "blocked, not ingested" in err
     assert out.startswith("fees: 1 added, 0 updated, 0 unchanged, ") and out.strip().endswith("; 1 blocked")
@@ -117,9 +142,24 @@ def test_ingest_prints_no_third_party_logs_or_weight_bars_below_debug(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(root)}
     for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY"):
         env.pop(name, None)
-    run = subprocess.run([sys.executable, "-m", "gateway.cli", "ingest", "notes", str(tmp_path / "note.txt"),
-                          "--no-progress", "--data-dir", str(tmp_path / "data")], env=env, capture_output=True,
-                         text=True, timeout=300, cwd=root)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "ingest",
+            "notes",
+            str(tmp_path / "note.txt"),
+            "--no-progress",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
     assert run.returncode == 0, run.stderr
     assert "sentence_transformers" not in run.stderr and "Loading weights" not in run.stderr, run.stderr
     assert "notes: 1 added" in run.stdout

@@ -1,4 +1,5 @@
 """`selfroute keys create|list|revoke` on a data directory, and the created key at a gateway on it."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,42 @@ from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
 
 
 def test_create_prints_the_key_last_and_it_works_at_a_gateway(tmp_path, capsys, upstream, monkeypatch):
-    assert main(["keys", "create", "alice", "--models", "openai/*", "selfroute", "--collections", "contracts",
-                 "--budget-usd", "2", "--rpm", "60", "--tpm", "10000", "--expires", "30d",
-                 "--data-dir", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "keys",
+                "create",
+                "alice",
+                "--models",
+                "openai/*",
+                "selfroute",
+                "--collections",
+                "contracts",
+                "--budget-usd",
+                "2",
+                "--rpm",
+                "60",
+                "--tpm",
+                "10000",
+                "--expires",
+                "30d",
+                "--data-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     key = capsys.readouterr().out.splitlines()[-1]
     assert key.startswith("sr-") and len(key) > 40
 
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
     with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key="sk-admin")) as (url, app):
-        answer = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                            json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b"}]})
+        answer = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+            json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b"}]},
+        )
         assert answer.status_code == 200
         ledger_rows(app)
 
@@ -53,8 +80,11 @@ def test_errors_are_messages_and_exit_statuses(tmp_path, capsys):
 
 def test_an_unreachable_or_malformed_ledger_url_is_a_message_without_the_password(tmp_path, capsys):
     secret = "Hunter2Secret"
-    for url in (f"postgresql://app:{secret}@127.0.0.1:1/db", f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
-                f"postgresql://app:{secret}@[::1:1/db"):
+    for url in (
+        f"postgresql://app:{secret}@127.0.0.1:1/db",
+        f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
+        f"postgresql://app:{secret}@[::1:1/db",
+    ):
         for argv in (["keys", "list"], ["keys", "create", "alice"], ["keys", "revoke", "alice"]):
             assert main([*argv, "--data-dir", str(tmp_path), "--ledger-url", url]) == 2
             err = capsys.readouterr().err
@@ -70,11 +100,15 @@ def test_the_first_key_says_what_changes_and_revoking_the_last_reopens(tmp_path,
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
     data = ["--data-dir", str(tmp_path)]
     with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+
         def ask(key: str) -> int:
             app.state.gateway.auth.forget()  # what the 2-second cache would do by itself
-            return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                              json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a"}]}
-                              ).status_code
+            return httpx.post(
+                f"{url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                timeout=30,
+                json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a"}]},
+            ).status_code
 
         def admin(key: str) -> int:
             app.state.gateway.auth.forget()

@@ -1,5 +1,6 @@
 """`selfroute learn`, `selfroute whatif` and `selfroute calibrate --from-ledger` on a small recorded ledger: routed
 requests with their stored features, scores and labels (judge, shadow), written by the ledger's own writer."""
+
 from __future__ import annotations
 
 import json
@@ -51,20 +52,51 @@ def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True) ->
         good = (support < 0.5) if rng.random() < 0.9 else (support >= 0.5)
         cheap, long_cost = 0.001, 0.01
         rid = f"req_{i:04d}"
-        ledger.submit(RequestRecord(
-            id=rid, created_at=now + i, key_id="k_a", policy="learned", alias="selfroute",
-            route="rag>long" if escalated else "rag", reason=None, status=200,
-            cost_usd=cheap + (long_cost if escalated else 0.0), counterfactual_cost_usd=long_cost,
-            features={"version": 1, "features": {"context_tokens": 5000.0, "top_score": None}, "p_cheap": None,
-                      "threshold": None, "rule": None, "decision": "rag", "group": f"g{i % 12}",
-                      "verifier_features": row, "p_good": p_good, "verifier_threshold": threshold, "refused": False,
-                      "escalated": escalated, "outcome": "rag>long" if escalated else "rag"}))
+        ledger.submit(
+            RequestRecord(
+                id=rid,
+                created_at=now + i,
+                key_id="k_a",
+                policy="learned",
+                alias="selfroute",
+                route="rag>long" if escalated else "rag",
+                reason=None,
+                status=200,
+                cost_usd=cheap + (long_cost if escalated else 0.0),
+                counterfactual_cost_usd=long_cost,
+                features={
+                    "version": 1,
+                    "features": {"context_tokens": 5000.0, "top_score": None},
+                    "p_cheap": None,
+                    "threshold": None,
+                    "rule": None,
+                    "decision": "rag",
+                    "group": f"g{i % 12}",
+                    "verifier_features": row,
+                    "p_good": p_good,
+                    "verifier_threshold": threshold,
+                    "refused": False,
+                    "escalated": escalated,
+                    "outcome": "rag>long" if escalated else "rag",
+                },
+            )
+        )
         source = "judge" if escalated else ("shadow" if rng.random() < 0.2 else None)
         if labelled and source:
-            ledger.submit(RequestRecord(
-                id=f"judge_{i:04d}", created_at=now + i + 0.5, key_id=None, policy="learned", alias=None,
-                route="judge", reason=None, status=200, cost_usd=0.0005,
-                labels=[LabelRecord(rid, source, good, "as_good" if good else "worse", "k_a", cost_usd=0.0005)]))
+            ledger.submit(
+                RequestRecord(
+                    id=f"judge_{i:04d}",
+                    created_at=now + i + 0.5,
+                    key_id=None,
+                    policy="learned",
+                    alias=None,
+                    route="judge",
+                    reason=None,
+                    status=200,
+                    cost_usd=0.0005,
+                    labels=[LabelRecord(rid, source, good, "as_good" if good else "worse", "k_a", cost_usd=0.0005)],
+                )
+            )
     ledger.flush()
     ledger.close()
     return threshold
@@ -95,8 +127,11 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
     assert "learn " in learned.routing.verifier.threshold_source and "learning:" in policy.read_text()
     verifier = load_verifier_model(learned, policy)  # the policy loads with the new model
-    low, high = ({n: 0.0 for n in verifier.feature_names} | {"ans_support_passages": s, "ans_words": 12.0,
-                                                              "pre_route_probability": 0.8} for s in (0.1, 0.9))
+    low, high = (
+        {n: 0.0 for n in verifier.feature_names}
+        | {"ans_support_passages": s, "ans_words": 12.0, "pre_route_probability": 0.8}
+        for s in (0.1, 0.9)
+    )
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
 
 
@@ -130,8 +165,21 @@ def test_whatif_recomputes_recorded_decisions_under_a_candidate(setup, capsys):
 
 def test_calibrate_from_the_ledger_holds_a_cost_share(setup, capsys):
     policy, ledger = setup
-    assert main(["calibrate", "--from-ledger", "--max-cost-share", "0.4", "--policy", str(policy),
-                 "--ledger-url", str(ledger)]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                "--from-ledger",
+                "--max-cost-share",
+                "0.4",
+                "--policy",
+                str(policy),
+                "--ledger-url",
+                str(ledger),
+            ]
+        )
+        == 0
+    )
     assert "of always-long" in capsys.readouterr().out
     calibrated, _ = load_policy(policy)
     threshold = calibrated.routing.verifier.threshold

@@ -22,8 +22,20 @@ def data_dir(tmp_path):
 def test_logs_table_shows_recent_requests_oldest_first(data_dir, capsys):
     assert main(["logs", "--data-dir", str(data_dir), "-n", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["time", "(UTC)", "request", "id", "alias", "route", "models", "tokens", "cost",
-                                "latency", "status", "reason"]
+    assert lines[0].split() == [
+        "time",
+        "(UTC)",
+        "request",
+        "id",
+        "alias",
+        "route",
+        "models",
+        "tokens",
+        "cost",
+        "latency",
+        "status",
+        "reason",
+    ]
     assert len(lines) == 4
     assert "2026-01-02 01:06:40" in lines[2] and "rag>long" in lines[2] and f"{CHEAP}+{LONG}" in lines[2]
     assert "21000/130" in lines[2] and "$0.041000" in lines[2] and "2900ms" in lines[2] and " r09 " in lines[2]
@@ -32,8 +44,9 @@ def test_logs_table_shows_recent_requests_oldest_first(data_dir, capsys):
 
 def test_logs_shows_the_whole_reason_and_the_clients_request_id(tmp_path, capsys):
     reason = "classifier: P(cheap)=0.71 >= 0.50 -> rag; verifier: P(good)=0.31 < 0.45, escalated to long"
-    escalated = record("r1", BASE, "rag>long", [call(CHEAP, "rag", 10, 2, 0.001), call(LONG, "long", 90, 5, 0.01)],
-                       reason=reason)
+    escalated = record(
+        "r1", BASE, "rag>long", [call(CHEAP, "rag", 10, 2, 0.001), call(LONG, "long", 90, 5, 0.01)], reason=reason
+    )
     escalated.client_request_id = "my-trace-42"
     write_ledger(tmp_path / "ledger.sqlite3", [escalated, record("r2", BASE + 1, "rag", [])]).close()
     assert main(["logs", "--data-dir", str(tmp_path)]) == 0
@@ -43,10 +56,13 @@ def test_logs_shows_the_whole_reason_and_the_clients_request_id(tmp_path, capsys
 
 
 def test_answered_by_long_matches_escalations_and_route_long_hints_at_it(tmp_path, capsys):
-    write_ledger(tmp_path / "ledger.sqlite3", [
-        record("esc", BASE, "rag>long", [call(CHEAP, "rag", 1, 1, 0.0), call(LONG, "long", 1, 1, 0.0)]),
-        record("rag", BASE + 1, "rag", [call(CHEAP, "rag", 1, 1, 0.0)]),
-    ]).close()
+    write_ledger(
+        tmp_path / "ledger.sqlite3",
+        [
+            record("esc", BASE, "rag>long", [call(CHEAP, "rag", 1, 1, 0.0), call(LONG, "long", 1, 1, 0.0)]),
+            record("rag", BASE + 1, "rag", [call(CHEAP, "rag", 1, 1, 0.0)]),
+        ],
+    ).close()
     assert main(["logs", "--data-dir", str(tmp_path), "--route", "long"]) == 0
     assert "--answered-by long" in capsys.readouterr().err
     assert main(["logs", "--data-dir", str(tmp_path), "--answered-by", "long", "--json"]) == 0
@@ -58,10 +74,16 @@ def test_answered_by_long_matches_escalations_and_route_long_hints_at_it(tmp_pat
 def test_logs_show_prints_every_leg_the_reason_provenance_and_flags(tmp_path, capsys):
     reason = "rule long_docs: max_document_tokens >= 4000 -> long; " + "x" * 80
     flags = [{"document": "lease", "rules": ["override_phrase"]}]
-    shown = record("req_abc", BASE, "rag>long",
-                   [call(CHEAP, "rag", 1000, 50, 0.001, 300.0), call(LONG, "long", 20000, 80, 0.04, 2000.0)],
-                   reason=reason, counterfactual=0.04, context=20000,
-                   provenance={"units": [{"doc": "lease", "section": "4.2"}], "flags": flags})
+    shown = record(
+        "req_abc",
+        BASE,
+        "rag>long",
+        [call(CHEAP, "rag", 1000, 50, 0.001, 300.0), call(LONG, "long", 20000, 80, 0.04, 2000.0)],
+        reason=reason,
+        counterfactual=0.04,
+        context=20000,
+        provenance={"units": [{"doc": "lease", "section": "4.2"}], "flags": flags},
+    )
     shown.client_request_id = "retry-1"
     again = record("req_def", BASE + 5, "rag", [call(CHEAP, "rag", 10, 1, 0.0)])
     again.client_request_id = "retry-1"  # a client reused its id: both are shown, never merged
@@ -82,8 +104,23 @@ def test_logs_show_prints_every_leg_the_reason_provenance_and_flags(tmp_path, ca
 
 
 def test_logs_filters_and_json(data_dir, capsys):
-    assert main(["logs", "--data-dir", str(data_dir), "--json", "--route", "long", "--since", "2026-01-01",
-                 "--until", "2026-01-02"]) == 0
+    assert (
+        main(
+            [
+                "logs",
+                "--data-dir",
+                str(data_dir),
+                "--json",
+                "--route",
+                "long",
+                "--since",
+                "2026-01-01",
+                "--until",
+                "2026-01-02",
+            ]
+        )
+        == 0
+    )
     items = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [i["id"] for i in items] == ["r03"] and items[0]["models"] == [LONG]
     assert main(["logs", "--data-dir", str(data_dir), "--json", "--status", "5xx", "--key", "k_bob"]) == 0
@@ -101,15 +138,38 @@ def test_logs_reports_bad_input_and_a_missing_ledger(data_dir, tmp_path, capsys)
 
 def test_logs_follow_prints_requests_as_they_are_written(data_dir):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "logs", "--data-dir", str(data_dir), "--follow",
-                             "--json", "-n", "1", "--interval", "0.1", "--route", "long"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "logs",
+            "--data-dir",
+            str(data_dir),
+            "--follow",
+            "--json",
+            "-n",
+            "1",
+            "--interval",
+            "0.1",
+            "--route",
+            "long",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     try:
         assert json.loads(proc.stdout.readline())["id"] == "r07"  # the last matching request, then it waits
-        ledger = write_ledger(data_dir / "ledger.sqlite3", [
-            record("new-rag", time.time(), "rag", [call(CHEAP, "rag", 1, 1, 0.0)]),
-            record("new-long", BASE, "long", [call(LONG, "long", 1, 1, 0.0)]),  # old created_at, written now
-        ])
+        ledger = write_ledger(
+            data_dir / "ledger.sqlite3",
+            [
+                record("new-rag", time.time(), "rag", [call(CHEAP, "rag", 1, 1, 0.0)]),
+                record("new-long", BASE, "long", [call(LONG, "long", 1, 1, 0.0)]),  # old created_at, written now
+            ],
+        )
         ledger.close()
         assert json.loads(proc.stdout.readline())["id"] == "new-long"
     finally:

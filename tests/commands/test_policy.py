@@ -1,4 +1,5 @@
 """`selfroute policy check` loads every file a policy names, and `serve` refuses such a policy in one line."""
+
 from __future__ import annotations
 
 import shutil
@@ -36,8 +37,10 @@ def test_a_classifier_beside_the_policy_is_loaded(tmp_path, capsys):
 
 def test_a_missing_local_gguf_and_embedding_folder_are_errors(tmp_path, capsys):
     policy = tmp_path / "p.yaml"
-    policy.write_text(POLICY.format(long=f"local/{tmp_path}/absent.gguf", model_path="builtin:default")
-                      + f"rag: {{embedding_model: {tmp_path}/no-model}}\n")
+    policy.write_text(
+        POLICY.format(long=f"local/{tmp_path}/absent.gguf", model_path="builtin:default")
+        + f"rag: {{embedding_model: {tmp_path}/no-model}}\n"
+    )
     assert main(["policy", "check", str(policy)]) == 2
     err = capsys.readouterr().err
     assert "long.model" in err and "absent.gguf: no such .gguf file" in err

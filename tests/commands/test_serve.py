@@ -2,6 +2,7 @@
 bucket behave as one gateway (every request through either is one ledger row; the admin endpoints on either see all
 traffic; a key's rate limit and budget hold across both; a collection ingested through one is answered from through
 the other, and documents attached to a request are embedded once for both)."""
+
 from __future__ import annotations
 
 import os
@@ -22,21 +23,49 @@ ADMIN_KEY = "sk-admin-replicas"
 USER_KEY = "sk-user-replicas"
 
 
-def start_replica(tmp_path: Path, name: str, policy: Path, ledger_url: str, extra_env: dict[str, str] | None = None,
-                  flags: list[str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_replica(
+    tmp_path: Path,
+    name: str,
+    policy: Path,
+    ledger_url: str,
+    extra_env: dict[str, str] | None = None,
+    flags: list[str] | None = None,
+) -> tuple[subprocess.Popen, str]:
     """A `selfroute serve` process on a free port; the ledger URL goes in $SELFROUTE_LEDGER_URL unless the flags
     name it (--ledger-url)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "SELFROUTE_ADMIN_KEY": ADMIN_KEY,
-           "SELFROUTE_API_KEYS": USER_KEY, **(extra_env or {})}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "SELFROUTE_ADMIN_KEY": ADMIN_KEY,
+        "SELFROUTE_API_KEYS": USER_KEY,
+        **(extra_env or {}),
+    }
     env.pop("SELFROUTE_LEDGER_URL", None)
     flags = flags or []
     if "--ledger-url" not in flags:
         env["SELFROUTE_LEDGER_URL"] = ledger_url
     log = (tmp_path / f"{name}.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-dir", str(tmp_path / name),
-                             "--policy", str(policy), "--port", str(port), *flags],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--data-dir",
+            str(tmp_path / name),
+            "--policy",
+            str(policy),
+            "--port",
+            str(port),
+            *flags,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -74,7 +103,8 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
 
         def ask(i: int) -> str:
             raw = clients[i % 2].chat.completions.with_raw_response.create(
-                model="selfroute", messages=[{"role": "user", "content": f"question {i}"}])
+                model="selfroute", messages=[{"role": "user", "content": f"question {i}"}]
+            )
             return raw.headers["x-selfroute-request-id"]
 
         with ThreadPoolExecutor(8) as pool:
@@ -96,36 +126,54 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
 
         # a key created through A works on B; its requests-per-minute limit counts requests through both
         (_, a), (_, b) = replicas
-        created = httpx.post(f"{a}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
-                             json={"name": "team", "rpm": 4})
+        created = httpx.post(
+            f"{a}/v1/admin/keys",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+            json={"name": "team", "rpm": 4},
+        )
         assert created.status_code == 201, created.text
         secret = created.json()["key"]
         statuses = []
         if time.time() % 60 > 40:  # the six requests below fall inside one minute window
             time.sleep(60.5 - time.time() % 60)
         for i in range(6):
-            response = httpx.post(f"{[a, b][i % 2]}/v1/chat/completions", timeout=30,
-                                  headers={"Authorization": f"Bearer {secret}"},
-                                  json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+            response = httpx.post(
+                f"{[a, b][i % 2]}/v1/chat/completions",
+                timeout=30,
+                headers={"Authorization": f"Bearer {secret}"},
+                json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]},
+            )
             statuses.append(response.status_code)
         assert statuses == [200, 200, 200, 200, 429, 429]
         # revoked through A: B refuses it once its short lookup cache (2 s) has passed
-        revoked = httpx.delete(f"{a}/v1/admin/keys/team", headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-                               timeout=30)
+        revoked = httpx.delete(f"{a}/v1/admin/keys/team", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
         assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
         time.sleep(2.5)
-        refused = httpx.post(f"{b}/v1/chat/completions", headers={"Authorization": f"Bearer {secret}"}, timeout=30,
-                             json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+        refused = httpx.post(
+            f"{b}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=30,
+            json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert refused.status_code == 401
 
         # a USD budget holds across replicas: spent through A, refused by B once the ledger has recorded the spend
-        created = httpx.post(f"{a}/v1/admin/keys", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30,
-                             json={"name": "budgeted", "budget_usd": 1e-9})  # less than any one request costs
+        created = httpx.post(
+            f"{a}/v1/admin/keys",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+            json={"name": "budgeted", "budget_usd": 1e-9},
+        )  # less than any one request costs
         assert created.status_code == 201, created.text
         budgeted = {"Authorization": f"Bearer {created.json()['key']}"}
         assert httpx.get(f"{b}/v1/models", headers=budgeted, timeout=30).status_code == 200  # B knows the key
-        spent = httpx.post(f"{a}/v1/chat/completions", headers=budgeted, timeout=30,
-                           json={"model": "selfroute", "messages": [{"role": "user", "content": "spend it"}]})
+        spent = httpx.post(
+            f"{a}/v1/chat/completions",
+            headers=budgeted,
+            timeout=30,
+            json={"model": "selfroute", "messages": [{"role": "user", "content": "spend it"}]},
+        )
         assert spent.status_code == 200, spent.text
         deadline = time.monotonic() + 30
         while True:  # A's writer commits the request off the request path; B reads the spend from the database
@@ -134,12 +182,20 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
                 break
             time.sleep(0.2)
         assert recorded > 1e-9
-        over = httpx.post(f"{b}/v1/chat/completions", headers=budgeted, timeout=30,
-                          json={"model": "selfroute", "messages": [{"role": "user", "content": "more"}]})
+        over = httpx.post(
+            f"{b}/v1/chat/completions",
+            headers=budgeted,
+            timeout=30,
+            json={"model": "selfroute", "messages": [{"role": "user", "content": "more"}]},
+        )
         assert over.status_code == 429, over.text
         assert over.json()["error"]["code"] == "budget_exceeded"
-        ok = httpx.post(f"{b}/v1/chat/completions", headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=30,
-                        json={"model": "selfroute", "messages": [{"role": "user", "content": "other key"}]})
+        ok = httpx.post(
+            f"{b}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {USER_KEY}"},
+            timeout=30,
+            json={"model": "selfroute", "messages": [{"role": "user", "content": "other key"}]},
+        )
         assert ok.status_code == 200  # the budget is the key's own
     finally:
         for proc, _ in replicas:
@@ -153,10 +209,14 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
 
 PUMP_MANUAL = "\n\n".join(
     f"Section {n}. Operating notes\n\nInspect the pump housing every {n} weeks for corrosion."
-    + (" The maintenance password for the Zephyr pump is BLUE-HERON-42." if n == 7 else "") for n in range(1, 13))
+    + (" The maintenance password for the Zephyr pump is BLUE-HERON-42." if n == 7 else "")
+    for n in range(1, 13)
+)
 VALVE_MANUAL = "\n\n".join(
     f"Section {n}. Valve V{n}\n\nValve V{n} is opened after valve V{n - 1} and checked for leaks weekly."
-    + (" Its handle is painted ULTRAMARINE so divers can find it." if n == 9 else "") for n in range(1, 15))
+    + (" Its handle is painted ULTRAMARINE so divers can find it." if n == 9 else "")
+    for n in range(1, 15)
+)
 RAG_POLICY = POLICY_TEMPLATE.replace("default_route: long", "default_route: rag")
 
 
@@ -168,23 +228,39 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
     policy.write_text(RAG_POLICY.format(base=base))
     # A is given the ledger and the store by environment variables, B by flags; both get the bucket's credentials
     # from the AWS_* variables
-    replicas = [start_replica(tmp_path, "a", policy, postgres_url, {**s3_bucket.env, "SELFROUTE_STORE_URI": s3_bucket.uri}),
-                start_replica(tmp_path, "b", policy, postgres_url, s3_bucket.env,
-                              ["--ledger-url", postgres_url, "--store-uri", s3_bucket.uri])]
+    replicas = [
+        start_replica(tmp_path, "a", policy, postgres_url, {**s3_bucket.env, "SELFROUTE_STORE_URI": s3_bucket.uri}),
+        start_replica(
+            tmp_path,
+            "b",
+            policy,
+            postgres_url,
+            s3_bucket.env,
+            ["--ledger-url", postgres_url, "--store-uri", s3_bucket.uri],
+        ),
+    ]
     try:
         for (proc, url), name in zip(replicas, ("a", "b")):
             wait_healthy(proc, url, tmp_path / f"{name}.log")
         (_, a), (_, b) = replicas
         auth = {"Authorization": f"Bearer {USER_KEY}"}
-        posted = httpx.post(f"{a}/v1/collections/pumps/documents", headers=auth, timeout=120,
-                            json={"documents": [{"id": "zephyr", "title": "Zephyr manual", "text": PUMP_MANUAL}]})
+        posted = httpx.post(
+            f"{a}/v1/collections/pumps/documents",
+            headers=auth,
+            timeout=120,
+            json={"documents": [{"id": "zephyr", "title": "Zephyr manual", "text": PUMP_MANUAL}]},
+        )
         assert posted.status_code == 201, posted.text
         listed = httpx.get(f"{b}/v1/collections/pumps", headers=auth, timeout=60)
         assert listed.status_code == 200, listed.text
         assert [d["id"] for d in listed.json()["documents"]] == ["zephyr"]
-        raw = openai.OpenAI(base_url=f"{b}/v1", api_key=USER_KEY, max_retries=0).chat.completions.with_raw_response.create(
-            model="selfroute", messages=[{"role": "user", "content": "What is the Zephyr pump's maintenance password?"}],
-            extra_body={"selfroute": {"collection": "pumps"}})
+        raw = openai.OpenAI(
+            base_url=f"{b}/v1", api_key=USER_KEY, max_retries=0
+        ).chat.completions.with_raw_response.create(
+            model="selfroute",
+            messages=[{"role": "user", "content": "What is the Zephyr pump's maintenance password?"}],
+            extra_body={"selfroute": {"collection": "pumps"}},
+        )
         assert raw.headers["x-selfroute-route"] == "rag"
         assert "BLUE-HERON-42" in fake.state.received[-1]["body"]["messages"][-1]["content"]  # retrieved on B
         keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
@@ -195,12 +271,17 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
         # about the same documents, answers from that collection and writes nothing (no second chunk + embed)
         def ask_attached(url: str, question: str):
             return openai.OpenAI(base_url=f"{url}/v1", api_key=USER_KEY, max_retries=0).chat.completions.create(
-                model="selfroute", messages=[{"role": "user", "content": question}],
-                extra_body={"selfroute": {"documents": [{"id": "valves", "text": VALVE_MANUAL}]}})
+                model="selfroute",
+                messages=[{"role": "user", "content": question}],
+                extra_body={"selfroute": {"documents": [{"id": "valves", "text": VALVE_MANUAL}]}},
+            )
 
         def stored(name_part: str) -> set[str]:
-            pages = s3_bucket.client().get_paginator("list_objects_v2").paginate(
-                Bucket=s3_bucket.bucket, Prefix=f"{s3_bucket.prefix}/")
+            pages = (
+                s3_bucket.client()
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=s3_bucket.bucket, Prefix=f"{s3_bucket.prefix}/")
+            )
             return {o["Key"] for page in pages for o in page.get("Contents", []) if name_part in o["Key"]}
 
         def inline_files() -> set[str]:  # the inline collections' files, not the record of their use
@@ -219,8 +300,9 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
         assert "ingested inline-" in logs["a"] and "ingested inline-" not in logs["b"], logs["b"][-3000:]
         assert not (tmp_path / "b" / "lancedb").exists()
         assert not list(tmp_path.glob("*/ledger.sqlite3*"))  # both ledgered on PostgreSQL, by variable and by flag
-        assert [c["name"] for c in httpx.get(f"{b}/v1/collections", headers=auth, timeout=60).json()["data"]] \
-            == ["pumps"]  # inline collections are a cache, not listed
+        assert [c["name"] for c in httpx.get(f"{b}/v1/collections", headers=auth, timeout=60).json()["data"]] == [
+            "pumps"
+        ]  # inline collections are a cache, not listed
     finally:
         for proc, _ in replicas:
             proc.terminate()
@@ -232,8 +314,11 @@ def test_serve_takes_ledger_url_and_reports_a_database_it_cannot_open_without_th
     from gateway.cli import main
 
     secret = "Hunter2Secret"
-    for url in (f"postgresql://app:{secret}@127.0.0.1:1/db", f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
-                f"postgresql://app:{secret}@[::1:1/db"):
+    for url in (
+        f"postgresql://app:{secret}@127.0.0.1:1/db",
+        f"postgresql://app:{secret[:7]} {secret[7:]}@127.0.0.1:1/db",
+        f"postgresql://app:{secret}@[::1:1/db",
+    ):
         assert main(["serve", "--data-dir", str(tmp_path), "--ledger-url", url, "--port", "0"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("selfroute serve: cannot open the ledger database: ") and "Traceback" not in err, err
@@ -242,7 +327,6 @@ def test_serve_takes_ledger_url_and_reports_a_database_it_cannot_open_without_th
 
 def _closed_within(sock, seconds: float) -> tuple[bool, bytes]:
     """(whether the server closed the connection within `seconds`, what it sent before)."""
-    import socket
 
     sock.settimeout(seconds)
     received = b""
@@ -254,7 +338,7 @@ def _closed_within(sock, seconds: float) -> tuple[bool, bytes]:
             received += data
     except (ConnectionResetError, BrokenPipeError):
         return True, received
-    except socket.timeout:
+    except TimeoutError:
         return False, received
 
 
@@ -267,8 +351,13 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
 
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY_TEMPLATE.format(base=upstream[0]))
-    proc, url = start_replica(tmp_path, "slow", policy, str(tmp_path / "ledger.sqlite3"),
-                              flags=["--header-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1"])
+    proc, url = start_replica(
+        tmp_path,
+        "slow",
+        policy,
+        str(tmp_path / "ledger.sqlite3"),
+        flags=["--header-timeout", "1", "--body-timeout", "1", "--keep-alive-timeout", "1"],
+    )
     port = int(url.rsplit(":", 1)[1])
     try:
         wait_healthy(proc, url, tmp_path / "slow.log")
@@ -279,8 +368,11 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
         assert _closed_within(silent, 8)[0] and _closed_within(trickle, 8)[0]
         assert time.monotonic() - started < 6
         short = socket.create_connection(("127.0.0.1", port))
-        short.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + USER_KEY.encode()
-                      + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\"")
+        short.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + USER_KEY.encode()
+            + b'\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model"'
+        )
         closed, answer = _closed_within(short, 10)
         assert answer.split(b"\r\n", 1)[0].endswith(b"408 Request Timeout"), answer[:300]
         assert b"body_timeout" in answer
@@ -288,8 +380,12 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
         kept.sendall(b"GET /health/liveness HTTP/1.1\r\nHost: x\r\n\r\n")
         closed, answer = _closed_within(kept, 8)
         assert closed and b" 200 " in answer.split(b"\r\n", 1)[0]  # answered, then closed once idle
-        ok = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {USER_KEY}"}, timeout=60,
-                        json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hi"}]})
+        ok = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {USER_KEY}"},
+            timeout=60,
+            json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert ok.status_code == 200, ok.text
     finally:
         proc.terminate()

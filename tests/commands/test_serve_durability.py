@@ -4,6 +4,7 @@ in flight when the process was killed has a row charged at its estimate.
 
 Before: PostgreSQL stopped, 300 requests answered, SIGTERM: the gateway exited after 33 s with 3 rows in the
 dead-letter file and 297 lost; after kill -9 all were lost; the file was never replayed."""
+
 from __future__ import annotations
 
 import signal
@@ -19,8 +20,12 @@ from tests.gateway_fixtures import POLICY_TEMPLATE
 
 def _ask(url: str, model: str = "openai/fake-cheap", timeout: float = 30) -> tuple[int, str | None]:
     try:
-        response = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {USER_KEY}"},
-                              timeout=timeout, json={"model": model, "messages": [{"role": "user", "content": "a b"}]})
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {USER_KEY}"},
+            timeout=timeout,
+            json={"model": model, "messages": [{"role": "user", "content": "a b"}]},
+        )
     except httpx.HTTPError:
         return 0, None
     return response.status_code, response.headers.get("x-selfroute-request-id")
@@ -52,14 +57,14 @@ def _until(condition, timeout: float = 60.0):
 def _serve(tmp_path, postgres_url, upstream):
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY_TEMPLATE.format(base=upstream[0]))
-    proc, url = start_replica(tmp_path, "gw", policy, postgres_url,
-                              extra_env={"OPENAI_API_BASE": f"{upstream[0]}/v1"})
+    proc, url = start_replica(tmp_path, "gw", policy, postgres_url, extra_env={"OPENAI_API_BASE": f"{upstream[0]}/v1"})
     wait_healthy(proc, url, tmp_path / "gw.log")
     return proc, url
 
 
-def test_postgres_stopped_mid_load_then_sigterm_keeps_every_answered_request(upstream, postgres_server, postgres_url,
-                                                                            tmp_path):
+def test_postgres_stopped_mid_load_then_sigterm_keeps_every_answered_request(
+    upstream, postgres_server, postgres_url, tmp_path
+):
     proc, url = _serve(tmp_path, postgres_url, upstream)
     answered: list[str] = []
     lock = threading.Lock()
@@ -107,7 +112,8 @@ def test_postgres_stopped_mid_load_then_sigterm_keeps_every_answered_request(ups
 
 
 def test_kill_9_in_an_outage_leaves_one_row_per_answered_request_and_one_per_request_in_flight(
-        upstream, postgres_server, postgres_url, tmp_path):
+    upstream, postgres_server, postgres_url, tmp_path
+):
     proc, url = _serve(tmp_path, postgres_url, upstream)
     answered: list[str] = []
     try:
@@ -134,8 +140,9 @@ def test_kill_9_in_an_outage_leaves_one_row_per_answered_request_and_one_per_req
             proc.kill()
     proc, url = _serve(tmp_path, postgres_url, upstream)
     try:
-        rows = _until(lambda: (lambda r: r if all(i in r for i in answered) and len(r) >= 64 else None)(
-            _rows(postgres_url)))
+        rows = _until(
+            lambda: (lambda r: r if all(i in r for i in answered) and len(r) >= 64 else None)(_rows(postgres_url))
+        )
         assert rows, "not every answered request reached the database"
         # one row each; an answer whose finished row was still in the writer's queue at the kill is its in-flight
         # row, charged at the estimate (status 0)

@@ -1,5 +1,6 @@
 """`selfroute serve --workers 2` as a real subprocess: /metrics adds up both workers (prometheus_client's
 multiprocess mode), so repeated scrapes never see a counter go back; JSON access lines from every worker."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ from tests.commands.test_serve_workers import POLICY, ROOT, ask, free_port
 
 
 def requests_total(text: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("selfroute_requests_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("selfroute_requests_total{")
+    )
 
 
 def test_two_workers_one_metrics_view_and_json_access_lines(upstream, tmp_path):
@@ -29,9 +31,29 @@ def test_two_workers_one_metrics_view_and_json_access_lines(upstream, tmp_path):
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(port),
-         "--data-dir", str(tmp_path / "data"), "--workers", "2", "--log-format", "json", "--log-level", "INFO"],
-        env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--policy",
+            str(policy),
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--workers",
+            "2",
+            "--log-format",
+            "json",
+            "--log-level",
+            "INFO",
+        ],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     output: list[str] = []
     drain = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)  # never let the pipe fill
     drain.start()
@@ -70,7 +92,10 @@ def test_two_workers_one_metrics_view_and_json_access_lines(upstream, tmp_path):
     assert "selfroute_requests_in_flight 0.0" in last
     lines = [json.loads(line) for line in output if line.startswith("{")]
     chat = [line for line in lines if line.get("path") == "/v1/chat/completions"]
-    assert len(chat) == 30 and {(line["status"], line["route"], line["alias"]) for line in chat} == {(200, "long", "selfroute")}
+    assert len(chat) == 30 and {(line["status"], line["route"], line["alias"]) for line in chat} == {
+        (200, "long", "selfroute")
+    }
     assert all(line["request_id"].startswith("req_") and line["cost_usd"] > 0 for line in chat)
-    assert not [line for line in output if line.strip() and not line.startswith("{")
-                and not line.startswith("selfroute: ")], "every log line is JSON"
+    assert not [
+        line for line in output if line.strip() and not line.startswith("{") and not line.startswith("selfroute: ")
+    ], "every log line is JSON"

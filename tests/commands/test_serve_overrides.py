@@ -1,6 +1,7 @@
 """`serve --long-model` means what it says: the long route packs the new model's window (from litellm's model
 information) less the answer reserve, not the embedded default's 2,048 tokens; start-up prints the effective
 limits."""
+
 from __future__ import annotations
 
 import os
@@ -12,11 +13,11 @@ from pathlib import Path
 import httpx
 import openai
 
+from gateway.server.app import create_app
+from gateway.settings import Settings
 from pipelines.tokens import count_tokens
 from tests.commands.test_serve import wait_healthy
 from tests.engines import free_port
-from gateway.server.app import create_app
-from gateway.settings import Settings
 from tests.servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,27 +27,50 @@ def _document(sentences: int) -> str:
     """Distinct numbered sentences, so a prompt can be checked for every one of them."""
     return "\n\n".join(
         f"Clause {i}. The harbour master records item {i} of the register in the ledger kept at berth {i % 40}."
-        for i in range(sentences))
+        for i in range(sentences)
+    )
 
 
 def _long_prompt(fake, model: str) -> str:
     body = next(r["body"] for r in reversed(fake.state.received) if r["body"]["model"].endswith(model))
-    return "\n".join(m["content"] if isinstance(m["content"], str)
-                     else " ".join(p.get("text", "") for p in m["content"]) for m in body["messages"])
+    return "\n".join(
+        m["content"] if isinstance(m["content"], str) else " ".join(p.get("text", "") for p in m["content"])
+        for m in body["messages"]
+    )
 
 
 def test_serve_long_model_packs_the_whole_document_for_that_models_window(upstream, tmp_path):
     base, fake = upstream
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "OPENAI_API_BASE": f"{base}/v1",
-           "OPENAI_API_KEY": "sk-fake-upstream"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+        "OPENAI_API_BASE": f"{base}/v1",
+        "OPENAI_API_KEY": "sk-fake-upstream",
+    }
     for name in ("SELFROUTE_LEDGER_URL", "SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_STORE_URI"):
         env.pop(name, None)
     log_path = tmp_path / "serve.log"
     with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--data-dir", str(tmp_path / "data"),
-                                 "--port", str(port), "--long-model", "openai/gpt-4.1"],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "serve",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--port",
+                str(port),
+                "--long-model",
+                "openai/gpt-4.1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, log_path, timeout=300)
@@ -59,8 +83,10 @@ def test_serve_long_model_packs_the_whole_document_for_that_models_window(upstre
         assert count_tokens(document) > 20_000  # ten times what the embedded default's long route packs
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
         raw = client.chat.completions.with_raw_response.create(
-            model="selfroute", messages=[{"role": "user", "content": "Where is item 1499 recorded?"}],
-            extra_body={"selfroute": {"documents": [{"id": "register", "text": document}], "route": "long"}})
+            model="selfroute",
+            messages=[{"role": "user", "content": "Where is item 1499 recorded?"}],
+            extra_body={"selfroute": {"documents": [{"id": "register", "text": document}], "route": "long"}},
+        )
         assert raw.headers["x-selfroute-route"] == "long"
         prompt = _long_prompt(fake, "gpt-4.1")
         missing = [i for i in range(1500) if f"Clause {i}. " not in prompt]
@@ -91,7 +117,9 @@ def test_a_smaller_long_model_is_packed_to_its_window_less_the_reserve(upstream,
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
         client.chat.completions.create(
-            model="selfroute", messages=[{"role": "user", "content": "Where is item 10 recorded?"}],
-            extra_body={"selfroute": {"documents": [{"id": "register", "text": _document(1500)}], "route": "long"}})
+            model="selfroute",
+            messages=[{"role": "user", "content": "Where is item 10 recorded?"}],
+            extra_body={"selfroute": {"documents": [{"id": "register", "text": _document(1500)}], "route": "long"}},
+        )
         tokens = count_tokens(_long_prompt(fake, "gpt-4"))
         assert 6000 < tokens <= 8192 - 1024, tokens

@@ -1,8 +1,8 @@
 """`selfroute serve` as a real subprocess: graceful shutdown on SIGTERM within its timeout, with in-flight
 work cancelled and ledgered; several workers sharing the port and the ledger."""
+
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -41,9 +41,25 @@ def serve(tmp_path: Path, base: str, long: str, *extra: str) -> tuple[subprocess
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", str(port),
-         "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--policy",
+            str(policy),
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--log-level",
+            "WARNING",
+            *extra,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240
@@ -73,8 +89,11 @@ def ledger(tmp_path: Path) -> list[dict]:
 
 
 def ask(url: str, text: str, timeout: float = 120) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", timeout=timeout,
-                      json={"model": "selfroute", "messages": [{"role": "user", "content": text}]})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=timeout,
+        json={"model": "selfroute", "messages": [{"role": "user", "content": text}]},
+    )
 
 
 def test_sigterm_stops_within_the_shutdown_timeout_cancelling_and_ledgering_in_flight_work(upstream, tmp_path):

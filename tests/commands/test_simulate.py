@@ -1,4 +1,5 @@
 """`selfroute eval replay --simulate-learning` on the tiny paired fixture (real MiniLM + LanceDB)."""
+
 from __future__ import annotations
 
 import json
@@ -8,14 +9,25 @@ from tests.commands.test_eval import replay_run  # noqa: F401  (the fixture: a p
 
 
 def test_simulate_learning_reports_every_strategy_per_window(replay_run, capsys):  # noqa: F811
-    args = [*replay_run["args"], "--simulate-learning", "--shadow-rate", "0.5", "--judge-noise", "0.2",
-            "--refit-every", "4", "--sim-window", "5", "--sim-after", "5"]
+    args = [
+        *replay_run["args"],
+        "--simulate-learning",
+        "--shadow-rate",
+        "0.5",
+        "--judge-noise",
+        "0.2",
+        "--refit-every",
+        "4",
+        "--sim-window",
+        "5",
+        "--sim-after",
+        "5",
+    ]
     assert main([*args, "--json"]) == 0
     [run] = json.loads(capsys.readouterr().out)["runs"]
     strategies = {"learning router", "shipped router (frozen)", "always-long", "always-RAG", "oracle"}
     assert set(run["trailing"]) == strategies and all(strategies <= set(w) for w in run["windows"])
-    assert run["shadow_rate"] == 0.5 and run["questions"] == sum(
-        w["always-long"]["questions"] for w in run["windows"])
+    assert run["shadow_rate"] == 0.5 and run["questions"] == sum(w["always-long"]["questions"] for w in run["windows"])
     assert run["total"]["shipped router (frozen)"]["learning_cost_usd"] == 0
     assert set(run["targets"]) >= {"vs_frozen_points", "token_share_of_always_long"}
     assert main(args) == 0

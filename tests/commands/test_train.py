@@ -1,4 +1,5 @@
 """`selfroute train` and `selfroute calibrate` end to end on a tiny synthetic set (real MiniLM + LanceDB)."""
+
 import json
 import shutil
 
@@ -6,8 +7,8 @@ import pytest
 
 from classifier.calibration import long_share
 from classifier.features import FEATURE_NAMES
-from gateway.routing.model_files import load_model
 from gateway.cli import main
+from gateway.routing.model_files import load_model
 from policies.loader import load_policy, shipped_policy_path
 from tests.routing_fixtures import write_paired_fixture
 
@@ -39,12 +40,37 @@ def trained(tmp_path_factory):
     model = folder / "model.skops"
     oof = folder / "oof.jsonl"
     data_dir = folder / "data"
-    rc = main(["train", "--data", str(train_file), "--docs", str(docs), "--out", str(model), "--folds", "5",
-               "--oof-out", str(oof), "--data-dir", str(data_dir), "--log-level", "WARNING",
-               "--estimator", "logistic"])  # 25 examples: too few for trees with 30-sample leaves
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(train_file),
+            "--docs",
+            str(docs),
+            "--out",
+            str(model),
+            "--folds",
+            "5",
+            "--oof-out",
+            str(oof),
+            "--data-dir",
+            str(data_dir),
+            "--log-level",
+            "WARNING",
+            "--estimator",
+            "logistic",
+        ]
+    )  # 25 examples: too few for trees with 30-sample leaves
     assert rc == 0
-    return {"folder": folder, "docs": docs, "model": model, "oof": oof, "data_dir": data_dir,
-            "train": train_file, "held_out": held_file}
+    return {
+        "folder": folder,
+        "docs": docs,
+        "model": model,
+        "oof": oof,
+        "data_dir": data_dir,
+        "train": train_file,
+        "held_out": held_file,
+    }
 
 
 def test_train_writes_model_and_card(trained):
@@ -108,10 +134,33 @@ def test_calibrate_on_examples_skips_the_training_documents(trained, tmp_path, c
 def verifier_trained(trained):
     paired = two_task_fixture(trained["folder"])
     out = trained["folder"] / "verifier.skops"
-    common = ["--docs", str(trained["docs"]), "--data-dir", str(trained["data_dir"]), "--prices", "reference",
-              "--log-level", "WARNING"]
-    rc = main(["train", "--verifier", "--data", str(paired), "--out", str(out), "--estimator", "logistic",
-               "--folds", "3", "--max-cost-share", "0.6", *common])
+    common = [
+        "--docs",
+        str(trained["docs"]),
+        "--data-dir",
+        str(trained["data_dir"]),
+        "--prices",
+        "reference",
+        "--log-level",
+        "WARNING",
+    ]
+    rc = main(
+        [
+            "train",
+            "--verifier",
+            "--data",
+            str(paired),
+            "--out",
+            str(out),
+            "--estimator",
+            "logistic",
+            "--folds",
+            "3",
+            "--max-cost-share",
+            "0.6",
+            *common,
+        ]
+    )
     assert rc == 0
     return {"paired": paired, "model": out, "common": common}
 
@@ -130,10 +179,18 @@ def test_train_verifier_writes_the_verifier_with_its_cost_capped_threshold(verif
     # the refusals and the wrong summaries are the answers it doubts most
     from tests.routing.test_escalation import CheapAnswer, CheapAnswerCheck
 
-    good = CheapAnswerCheck.features(CheapAnswer("Ada Quill0", "Who is the keeper of Kestrel Harbour?",
-                                                 ["The keeper of Kestrel Harbour is Ada Quill0."]), None)
-    refusal = CheapAnswerCheck.features(CheapAnswer("unanswerable", "What is the report about overall?",
-                                                    ["The keeper of Kestrel Harbour is Ada Quill0."]), None)
+    good = CheapAnswerCheck.features(
+        CheapAnswer(
+            "Ada Quill0", "Who is the keeper of Kestrel Harbour?", ["The keeper of Kestrel Harbour is Ada Quill0."]
+        ),
+        None,
+    )
+    refusal = CheapAnswerCheck.features(
+        CheapAnswer(
+            "unanswerable", "What is the report about overall?", ["The keeper of Kestrel Harbour is Ada Quill0."]
+        ),
+        None,
+    )
     assert verifier.score(good) > verifier.score(refusal)
 
 
@@ -141,8 +198,18 @@ def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained,
     policy_file = tmp_path / "policy.yaml"
     shutil.copy(shipped_policy_path(), policy_file)
     before = policy_file.read_text()
-    args = ["calibrate", "--data", str(verifier_trained["paired"]), "--policy", str(policy_file), "--estimator",
-            "logistic", "--folds", "3", *verifier_trained["common"]]
+    args = [
+        "calibrate",
+        "--data",
+        str(verifier_trained["paired"]),
+        "--policy",
+        str(policy_file),
+        "--estimator",
+        "logistic",
+        "--folds",
+        "3",
+        *verifier_trained["common"],
+    ]
     assert main([*args, "--max-cost-share", "0.5"]) == 0
     out = capsys.readouterr().out
     policy, _ = load_policy(policy_file)
@@ -163,8 +230,20 @@ def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained,
 def test_calibrate_under_a_warm_prompt_cache_says_so_in_the_policy(verifier_trained, tmp_path, capsys):
     policy_file = tmp_path / "policy.yaml"
     shutil.copy(shipped_policy_path(), policy_file)
-    args = ["calibrate", "--data", str(verifier_trained["paired"]), "--policy", str(policy_file), "--estimator",
-            "logistic", "--folds", "3", "--max-cost-share", "0.5", *verifier_trained["common"]]
+    args = [
+        "calibrate",
+        "--data",
+        str(verifier_trained["paired"]),
+        "--policy",
+        str(policy_file),
+        "--estimator",
+        "logistic",
+        "--folds",
+        "3",
+        "--max-cost-share",
+        "0.5",
+        *verifier_trained["common"],
+    ]
     assert main([*args, "--prompt-cache", "on"]) == 2  # the reference pair has no cache prices
     assert "--long-cache-prices" in capsys.readouterr().err
     assert main([*args, "--long-cache-prices", "0.3,3.75", "--cache-window", "3"]) == 0
@@ -172,8 +251,10 @@ def test_calibrate_under_a_warm_prompt_cache_says_so_in_the_policy(verifier_trai
     cost = float(out.split(" of its cost")[0].rsplit(" at ", 1)[1])
     assert cost <= 0.5
     policy, _ = load_policy(policy_file)
-    assert "with a warm prompt cache (read 0.3/M, write 3.75/M, 3-question window)" in \
-        policy.routing.verifier.threshold_source
+    assert (
+        "with a warm prompt cache (read 0.3/M, write 3.75/M, 3-question window)"
+        in policy.routing.verifier.threshold_source
+    )
 
 
 def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_path):
@@ -181,9 +262,32 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
 
     pairs = two_corpora(tmp_path)
     out = tmp_path / "verifier.skops"
-    assert main(["train", "--verifier", *pairs, "--out", str(out), "--estimator", "logistic", "--folds", "3",
-                 "--protocol", "corpus", "--max-token-share", "0.9", "--prices", "reference",
-                 "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--verifier",
+                *pairs,
+                "--out",
+                str(out),
+                "--estimator",
+                "logistic",
+                "--folds",
+                "3",
+                "--protocol",
+                "corpus",
+                "--max-token-share",
+                "0.9",
+                "--prices",
+                "reference",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--log-level",
+                "WARNING",
+            ]
+        )
+        == 0
+    )
     card = json.loads(out.with_suffix(".json").read_text())
     assert set(card["training_corpora"]) == {"alpha", "beta"} and card["training_models"] == ["m0", "m1"]
     assert card["threshold_protocol"] == "leave one corpus out"
@@ -194,8 +298,27 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
     assert card["training_command"].count("--data ") == 2 and "--protocol corpus" not in card["training_command"]
     assert "--threshold-protocol corpus" in card["training_command"]
     route = tmp_path / "route.skops"
-    assert main(["train", *pairs, "--out", str(route), "--estimator", "logistic", "--folds", "3", "--protocol",
-                 "model", "--data-dir", str(tmp_path / "data"), "--log-level", "WARNING"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *pairs,
+                "--out",
+                str(route),
+                "--estimator",
+                "logistic",
+                "--folds",
+                "3",
+                "--protocol",
+                "model",
+                "--data-dir",
+                str(tmp_path / "data"),
+                "--log-level",
+                "WARNING",
+            ]
+        )
+        == 0
+    )
     card = json.loads(route.with_suffix(".json").read_text())
     assert set(card["held_out_validation"]["units"]) == {"m0", "m1"}
     assert set(card["training_corpora"]) == {"alpha", "beta"}

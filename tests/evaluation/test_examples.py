@@ -1,4 +1,5 @@
 """The routing inputs the replay builds per example: here, the long prompt's cacheable document block."""
+
 import pytest
 
 from gateway.evaluation.examples import RouteInputBuilder, load_examples
@@ -18,8 +19,9 @@ def embedder():
 
 def block_tokens(policy, example, window: int) -> int:
     """The document block as the gateway sends it, counted on its text."""
-    request = ContextRequest(question=example.query, messages=[{"role": "user", "content": example.query}],
-                             documents=example.documents)
+    request = ContextRequest(
+        question=example.query, messages=[{"role": "user", "content": example.query}], documents=example.documents
+    )
     prompt = LongContextPipeline(policy.long_context, window_tokens=window).prepare(request)
     return count_tokens(split_question(prompt.messages[-1]["content"])[0])
 
@@ -31,8 +33,9 @@ def test_the_long_prompts_document_block_is_recorded_when_it_is_stable(tmp_path,
     assert examples[0].doc_ids == examples[1].doc_ids
 
     def builder(window: int) -> RouteInputBuilder:
-        return RouteInputBuilder(policy, tmp_path / "lancedb", window_tokens=window, cache_dir=tmp_path / "cache",
-                                 embedder=embedder)
+        return RouteInputBuilder(
+            policy, tmp_path / "lancedb", window_tokens=window, cache_dir=tmp_path / "cache", embedder=embedder
+        )
 
     first, second = builder(16000).all_inputs(examples, progress=False)
     # the whole document fits: both questions share its block, counted from the packed parts (within a token of

@@ -1,5 +1,6 @@
 """The learning loop simulated on a small paired stream whose shipped verifier ranks answers backwards: labels from
 escalations and shadows, refits, learning legs paid, the live decision functions."""
+
 from __future__ import annotations
 
 import random
@@ -7,16 +8,26 @@ import random
 import pytest
 
 from gateway.evaluation.learning_sim import (
-    ALWAYS_LONG, FROZEN, LEARNING, ORACLE, SimQuestion, simulate, stream_order, targets,
+    ALWAYS_LONG,
+    FROZEN,
+    LEARNING,
+    ORACLE,
+    SimQuestion,
+    simulate,
+    stream_order,
+    targets,
 )
 from gateway.evaluation.replay import Prices, ReplayItem
 from policies.schema import Policy
 
 PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
-POLICY = Policy.model_validate({
-    "cheap": {"model": "c"}, "long": {"model": "l"},
-    "routing": {"classifier": None, "default_route": "rag", "verifier": {"model_path": "x", "threshold": 0.5}},
-})
+POLICY = Policy.model_validate(
+    {
+        "cheap": {"model": "c"},
+        "long": {"model": "l"},
+        "routing": {"classifier": None, "default_route": "rag", "verifier": {"model_path": "x", "threshold": 0.5}},
+    }
+)
 
 
 def stream(n: int = 1200, seed: int = 1) -> list[SimQuestion]:
@@ -26,8 +37,22 @@ def stream(n: int = 1200, seed: int = 1) -> list[SimQuestion]:
     for i in range(n):
         support = rng.random()
         good = rng.random() < (0.9 if support > 0.4 else 0.2)
-        item = ReplayItem(f"d{i // 20}", f"d{i // 20}", f"q{i}", float(good), 1.0, False, 500, 5000, 5000, 20, 30,
-                          {"context_tokens": 5000.0}, 0.5, verifier_score=1.0 - support)
+        item = ReplayItem(
+            f"d{i // 20}",
+            f"d{i // 20}",
+            f"q{i}",
+            float(good),
+            1.0,
+            False,
+            500,
+            5000,
+            5000,
+            20,
+            30,
+            {"context_tokens": 5000.0},
+            0.5,
+            verifier_score=1.0 - support,
+        )
         out.append(SimQuestion(item, {"ans_support_passages": support, "ans_refusal": 0.0}))
     return out
 
@@ -42,8 +67,17 @@ def test_the_stream_keeps_documents_together_and_is_seeded():
 
 @pytest.mark.parametrize("noise", [0.0, 0.2])
 def test_learning_recovers_from_a_backwards_verifier_at_no_more_cost(noise):
-    result = simulate(stream(), POLICY, PRICES, shadow_rate=0.05, judge_noise=noise, refit_every=100, window=300,
-                      after=600, feature_names=["ans_support_passages", "ans_refusal"])
+    result = simulate(
+        stream(),
+        POLICY,
+        PRICES,
+        shadow_rate=0.05,
+        judge_noise=noise,
+        refit_every=100,
+        window=300,
+        after=600,
+        feature_names=["ans_support_passages", "ans_refusal"],
+    )
     learn, frozen, long = (result.trailing[n] for n in (LEARNING, FROZEN, ALWAYS_LONG))
     assert learn["quality"] >= frozen["quality"] + 5
     # the spend is held to the frozen router's over the whole stream (a window can drift with its documents)
@@ -56,8 +90,17 @@ def test_learning_recovers_from_a_backwards_verifier_at_no_more_cost(noise):
 
 
 def test_without_labels_the_learning_router_is_the_frozen_one_plus_its_legs():
-    result = simulate(stream(300), POLICY, PRICES, shadow_rate=0.05, judge_noise=0.0, refit_every=10_000, window=300,
-                      after=0, feature_names=["ans_support_passages", "ans_refusal"])
+    result = simulate(
+        stream(300),
+        POLICY,
+        PRICES,
+        shadow_rate=0.05,
+        judge_noise=0.0,
+        refit_every=10_000,
+        window=300,
+        after=0,
+        feature_names=["ans_support_passages", "ans_refusal"],
+    )
     learn, frozen = result.total[LEARNING], result.total[FROZEN]
     assert learn["quality"] == frozen["quality"] and learn["escalated_share"] == frozen["escalated_share"]
     assert learn["cost_usd"] == pytest.approx(frozen["cost_usd"] + learn["learning_cost_usd"])

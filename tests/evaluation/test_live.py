@@ -1,12 +1,13 @@
 """`selfroute eval live` against a real gateway and fake upstream, and the answer scorers."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from gateway.evaluation.live import choice_letter, score_answer, token_f1
 from gateway.cli import main
+from gateway.evaluation.live import choice_letter, score_answer, token_f1
 
 
 def test_scorers():
@@ -35,16 +36,23 @@ def test_eval_live_scores_answers_and_reads_the_ledger(tmp_path, capsys):
     (docs / "d1.txt").write_text("The pump is green. " * 20)
     data = tmp_path / "paired.jsonl"
     # the fake upstream echoes the question, so a gt equal to "echo: <query>" scores 1
-    data.write_text("\n".join(json.dumps(r) for r in [
-        {"doc_id": "d1", "query": "What colour is the pump?", "gt": "echo: What colour is the pump?"},
-        {"doc_id": "d1", "query": "Which one?", "gt": "C"},
-    ]))
+    data.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"doc_id": "d1", "query": "What colour is the pump?", "gt": "echo: What colour is the pump?"},
+                {"doc_id": "d1", "query": "Which one?", "gt": "C"},
+            ]
+        )
+    )
     with serve_app(create_fake_upstream()) as upstream_url:
         policy = make_policy(upstream_url)  # no classifier, default route long
         with running_gateway(tmp_path / "data", policy) as (url, _):
             # a policy model by name is passed through untouched, so the echo is exactly the question
-            assert main(["eval", "live", "--data", str(data), "--base-url", url, "--model", "openai/fake-long",
-                         "--json"]) == 0
+            assert (
+                main(["eval", "live", "--data", str(data), "--base-url", url, "--model", "openai/fake-long", "--json"])
+                == 0
+            )
             first_run = json.loads(capsys.readouterr().out)
             assert main(["eval", "live", "--data", str(data), "--base-url", url, "--limit", "1", "--json"]) == 0
             routed = json.loads(capsys.readouterr().out)

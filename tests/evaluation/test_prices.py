@@ -22,18 +22,27 @@ def test_a_policy_without_prices_is_priced_from_litellms_cost_map_as_the_ledger_
 
 
 def test_the_long_models_cache_rates_and_whether_it_charges_for_writes():
-    claude = resolve_prices(hosted({"model": "openai/gpt-4.1-mini"}, {"model": "anthropic/claude-sonnet-4-5"}),
-                            prompt_cache=True)
+    claude = resolve_prices(
+        hosted({"model": "openai/gpt-4.1-mini"}, {"model": "anthropic/claude-sonnet-4-5"}), prompt_cache=True
+    )
     assert claude.long_cache.read == pytest.approx(0.3) and claude.long_cache.write == pytest.approx(3.75)
     assert "cache_control" in claude.long_cache.source and claude.long_cache.window is None
-    gpt = resolve_prices(hosted({"model": "openai/gpt-4.1-mini"}, {"model": "openai/gpt-4.1"}), prompt_cache=True,
-                         cache_window=10)
+    gpt = resolve_prices(
+        hosted({"model": "openai/gpt-4.1-mini"}, {"model": "openai/gpt-4.1"}), prompt_cache=True, cache_window=10
+    )
     assert gpt.long_cache == LongCache(pytest.approx(0.5), None, 10, 1024, source=gpt.long_cache.source)
     assert "automatic" in gpt.long_cache.source
     # the policy's own prices win, cache rates included; a write rate counts only when the gateway marks the block
-    own = hosted({"model": "a/cheap", "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
-                 {"model": "openai/custom", "input_cost_per_mtok": 10, "output_cost_per_mtok": 20,
-                  "cached_input_cost_per_mtok": 2.5, "cache_write_cost_per_mtok": 12.5})
+    own = hosted(
+        {"model": "a/cheap", "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
+        {
+            "model": "openai/custom",
+            "input_cost_per_mtok": 10,
+            "output_cost_per_mtok": 20,
+            "cached_input_cost_per_mtok": 2.5,
+            "cache_write_cost_per_mtok": 12.5,
+        },
+    )
     assert resolve_prices(own, "policy", prompt_cache=True).long_cache.write is None
     marked = own.model_copy(deep=True)
     marked.long.cache_control = True
@@ -46,9 +55,15 @@ def test_cache_rates_that_are_unknown_must_be_given():
         resolve_prices(load_policy()[0], "reference", prompt_cache=True)
     given = resolve_prices(load_policy()[0], "reference", long_cache_prices=(0.3, 3.75), cache_window=5)
     assert (given.long_input, given.long_cache.read, given.long_cache.write, given.long_cache.window) == (
-        pytest.approx(3.0), 0.3, 3.75, 5)
-    no_rate = hosted({"model": "a/cheap", "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
-                     {"model": "a/long", "input_cost_per_mtok": 10, "output_cost_per_mtok": 20})
+        pytest.approx(3.0),
+        0.3,
+        3.75,
+        5,
+    )
+    no_rate = hosted(
+        {"model": "a/cheap", "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
+        {"model": "a/long", "input_cost_per_mtok": 10, "output_cost_per_mtok": 20},
+    )
     with pytest.raises(ValueError, match="cached_input_cost_per_mtok"):
         resolve_prices(no_rate, prompt_cache=True)
     with pytest.raises(ValueError, match="--cache-window"):

@@ -22,26 +22,38 @@ PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
 
 def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t"):
     return ReplayItem(
-        doc_id="d", group="d", query="q", rag_score=rag, lc_score=lc, rag_refused=refused,
-        rag_prompt_tokens=1000, long_prompt_tokens=5000, direct_prompt_tokens=context,
-        rag_output_tokens=10, long_output_tokens=20,
+        doc_id="d",
+        group="d",
+        query="q",
+        rag_score=rag,
+        lc_score=lc,
+        rag_refused=refused,
+        rag_prompt_tokens=1000,
+        long_prompt_tokens=5000,
+        direct_prompt_tokens=context,
+        rag_output_tokens=10,
+        long_output_tokens=20,
         features={"context_tokens": context, "cross_ref_count": cross_refs, "top_score": top},
-        probability=p, task=task,
+        probability=p,
+        task=task,
     )
 
 
 def policy(**fallback) -> Policy:
-    return Policy.model_validate({
-        "cheap": {"model": "a/cheap"}, "long": {"model": "a/long"},
-        "routing": {
-            "rules": [
-                {"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"},
-                {"name": "refs", "feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
-            ],
-            "classifier": {"threshold": 0.5},
-            "fallback": fallback,
-        },
-    })
+    return Policy.model_validate(
+        {
+            "cheap": {"model": "a/cheap"},
+            "long": {"model": "a/long"},
+            "routing": {
+                "rules": [
+                    {"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"},
+                    {"name": "refs", "feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
+                ],
+                "classifier": {"threshold": 0.5},
+                "fallback": fallback,
+            },
+        }
+    )
 
 
 ITEMS = [
@@ -143,8 +155,7 @@ def test_always_long_reads_the_block_after_each_documents_first_question():
 
 def test_a_strategy_warms_only_what_it_sent_long():
     # self-route escalates the 2nd and 3rd questions on "a" and the 1st on "b": a's 2nd is cold (its 1st went rag)
-    items = [on_doc("a"), on_doc("a", refused=True), on_doc("a", refused=True), on_doc("b", refused=True),
-             on_doc("b")]
+    items = [on_doc("a"), on_doc("a", refused=True), on_doc("a", refused=True), on_doc("b", refused=True), on_doc("b")]
     results = by_name(run_strategies(items, policy(), cached()))
     sr = results["self-route"]
     assert sr.cost_usd == pytest.approx(5 * RAG_COST + COLD_WRITE + WARM + COLD_WRITE)
@@ -157,14 +168,17 @@ def test_the_cache_window_and_the_smallest_cached_block():
     windowed = by_name(run_strategies(items, policy(), cached(window=1)))["always-long"]
     assert windowed.cost_usd == pytest.approx(3 * COLD_WRITE + WARM)  # 0 -> 2 is two questions: cold again
     assert by_name(run_strategies(items, policy(), cached(window=2)))["always-long"].cost_usd == pytest.approx(
-        2 * COLD_WRITE + 2 * WARM)
+        2 * COLD_WRITE + 2 * WARM
+    )
     # a block under the provider's minimum, or none (a block chosen per question), is never cached
     small = [on_doc("a", prefix=1000), on_doc("a", prefix=1000)]
     assert by_name(run_strategies(small, policy(), cached()))["always-long"].cost_usd == pytest.approx(
-        2 * COLD_NO_CACHE)
+        2 * COLD_NO_CACHE
+    )
     unstable = [on_doc("a", prefix=0), on_doc("a", prefix=0)]
     assert by_name(run_strategies(unstable, policy(), cached()))["always-long"].cost_usd == pytest.approx(
-        2 * COLD_NO_CACHE)
+        2 * COLD_NO_CACHE
+    )
 
 
 def test_without_a_cache_the_costs_are_the_independent_legs():

@@ -3,7 +3,13 @@ import dataclasses
 import pytest
 
 from gateway.evaluation.replay import (
-    ReplayItem, Router, evaluate, baseline_totals, router_strategy, with_threshold, with_verifier,
+    ReplayItem,
+    Router,
+    baseline_totals,
+    evaluate,
+    router_strategy,
+    with_threshold,
+    with_verifier,
     without_pre_route,
 )
 from gateway.evaluation.tradeoff import Table, choose, quantile_grid
@@ -12,18 +18,32 @@ from tests.evaluation.test_replay import PRICES, policy
 
 def item(rag, lc, p, v, task="t"):
     return ReplayItem(
-        doc_id="d", group="d", query="q", rag_score=rag, lc_score=lc, rag_refused=False,
-        rag_prompt_tokens=1000, long_prompt_tokens=5000, direct_prompt_tokens=4000,
-        rag_output_tokens=10, long_output_tokens=20,
+        doc_id="d",
+        group="d",
+        query="q",
+        rag_score=rag,
+        lc_score=lc,
+        rag_refused=False,
+        rag_prompt_tokens=1000,
+        long_prompt_tokens=5000,
+        direct_prompt_tokens=4000,
+        rag_output_tokens=10,
+        long_output_tokens=20,
         features={"context_tokens": 4000, "cross_ref_count": 0, "top_score": 0.6},
-        probability=p, task=task, verifier_score=v,
+        probability=p,
+        task=task,
+        verifier_score=v,
     )
 
 
 # the verifier ranks the bad cheap answers lowest; P(cheap) is uninformative
 ITEMS = [
-    item(1.0, 1.0, 0.9, 0.9), item(1.0, 0.0, 0.9, 0.8), item(1.0, 1.0, 0.9, 0.7),
-    item(0.0, 1.0, 0.9, 0.2), item(0.0, 1.0, 0.9, 0.1), item(0.5, 0.5, 0.9, 0.6),
+    item(1.0, 1.0, 0.9, 0.9),
+    item(1.0, 0.0, 0.9, 0.8),
+    item(1.0, 1.0, 0.9, 0.7),
+    item(0.0, 1.0, 0.9, 0.2),
+    item(0.0, 1.0, 0.9, 0.1),
+    item(0.5, 0.5, 0.9, 0.6),
 ]
 
 
@@ -74,15 +94,15 @@ def test_quantile_grid_covers_both_ends():
 def test_the_table_prices_a_warm_cache_as_the_replay_does():
     from tests.evaluation.test_replay import cached
 
-    items = [dataclasses.replace(i, doc_id=doc, long_prefix_tokens=4000)
-             for i, doc in zip(ITEMS + ITEMS, "aabbcaaabbcc")]
+    items = [
+        dataclasses.replace(i, doc_id=doc, long_prefix_tokens=4000) for i, doc in zip(ITEMS + ITEMS, "aabbcaaabbcc")
+    ]
     for prices in (cached(), cached(write=None), cached(window=2)):
         table = Table(items, prices)
         for t in (0.0, 0.5, 0.75, 1.0):
             pol = with_verifier(policy(), t)
             fast = table.outcome(table.routes(pol), t)
-            slow = evaluate("x", router_strategy(Router(pol), True), items, prices,
-                            *baseline_totals(items, prices))
+            slow = evaluate("x", router_strategy(Router(pol), True), items, prices, *baseline_totals(items, prices))
             assert fast["cost_vs_long"] == pytest.approx(slow.cost_vs_long)
             assert fast["quality"] == pytest.approx(slow.quality)
 

@@ -1,12 +1,18 @@
 """Per held-out unit: the verifier against random escalation, the strategies, the threshold curve, one setting."""
+
 import dataclasses
 
 import pytest
 
 from gateway.evaluation.tradeoff import choose_across_units
 from gateway.evaluation.transfer import (
-    escalation_transfer, format_threshold_curves, format_transfer_curve, format_units, gain_weighted_auc,
-    threshold_curve, unit_reports,
+    escalation_transfer,
+    format_threshold_curves,
+    format_transfer_curve,
+    format_units,
+    gain_weighted_auc,
+    threshold_curve,
+    unit_reports,
 )
 from tests.evaluation.test_replay import PRICES, policy
 from tests.evaluation.test_tradeoff import ITEMS, item
@@ -35,7 +41,8 @@ def test_threshold_curve_runs_from_no_escalation_to_all():
 
 def test_unit_reports_and_one_setting_for_every_unit():
     items = [dataclasses.replace(i, group=f"a{n}") for n, i in enumerate(ITEMS)] + [
-        dataclasses.replace(i, group=f"b{n}", verifier_score=1 - i.verifier_score) for n, i in enumerate(ITEMS)]
+        dataclasses.replace(i, group=f"b{n}", verifier_score=1 - i.verifier_score) for n, i in enumerate(ITEMS)
+    ]
     units = ["a"] * 6 + ["b"] * 6
     p = policy()
     p.routing.rules = []
@@ -49,8 +56,9 @@ def test_unit_reports_and_one_setting_for_every_unit():
     # one shared setting: the cap binds on every unit; b's backwards verifier makes its margin the worst
     choice = choose_across_units(items, units, p, PRICES, max_share=0.9, tune_pre_route=False)
     assert choice.met and all(o["tokens_vs_long"] <= 0.9 + 1e-9 for o in choice.per_unit.values())
-    assert choice.worst_margin_points == pytest.approx(min(o["vs_better_baseline_points"]
-                                                           for o in choice.per_unit.values()))
+    assert choice.worst_margin_points == pytest.approx(
+        min(o["vs_better_baseline_points"] for o in choice.per_unit.values())
+    )
     impossible = choose_across_units(items, units, p, PRICES, max_share=0.05, tune_pre_route=False)
     assert not impossible.met  # even no escalation costs always-RAG's 0.2 of the tokens
     with pytest.raises(ValueError):

@@ -1,6 +1,7 @@
 """Reservations in the ledger database (gateway/ledger/budget.py): atomic against concurrent reservers on SQLite and
 PostgreSQL, replaced by the request's row in the writer's transaction, and rows left in flight by a dead process
 charged at their estimate without being counted twice or as a success."""
+
 from __future__ import annotations
 
 import threading
@@ -66,8 +67,7 @@ def test_twenty_concurrent_reservations_stop_at_the_budget(location, tmp_path):
 
 def test_twenty_concurrent_reservations_stop_at_the_tpm(location, tmp_path):
     Ledger(location, dead_letter_dir=tmp_path).close()
-    admitted, refused = _concurrently(location, [_row(f"t{i}", tokens=(100, 30)) for i in range(20)],
-                                      Limits(tpm=300))
+    admitted, refused = _concurrently(location, [_row(f"t{i}", tokens=(100, 30)) for i in range(20)], Limits(tpm=300))
     assert len(admitted) == 3  # 0, 130 and 260 tokens are below 300; 390 is not
     assert all(exc.code == "rate_limit_exceeded" and exc.retry_after >= 1 for exc in refused)
 

@@ -1,4 +1,5 @@
 """Named keys in the ledger database: hashed at rest, found by their secret, revoked and expired for good."""
+
 from __future__ import annotations
 
 import stat
@@ -21,11 +22,17 @@ def store(ledger_location):
 
 
 def test_a_key_is_found_by_its_secret_and_never_stored_in_clear(store, tmp_path):
-    key, secret = store.create("alice", models=["openai/*", "selfroute"], collections=["contracts"],
-                               budget_usd=2.5, rpm=10, tpm=1000)
+    key, secret = store.create(
+        "alice", models=["openai/*", "selfroute"], collections=["contracts"], budget_usd=2.5, rpm=10, tpm=1000
+    )
     assert store.lookup(secret) == key
     assert (key.models, key.collections, key.budget_usd, key.rpm, key.tpm) == (
-        ("openai/*", "selfroute"), ("contracts",), 2.5, 10, 1000)
+        ("openai/*", "selfroute"),
+        ("contracts",),
+        2.5,
+        10,
+        1000,
+    )
     assert store.lookup(secret + "x") is None and store.lookup(secret[:-1]) is None
     assert store.lookup("sk-anything") is None
     if isinstance(store.location, str):  # PostgreSQL: nothing in any column of the table
@@ -33,12 +40,12 @@ def test_a_key_is_found_by_its_secret_and_never_stored_in_clear(store, tmp_path)
 
         with psycopg.connect(store.location) as conn:
             stored = repr(conn.execute("SELECT * FROM api_keys").fetchall())
-        assert "alice" in stored and secret not in stored and secret[len(key.prefix):] not in stored
+        assert "alice" in stored and secret not in stored and secret[len(key.prefix) :] not in stored
         return
     store.close()
     for path in tmp_path.iterdir():  # the database, its WAL and shared memory
         assert secret.encode() not in path.read_bytes()
-        assert secret[len(key.prefix):].encode() not in path.read_bytes()
+        assert secret[len(key.prefix) :].encode() not in path.read_bytes()
 
 
 def test_each_key_has_its_own_secret(store):
@@ -93,9 +100,21 @@ def test_spend_and_tokens_come_from_the_ledger(store, tmp_path):
     store.create("frank")
     now = time.time()
     for i, (cost, tokens, age) in enumerate([(0.5, 100, 10), (0.25, 50, 30), (1.0, 400, 120)]):
-        ledger.submit(RequestRecord(id=f"r{i}", created_at=now - age, key_id="frank", policy="p", alias="m",
-                                    route="passthrough", reason=None, status=200, cost_usd=cost,
-                                    prompt_tokens=tokens, completion_tokens=0))
+        ledger.submit(
+            RequestRecord(
+                id=f"r{i}",
+                created_at=now - age,
+                key_id="frank",
+                policy="p",
+                alias="m",
+                route="passthrough",
+                reason=None,
+                status=200,
+                cost_usd=cost,
+                prompt_tokens=tokens,
+                completion_tokens=0,
+            )
+        )
     ledger.flush()
     ledger.close()
     assert store.spend(["frank"]) == {"frank": pytest.approx(1.75)}
@@ -193,8 +212,21 @@ def test_a_budget_period_counts_only_the_current_periods_spend(store, tmp_path):
     periods_start = now + 86400
     spends = [(now + 100, 0.5), (periods_start + 10, 0.25), (periods_start + 7200, 0.125)]
     for i, (at, cost) in enumerate(spends):
-        ledger.submit(RequestRecord(id=f"p{i}", created_at=at, key_id="jo", policy="p", alias="m", route="passthrough",
-                                    reason=None, status=200, cost_usd=cost, prompt_tokens=1, completion_tokens=0))
+        ledger.submit(
+            RequestRecord(
+                id=f"p{i}",
+                created_at=at,
+                key_id="jo",
+                policy="p",
+                alias="m",
+                route="passthrough",
+                reason=None,
+                status=200,
+                cost_usd=cost,
+                prompt_tokens=1,
+                completion_tokens=0,
+            )
+        )
     ledger.flush()
     ledger.close()
     key = store.get("jo")

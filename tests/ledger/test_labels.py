@@ -1,5 +1,6 @@
 """Features and labels in the ledger (migration 010) on both engines: written with their request by the writer,
 read back by learning; feedback labels and their owner lookup; the learning routes' spend."""
+
 from __future__ import annotations
 
 import math
@@ -11,20 +12,45 @@ from gateway.ledger.writer import Ledger
 
 
 def _record(rid: str, route: str, cost: float, created: float, features=None, labels=(), key="k_a") -> RequestRecord:
-    return RequestRecord(id=rid, created_at=created, key_id=key, policy="p", alias="selfroute", route=route,
-                         reason=None, status=200, cost_usd=cost, features=features, labels=list(labels))
+    return RequestRecord(
+        id=rid,
+        created_at=created,
+        key_id=key,
+        policy="p",
+        alias="selfroute",
+        route=route,
+        reason=None,
+        status=200,
+        cost_usd=cost,
+        features=features,
+        labels=list(labels),
+    )
 
 
 def test_features_and_labels_round_trip(ledger_location, tmp_path):
     ledger = Ledger(ledger_location, dead_letter_dir=tmp_path)
     now = time.time()
-    features = {"version": 1, "features": {"top_score": math.nan, "context_tokens": 900.0}, "p_cheap": 0.7,
-                "p_good": 0.4, "escalated": True, "decision": "rag"}
+    features = {
+        "version": 1,
+        "features": {"top_score": math.nan, "context_tokens": 900.0},
+        "p_cheap": 0.7,
+        "p_good": 0.4,
+        "escalated": True,
+        "decision": "rag",
+    }
     ledger.submit(_record("r1", "rag>long", 0.02, now, features))
     ledger.submit(_record("r1", "rag>long", 0.03, now, features))  # re-submitted: one features row, replaced
     ledger.submit(_record("r2", "rag", 0.001, now + 1, {**features, "escalated": False}))
-    ledger.submit(_record("j1", "judge", 0.004, now + 2, key=None, labels=[
-        LabelRecord("r1", "judge", False, "worse", "k_a", cost_usd=0.004, label_request_id="j1")]))
+    ledger.submit(
+        _record(
+            "j1",
+            "judge",
+            0.004,
+            now + 2,
+            key=None,
+            labels=[LabelRecord("r1", "judge", False, "worse", "k_a", cost_usd=0.004, label_request_id="j1")],
+        )
+    )
     ledger.submit(_record("s1", "shadow", 0.01, now + 3, key=None))
     ledger.flush()
     store = LabelStore(ledger_location)

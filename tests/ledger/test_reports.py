@@ -4,9 +4,9 @@ import sqlite3
 import pytest
 
 from gateway.ledger import reports
-from gateway.ledger.records import key_id
-from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.database import _migrations, connect, migrate, write_records
+from gateway.ledger.errors import InvalidQuery, NotFound
+from gateway.ledger.records import key_id
 from tests.ledger_fixtures import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
 
 
@@ -95,8 +95,16 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, 
         leg = call(CHEAP, route, rng.randrange(10, 900), rng.randrange(1, 50), cost)
         # a cache read, a cache write (a negative saving) or neither
         cached(leg, *rng.choice([(0, 0.0), (leg.prompt_tokens // 2, 0.0004), (0, -0.0001)]))
-        records.append(record(f"q{i:04d}", BASE + rng.uniform(0, 3 * 86400), route, [leg],
-                              counterfactual=0.05, key=rng.choice(["k_a", "k_b"])))
+        records.append(
+            record(
+                f"q{i:04d}",
+                BASE + rng.uniform(0, 3 * 86400),
+                route,
+                [leg],
+                counterfactual=0.05,
+                key=rng.choice(["k_a", "k_b"]),
+            )
+        )
     ledger = write_ledger(ledger_location, records, tmp_path)
     conn = reports.connect_reader(ledger.location)
     bounds = [None, BASE + 1234.5, BASE + 3600 * 5, BASE + 3600 * 5 + 17, BASE + 86400 + 59, BASE + 2 * 86400 + 7000]
@@ -104,8 +112,17 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, 
         since, until = sorted(rng.sample(bounds[1:], 2)) if rng.random() < 0.7 else (rng.choice(bounds), None)
         filters = reports.Filters(since=since, until=until)
         report = reports.costs(conn, "route", filters)
-        got = {r["group"]: (r["requests"], r["cost_usd"], r["counterfactual_cost_usd"], r["cache_hits"],
-                            r["cached_tokens"], r["cache_saving_usd"]) for r in report["groups"]}
+        got = {
+            r["group"]: (
+                r["requests"],
+                r["cost_usd"],
+                r["counterfactual_cost_usd"],
+                r["cache_hits"],
+                r["cached_tokens"],
+                r["cache_saving_usd"],
+            )
+            for r in report["groups"]
+        }
         want = brute_force(records, since, until)
         assert set(got) == set(want), (since, until)
         for route, (n, cost, cf, hits, tokens, saving) in want.items():
@@ -114,12 +131,18 @@ def test_rollup_plus_raw_edges_equal_a_scan_for_any_time_range(ledger_location, 
             assert got[route][2] == pytest.approx(cf)
             assert got[route][5] == pytest.approx(saving)
         legs = by_group(reports.costs(conn, "model", filters))  # the legs' figures, from the call rollups
-        assert (legs[CHEAP]["cache_hits"], legs[CHEAP]["cached_tokens"]) == (
-            sum(w[3] for w in want.values()), sum(w[4] for w in want.values())) if want else legs == {}
+        assert (
+            (legs[CHEAP]["cache_hits"], legs[CHEAP]["cached_tokens"])
+            == (sum(w[3] for w in want.values()), sum(w[4] for w in want.values()))
+            if want
+            else legs == {}
+        )
         assert report["total"]["cache_saving_usd"] == pytest.approx(sum(w[5] for w in want.values()))
     # filters compose with the time split
     filters = reports.Filters(since=BASE + 1234.5, until=BASE + 86400 + 59, key="k_a", route="rag")
-    want = [r for r in records if r.key_id == "k_a" and r.route == "rag" and BASE + 1234.5 <= r.created_at < BASE + 86459]
+    want = [
+        r for r in records if r.key_id == "k_a" and r.route == "rag" and BASE + 1234.5 <= r.created_at < BASE + 86459
+    ]
     assert reports.costs(conn, "day", filters)["total"]["requests"] == len(want)
 
 
@@ -201,8 +224,15 @@ def test_get_request_has_legs_provenance_and_saving(conn):
 def test_resubmitted_record_replaces_its_row_its_legs_and_its_rollup(ledger_location, tmp_path):
     first = record("x1", BASE + 10, "rag", [call(CHEAP, "rag", 10, 1, 0.5)], counterfactual=1.0)
     ledger = write_ledger(ledger_location, [first], tmp_path)
-    ledger.submit(record("x1", BASE + 10, "rag>long", [call(CHEAP, "rag", 10, 1, 0.5), call(LONG, "long", 99, 1, 2.0)],
-                         counterfactual=1.0))
+    ledger.submit(
+        record(
+            "x1",
+            BASE + 10,
+            "rag>long",
+            [call(CHEAP, "rag", 10, 1, 0.5), call(LONG, "long", 99, 1, 2.0)],
+            counterfactual=1.0,
+        )
+    )
     ledger.flush()
     conn = reports.connect_reader(ledger.location)
     routes = by_group(reports.costs(conn, "route"))

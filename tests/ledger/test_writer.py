@@ -1,4 +1,5 @@
 """The ledger writer: migrations, batching off the request path, and nothing accepted is ever lost."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,10 @@ def test_a_failing_record_does_not_take_its_batch_with_it(tmp_path):
     ledger = Ledger(path)
     conn = sqlite3.connect(path)
     # a record SQLite refuses, the way a full disk or a constraint would
-    conn.execute("CREATE TRIGGER poison BEFORE INSERT ON requests WHEN NEW.reason = 'poison' "
-                 "BEGIN SELECT RAISE(ABORT, 'poisoned'); END")
+    conn.execute(
+        "CREATE TRIGGER poison BEFORE INSERT ON requests WHEN NEW.reason = 'poison' "
+        "BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+    )
     conn.commit()
     conn.close()
     good = [record(f"r{i}", BASE + i, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]) for i in range(5)]
@@ -99,12 +102,15 @@ def test_a_dead_letter_file_is_replayed_at_start_up_once_even_when_replayed_twic
     """A later process on the same data directory replays what an earlier one left (a kill -9 during an outage);
     records are upserts by request id, so lines written twice (or a replay cut short and run again) are one row."""
     first = Ledger(postgres_url, dead_letter_dir=tmp_path)
-    lines = [json.dumps({"error": "down", "record": asdict(record(f"x{i}", BASE + i, "rag",
-                                                                   [call(CHEAP, "rag", 10, 1, 0.001)]))})
-             for i in range(5)]
+    lines = [
+        json.dumps(
+            {"error": "down", "record": asdict(record(f"x{i}", BASE + i, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))}
+        )
+        for i in range(5)
+    ]
     first.dead_letter_path.write_text("\n".join(lines + lines[:3]) + "\n")
     # a replay interrupted after it moved the file aside but before it removed it
-    (tmp_path / "ledger.failed.jsonl.replaying.1.1").write_text("\n".join(lines[2:]) + "\n{\"torn")
+    (tmp_path / "ledger.failed.jsonl.replaying.1.1").write_text("\n".join(lines[2:]) + '\n{"torn')
     first.close()
     second = Ledger(postgres_url, dead_letter_dir=tmp_path)
     try:
@@ -131,8 +137,16 @@ def test_two_postgres_writers_on_the_same_rollup_rows_lose_nothing(postgres_url,
     writers = [Ledger(postgres_url, dead_letter_dir=tmp_path / name, batch_size=32) for name in ("a", "b")]
     threads, expected = [], []
     for n, writer in enumerate(writers):
-        batch = [record(f"w{n}-{i:03d}", BASE + (i * 37 % 7200), ["rag", "long"][i % 2],
-                        [call(CHEAP, "rag", 10, 1, 0.001)], key=["k_a", "k_b", "k_c"][i % 3]) for i in range(300)]
+        batch = [
+            record(
+                f"w{n}-{i:03d}",
+                BASE + (i * 37 % 7200),
+                ["rag", "long"][i % 2],
+                [call(CHEAP, "rag", 10, 1, 0.001)],
+                key=["k_a", "k_b", "k_c"][i % 3],
+            )
+            for i in range(300)
+        ]
         expected += [r.id for r in batch]
         threads.append(threading.Thread(target=lambda w=writer, b=batch: [w.submit(r) for r in b]))
     for thread in threads:

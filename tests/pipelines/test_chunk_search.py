@@ -4,8 +4,16 @@ from pipelines.chunk_search import CHUNK_COLUMNS, fuse_rankings, row_chunk
 
 
 def hit(doc_id: str, position: int, vector: list[float]) -> dict:
-    return {"doc_id": doc_id, "position": position, "text": f"{doc_id} #{position}", "section": None,
-            "tokens": 3, "start": 0, "end": 5, "vector": vector}
+    return {
+        "doc_id": doc_id,
+        "position": position,
+        "text": f"{doc_id} #{position}",
+        "section": None,
+        "tokens": 3,
+        "start": 0,
+        "end": 5,
+        "vector": vector,
+    }
 
 
 def test_fuse_rankings_sums_reciprocal_ranks_of_both_lists():

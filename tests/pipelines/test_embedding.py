@@ -63,8 +63,12 @@ def test_remembered_questions_are_kept_apart_by_scope(embedder):
     assert unscoped is not alice and unscoped is not bob and embedder.embed_query(question) is unscoped
 
 
-TEXTS = ["The cat sat on the mat.", "A cat is sitting on a rug.", "Quarterly revenue rose 12%.",
-         "Open valve V2 before starting pump P1; " * 40]  # the last one longer than the model's 256 word pieces
+TEXTS = [
+    "The cat sat on the mat.",
+    "A cat is sitting on a rug.",
+    "Quarterly revenue rose 12%.",
+    "Open valve V2 before starting pump P1; " * 40,
+]  # the last one longer than the model's 256 word pieces
 
 
 @pytest.fixture(scope="module")

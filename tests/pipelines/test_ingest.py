@@ -14,13 +14,19 @@ def make_pdf(pages: list[str], title: str = "Tiny Report") -> bytes:
     n_pages = len(pages)
     page_ids = [4 + 2 * i for i in range(n_pages)]
     objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
-    objects.append(b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % p for p in page_ids) + b"] /Count %d >>" % n_pages)
+    objects.append(
+        b"<< /Type /Pages /Kids [" + b" ".join(b"%d 0 R" % p for p in page_ids) + b"] /Count %d >>" % n_pages
+    )
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     for i, text in enumerate(pages):
         lines = text.split("\n")
-        ops = b"BT /F1 12 Tf 72 720 Td 14 TL " + b" ".join(
-            b"(" + line.encode("latin-1").replace(b"(", b"\\(").replace(b")", b"\\)") + b") Tj T*" for line in lines
-        ) + b" ET"
+        ops = (
+            b"BT /F1 12 Tf 72 720 Td 14 TL "
+            + b" ".join(
+                b"(" + line.encode("latin-1").replace(b"(", b"\\(").replace(b")", b"\\)") + b") Tj T*" for line in lines
+            )
+            + b" ET"
+        )
         stream = zlib.compress(ops)
         objects.append(
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents %d 0 R >>"
@@ -36,7 +42,11 @@ def make_pdf(pages: list[str], title: str = "Tiny Report") -> bytes:
     xref = len(out)
     out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
     out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R /Info %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(objects), xref)
+    out += b"trailer\n<< /Size %d /Root 1 0 R /Info %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1,
+        len(objects),
+        xref,
+    )
     return bytes(out)
 
 
@@ -121,6 +131,7 @@ def test_pdf_file_and_reader_are_closed_after_loading(corpus, monkeypatch):
     assert doc.metadata["pages"] == 2 and "Revenue grew 12 percent." in doc.text
     (reader,) = readers
     assert reader.closed and reader.stream.closed
+
 
 def test_missing_path_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):

@@ -5,7 +5,13 @@ import pytest
 from pipelines.base import ContextRequest
 from pipelines.documents import Document
 from pipelines.long_context import (
-    LongContextPipeline, UnitCache, bm25_scores, pack_long_context, prompt_tokens, render, split_units,
+    LongContextPipeline,
+    UnitCache,
+    bm25_scores,
+    pack_long_context,
+    prompt_tokens,
+    render,
+    split_units,
 )
 from pipelines.settings import LongContextSettings
 from pipelines.tokens import count_tokens
@@ -16,7 +22,9 @@ MANUAL = (Path(__file__).parent / "fixtures" / "manual.md").read_text()
 def filler_doc(i: int, paragraphs: int = 12) -> Document:
     body = "\n\n".join(
         f"## {j + 1}. Topic {i}-{j}\n\n"
-        + " ".join(f"Paragraph {j} of report {i} discusses shipping schedule item {k} in general terms." for k in range(6))
+        + " ".join(
+            f"Paragraph {j} of report {i} discusses shipping schedule item {k} in general terms." for k in range(6)
+        )
         for j in range(paragraphs)
     )
     return Document(f"report-{i}", body, title=f"Report {i}")
@@ -108,7 +116,9 @@ def test_bm25_prefers_matching_unit():
 
 def test_pipeline_budget_and_provenance_without_embedder():
     docs = [Document("manual", MANUAL, title="Manual")] + [filler_doc(i) for i in range(6)]
-    settings = LongContextSettings(window_tokens=2048, answer_reserve_tokens=512, unit_min_tokens=50, unit_max_tokens=400)
+    settings = LongContextSettings(
+        window_tokens=2048, answer_reserve_tokens=512, unit_min_tokens=50, unit_max_tokens=400
+    )
     pipeline = LongContextPipeline(settings, window_tokens=999_999)
     assert pipeline.window_tokens == 2048
     messages = [
@@ -135,11 +145,15 @@ def test_render_contains_instructions_and_question():
     assert text.startswith("Answer the question") and text.endswith("Question: Why?")
 
 
-@pytest.mark.parametrize("question", ["Why?", "  leading spaces and a trailing newline\n", "第三条第二款是什么？", "[x]."])
+@pytest.mark.parametrize(
+    "question", ["Why?", "  leading spaces and a trailing newline\n", "第三条第二款是什么？", "[x]."]
+)
 def test_prompt_tokens_is_the_exact_count_of_the_rendered_prompt(question):
     # units ending in punctuation, spaces, newlines and CJK: the seams tiktoken could merge across
     endings = ["end.", "end.  ", "end\n", "end:\n  \n", "结束。", "x)", "42", "tab\t"]
-    docs = [Document(f"d{i}", f"# Part {i}\n\nBody of part {i} {ending}", title=f"T{i}") for i, ending in enumerate(endings)]
+    docs = [
+        Document(f"d{i}", f"# Part {i}\n\nBody of part {i} {ending}", title=f"T{i}") for i, ending in enumerate(endings)
+    ]
     docs.append(Document("manual", MANUAL, title="Manual"))
     settings = LongContextSettings(unit_min_tokens=1, unit_max_tokens=120)
     units = [u for d in docs for u in split_units(d, settings)]
@@ -157,6 +171,8 @@ def test_unit_cache_keeps_units_by_content():
     assert cache.get(Document("manual", MANUAL, title="Manual"), settings) is first
     assert cache.get(Document("manual", MANUAL + "\n\nMore.", title="Manual"), settings) is not first
     assert cache.get(Document("manual", MANUAL, title="Other"), settings) is not first  # labels carry the title
-    assert cache.get(Document("manual", MANUAL, title="Manual", metadata={"selfroute_key": "k2"}), settings) is not first
+    assert (
+        cache.get(Document("manual", MANUAL, title="Manual", metadata={"selfroute_key": "k2"}), settings) is not first
+    )
     assert cache.get(doc, settings) is not first  # dropped: the cache holds three
     assert [u.tokens for u in first.units] == [u.tokens for u in split_units(doc, settings)]

@@ -13,7 +13,9 @@ from pipelines.tokens import count_tokens
 from tests.pipelines_fixtures import CountingEmbedder, distractor_documents, manual_document
 
 SETTINGS = RagSettings(
-    chunking=ChunkingSettings(chunk_tokens=48, chunk_overlap=8), top_k=4, expansion_neighbours=2,
+    chunking=ChunkingSettings(chunk_tokens=48, chunk_overlap=8),
+    top_k=4,
+    expansion_neighbours=2,
     context_budget_tokens=600,
 )
 QUESTION = "What is the part number of the replacement impeller kit?"
@@ -58,7 +60,9 @@ def test_passages_are_stitched_without_overlap_and_labelled(store):
     original = manual_document().text
     first, last = passage.chunks[0].chunk, passage.chunks[-1].chunk
     # the stitched text is the original span (chunk seams become a newline where chunks only touch)
-    assert passage.text.replace("\n", "").replace(" ", "") == original[first.start : last.end].replace("\n", "").replace(" ", "")
+    assert passage.text.replace("\n", "").replace(" ", "") == original[first.start : last.end].replace(
+        "\n", ""
+    ).replace(" ", "")
     assert passage.text.count("HP-IK-2231") == 1
     label = passage.label(1)
     assert label.startswith("[1] Document: Harbor Pump Operations Manual (manual.md)") and "4.2 Spare parts" in label
@@ -102,7 +106,9 @@ def test_precomputed_retrieval_is_reused(store):
     original = store.search
     store.search = lambda *a, **k: calls.append(a) or original(*a, **k)
     try:
-        prepared = pipeline.prepare(ContextRequest(QUESTION, [{"role": "user", "content": QUESTION}], "docs"), retrieval)
+        prepared = pipeline.prepare(
+            ContextRequest(QUESTION, [{"role": "user", "content": QUESTION}], "docs"), retrieval
+        )
     finally:
         del store.search
     assert calls == [] and prepared.retrieval == retrieval.hits
@@ -114,7 +120,9 @@ def test_inline_documents_are_embedded_once(store, embedder):
     request = ContextRequest("How many pallets are stored in Lyon?", [{"role": "user", "content": "?"}], documents=docs)
     first = pipeline.prepare(request)
     embedded = embedder.texts_embedded
-    second = pipeline.prepare(ContextRequest(request.question, request.messages, documents=[Document("memo", docs[0].text)]))
+    second = pipeline.prepare(
+        ContextRequest(request.question, request.messages, documents=[Document("memo", docs[0].text)])
+    )
     assert embedder.texts_embedded == embedded  # nothing: the documents are stored, the question remembered
     assert first.provenance["collection"] == second.provenance["collection"] and second.provenance["inline_documents"]
     assert "412 pallets" in second.messages[-1]["content"]
@@ -126,7 +134,9 @@ def test_request_without_context_is_an_error(store):
 
 
 def test_long_pipeline_scores_units_with_stored_vectors(store, embedder):
-    settings = LongContextSettings(window_tokens=1024, answer_reserve_tokens=256, unit_min_tokens=40, unit_max_tokens=300)
+    settings = LongContextSettings(
+        window_tokens=1024, answer_reserve_tokens=256, unit_min_tokens=40, unit_max_tokens=300
+    )
     pipeline = LongContextPipeline(settings, store=store)
     before = embedder.texts_embedded
     prepared = pipeline.prepare(ContextRequest(QUESTION, [{"role": "user", "content": QUESTION}], collection="docs"))
@@ -140,5 +150,9 @@ def test_stitch_handles_gaps_and_overlap():
     from pipelines.chunking import Chunk
 
     text = "abcdefghij"
-    a, b, c = Chunk("d", 0, text[0:5], None, 1, 0, 5), Chunk("d", 1, text[3:8], None, 1, 3, 8), Chunk("d", 2, text[8:10], None, 1, 8, 10)
+    a, b, c = (
+        Chunk("d", 0, text[0:5], None, 1, 0, 5),
+        Chunk("d", 1, text[3:8], None, 1, 3, 8),
+        Chunk("d", 2, text[8:10], None, 1, 8, 10),
+    )
     assert stitch([a, b, c]) == "abcdefgh\nij"

@@ -35,7 +35,14 @@ def test_plain_text_headings_underlines_keywords_and_chinese():
     )
     sections = split_sections(text)
     titles = [s.title for s in sections]
-    assert titles == [None, "1.1. Scope", "ARTICLE 12 TERMINATION", "Section 3. Payment", "第三条 保密义务", "CONFIDENTIALITY"]
+    assert titles == [
+        None,
+        "1.1. Scope",
+        "ARTICLE 12 TERMINATION",
+        "Section 3. Payment",
+        "第三条 保密义务",
+        "CONFIDENTIALITY",
+    ]
     assert [s.number for s in sections][1:5] == ["1.1", "12", "3", "第三条"]
 
 
@@ -64,8 +71,17 @@ def test_cross_reference_forms():
         "Terms as defined above apply, hereinafter the Terms. 依照第三条第二款，详见附录A。如上所述，双方同意。"
     )
     assert find_cross_references(text) == [
-        "Section 4.2", "section 10.1(a)", "Article 12", "Appendix A", "Exhibit B", "Schedule 3",
-        "as defined above", "hereinafter", "第三条第二款", "详见附录A", "如上所述",
+        "Section 4.2",
+        "section 10.1(a)",
+        "Article 12",
+        "Appendix A",
+        "Exhibit B",
+        "Schedule 3",
+        "as defined above",
+        "hereinafter",
+        "第三条第二款",
+        "详见附录A",
+        "如上所述",
     ]
 
 

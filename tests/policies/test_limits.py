@@ -1,5 +1,6 @@
 """Effective model limits: windows, output limits and prices from litellm's model information, what a model
 override changes, and a clear error for a model whose window nobody knows."""
+
 from __future__ import annotations
 
 import pytest
@@ -83,7 +84,9 @@ long_context: {window_tokens: 100000}
 
 
 def test_an_answer_reserve_larger_than_the_window_is_refused():
-    text = "cheap: {model: local/smollm2-135m-instruct}\nlong: {model: openai/gpt-4}\n" \
-           "long_context: {answer_reserve_tokens: 9000}\n"
+    text = (
+        "cheap: {model: local/smollm2-135m-instruct}\nlong: {model: openai/gpt-4}\n"
+        "long_context: {answer_reserve_tokens: 9000}\n"
+    )
     with pytest.raises(LimitsError, match="leaves nothing"):
         effective_policy(parse_policy(text))

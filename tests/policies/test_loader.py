@@ -1,4 +1,5 @@
 """Policies validate at load; errors name the file, the line and the field."""
+
 from __future__ import annotations
 
 from importlib import resources
@@ -24,11 +25,16 @@ def test_default_policy_runs_locally():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("name: x\ncheap: {model: a}\nlong:\n  model: b\n  timeout: -1\n", "p.yaml:5: long.timeout: Input should be greater than 0"),
+        (
+            "name: x\ncheap: {model: a}\nlong:\n  model: b\n  timeout: -1\n",
+            "p.yaml:5: long.timeout: Input should be greater than 0",
+        ),
         ("name: x\ncheap: {model: a}\nlong: {model: b}\nbogus: 1\n", "p.yaml:4: bogus: Extra inputs are not permitted"),
         ("name: x\ncheap: {model: a}\n", "p.yaml:1: long: Field required"),
-        ("cheap: {model: a}\nlong: {model: b}\nrouting:\n  rules:\n    - {feature: context_tokens, op: '~', value: 1, route: rag}\n",
-         "p.yaml:5: routing.rules.0.op"),
+        (
+            "cheap: {model: a}\nlong: {model: b}\nrouting:\n  rules:\n    - {feature: context_tokens, op: '~', value: 1, route: rag}\n",
+            "p.yaml:5: routing.rules.0.op",
+        ),
         ("cheap: {model: a, api_key_env: 'sk-abc123 secret'}\nlong: {model: b}\n", "p.yaml:1: cheap.api_key_env"),
         ("cheap: {model: a}\nlong: {model: b}\n  bad indent: [\n", "p.yaml:3: invalid YAML"),
         ("- just\n- a list\n", "p.yaml:1: a policy must be a YAML mapping"),
@@ -42,8 +48,11 @@ def test_errors_name_file_line_and_field(text, expected):
 
 def test_unknown_rule_feature_is_rejected():
     with pytest.raises(PolicyError) as caught:
-        parse_policy("cheap: {model: a}\nlong: {model: b}\nrouting:\n  rules:\n"
-                     "    - {feature: context_tokenz, op: '<', value: 1, route: rag}\n", "p.yaml")
+        parse_policy(
+            "cheap: {model: a}\nlong: {model: b}\nrouting:\n  rules:\n"
+            "    - {feature: context_tokenz, op: '<', value: 1, route: rag}\n",
+            "p.yaml",
+        )
     assert "p.yaml:5" in str(caught.value) and "context_tokenz" in str(caught.value)
 
 

@@ -1,5 +1,6 @@
 """Which model names pass through: the policy's own, the gateway's embedding model, `passthrough.allow`; providers
 that reach local services only by a pattern that names them."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,9 +31,24 @@ def test_by_default_only_the_policys_own_models_pass_through():
     assert passthrough_allowed(p, "local/all-minilm-l6-v2", ("local/all-minilm-l6-v2",))
 
 
-@pytest.mark.parametrize("model", ["ollama/llama3", "OLLAMA/llama3", "ollama_chat/x", "llamafile/x", "lm_studio/x",
-                                   "langgraph/agent", "hosted_vllm/x", "vllm/x", "xinference/x", "oobabooga/x",
-                                   "local/smollm2-135m-instruct", "litellm_proxy/x", "a2a/x"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "ollama/llama3",
+        "OLLAMA/llama3",
+        "ollama_chat/x",
+        "llamafile/x",
+        "lm_studio/x",
+        "langgraph/agent",
+        "hosted_vllm/x",
+        "vllm/x",
+        "xinference/x",
+        "oobabooga/x",
+        "local/smollm2-135m-instruct",
+        "litellm_proxy/x",
+        "a2a/x",
+    ],
+)
 def test_a_wildcard_never_reaches_a_local_service(model):
     assert not passthrough_allowed(policy('["*"]'), model)
     assert not passthrough_allowed(policy('["*/*", "?*"]'), model)

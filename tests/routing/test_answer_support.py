@@ -1,4 +1,5 @@
 """The verifier's gateway-side inputs: the retrieval pass's signals and the answer's support in embedding space."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,13 +16,15 @@ def test_hit_spread_counts_separate_places():
 
 
 def _hit(doc, position, score, rank, text="alpha beta"):
-    return SimpleNamespace(chunk=SimpleNamespace(doc_id=doc, position=position, text=text), vector_score=score,
-                           rank=rank)
+    return SimpleNamespace(
+        chunk=SimpleNamespace(doc_id=doc, position=position, text=text), vector_score=score, rank=rank
+    )
 
 
 def test_retrieval_inputs_are_the_pre_route_features_retrieval_part_and_the_spread():
-    retrieval = SimpleNamespace(hits=[_hit("d", 1, 0.8, 1), _hit("d", 2, 0.6, 2), _hit("d", 3, 0.9, 0),
-                                      _hit("d", 30, 0.5, 3)])
+    retrieval = SimpleNamespace(
+        hits=[_hit("d", 1, 0.8, 1), _hit("d", 2, 0.6, 2), _hit("d", 3, 0.9, 0), _hit("d", 30, 0.5, 3)]
+    )
     values = retrieval_inputs("alpha gamma?", retrieval)
     assert values["top_score"] == pytest.approx(0.8) and values["top_margin"] == pytest.approx(0.2)
     assert values["score_spread"] == pytest.approx(0.3) and values["term_coverage"] == pytest.approx(0.5)
@@ -38,8 +41,9 @@ def fake_embed(texts):
 
 def test_answer_support_per_sentence_against_the_passages():
     passages = ["The harbour master keeps the keys."]
-    grounded = answer_support("Who keeps the keys?", "The harbour master. He keeps them at the harbour.", passages,
-                              fake_embed)
+    grounded = answer_support(
+        "Who keeps the keys?", "The harbour master. He keeps them at the harbour.", passages, fake_embed
+    )
     assert grounded["ans_passage_similarity"] == 1.0 and grounded["ans_sentence_support_min"] == 1.0
     mixed = answer_support("Who?", "The harbour master. A dragon ate them.", passages, fake_embed)
     assert mixed["ans_sentence_support_mean"] == pytest.approx(0.5) and mixed["ans_sentence_support_min"] == 0.0
@@ -80,8 +84,20 @@ def test_logprobs_are_asked_for_taken_and_hidden_from_a_client_that_did_not_ask(
     assert with_logprobs({"a": 1}, True, "openai/x") == {"a": 1, "logprobs": True}
     assert with_logprobs({"a": 1}, False, "openai/x") == {"a": 1}
     assert with_logprobs({"a": 1}, True, "local/smollm2-135m-instruct") == {"a": 1}
-    completion = {"choices": [{"message": {"content": "x y"}, "logprobs": {"content": [
-        {"token": "x", "logprob": -0.5}, {"token": "y", "logprob": -2.0}, {"token": "z", "logprob": None}]}}]}
+    completion = {
+        "choices": [
+            {
+                "message": {"content": "x y"},
+                "logprobs": {
+                    "content": [
+                        {"token": "x", "logprob": -0.5},
+                        {"token": "y", "logprob": -2.0},
+                        {"token": "z", "logprob": None},
+                    ]
+                },
+            }
+        ]
+    }
     assert take_logprobs(completion, {}) == [-0.5, -2.0]
     assert completion["choices"][0]["logprobs"] is None  # the client did not ask
     kept = {"choices": [{"logprobs": {"content": [{"logprob": -1.0}]}}]}

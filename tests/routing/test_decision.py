@@ -50,10 +50,12 @@ def test_each_operator_fires_as_written(op, value, fires_at, silent_at):
 
 
 def test_first_matching_rule_wins_and_unnamed_rules_get_an_index_name():
-    policy = make_policy([
-        {"feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
-        {"name": "second", "feature": "cross_ref_count", "op": ">=", "value": 5, "route": "rag"},
-    ])
+    policy = make_policy(
+        [
+            {"feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
+            {"name": "second", "feature": "cross_ref_count", "op": ">=", "value": 5, "route": "rag"},
+        ]
+    )
     router = Router(policy, None)
     assert router.decide({"cross_ref_count": 25}).rule == "rules[0]"
     assert router.decide({"cross_ref_count": 25}).route == "long"

@@ -6,7 +6,11 @@ import pytest
 from classifier.verifier import train_verifier
 from gateway.routing.decision import Router
 from gateway.routing.escalation import (
-    ESCALATED, REFUSAL_KEPT, CheapAnswer, CheapAnswerCheck, keep_refusal,
+    ESCALATED,
+    REFUSAL_KEPT,
+    CheapAnswer,
+    CheapAnswerCheck,
+    keep_refusal,
 )
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
 from policies.schema import Policy
@@ -22,8 +26,9 @@ def toy_verifier():
         rows.append({"ans_support_passages": support, "ans_refusal": refusal})
         labels.append(int(support > 0.5 or refusal == 1.0))
     groups = [f"d{i % 10}" for i in range(len(rows))]
-    return train_verifier(rows, labels, groups, feature_names=["ans_support_passages", "ans_refusal"],
-                          n_splits=3, escalation_share=0.3).model
+    return train_verifier(
+        rows, labels, groups, feature_names=["ans_support_passages", "ans_refusal"], n_splits=3, escalation_share=0.3
+    ).model
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +37,17 @@ def verifier():
 
 
 def verified_policy(threshold=0.5, **routing) -> Policy:
-    return Policy.model_validate({**MODELS, "routing": {
-        "classifier": None, "default_route": "rag", "verifier": {"model_path": "unused.skops", "threshold": threshold},
-        **routing}})
+    return Policy.model_validate(
+        {
+            **MODELS,
+            "routing": {
+                "classifier": None,
+                "default_route": "rag",
+                "verifier": {"model_path": "unused.skops", "threshold": threshold},
+                **routing,
+            },
+        }
+    )
 
 
 def test_keep_refusal_needs_the_option_and_both_pieces_of_evidence():
@@ -65,8 +78,11 @@ def test_literal_rule_only_a_refused_cheap_answer_escalates():
     long = Router(policy, FixedModel(0.1)).decide({"top_score": 0.8})
     assert not check.check(long, CheapAnswer("unanswerable")).escalate  # the long answer is never escalated
     disabled = make_policy(enabled=False)
-    assert not CheapAnswerCheck(disabled).check(Router(disabled, FixedModel(0.9)).decide({}),
-                                                CheapAnswer("unanswerable")).escalate
+    assert (
+        not CheapAnswerCheck(disabled)
+        .check(Router(disabled, FixedModel(0.9)).decide({}), CheapAnswer("unanswerable"))
+        .escalate
+    )
 
 
 def test_direct_answers_are_checked_too():

@@ -2,6 +2,7 @@
 then warm once a long request sent the same documents and the upstream reported caching, cold again after the TTL;
 never for a block chosen per question; explaining warms nothing. Live gateway, fake upstream reporting cached usage
 as Anthropic (cache_control) and OpenAI (automatic prefix caching) do."""
+
 from __future__ import annotations
 
 import httpx
@@ -51,11 +52,18 @@ def embedder():
 def start(upstream, embedder, tmp_path):
     servers = []
 
-    def _start(long_model: str = "fake-long", cache_control: bool = True, window: int = 16000, cheap: str = "fake-cheap"):
-        text = (POLICY.replace("LONG_MODEL", long_model).replace("CHEAP_MODEL", cheap).replace("WINDOW", str(window))
-                .replace("CACHE_CONTROL", f"cache_control: {str(cache_control).lower()}"))
-        app = create_app(Settings(data_dir=tmp_path / str(len(servers))), policy=make_policy(upstream[0], text),
-                         embedder=embedder)
+    def _start(
+        long_model: str = "fake-long", cache_control: bool = True, window: int = 16000, cheap: str = "fake-cheap"
+    ):
+        text = (
+            POLICY.replace("LONG_MODEL", long_model)
+            .replace("CHEAP_MODEL", cheap)
+            .replace("WINDOW", str(window))
+            .replace("CACHE_CONTROL", f"cache_control: {str(cache_control).lower()}")
+        )
+        app = create_app(
+            Settings(data_dir=tmp_path / str(len(servers))), policy=make_policy(upstream[0], text), embedder=embedder
+        )
         clock = Clock()
         app.state.gateway.routing.warm = WarmPrefixes(clock=clock)
         server = serve_app(app)
@@ -69,17 +77,28 @@ def start(upstream, embedder, tmp_path):
 
 def explain(url: str, docs: list[dict], question: str = QUESTION, key: str = "unused") -> dict:
     """The long route's estimate, asked with the key `ask` uses (attached documents are per key)."""
-    response = httpx.post(f"{url}/v1/route/explain", timeout=60, headers={"authorization": f"Bearer {key}"}, json={
-        "model": "selfroute", "max_tokens": 50, "messages": [{"role": "user", "content": question}],
-        "selfroute": {"documents": docs}})
+    response = httpx.post(
+        f"{url}/v1/route/explain",
+        timeout=60,
+        headers={"authorization": f"Bearer {key}"},
+        json={
+            "model": "selfroute",
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": question}],
+            "selfroute": {"documents": docs},
+        },
+    )
     assert response.status_code == 200, response.text
     return response.json()["estimates"][LONG]
 
 
 def ask(url: str, docs: list[dict], question: str = "Do the pumps hum?", route: str = LONG):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
-        model="selfroute", max_tokens=50, messages=[{"role": "user", "content": question}],
-        extra_body={"selfroute": {"documents": docs, "route": route}})
+        model="selfroute",
+        max_tokens=50,
+        messages=[{"role": "user", "content": question}],
+        extra_body={"selfroute": {"documents": docs, "route": route}},
+    )
 
 
 def priced(estimate: dict, cached: int = 0, written: int = 0) -> float:
@@ -98,7 +117,11 @@ def test_explain_is_cold_then_warm_after_a_long_request_on_the_same_documents(st
     block_words = len(sent[0]["text"].split())
     warm = explain(url, docs)
     # the same documents, another question: the block the upstream reported writing is read back from its cache
-    assert (warm["cache"], warm["cached_tokens_estimate"], warm["cache_write_tokens_estimate"]) == (WARM, block_words, 0)
+    assert (warm["cache"], warm["cached_tokens_estimate"], warm["cache_write_tokens_estimate"]) == (
+        WARM,
+        block_words,
+        0,
+    )
     assert warm["prompt_tokens"] == first["prompt_tokens"] and warm["cost_usd_uncached"] == first["cost_usd_uncached"]
     assert warm["cost_usd"] == pytest.approx(priced(warm, cached=block_words))
     assert warm["cost_usd"] < 0.5 * warm["cost_usd_uncached"]
@@ -113,7 +136,10 @@ def test_explain_is_cold_then_warm_after_a_long_request_on_the_same_documents(st
     prefix = other["cache_write_tokens_estimate"]
     assert other["cache"] == COLD and "not sent in the last 300 s" in other["cache_reason"]
     assert 0 < prefix < other["prompt_tokens"] and other["cached_tokens_estimate"] == 0
-    assert other["cost_usd"] == pytest.approx(priced(other, written=prefix)) and other["cost_usd"] > other["cost_usd_uncached"]
+    assert (
+        other["cost_usd"] == pytest.approx(priced(other, written=prefix))
+        and other["cost_usd"] > other["cost_usd_uncached"]
+    )
 
 
 def test_a_warm_block_goes_cold_after_the_models_ttl(start):
@@ -146,8 +172,12 @@ def test_an_escalated_streamed_answer_warms_the_block_too(start):
     ask(url, documents("reef"))  # the upstream has reported caching
     docs = documents("shoal")
     stream = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
-        model="selfroute", max_tokens=50, stream=True, messages=[{"role": "user", "content": QUESTION}],
-        extra_body={"selfroute": {"documents": docs, "route": "rag"}})
+        model="selfroute",
+        max_tokens=50,
+        stream=True,
+        messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"selfroute": {"documents": docs, "route": "rag"}},
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("echo:")
     assert ledger_rows(app)[-1]["route"] == "rag>long"
     assert explain(url, docs)["cache"] == WARM
@@ -196,7 +226,10 @@ def test_a_block_chosen_per_question_is_not_cacheable(start, upstream):
     assert tiny["cache"] == NOT_CACHEABLE and "prompt_cache_min_tokens" in tiny["cache_reason"]
     # a conversation that fits goes as the client wrote it, unmarked
     pasted = "\n\n".join(d["text"] for d in documents("bay")) + "\n\nQuestion: do the pumps hum?"
-    response = httpx.post(f"{url}/v1/route/explain", timeout=60, json={
-        "model": "selfroute", "messages": [{"role": "user", "content": pasted}]})
+    response = httpx.post(
+        f"{url}/v1/route/explain",
+        timeout=60,
+        json={"model": "selfroute", "messages": [{"role": "user", "content": pasted}]},
+    )
     conversation = response.json()["estimates"][LONG]
     assert conversation["prompt_tokens_exact"] is True and conversation["cache"] == NOT_CACHEABLE

@@ -1,8 +1,8 @@
 from classifier.features import extract_features
-from pipelines.rag import Retrieval
 from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
 from pipelines.chunking import Chunk, ScoredChunk
 from pipelines.documents import Document
+from pipelines.rag import Retrieval
 from pipelines.store import CollectionInfo, DocumentInfo
 from pipelines.tokens import count_tokens
 
@@ -40,8 +40,17 @@ def test_stats_from_collection_info_match_stats_from_texts():
     def info(doc_id, text):
         from pipelines.structure import find_cross_references, split_sections
 
-        return DocumentInfo(doc_id, None, None, count_tokens(text), [s.title for s in split_sections(text) if s.title],
-                            len(find_cross_references(text)), 3, "h", {})
+        return DocumentInfo(
+            doc_id,
+            None,
+            None,
+            count_tokens(text),
+            [s.title for s in split_sections(text) if s.title],
+            len(find_cross_references(text)),
+            3,
+            "h",
+            {},
+        )
 
     collection = CollectionInfo("c", [info("contract", CONTRACT), info("note", NOTE)])
     from_texts = document_stats([Document("contract", CONTRACT), Document("note", NOTE)])
@@ -51,8 +60,9 @@ def test_stats_from_collection_info_match_stats_from_texts():
 
 
 def _hit(doc_id, position, score, rank, text="t"):
-    return ScoredChunk(Chunk(doc_id, position, text, None, 1, 0, 1), score=1.0 / (60 + max(rank, 1)),
-                       vector_score=score, rank=rank)
+    return ScoredChunk(
+        Chunk(doc_id, position, text, None, 1, 0, 1), score=1.0 / (60 + max(rank, 1)), vector_score=score, rank=rank
+    )
 
 
 def test_retrieval_signals_keep_rank_order_and_drop_neighbours():

@@ -5,8 +5,8 @@ import pytest
 
 from classifier.features import FEATURE_NAMES, DocumentStats, RetrievalSignals, extract_features
 from classifier.model import ModelFileError, RouteModel
-from gateway.routing.model_files import builtin_model_path, card_path, load_model, save_model
 from classifier.training import train
+from gateway.routing.model_files import builtin_model_path, card_path, load_model, save_model
 from tests.classifier_fixtures import synthetic_rows
 
 
@@ -17,7 +17,9 @@ def shipped():
 
 def test_shipped_model_loads_scores_and_has_its_card(shipped):
     stats = DocumentStats(20000, 20000, 1, 12, 3)
-    factoid = extract_features("Who signed the lease?", stats, RetrievalSignals([0.7, 0.6], ["a", "a"], ["lease signed"] * 2))
+    factoid = extract_features(
+        "Who signed the lease?", stats, RetrievalSignals([0.7, 0.6], ["a", "a"], ["lease signed"] * 2)
+    )
     p = shipped.cheap_probability(factoid)
     assert 0.0 <= p <= 1.0
     no_retrieval = shipped.cheap_probability(extract_features("Who signed the lease?", stats, None))
@@ -38,7 +40,9 @@ def test_save_load_round_trip(tmp_path):
     assert written_card == card_path(path) and json.loads(written_card.read_text())["x"] is None
     loaded = load_model(path)
     assert loaded.cheap_probabilities(rows[:5]) == pytest.approx(
-        result.pipeline.predict_proba(__import__("numpy").asarray([[r[n] for n in FEATURE_NAMES] for r in rows[:5]]))[:, 1]
+        result.pipeline.predict_proba(__import__("numpy").asarray([[r[n] for n in FEATURE_NAMES] for r in rows[:5]]))[
+            :, 1
+        ]
     )
 
 
@@ -103,8 +107,9 @@ def test_verifier_save_load_round_trip_and_a_card_without_threshold(tmp_path):
     card = json.loads(card_path(path).read_text())
     del card["threshold"]
     card_path(path).write_text(json.dumps(card))
-    policy = Policy.model_validate({"cheap": {"model": "a/c"}, "long": {"model": "a/l"},
-                                    "routing": {"verifier": {"model_path": str(path)}}})
+    policy = Policy.model_validate(
+        {"cheap": {"model": "a/c"}, "long": {"model": "a/l"}, "routing": {"verifier": {"model_path": str(path)}}}
+    )
     with pytest.raises(ModelFileError, match="no threshold"):
         load_verifier_model(policy)
     with pytest.raises(ModelFileError, match="not found"):

@@ -1,5 +1,6 @@
 """The planner on the request path: once attached documents are ingested, no document text is embedded
 again (only a question, once), and explain estimates tokens without preparing prompts."""
+
 from __future__ import annotations
 
 import json
@@ -22,14 +23,30 @@ from tests.pipelines_fixtures import CountingEmbedder, distractor_documents, man
 
 
 def make_policy(placement: str, window: int = 1500) -> Policy:
-    return Policy.model_validate({
-        "cheap": {"model": "openai/cheap", "context_window": 1200, "input_cost_per_mtok": 1, "output_cost_per_mtok": 2},
-        "long": {"model": "openai/long", "context_window": window, "input_cost_per_mtok": 10, "output_cost_per_mtok": 20},
-        "rag": {"chunking": {"chunk_tokens": 64, "chunk_overlap": 8}, "context_budget_tokens": 300},
-        "long_context": {"placement": placement, "unit_min_tokens": 40, "unit_max_tokens": 200,
-                         "answer_reserve_tokens": 128},
-        "routing": {"classifier": None, "default_route": "rag"},
-    })
+    return Policy.model_validate(
+        {
+            "cheap": {
+                "model": "openai/cheap",
+                "context_window": 1200,
+                "input_cost_per_mtok": 1,
+                "output_cost_per_mtok": 2,
+            },
+            "long": {
+                "model": "openai/long",
+                "context_window": window,
+                "input_cost_per_mtok": 10,
+                "output_cost_per_mtok": 20,
+            },
+            "rag": {"chunking": {"chunk_tokens": 64, "chunk_overlap": 8}, "context_budget_tokens": 300},
+            "long_context": {
+                "placement": placement,
+                "unit_min_tokens": 40,
+                "unit_max_tokens": 200,
+                "answer_reserve_tokens": 128,
+            },
+            "routing": {"classifier": None, "default_route": "rag"},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +112,9 @@ def test_explain_estimates_without_preparing_prompts(tmp_path, base_embedder, mo
     planner = RoutePlanner(policy, DocumentStore(str(tmp_path / "db"), embedder, policy.rag), Router(policy, None))
     prepared: list[str] = []
     original = LongContextPipeline.prepare
-    monkeypatch.setattr(LongContextPipeline, "prepare", lambda self, request: prepared.append("x") or original(self, request))
+    monkeypatch.setattr(
+        LongContextPipeline, "prepare", lambda self, request: prepared.append("x") or original(self, request)
+    )
     parsed, body = chat("What is the part number of the replacement impeller kit?", DOCUMENTS)
     result = explain_plan(policy, PriceBook(), planner, parsed, body["messages"], None)
     assert prepared == [] and embedder.calls == 0 and embedder.queries_embedded == 0  # nothing scored or embedded
@@ -109,9 +128,16 @@ def test_explain_estimates_without_preparing_prompts(tmp_path, base_embedder, mo
     plan = planner.plan(parsed, body["messages"])
     for route, pipeline in ((LONG, planner.long), (DIRECT, planner.direct)):
         sent = planner.prepare(plan, route).prompt_tokens
-        assert 0.9 * estimates[route]["prompt_tokens"] <= sent <= estimates[route]["prompt_tokens"] <= pipeline.budget_tokens
+        assert (
+            0.9 * estimates[route]["prompt_tokens"]
+            <= sent
+            <= estimates[route]["prompt_tokens"]
+            <= pipeline.budget_tokens
+        )
     prepared.clear()
-    monkeypatch.setattr(LongContextPipeline, "prepare", lambda self, request: prepared.append("x") or original(self, request))
+    monkeypatch.setattr(
+        LongContextPipeline, "prepare", lambda self, request: prepared.append("x") or original(self, request)
+    )
 
     # when everything fits, the estimate is the exact size of the prompt the route would send
     roomy = make_policy("reading", window=100_000)

@@ -1,6 +1,7 @@
 """Provider prompt caching on the long route: documents first and the question last, the document block marked
 cacheable for Anthropic-style upstreams, cached prompt tokens ledgered and priced at the cache rates, and shown by
 `selfroute costs`. The fake upstream reports cached usage as OpenAI and Anthropic (through litellm) do."""
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,8 @@ def start(upstream, embedder, tmp_path):
 
     def _start(long_model: str, cache_control: bool | None):
         text = POLICY.replace("LONG", long_model).replace(
-            "CACHE_CONTROL", "" if cache_control is None else f"cache_control: {str(cache_control).lower()}")
+            "CACHE_CONTROL", "" if cache_control is None else f"cache_control: {str(cache_control).lower()}"
+        )
         app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0], text), embedder=embedder)
         server = serve_app(app)
         servers.append(server)
@@ -69,7 +71,10 @@ def start(upstream, embedder, tmp_path):
 
 def ask(url: str, question: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": question}], extra_body={"selfroute": {"documents": DOCS}})
+        model="selfroute",
+        messages=[{"role": "user", "content": question}],
+        extra_body={"selfroute": {"documents": DOCS}},
+    )
 
 
 def test_claude_models_get_cache_control_unless_the_policy_says_otherwise():
@@ -94,8 +99,11 @@ def test_the_document_block_becomes_a_cacheable_part_and_the_question_stays_last
     marked = mark_document_block([*history, {"role": "user", "content": text}])
     assert marked[0] == history[0]
     docs, question = marked[-1]["content"]
-    assert docs == {"type": "text", "text": "Answer using the documents.\n\n[Document: a]\nalpha",
-                    "cache_control": EPHEMERAL}
+    assert docs == {
+        "type": "text",
+        "text": "Answer using the documents.\n\n[Document: a]\nalpha",
+        "cache_control": EPHEMERAL,
+    }
     assert question == {"type": "text", "text": "\n\nQuestion: what is alpha?"}
     assert docs["text"] + question["text"] == text
     assert split_question("no question here") == ("no question here", "")
@@ -143,10 +151,18 @@ def test_anthropic_style_cache_is_marked_ledgered_and_priced(start, upstream, tm
     finally:
         conn.close()
     prompts = sum(c["prompt_tokens"] for c in calls)
-    assert panel["routes"] == [{
-        "group": "long", "calls": 2, "cache_hits": 1, "hit_rate": 0.5, "prompt_tokens": prompts,
-        "cached_tokens": words, "cached_share": pytest.approx(words / prompts),
-        "cache_saving_usd": pytest.approx(words * 6.5e-6)}]
+    assert panel["routes"] == [
+        {
+            "group": "long",
+            "calls": 2,
+            "cache_hits": 1,
+            "hit_rate": 0.5,
+            "prompt_tokens": prompts,
+            "cached_tokens": words,
+            "cached_share": pytest.approx(words / prompts),
+            "cache_saving_usd": pytest.approx(words * 6.5e-6),
+        }
+    ]
 
 
 def test_openai_style_prefix_cache_needs_no_marking_and_is_ledgered(start, upstream):

@@ -1,5 +1,6 @@
 """Routed requests end to end: three document sources, route rules, Self-Route fallback (plain and
 streaming), provenance, explain and the collections API — real MiniLM, LanceDB and uvicorn, fake upstream."""
+
 from __future__ import annotations
 
 import httpx
@@ -60,14 +61,25 @@ routing:
 """
 
 
-def policy_for(base: str, cheap: str = "fake-cheap", rules: str = "[]", verifier: str | None = None,
-               long: str = "fake-long", alternates: tuple[str, ...] = (), on_long_error: str = "return_cheap",
-               long_window: int = 16000):
+def policy_for(
+    base: str,
+    cheap: str = "fake-cheap",
+    rules: str = "[]",
+    verifier: str | None = None,
+    long: str = "fake-long",
+    alternates: tuple[str, ...] = (),
+    on_long_error: str = "return_cheap",
+    long_window: int = 16000,
+):
     listed = "".join(f"\n  - model: openai/{m}\n    api_base: '{{base}}/v1'" for m in alternates)
-    template = (POLICY.replace("ON_LONG_ERROR", on_long_error).replace("LONG_WINDOW", str(long_window))
-                .replace("CHEAP", cheap).replace("LONG", long)
-                .replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
-                .replace("ALTERNATES", f"long_alternates:{listed}" if alternates else ""))
+    template = (
+        POLICY.replace("ON_LONG_ERROR", on_long_error)
+        .replace("LONG_WINDOW", str(long_window))
+        .replace("CHEAP", cheap)
+        .replace("LONG", long)
+        .replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
+        .replace("ALTERNATES", f"long_alternates:{listed}" if alternates else "")
+    )
     if verifier is not None:
         template += f"  verifier:\n    model_path: {verifier}\n    threshold: {VERIFIER_THRESHOLD}\n"
     return make_policy(base, template)
@@ -109,8 +121,11 @@ def ask(url: str, question: str, **selfroute):
 
 def test_inline_documents_take_the_rag_route_with_provenance(start, upstream):
     url, app = start()
-    raw = ask(url, "What is the maintenance password for the Zephyr pump?",
-              documents=[{"id": "pump-manual", "text": manual(), "title": "Pump manual"}])
+    raw = ask(
+        url,
+        "What is the maintenance password for the Zephyr pump?",
+        documents=[{"id": "pump-manual", "text": manual(), "title": "Pump manual"}],
+    )
     body = raw.http_response.json()
     assert raw.headers["x-selfroute-route"] == "rag"
     assert "default route" in raw.headers["x-selfroute-reason"]
@@ -146,8 +161,11 @@ def test_refusing_cheap_answer_falls_back_to_long(start, upstream):
 def test_streaming_fallback_never_shows_the_refusal(start):
     url, app = start(cheap="cheap-refuser")
     with client(url).chat.completions.with_streaming_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
-        stream_options={"include_usage": True}, extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+        model="selfroute",
+        messages=[{"role": "user", "content": "Where is the pump?"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
     ) as response:
         assert response.headers["x-selfroute-route"] == "rag>long"
         chunks = list(response.parse())
@@ -160,7 +178,9 @@ def test_streaming_fallback_never_shows_the_refusal(start):
 def test_streaming_cheap_answer_is_relayed_when_not_a_refusal(start):
     url, app = start()
     stream = client(url).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
+        model="selfroute",
+        messages=[{"role": "user", "content": "Where is the pump?"}],
+        stream=True,
         extra_body={"selfroute": {"documents": [{"text": manual()}]}},
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -172,9 +192,14 @@ def test_streaming_cheap_answer_is_relayed_when_not_a_refusal(start):
 def test_cheap_stream_breaking_before_any_byte_is_sent_is_a_502_with_its_leg_ledgered(start):
     url, app = start(cheap="cheap-breaks")
     with pytest.raises(openai.APIStatusError) as caught:
-        list(client(url).chat.completions.create(
-            model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
-            extra_body={"selfroute": {"documents": [{"text": manual()}]}}))
+        list(
+            client(url).chat.completions.create(
+                model="selfroute",
+                messages=[{"role": "user", "content": "Where is the pump?"}],
+                stream=True,
+                extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+            )
+        )
     assert caught.value.status_code == 502
     [row] = ledger_rows(app)
     [call] = ledger_rows(app, "upstream_calls")
@@ -202,7 +227,8 @@ def test_plain_long_prompt_is_routed_with_the_question_after_the_marker(start, u
     url, app = start()
     prompt = manual() + "\n\nQuestion: What is the maintenance password for the Zephyr pump?"
     raw = client(url).chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": prompt}])
+        model="selfroute", messages=[{"role": "user", "content": prompt}]
+    )
     assert raw.headers["x-selfroute-route"] == "rag"
     body = raw.http_response.json()
     assert body["selfroute"]["provenance"]["source"] == "prompt"
@@ -231,11 +257,20 @@ def test_inline_documents_are_embedded_once(start, embedder, monkeypatch):
 def test_collections_api_and_collection_requests(start, upstream):
     url, app = start()
     base = f"{url}/v1/collections"
-    added = httpx.post(f"{base}/pumps/documents", json={"documents": [
-        {"id": "manual", "text": manual(), "title": "Pump manual"},
-        {"id": "memo", "text": "The canteen opens at nine."}]}, timeout=120)
+    added = httpx.post(
+        f"{base}/pumps/documents",
+        json={
+            "documents": [
+                {"id": "manual", "text": manual(), "title": "Pump manual"},
+                {"id": "memo", "text": "The canteen opens at nine."},
+            ]
+        },
+        timeout=120,
+    )
     assert added.status_code == 201 and added.json()["added"] == ["manual", "memo"]
-    again = httpx.post(f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "The canteen opens at nine."}]})
+    again = httpx.post(
+        f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "The canteen opens at nine."}]}
+    )
     assert again.status_code == 200 and again.json()["unchanged"] == ["memo"]
     listed = httpx.get(base).json()["data"]
     assert [(c["name"], c["document_count"]) for c in listed] == [("pumps", 2)]
@@ -246,8 +281,10 @@ def test_collections_api_and_collection_requests(start, upstream):
     assert raw.headers["x-selfroute-route"] == "rag"
     assert "BLUE-HERON-42" in upstream[1].state.received[-1]["body"]["messages"][-1]["content"]
     by_header = client(url).chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "When does the canteen open?"}],
-        extra_headers={"X-Selfroute-Collection": "pumps"})
+        model="selfroute",
+        messages=[{"role": "user", "content": "When does the canteen open?"}],
+        extra_headers={"X-Selfroute-Collection": "pumps"},
+    )
     assert by_header.http_response.json()["selfroute"]["provenance"]["collection"] == "pumps"
 
     assert httpx.delete(f"{base}/pumps/documents/memo").json()["deleted"] is True
@@ -263,9 +300,15 @@ def test_explain_decides_without_calling_a_model(start, upstream):
     rules = '[{name: short, feature: context_tokens, op: "<", value: 300, route: direct}]'
     url, app = start(rules=rules)
     before = len(upstream[1].state.received)
-    response = httpx.post(f"{url}/v1/route/explain", json={
-        "model": "selfroute", "messages": [{"role": "user", "content": "What is the password?"}],
-        "selfroute": {"documents": [{"text": manual()}]}}, timeout=120)
+    response = httpx.post(
+        f"{url}/v1/route/explain",
+        json={
+            "model": "selfroute",
+            "messages": [{"role": "user", "content": "What is the password?"}],
+            "selfroute": {"documents": [{"text": manual()}]},
+        },
+        timeout=120,
+    )
     assert response.status_code == 200
     result = response.json()
     assert result["route"] == "rag" and result["rule"] is None
@@ -322,27 +365,47 @@ def _replay_verdict(policy, verifier_file, embedder, tmp_path, answer: str):
     from gateway.routing.model_files import load_verifier
     from pipelines.documents import Document
 
-    example = Example(QUESTION, [Document(id="doc-1", text=manual())], "doc-1",
-                      {"rag_pred": answer, "rag_score": 1.0, "lc_score": 0.0})
+    example = Example(
+        QUESTION,
+        [Document(id="doc-1", text=manual())],
+        "doc-1",
+        {"rag_pred": answer, "rag_score": 1.0, "lc_score": 0.0},
+    )
     builder = RouteInputBuilder(policy, tmp_path / "replay-lancedb", window_tokens=16000, embedder=embedder)
     inputs = builder.inputs(example)
     check = CheapAnswerCheck(policy, load_verifier(verifier_file))
     [score] = check.verifier.scores(answer_rows(cheap_answers(builder, [example])))
-    item = ReplayItem("doc-1", "doc-1", QUESTION, 1.0, 0.0, check.detector.is_unanswerable(answer),
-                      inputs.rag_prompt_tokens, inputs.long_prompt_tokens, inputs.direct_prompt_tokens, 5, 5,
-                      inputs.features, 0.9, verifier_score=score)
+    item = ReplayItem(
+        "doc-1",
+        "doc-1",
+        QUESTION,
+        1.0,
+        0.0,
+        check.detector.is_unanswerable(answer),
+        inputs.rag_prompt_tokens,
+        inputs.long_prompt_tokens,
+        inputs.direct_prompt_tokens,
+        5,
+        5,
+        inputs.features,
+        0.9,
+        verifier_score=score,
+    )
     return router_strategy(Router(policy), True, check)(item), score
 
 
 @pytest.mark.parametrize("answer, escalated, kept", CHEAP_ANSWERS)
 def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
-        start, upstream, embedder, verifier_file, tmp_path, answer, escalated, kept):
+    start, upstream, embedder, verifier_file, tmp_path, answer, escalated, kept
+):
     upstream[1].state.scripted = answer
     documents = [{"text": manual()}]
     url, app = start(cheap="cheap-scripted", verifier=str(verifier_file))
     plain = ask(url, QUESTION, documents=documents)
     with client(url).chat.completions.with_streaming_response.create(
-        model="selfroute", messages=[{"role": "user", "content": QUESTION}], stream=True,
+        model="selfroute",
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=True,
         extra_body={"selfroute": {"documents": documents}},
     ) as response:
         streamed_headers = response.headers
@@ -357,8 +420,11 @@ def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
     assert text.startswith("echo:") is escalated
     assert [r["route"] for r in ledger_rows(app)] == [want, want]
 
-    direct_url, _ = start(cheap="cheap-scripted", verifier=str(verifier_file),
-                          rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]')
+    direct_url, _ = start(
+        cheap="cheap-scripted",
+        verifier=str(verifier_file),
+        rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]',
+    )
     direct = ask(direct_url, QUESTION, documents=documents)
     assert direct.headers["x-selfroute-route"] == ("rag>long" if escalated else "direct")
     assert ("refusal kept" in direct.headers["x-selfroute-reason"]) is kept
@@ -369,8 +435,9 @@ def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
 
 
 def test_without_a_verifier_a_direct_refusal_escalates(start, upstream):
-    url, app = start(cheap="cheap-refuser",
-                     rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]')
+    url, app = start(
+        cheap="cheap-refuser", rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]'
+    )
     raw = ask(url, QUESTION, documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "rag>long"
     assert raw.parse().choices[0].message.content.startswith("echo:")
@@ -416,8 +483,11 @@ def test_long_alternates_are_tried_in_order(start, upstream):
     assert raw.parse().choices[0].message.content.startswith("echo:")
     calls = ledger_rows(app, "upstream_calls")
     assert [(c["model"], bool(c["error"])) for c in calls] == [
-        ("openai/cheap-refuser", False), ("openai/status-503", True), ("openai/status-429", True),
-        ("openai/fake-long", False)]
+        ("openai/cheap-refuser", False),
+        ("openai/status-503", True),
+        ("openai/status-429", True),
+        ("openai/fake-long", False),
+    ]
 
 
 def test_long_alternates_serve_the_long_route_and_its_streams(start):
@@ -426,8 +496,11 @@ def test_long_alternates_serve_the_long_route_and_its_streams(start):
     raw = ask(url, "Where is the pump?", documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "long" and raw.parse().choices[0].message.content.startswith("echo:")
     stream = client(url).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
-        extra_body={"selfroute": {"documents": [{"text": manual()}]}})
+        model="selfroute",
+        messages=[{"role": "user", "content": "Where is the pump?"}],
+        stream=True,
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("echo:")
     assert [c["model"] for c in ledger_rows(app, "upstream_calls")] == ["openai/status-500", "openai/fake-long"] * 2
 
@@ -435,8 +508,11 @@ def test_long_alternates_serve_the_long_route_and_its_streams(start):
 def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
     url, app = start(cheap="cheap-refuser", long="status-503")
     with client(url).chat.completions.with_streaming_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "Where is the pump?"}], stream=True,
-        stream_options={"include_usage": True}, extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+        model="selfroute",
+        messages=[{"role": "user", "content": "Where is the pump?"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
     ) as response:
         assert response.headers["x-selfroute-fallback-error"] == "502 upstream_error"
         assert response.headers["x-selfroute-route"] == "rag"
@@ -445,7 +521,10 @@ def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
     assert chunks[-1].usage is not None
     [row] = ledger_rows(app)
     assert (row["status"], row["route"]) == (200, "rag")
-    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [("rag", False), ("long", True)]
+    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [
+        ("rag", False),
+        ("long", True),
+    ]
 
 
 def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_out(upstream, embedder, tmp_path):
@@ -455,13 +534,16 @@ def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_ou
 
     base = upstream[0]
     policy, _ = load_policy(None)
-    policy = policy.model_copy(update={
-        "cheap": policy.cheap.model_copy(update={"model": "openai/cheap-refuser", "api_base": f"{base}/v1"}),
-        "long": policy.long.model_copy(update={"model": "openai/slow", "api_base": f"{base}/v1", "timeout": 1.0}),
-        # the literal refusal rule: the shipped verifier judges real answers, not the fake upstream's
-        "routing": policy.routing.model_copy(update={"rules": [], "classifier": None, "default_route": "rag",
-                                                     "verifier": None}),
-    })
+    policy = policy.model_copy(
+        update={
+            "cheap": policy.cheap.model_copy(update={"model": "openai/cheap-refuser", "api_base": f"{base}/v1"}),
+            "long": policy.long.model_copy(update={"model": "openai/slow", "api_base": f"{base}/v1", "timeout": 1.0}),
+            # the literal refusal rule: the shipped verifier judges real answers, not the fake upstream's
+            "routing": policy.routing.model_copy(
+                update={"rules": [], "classifier": None, "default_route": "rag", "verifier": None}
+            ),
+        }
+    )
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
     with serve_app(app) as url:
         raw = ask(url, "Question: What is the maintenance password?", documents=[{"text": manual()}])
@@ -471,7 +553,8 @@ def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_ou
 
 
 def test_a_collection_answer_is_checked_against_the_collection_index_built_once_per_version(
-        start, upstream, verifier_file):
+    start, upstream, verifier_file
+):
     upstream[1].state.scripted = "The maintenance password is BLUE-HERON-42."
     url, app = start(cheap="cheap-scripted", verifier=str(verifier_file))
     base = f"{url}/v1/collections/pumps/documents"
@@ -521,8 +604,14 @@ def test_cheap_leg_logprobs_behind_the_policy_switch_reach_the_verifier(start, u
 
     rows = [{"ans_logprob_min": -3.0 if i % 2 else -0.1} for i in range(60)]
     labels = [0 if i % 2 else 1 for i in range(60)]
-    toy = train_verifier(rows, labels, [f"d{i % 6}" for i in range(60)], estimator="logistic",
-                         feature_names=["ans_logprob_min"], n_splits=3).model
+    toy = train_verifier(
+        rows,
+        labels,
+        [f"d{i % 6}" for i in range(60)],
+        estimator="logistic",
+        feature_names=["ans_logprob_min"],
+        n_splits=3,
+    ).model
     path = tmp_path / "logprob-verifier.skops"
     save_verifier(toy, path)
     documents = [{"text": manual()}]

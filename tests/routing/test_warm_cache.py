@@ -1,6 +1,7 @@
 """The per-process record of warm long-prompt prefixes: TTL on an injected clock, only upstreams that reported
 caching, only stable blocks over the provider's minimum, bounded; and the ledger's always-long counterfactual priced
 with it through a live gateway (fake upstream reporting Anthropic-style cache reads and writes)."""
+
 from __future__ import annotations
 
 import httpx  # noqa: F401  (imported whole before the gateway's litellm warm-up thread imports it)
@@ -30,8 +31,9 @@ class Clock:
 
 
 def leg(model: str, cached: int = 0, written: int = 0, route: str = "long", error: str | None = None) -> UpstreamCall:
-    return UpstreamCall(model=model, route=route, prompt_tokens=5000, cached_tokens=cached, cache_write_tokens=written,
-                        error=error)
+    return UpstreamCall(
+        model=model, route=route, prompt_tokens=5000, cached_tokens=cached, cache_write_tokens=written, error=error
+    )
 
 
 def test_a_block_is_warm_for_its_ttl_after_it_was_sent_and_only_once_the_upstream_reported_caching():
@@ -144,8 +146,10 @@ routing:
 
 
 def documents(topic: str) -> list[dict]:
-    return [{"id": f"{topic}-notes", "text": f"The {topic} valves close clockwise. " * 40},
-            {"id": f"{topic}-manual", "text": f"The {topic} pumps hum at dawn. " * 30}]
+    return [
+        {"id": f"{topic}-notes", "text": f"The {topic} valves close clockwise. " * 40},
+        {"id": f"{topic}-manual", "text": f"The {topic} pumps hum at dawn. " * 30},
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -164,8 +168,10 @@ def gateway(upstream, embedder, tmp_path):
 
 def ask(url: str, question: str, docs: list[dict], route: str | None = None):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": question}],
-        extra_body={"selfroute": {"documents": docs, **({"route": route} if route else {})}})
+        model="selfroute",
+        messages=[{"role": "user", "content": question}],
+        extra_body={"selfroute": {"documents": docs, **({"route": route} if route else {})}},
+    )
 
 
 def counterfactual(row: dict, question: str, cached: bool = False, written: bool = False) -> float:
@@ -215,4 +221,6 @@ def test_a_context_over_the_long_window_is_never_priced_as_cached(upstream, embe
     for row in rows[1:]:
         # always-long could send only part of the documents, chosen per question: the input price throughout
         assert row["context_tokens"] == capacity
-        assert row["counterfactual_cost_usd"] == pytest.approx((capacity * 10.0 + row["completion_tokens"] * 20.0) / 1e6)
+        assert row["counterfactual_cost_usd"] == pytest.approx(
+            (capacity * 10.0 + row["completion_tokens"] * 20.0) / 1e6
+        )

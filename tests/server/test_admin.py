@@ -25,8 +25,9 @@ def client(ledger):
         yield client
 
 
-@pytest.mark.parametrize("path", ["/v1/admin/requests", "/v1/admin/requests/r01", "/v1/admin/costs",
-                                  "/v1/admin/summary"])
+@pytest.mark.parametrize(
+    "path", ["/v1/admin/requests", "/v1/admin/requests/r01", "/v1/admin/costs", "/v1/admin/summary"]
+)
 def test_admin_endpoints_need_the_admin_key(client, path):
     missing = client.get(path)
     assert missing.status_code == 401
@@ -46,11 +47,15 @@ def test_admin_endpoints_are_disabled_when_keys_exist_but_no_admin_key(ledger):
 
 
 def test_requests_filters_and_cursor_pagination(client):
-    first = client.get("/v1/admin/requests", params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02"},
-                       headers=ADMIN).json()
+    first = client.get(
+        "/v1/admin/requests", params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02"}, headers=ADMIN
+    ).json()
     assert [i["id"] for i in first["data"]] == ["r06", "r05"] and first["has_more"]
-    second = client.get("/v1/admin/requests", params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02",
-                                                      "cursor": first["next_cursor"]}, headers=ADMIN).json()
+    second = client.get(
+        "/v1/admin/requests",
+        params={"limit": 2, "since": "2026-01-01", "until": "2026-01-02", "cursor": first["next_cursor"]},
+        headers=ADMIN,
+    ).json()
     assert [i["id"] for i in second["data"]] == ["r04", "r03"]
     assert second["data"][0]["models"] == [CHEAP, LONG]
     fallbacks = client.get("/v1/admin/requests", params={"route": "rag>long"}, headers=ADMIN).json()
@@ -88,8 +93,9 @@ def test_summary_endpoint_and_window_validation(ledger, client):
 
     now = time.time()
     for i, route in enumerate(["rag", "rag", "rag>long", "long"]):
-        ledger.submit(record(f"now{i}", now - 600 * (i + 1), route, [call(CHEAP, route, 10, 1, 0.01)],
-                             counterfactual=0.05))
+        ledger.submit(
+            record(f"now{i}", now - 600 * (i + 1), route, [call(CHEAP, route, 10, 1, 0.01)], counterfactual=0.05)
+        )
     ledger.flush()
     body = client.get("/v1/admin/summary", params={"window": "1h"}, headers=ADMIN).json()
     assert body["totals"]["requests"] == 4 and body["bucket"] == "minute"
@@ -151,7 +157,6 @@ def test_routes_are_mounted_in_the_real_app(tmp_path):
         assert costs.status_code == 200 and costs.json()["total"]["requests"] == 10
         assert httpx.get(f"{url}/v1/admin/requests/r04", headers=ADMIN).json()["route"] == "rag>long"
         assert httpx.get(f"{url}/v1/admin/requests/nope", headers=ADMIN).status_code == 404
-        assert httpx.get(f"{url}/v1/admin/summary",
-                         headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 403
+        assert httpx.get(f"{url}/v1/admin/summary", headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 403
         assert "/v1/admin/summary" in httpx.get(f"{url}/dashboard").text
         assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text

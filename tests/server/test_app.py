@@ -1,4 +1,5 @@
 """What the app factory wires: the /chat/completions alias for clients configured without /v1."""
+
 from __future__ import annotations
 
 import openai
@@ -17,7 +18,8 @@ def test_chat_completions_without_v1(gateway):
     url, app = gateway
     no_v1 = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
     response = no_v1.chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "Say hello."}])
+        model="selfroute", messages=[{"role": "user", "content": "Say hello."}]
+    )
     assert response.http_request.url.path == "/chat/completions"
     assert response.headers["x-selfroute-route"] and response.parse().choices[0].message.content.startswith("echo:")
     assert ledger_rows(app)[-1]["status"] == 200

@@ -1,4 +1,5 @@
 """The drop-in proxy: official openai client against a real gateway in front of a fake upstream."""
+
 from __future__ import annotations
 
 import json
@@ -73,7 +74,9 @@ def test_unknown_and_openai_fields_pass_upstream(gateway, upstream):
 def test_streaming_with_usage(gateway):
     url, app = gateway
     stream = client(url).chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": "one two"}], stream=True,
+        model="gpt-test",
+        messages=[{"role": "user", "content": "one two"}],
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
@@ -86,8 +89,11 @@ def test_streaming_with_usage(gateway):
 
 def test_streaming_without_usage_hides_usage_chunk_but_ledgers_tokens(gateway):
     url, app = gateway
-    chunks = list(client(url).chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": "one two"}], stream=True))
+    chunks = list(
+        client(url).chat.completions.create(
+            model="gpt-test", messages=[{"role": "user", "content": "one two"}], stream=True
+        )
+    )
     assert all(c.usage is None for c in chunks)
     assert all(c.choices for c in chunks)
     [row] = ledger_rows(app)
@@ -104,8 +110,9 @@ def test_models_healthz_and_request_id(gateway):
 
 
 def _post(url: str, content: bytes | str, headers: dict | None = None) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", content=content,
-                      headers={"content-type": "application/json", **(headers or {})})
+    return httpx.post(
+        f"{url}/v1/chat/completions", content=content, headers={"content-type": "application/json", **(headers or {})}
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,20 +123,34 @@ def _post(url: str, content: bytes | str, headers: dict | None = None) -> httpx.
         (b"[1, 2]", None, "invalid_type"),
         (json.dumps({"model": "gpt-test"}), "messages", "missing_required_parameter"),
         (json.dumps({"model": "gpt-test", "messages": []}), "messages", "empty_array"),
-        (json.dumps({"model": "gpt-test", "messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role",
-         "invalid_value"),
-        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": 5}]}), "messages[0].content",
-         "invalid_type"),
-        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
-         "temperature", "invalid_type"),
+        (
+            json.dumps({"model": "gpt-test", "messages": [{"role": "wizard", "content": "x"}]}),
+            "messages[0].role",
+            "invalid_value",
+        ),
+        (
+            json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+            "invalid_type",
+        ),
+        (
+            json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+            "temperature",
+            "invalid_type",
+        ),
         (json.dumps({"messages": [{"role": "user", "content": "x"}]}), "model", "missing_required_parameter"),
         (b'{"model": "gpt-test", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}", None, "invalid_json"),
-        (b'{"model": "gpt-test", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content",
-         "invalid_unicode"),
-        (json.dumps({"model": "m" * 20_000, "messages": [{"role": "user", "content": "x"}]}), "model",
-         "invalid_value"),
-        (json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "api_base": "http://x"}),
-         "api_base", "unsupported_parameter"),
+        (
+            b'{"model": "gpt-test", "messages": [{"role": "user", "content": "\\ud800"}]}',
+            "messages[0].content",
+            "invalid_unicode",
+        ),
+        (json.dumps({"model": "m" * 20_000, "messages": [{"role": "user", "content": "x"}]}), "model", "invalid_value"),
+        (
+            json.dumps({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "api_base": "http://x"}),
+            "api_base",
+            "unsupported_parameter",
+        ),
     ],
 )
 def test_bad_input_gets_openai_400(gateway, body, param, code):
@@ -154,8 +175,12 @@ def test_oversized_body_is_413(upstream, tmp_path):
 
 @pytest.mark.parametrize(
     ("model", "status", "code"),
-    [("status-500", 502, "upstream_error"), ("status-400", 400, "upstream_rejected_request"),
-     ("status-429", 429, "upstream_rate_limited"), ("status-401", 502, "upstream_authentication_failed")],
+    [
+        ("status-500", 502, "upstream_error"),
+        ("status-400", 400, "upstream_rejected_request"),
+        ("status-429", 429, "upstream_rate_limited"),
+        ("status-401", 502, "upstream_authentication_failed"),
+    ],
 )
 def test_upstream_errors_are_mapped(gateway, model, status, code):
     url, app = gateway
@@ -171,12 +196,15 @@ def test_upstream_errors_are_mapped(gateway, model, status, code):
 
 
 def test_upstream_timeout_is_504(upstream, tmp_path):
-    policy = make_policy(upstream[0], """
+    policy = make_policy(
+        upstream[0],
+        """
 name: t
 cheap: {{model: openai/slow, api_base: "{base}/v1", timeout: 0.3}}
 long: {{model: openai/slow2, api_base: "{base}/v1"}}
 routing: {{classifier: null}}
-""")
+""",
+    )
     with running_gateway(tmp_path, policy) as (url, app):
         response = _post(url, json.dumps({"model": "openai/slow", "messages": [{"role": "user", "content": "x"}]}))
         assert response.status_code == 504
@@ -187,8 +215,11 @@ routing: {{classifier: null}}
 def test_upstream_failure_while_streaming_starts_is_a_status_not_a_broken_stream(gateway):
     url, _ = gateway
     with pytest.raises(openai.APIStatusError) as caught:
-        list(client(url).chat.completions.create(
-            model="status-503", messages=[{"role": "user", "content": "x"}], stream=True))
+        list(
+            client(url).chat.completions.create(
+                model="status-503", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+        )
     assert caught.value.status_code == 502
 
 
@@ -201,7 +232,8 @@ def test_keys_are_required_when_configured(upstream, tmp_path):
             assert response.status_code == status
             assert response.json()["error"]["type"] == "authentication_error"
         ok = client(url, "sk-good").chat.completions.create(
-            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
+            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}]
+        )
         assert ok.choices[0].message.content == "echo: x"
         rows = ledger_rows(app)
         # refused keys never reach the ledger: anyone can send them; a metric counts them instead
@@ -234,8 +266,11 @@ def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(gat
 
     url, app = gateway
     started = time.monotonic()
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
-            "model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={"model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+    ) as response:
         first = next(response.iter_lines())
         assert first.startswith("data: ")
     # the upstream would stream for 10 s; the gateway must notice the client left long before that
@@ -251,11 +286,14 @@ def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(gat
 
 def test_malformed_upstream_chunk_ends_the_stream_with_an_error_event(gateway):
     url, app = gateway
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
-            "model": "garbled", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={"model": "garbled", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+    ) as response:
         lines = [line for line in response.iter_lines() if line]
     assert lines[-1] == "data: [DONE]"
-    error = json.loads(lines[-2][len("data: "):])["error"]
+    error = json.loads(lines[-2][len("data: ") :])["error"]
     assert error["code"] == "upstream_error" and "malformed" in error["message"]
     [row] = ledger_rows(app)
     assert row["status"] == 502
@@ -263,12 +301,15 @@ def test_malformed_upstream_chunk_ends_the_stream_with_an_error_event(gateway):
 
 def test_retries_follow_the_policy_and_only_for_retryable_statuses(upstream, tmp_path):
     base, fake = upstream
-    policy = make_policy(base, """
+    policy = make_policy(
+        base,
+        """
 name: t
 cheap: {{model: openai/flaky, api_base: "{base}/v1", max_retries: 1}}
 long: {{model: openai/status-400, api_base: "{base}/v1", max_retries: 3}}
 routing: {{classifier: null}}
-""")
+""",
+    )
     with running_gateway(tmp_path, policy) as (url, app):
         before = len(fake.state.received)
         answer = client(url).chat.completions.create(model="openai/flaky", messages=[{"role": "user", "content": "x"}])
@@ -291,26 +332,41 @@ def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatc
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
     embedder = CountingEmbedder(Embedder())
-    with running_gateway(tmp_path, make_policy(base), auth=Authenticator(["sk-one", "sk-two"]),
-                         embedder=embedder) as (url, app):
+    with running_gateway(tmp_path, make_policy(base), auth=Authenticator(["sk-one", "sk-two"]), embedder=embedder) as (
+        url,
+        app,
+    ):
         store = app.state.gateway.store
         store.ingest("manuals", [Document("pumps", "Pump P3 is started only after valve V2 is open. " * 20)])
 
         def ask(key: str, body: dict) -> None:
-            response = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                                  json={"model": "selfroute", **body}, timeout=120)
+            response = httpx.post(
+                f"{url}/v1/chat/completions",
+                headers={"authorization": f"Bearer {key}"},
+                json={"model": "selfroute", **body},
+                timeout=120,
+            )
             assert response.status_code == 200, response.text
 
-        question = {"messages": [{"role": "user", "content": "When is pump P3 started?"}],
-                    "selfroute": {"route": "rag", "collection": "manuals"}}
+        question = {
+            "messages": [{"role": "user", "content": "When is pump P3 started?"}],
+            "selfroute": {"route": "rag", "collection": "manuals"},
+        }
         asked = []
         for key in ("sk-one", "sk-one", "sk-two", "sk-two"):
             ask(key, question)
             asked.append(embedder.queries_embedded)
         assert asked[1] == asked[0] and asked[2] > asked[1] and asked[3] == asked[2]
 
-        conversation = {"messages": [{"role": "user", "content": "Log: " + "valve V2 opened, pump P3 ran. " * 300
-                                      + "\n\nQuestion: what ran?"}], "selfroute": {"route": "rag"}}
+        conversation = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": "Log: " + "valve V2 opened, pump P3 ran. " * 300 + "\n\nQuestion: what ran?",
+                }
+            ],
+            "selfroute": {"route": "rag"},
+        }
 
         def inline() -> set[str]:
             return {c.name for c in store.collections() if store.is_inline(c.name)}
@@ -320,8 +376,7 @@ def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatc
             assert len(inline()) == expected, key  # the conversation's chunks are embedded once per key
 
 
-def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_again(upstream, tmp_path,
-                                                                                      monkeypatch):
+def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_again(upstream, tmp_path, monkeypatch):
     """Two replicas on one store (here a second DocumentStore on the gateway's directory), no idle period: the other
     replica, past the cap, drops the request's inline collection between its ingestion and its retrieval. The
     request embeds the documents again and answers; it used to be a 500 (KeyError from the search)."""
@@ -331,8 +386,9 @@ def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
     policy = make_policy(base)
-    policy = policy.model_copy(update={"rag": policy.rag.model_copy(
-        update={"inline_cache_collections": 1, "inline_cache_idle_seconds": 0})})
+    policy = policy.model_copy(
+        update={"rag": policy.rag.model_copy(update={"inline_cache_collections": 1, "inline_cache_idle_seconds": 0})}
+    )
     with running_gateway(tmp_path, policy) as (url, app):
         store = app.state.gateway.store
         other = DocumentStore(store.uri, store.embedder, policy.rag)
@@ -348,9 +404,15 @@ def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_
             return name
 
         monkeypatch.setattr(store, "inline_collection", then_dropped_by_the_other_replica)
-        response = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-            "model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
-            "selfroute": {"route": "rag", "documents": [{"id": "vault", "text": "The vault code is 4417."}]}})
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=120,
+            json={
+                "model": "selfroute",
+                "messages": [{"role": "user", "content": "What is the vault code?"}],
+                "selfroute": {"route": "rag", "documents": [{"id": "vault", "text": "The vault code is 4417."}]},
+            },
+        )
         assert response.status_code == 200, response.text
         assert dropped and response.json()["selfroute"]["route"] == "rag"
         assert store.collection(dropped[0]) is not None  # embedded again
@@ -370,9 +432,15 @@ def test_a_collection_deleted_while_a_request_reads_it_is_a_404(gateway, monkeyp
         return info
 
     monkeypatch.setattr(store, "collection", then_deleted)
-    response = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-        "model": "selfroute", "messages": [{"role": "user", "content": "How does V2 open?"}],
-        "selfroute": {"route": "rag", "collection": "notes"}})
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "selfroute",
+            "messages": [{"role": "user", "content": "How does V2 open?"}],
+            "selfroute": {"route": "rag", "collection": "notes"},
+        },
+    )
     assert response.status_code == 404, response.text
     assert response.json()["error"]["code"] == "collection_not_found"
 
@@ -382,16 +450,30 @@ def test_litellm_style_metadata_tags_are_recorded_and_never_sent_upstream(gatewa
     fake = upstream[1]
     for model in ("openai/fake-cheap", "selfroute"):  # pass-through and routed
         answer = client(url).chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "tagged"}],
-            metadata={"tags": ["team-a", "batch", "team-a"], "run": "7"})
+            model=model,
+            messages=[{"role": "user", "content": "tagged"}],
+            metadata={"tags": ["team-a", "batch", "team-a"], "run": "7"},
+        )
         assert answer.choices[0].message.content
         sent = fake.state.received[-1]["body"]
         assert sent.get("metadata") == {"run": "7"}  # OpenAI takes only string metadata values
     rows = ledger_rows(app)
     assert [json.loads(r["provenance"])["tags"] for r in rows[-2:]] == [["team-a", "batch"]] * 2
-    bad = _post(url, json.dumps({"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x"}],
-                                 "metadata": {"tags": ["x" * 200]}}))
+    bad = _post(
+        url,
+        json.dumps(
+            {
+                "model": "openai/fake-cheap",
+                "messages": [{"role": "user", "content": "x"}],
+                "metadata": {"tags": ["x" * 200]},
+            }
+        ),
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "metadata.tags"
-    listed = _post(url, json.dumps({"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x"}],
-                                    "metadata": {"run": ["a"]}}))
+    listed = _post(
+        url,
+        json.dumps(
+            {"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x"}], "metadata": {"run": ["a"]}}
+        ),
+    )
     assert listed.status_code == 400 and listed.json()["error"]["param"] == "metadata.run"

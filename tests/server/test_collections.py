@@ -1,5 +1,6 @@
 """The collections API on a real gateway (uvicorn, port 0): body errors, default document ids and
 listing without inline collections — real MiniLM and LanceDB, fake upstream (never called here)."""
+
 from __future__ import annotations
 
 import json
@@ -57,10 +58,14 @@ def test_invalid_documents_still_name_the_parameter(gateway):
 
 def test_documents_without_ids_are_named_by_content_and_never_replace_each_other(gateway):
     base, _ = gateway
-    first = httpx.post(f"{base}/notes/documents", json={"documents": [{"text": "The canteen opens at nine."}]},
-                       timeout=120)
-    second = httpx.post(f"{base}/notes/documents", json={"documents": [
-        {"text": "The library closes at six.", "title": "Library"}]}, timeout=120)
+    first = httpx.post(
+        f"{base}/notes/documents", json={"documents": [{"text": "The canteen opens at nine."}]}, timeout=120
+    )
+    second = httpx.post(
+        f"{base}/notes/documents",
+        json={"documents": [{"text": "The library closes at six.", "title": "Library"}]},
+        timeout=120,
+    )
     assert first.status_code == 201 and second.status_code == 201
     canteen_id = "doc-" + content_hash(Document("", "The canteen opens at nine."))[:12]
     library_id = "doc-" + content_hash(Document("", "The library closes at six.", title="Library"))[:12]
@@ -75,8 +80,14 @@ def test_documents_without_ids_are_named_by_content_and_never_replace_each_other
 def test_listing_skips_inline_collections_without_reading_them(gateway, monkeypatch):
     base, app = gateway
     store = app.state.gateway.store
-    assert httpx.post(f"{base}/pumps/documents", json={"documents": [{"id": "memo", "text": "Valves close clockwise."}]},
-                      timeout=120).status_code == 201
+    assert (
+        httpx.post(
+            f"{base}/pumps/documents",
+            json={"documents": [{"id": "memo", "text": "Valves close clockwise."}]},
+            timeout=120,
+        ).status_code
+        == 201
+    )
     inline = store.inline_collection([Document("a", "The vault code is 4417.")])
     read = []
     real_collection = store.collection
@@ -98,15 +109,25 @@ def tenants(upstream, embedder, tmp_path, monkeypatch):
     from gateway.server.auth import Authenticator
 
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=embedder,
-                     auth=Authenticator(admin_key=ADMIN))
+    app = create_app(
+        Settings(data_dir=tmp_path),
+        policy=make_policy(upstream[0]),
+        embedder=embedder,
+        auth=Authenticator(admin_key=ADMIN),
+    )
     with serve_app(app) as url:
         keys = app.state.gateway.keys
-        secrets = {name: keys.create(name, **extra)[1] for name, extra in
-                   [("alice", {}), ("bob", {}), ("carol", {"collections": ["contracts"]})]}
+        secrets = {
+            name: keys.create(name, **extra)[1]
+            for name, extra in [("alice", {}), ("bob", {}), ("carol", {"collections": ["contracts"]})]
+        }
         secrets["admin"] = ADMIN
-        response = httpx.post(f"{url}/v1/collections/contracts/documents", timeout=120, headers=_auth(secrets["alice"]),
-                              json={"documents": [{"id": "supply", "text": CONTRACT}]})
+        response = httpx.post(
+            f"{url}/v1/collections/contracts/documents",
+            timeout=120,
+            headers=_auth(secrets["alice"]),
+            json={"documents": [{"id": "supply", "text": CONTRACT}]},
+        )
         assert response.status_code == 201
         yield url, app, secrets
 
@@ -116,8 +137,11 @@ def _auth(key: str) -> dict:
 
 
 def _chat(url: str, key: str, route: str, collection: str, by_header: bool = False) -> httpx.Response:
-    body = {"model": "selfroute", "messages": [{"role": "user", "content": "Which law governs the contract?"}],
-            "selfroute": {"route": route}}
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "Which law governs the contract?"}],
+        "selfroute": {"route": route},
+    }
     headers = _auth(key)
     if by_header:
         headers["x-selfroute-collection"] = collection
@@ -129,8 +153,11 @@ def _chat(url: str, key: str, route: str, collection: str, by_header: bool = Fal
 def _requests(url: str, key: str, name: str) -> dict[str, httpx.Response]:
     """One request to every endpoint that names a collection."""
     headers = _auth(key)
-    explain = {"model": "selfroute", "messages": [{"role": "user", "content": "Which law?"}],
-               "selfroute": {"collection": name}}
+    explain = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "Which law?"}],
+        "selfroute": {"collection": name},
+    }
     return {
         "get": httpx.get(f"{url}/v1/collections/{name}", headers=headers),
         "chat rag": _chat(url, key, "rag", name),
@@ -139,8 +166,12 @@ def _requests(url: str, key: str, name: str) -> dict[str, httpx.Response]:
         "explain": httpx.post(f"{url}/v1/route/explain", json=explain, headers=headers, timeout=120),
         "delete": httpx.delete(f"{url}/v1/collections/{name}/documents/supply", headers=headers),
         "delete collection": httpx.delete(f"{url}/v1/collections/{name}", headers=headers),
-        "write": httpx.post(f"{url}/v1/collections/{name}/documents", headers=headers, timeout=120,
-                            json={"documents": [{"id": "bob-note", "text": "Bob was here."}]}),
+        "write": httpx.post(
+            f"{url}/v1/collections/{name}/documents",
+            headers=headers,
+            timeout=120,
+            json={"documents": [{"id": "bob-note", "text": "Bob was here."}]},
+        ),
     }
 
 
@@ -157,9 +188,12 @@ def test_another_keys_collection_is_indistinguishable_from_an_absent_one(tenants
         assert response.status_code == 404, endpoint
         missing = absent[endpoint]
         if endpoint != "write":  # writing to an absent name creates it
-            assert response.json() == {"error": {**missing.json()["error"],
-                                                 "message": missing.json()["error"]["message"].replace(
-                                                     "nothing-here", "contracts")}}, endpoint
+            assert response.json() == {
+                "error": {
+                    **missing.json()["error"],
+                    "message": missing.json()["error"]["message"].replace("nothing-here", "contracts"),
+                }
+            }, endpoint
     # nothing of bob's reached alice's collection, and alice's document is still there
     info = httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"])).json()
     assert [d["id"] for d in info["documents"]] == ["supply"]
@@ -174,8 +208,12 @@ def test_the_owner_a_granted_key_and_the_admin_key_see_the_collection(tenants):
             response = _chat(url, keys[who], route, "contracts")
             assert response.status_code == 200, (who, route, response.text)
             assert response.json()["selfroute"]["provenance"]["source"] == "collection"
-    written = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["carol"]), timeout=120,
-                         json={"documents": [{"id": "annex", "text": "Annex A lists the pump models."}]})
+    written = httpx.post(
+        f"{url}/v1/collections/contracts/documents",
+        headers=_auth(keys["carol"]),
+        timeout=120,
+        json={"documents": [{"id": "annex", "text": "Annex A lists the pump models."}]},
+    )
     assert written.status_code == 201  # a grant shares the collection, writing included
     deleted = httpx.delete(f"{url}/v1/collections/contracts/documents/annex", headers=_auth(keys["alice"]))
     assert deleted.status_code == 200
@@ -183,23 +221,36 @@ def test_the_owner_a_granted_key_and_the_admin_key_see_the_collection(tenants):
 
 def test_a_name_another_key_created_cannot_be_taken_over(tenants):
     url, app, keys = tenants
-    created = httpx.post(f"{url}/v1/collections/bobs/documents", headers=_auth(keys["bob"]), timeout=120,
-                         json={"documents": [{"id": "b", "text": "Bob's private notes."}]})
+    created = httpx.post(
+        f"{url}/v1/collections/bobs/documents",
+        headers=_auth(keys["bob"]),
+        timeout=120,
+        json={"documents": [{"id": "b", "text": "Bob's private notes."}]},
+    )
     assert created.status_code == 201
     assert _listed(url, keys["bob"]) == ["bobs"]
     assert sorted(_listed(url, keys["admin"])) == ["bobs", "contracts"]
-    taken = httpx.post(f"{url}/v1/collections/bobs/documents", headers=_auth(keys["alice"]), timeout=120,
-                       json={"documents": [{"id": "b", "text": "Alice overwrites."}]})
+    taken = httpx.post(
+        f"{url}/v1/collections/bobs/documents",
+        headers=_auth(keys["alice"]),
+        timeout=120,
+        json={"documents": [{"id": "b", "text": "Alice overwrites."}]},
+    )
     assert taken.status_code == 404
     assert app.state.gateway.keys.collection_owners()["bobs"] == "bob"
 
 
 def test_inline_collections_of_attached_documents_are_not_reachable_by_name(tenants):
     url, app, keys = tenants
-    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
-            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]}}
-    assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys["alice"]),
-                      timeout=120).status_code == 200
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "What is the vault code?"}],
+        "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]},
+    }
+    assert (
+        httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys["alice"]), timeout=120).status_code
+        == 200
+    )
     store = app.state.gateway.store
     [name] = [c.name for c in store.collections() if store.is_inline(c.name)]
     for who in ("alice", "bob"):
@@ -209,8 +260,11 @@ def test_inline_collections_of_attached_documents_are_not_reachable_by_name(tena
 
 def test_attached_documents_are_cached_per_key(tenants):
     url, app, keys = tenants
-    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
-            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]}}
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "What is the vault code?"}],
+        "selfroute": {"route": "rag", "documents": [{"id": "v", "text": "The vault code is 4417."}]},
+    }
     store = app.state.gateway.store
 
     def inline() -> set[str]:
@@ -224,13 +278,29 @@ def test_attached_documents_are_cached_per_key(tenants):
 
 def test_delete_a_whole_collection(gateway):
     base, _ = gateway
-    assert httpx.post(f"{base}/drop-me/documents", json={"documents": [{"id": "a", "text": "Valves close clockwise."},
-                                                                      {"id": "b", "text": "Pumps start slowly."}]},
-                      timeout=120).status_code == 201
+    assert (
+        httpx.post(
+            f"{base}/drop-me/documents",
+            json={
+                "documents": [
+                    {"id": "a", "text": "Valves close clockwise."},
+                    {"id": "b", "text": "Pumps start slowly."},
+                ]
+            },
+            timeout=120,
+        ).status_code
+        == 201
+    )
     deleted = httpx.delete(f"{base}/drop-me")
     assert deleted.status_code == 200
-    assert deleted.json() == {"id": "drop-me", "object": "collection", "deleted": True, "name_kept": False,
-                              "document_count": 2, "chunk_count": 2}  # nobody owned it: nothing to keep
+    assert deleted.json() == {
+        "id": "drop-me",
+        "object": "collection",
+        "deleted": True,
+        "name_kept": False,
+        "document_count": 2,
+        "chunk_count": 2,
+    }  # nobody owned it: nothing to keep
     assert httpx.get(f"{base}/drop-me").status_code == 404
     again = httpx.delete(f"{base}/drop-me")
     assert again.status_code == 404 and again.json()["error"]["code"] == "collection_not_found"
@@ -252,12 +322,19 @@ def test_only_those_who_see_a_collection_can_delete_it(tenants):
 def test_a_name_that_is_no_collection_name_is_a_400_and_claims_nothing(tenants):
     url, app, keys = tenants
     for raw in ("bobs%0A", "%2e%2e", "caf%C3%A9", "a%5Cb", "%00"):
-        response = httpx.post(f"{url}/v1/collections/{raw}/documents", headers=_auth(keys["bob"]), timeout=120,
-                              json={"documents": [{"id": "b", "text": "Bob's notes."}]})
+        response = httpx.post(
+            f"{url}/v1/collections/{raw}/documents",
+            headers=_auth(keys["bob"]),
+            timeout=120,
+            json={"documents": [{"id": "b", "text": "Bob's notes."}]},
+        )
         assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_collection", raw
     # a decoded '/' is no longer one path segment: no route, no store access
-    escaped = httpx.post(f"{url}/v1/collections/..%2F..%2Foutside/documents", headers=_auth(keys["bob"]),
-                         json={"documents": [{"id": "b", "text": "x"}]})
+    escaped = httpx.post(
+        f"{url}/v1/collections/..%2F..%2Foutside/documents",
+        headers=_auth(keys["bob"]),
+        json={"documents": [{"id": "b", "text": "x"}]},
+    )
     assert escaped.status_code == 404
     assert set(app.state.gateway.keys.collection_owners()) == {"contracts"}
 
@@ -270,11 +347,11 @@ def test_a_deleted_collections_name_stays_its_owners(tenants):
     assert deleted.status_code == 200 and deleted.json()["name_kept"] is True
     assert httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["alice"])).status_code == 404
     body = {"documents": [{"id": "new", "text": "A new supply contract: delivery within 10 days."}]}
-    taken = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["bob"]), json=body,
-                       timeout=120)
+    taken = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["bob"]), json=body, timeout=120)
     assert taken.status_code == 404 and taken.json()["error"]["code"] == "collection_not_found"
-    again = httpx.post(f"{url}/v1/collections/contracts/documents", headers=_auth(keys["alice"]), json=body,
-                       timeout=120)
+    again = httpx.post(
+        f"{url}/v1/collections/contracts/documents", headers=_auth(keys["alice"]), json=body, timeout=120
+    )
     assert again.status_code == 201
     assert app.state.gateway.keys.collection_owners()["contracts"] == "alice"
     granted = httpx.get(f"{url}/v1/collections/contracts", headers=_auth(keys["carol"])).json()
@@ -307,14 +384,21 @@ def test_a_key_cannot_plant_documents_in_another_keys_inline_collection(tenants,
     assert real_name != old_name
     for name in (old_name, real_name):
         for who in ("alice", "admin"):
-            planted = httpx.post(f"{url}/v1/collections/{name}/documents", headers=_auth(keys[who]), timeout=120,
-                                 json={"documents": [{"id": "v", "text": "The vault code is 0000."}]})
+            planted = httpx.post(
+                f"{url}/v1/collections/{name}/documents",
+                headers=_auth(keys[who]),
+                timeout=120,
+                json={"documents": [{"id": "v", "text": "The vault code is 0000."}]},
+            )
             assert planted.status_code == 400, planted.text
             assert planted.json()["error"]["code"] == "invalid_collection"
             assert "reserved" in planted.json()["error"]["message"]
     assert not [c.name for c in store.collections() if store.is_inline(c.name)]  # nothing was created
-    body = {"model": "selfroute", "messages": [{"role": "user", "content": "What is the vault code?"}],
-            "selfroute": {"route": "rag", "documents": [{"id": "v", "text": genuine}]}}
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "What is the vault code?"}],
+        "selfroute": {"route": "rag", "documents": [{"id": "v", "text": genuine}]},
+    }
     response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys["bob"]), timeout=120)
     assert response.status_code == 200, response.text
     sent = json.dumps(upstream[1].state.received[-1])  # what the model was given to answer from

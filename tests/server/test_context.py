@@ -1,6 +1,7 @@
 """One wrapper for every endpoint that takes a key (gateway.server.context): chat, embeddings, explain and adding
 documents are admitted alike (a spent budget or a reached rate limit is the same 429 on each, and ledgered), and
 the status the ledger records is the status the client got, for every error class of the one exception table."""
+
 from __future__ import annotations
 
 import time
@@ -30,10 +31,16 @@ LIMIT = 20_000  # the gateway's body limit in these tests
 
 # one request of each family that does model work: (path, body)
 FAMILIES = {
-    "chat": ("/v1/chat/completions", {"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b c"}]}),
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b c"}]},
+    ),
     "embeddings": ("/v1/embeddings", {"model": "local/all-minilm-l6-v2", "input": ["Open valve V2 first."]}),
     "explain": ("/v1/route/explain", {"model": "selfroute", "messages": [{"role": "user", "content": "Which valve?"}]}),
-    "collections": ("/v1/collections/notes/documents", {"documents": [{"id": "a", "text": "Valve V2 opens clockwise."}]}),
+    "collections": (
+        "/v1/collections/notes/documents",
+        {"documents": [{"id": "a", "text": "Valve V2 opens clockwise."}]},
+    ),
 }
 
 
@@ -45,13 +52,15 @@ def embedder():
 @pytest.fixture()
 def gateway(upstream, embedder, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN), embedder=embedder,
-                         max_body_bytes=LIMIT) as (url, app):
+    with running_gateway(
+        tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN), embedder=embedder, max_body_bytes=LIMIT
+    ) as (url, app):
         yield url, app
 
 
-def _post(url: str, key: str, family: str, body=None, content: bytes | None = None,
-          collection: str = "notes") -> httpx.Response:
+def _post(
+    url: str, key: str, family: str, body=None, content: bytes | None = None, collection: str = "notes"
+) -> httpx.Response:
     path, default = FAMILIES[family]
     path = path.replace("/notes/", f"/{collection}/")
     headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
@@ -154,10 +163,18 @@ def test_the_ledger_records_the_status_the_client_got_on_every_family(gateway):
 # -- the exception table itself, on a bare app: every class the server knows -------------------------------------
 
 CLASSES = [
-    (GatewayError(400, "bad"), 400), (GatewayError(409, "conflict"), 409), (GatewayError(502, "upstream"), 502),
-    (GatewayError(504, "timeout"), 504), (InvalidQuery("bad filter"), 400), (NotFound("no such request"), 404),
-    (Unavailable("database down"), 503), (LedgerError("ledger bug"), 500), (StoreUnavailable(), 503),
-    (CollectionNotFound("gone"), 404), (RuntimeError("a bug"), 500), (ClientDisconnected(), 499),
+    (GatewayError(400, "bad"), 400),
+    (GatewayError(409, "conflict"), 409),
+    (GatewayError(502, "upstream"), 502),
+    (GatewayError(504, "timeout"), 504),
+    (InvalidQuery("bad filter"), 400),
+    (NotFound("no such request"), 404),
+    (Unavailable("database down"), 503),
+    (LedgerError("ledger bug"), 500),
+    (StoreUnavailable(), 503),
+    (CollectionNotFound("gone"), 404),
+    (RuntimeError("a bug"), 500),
+    (ClientDisconnected(), 499),
 ]
 
 
@@ -166,11 +183,14 @@ def raising_app(tmp_path):
     async def handler(ctx: RequestContext):
         raise CLASSES[int(ctx.request.path_params["index"])][0]
 
-    app = Starlette(routes=[Route("/raise/{index}", keyed(handler, metered=True), methods=["POST"])],
-                    exception_handlers={Exception: handle_error})
+    app = Starlette(
+        routes=[Route("/raise/{index}", keyed(handler, metered=True), methods=["POST"])],
+        exception_handlers={Exception: handle_error},
+    )
     app.add_middleware(RequestMiddleware)
-    app.state.gateway = bare_gateway(Ledger(tmp_path / "ledger.sqlite3", dead_letter_dir=tmp_path), Authenticator(),
-                                     GatewayMetrics())
+    app.state.gateway = bare_gateway(
+        Ledger(tmp_path / "ledger.sqlite3", dead_letter_dir=tmp_path), Authenticator(), GatewayMetrics()
+    )
     with serve_app(app) as url:
         yield url, app
 
@@ -187,5 +207,6 @@ def test_every_error_class_is_ledgered_with_the_status_it_answers(raising_app):
             error = response.json()["error"]
             assert error["type"] and "Traceback" not in response.text
             # a bug's cause stays in the ledger (for the admin), never in the answer
-            assert row["error"] == (f"internal error: RuntimeError: {exc}" if isinstance(exc, RuntimeError)
-                                    else error["message"])
+            assert row["error"] == (
+                f"internal error: RuntimeError: {exc}" if isinstance(exc, RuntimeError) else error["message"]
+            )

@@ -3,35 +3,54 @@ the DOM its script rendered).
 
 Set SELFROUTE_UPDATE_SCREENSHOT=1 to refresh gateway/server/static/dashboard.png (the README's screenshot).
 """
+
 import os
 import shutil
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
-
-from datetime import datetime, timezone
 
 import httpx
 import pytest
 
 from gateway.ledger import reports
-from gateway.ledger.summary import bucket_for, percentiles, summary
 from gateway.ledger.database import connect
+from gateway.ledger.summary import bucket_for, percentiles, summary
 from tests.ledger_fixtures import (
-    ADMIN_KEY, BASE, LONG, admin_app, call, record, sample_records, synthetic_records, write_ledger,
+    ADMIN_KEY,
+    BASE,
+    LONG,
+    admin_app,
+    call,
+    record,
+    sample_records,
+    synthetic_records,
+    write_ledger,
 )
 from tests.servers import serve_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless dashboard test needs Debian's chromium "
-                                                         "package: apt-get install -y chromium")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="headless dashboard test needs Debian's chromium package: apt-get install -y chromium"
+)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "gateway" / "server" / "static" / "dashboard.png"
 
 
 def chromium(url: str, tmp_path: Path, *extra: str) -> str:
-    args = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--no-first-run", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-            "--virtual-time-budget=8000", *extra, url]
+    args = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--virtual-time-budget=8000",
+        *extra,
+        url,
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -69,22 +88,33 @@ def test_summary_has_what_the_dashboard_draws(conn):
     assert week["bucket"] == "6 hours" and len(week["series"]) == 29
     assert sum(sum(b["cost_usd"].values()) for b in week["series"]) == pytest.approx(0.1651)
     month = summary(conn, window=30 * 86400, now=now)
-    assert month["bucket"] == "day" and month["series"][-1]["t"] == datetime.fromtimestamp(
-        now, timezone.utc).strftime("%Y-%m-%d")
+    assert month["bucket"] == "day" and month["series"][-1]["t"] == datetime.fromtimestamp(now, UTC).strftime(
+        "%Y-%m-%d"
+    )
 
 
 def test_short_windows_get_minute_buckets(tmp_path):
     now = BASE + 3000
-    ledger = write_ledger(tmp_path / "ledger.sqlite3", [
-        record("a", BASE + 2000, "rag", [], latency=100.0), record("b", BASE + 2010, "rag", [], latency=300.0),
-        record("c", BASE + 2900, "long", [], latency=200.0)])
+    ledger = write_ledger(
+        tmp_path / "ledger.sqlite3",
+        [
+            record("a", BASE + 2000, "rag", [], latency=100.0),
+            record("b", BASE + 2010, "rag", [], latency=300.0),
+            record("c", BASE + 2900, "long", [], latency=200.0),
+        ],
+    )
     conn = reports.connect_reader(ledger.path)
     s = summary(conn, window=3600, now=now)
     assert (s["bucket"], s["bucket_s"]) == ("minute", 60) and len(s["series"]) == 61
     busy = {b["t"]: b["requests"] for b in s["series"] if sum(b["requests"].values())}
     assert busy == {"2026-01-01T00:33Z": {"rag": 2, "long": 0}, "2026-01-01T00:48Z": {"rag": 0, "long": 1}}
     assert [bucket_for(w)[1] for w in (3600, 6 * 3600, 86400, 7 * 86400, 30 * 86400)] == [
-        "minute", "10 minutes", "hour", "6 hours", "day"]
+        "minute",
+        "10 minutes",
+        "hour",
+        "6 hours",
+        "day",
+    ]
 
 
 def test_percentiles_are_those_of_the_recorded_latencies(tmp_path):
@@ -92,12 +122,18 @@ def test_percentiles_are_those_of_the_recorded_latencies(tmp_path):
     ledger = write_ledger(tmp_path / "ledger.sqlite3", [record("slow", BASE, "rag>long", [], latency=305_000.0)])
     conn = reports.connect_reader(ledger.path)
     latency = summary(conn, window=3600, now=BASE + 60)["latency_ms"]
-    assert latency["rag>long"] == latency["all"] == {"count": 1, "p50": 305_000.0, "p90": 305_000.0,
-                                                     "p95": 305_000.0, "p99": 305_000.0}
-    assert percentiles([1.0, 2.0, 3.0, 4.0]) == {"count": 4, "p50": 2.5, "p90": pytest.approx(3.7),
-                                                  "p95": pytest.approx(3.85), "p99": pytest.approx(3.97)}
-
-
+    assert (
+        latency["rag>long"]
+        == latency["all"]
+        == {"count": 1, "p50": 305_000.0, "p90": 305_000.0, "p95": 305_000.0, "p99": 305_000.0}
+    )
+    assert percentiles([1.0, 2.0, 3.0, 4.0]) == {
+        "count": 4,
+        "p50": 2.5,
+        "p90": pytest.approx(3.7),
+        "p95": pytest.approx(3.85),
+        "p99": pytest.approx(3.97),
+    }
 
 
 def test_latency_histogram_follows_replaced_and_deleted_rows(tmp_path):
@@ -105,8 +141,10 @@ def test_latency_histogram_follows_replaced_and_deleted_rows(tmp_path):
     ledger.submit(record("a", BASE, "rag", [], latency=4000.0))
     ledger.flush()
     conn = reports.connect_reader(ledger.path)
-    rollup = ("SELECT b.upper_ms, h.requests FROM latency_rollup_hourly h JOIN latency_buckets b USING (bucket)"
-              " WHERE h.route = 'rag' AND h.requests > 0")
+    rollup = (
+        "SELECT b.upper_ms, h.requests FROM latency_rollup_hourly h JOIN latency_buckets b USING (bucket)"
+        " WHERE h.route = 'rag' AND h.requests > 0"
+    )
     assert [tuple(row) for row in conn.execute(rollup)] == [(4000.0, 1)]
     writer = connect(ledger.path)
     with writer:
@@ -120,9 +158,19 @@ def test_empty_window_summary(tmp_path):
     s = summary(conn, window=3600, now=BASE)
     assert s["totals"]["requests"] == 0 and s["route_mix"] == [] and s["fallback"]["rate"] is None
     assert s["latency_ms"]["all"] == {"count": 0, "p50": None, "p90": None, "p95": None, "p99": None}
-    assert s["prompt_cache"] == {"routes": [], "total": {
-        "group": None, "calls": 0, "cache_hits": 0, "hit_rate": None, "prompt_tokens": 0, "cached_tokens": 0,
-        "cached_share": None, "cache_saving_usd": 0.0}}
+    assert s["prompt_cache"] == {
+        "routes": [],
+        "total": {
+            "group": None,
+            "calls": 0,
+            "cache_hits": 0,
+            "hit_rate": None,
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "cached_share": None,
+            "cache_saving_usd": 0.0,
+        },
+    }
 
 
 @pytest.fixture(scope="module")
@@ -132,8 +180,9 @@ def site(tmp_path_factory):
     mystery.unpriced = True
     # within 23 hours: every request stays in the page's 24-hour window while the tests run
     traffic = synthetic_records(400, now=time.time(), span=23 * 3600, seed=3, cache_reads=0.7)
-    ledger = write_ledger(path, [*traffic,
-                                 record("unpriced-1", time.time() - 60, "passthrough", [mystery], context=300)])
+    ledger = write_ledger(
+        path, [*traffic, record("unpriced-1", time.time() - 60, "passthrough", [mystery], context=300)]
+    )
     with serve_app(admin_app(ledger)) as url:
         yield url
     ledger.close()
@@ -155,14 +204,15 @@ def test_dashboard_renders_routes_costs_and_tables(site, tmp_path):
     assert "Unpriced models" in dom and "openai/mystery-model</code> has no known price" in dom
     assert '<tr data-unpriced="yes"><td title="openai/mystery-model">' in dom
     # the prompt cache panel: per route, the calls that read the cache of the route's calls, as the summary says
-    panel = httpx.get(f"{site}/v1/admin/summary", params={"window": "24h"},
-                      headers={"Authorization": f"Bearer {ADMIN_KEY}"}).json()["prompt_cache"]
+    panel = httpx.get(
+        f"{site}/v1/admin/summary", params={"window": "24h"}, headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+    ).json()["prompt_cache"]
     rows = {r["group"]: r for r in panel["routes"]}
     assert rows["long"]["cache_hits"] > 0 and rows["rag>long"]["cache_hits"] > 0 and rows["rag"]["cache_hits"] == 0
     for route, row in (*rows.items(), ("all", panel["total"])):
         cells = dom.split(f'data-cache-route="{route.replace(">", "&gt;")}"')[1].split("</tr>")[0]
-        assert f'{row["cache_hits"]} of {row["calls"]}' in cells and f'{100 * row["cached_share"]:.1f}%' in cells
-    assert "Prompt cache saved" in dom and f'${panel["total"]["cache_saving_usd"]:.3f}' in dom
+        assert f"{row['cache_hits']} of {row['calls']}" in cells and f"{100 * row['cached_share']:.1f}%" in cells
+    assert "Prompt cache saved" in dom and f"${panel['total']['cache_saving_usd']:.3f}" in dom
 
 
 @needs_chromium

@@ -1,5 +1,6 @@
 """A client that leaves before its answer stops the work: the upstream call is cancelled and the request
 is ledgered as 499, at once rather than when the upstream would have answered."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,12 @@ def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstr
         body = {"model": model, "messages": [{"role": "user", "content": "Take your time."}]}
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
-            httpx.post(f"{url}/v1/chat/completions", content=json.dumps(body),
-                       headers={"content-type": "application/json"}, timeout=1.0)
+            httpx.post(
+                f"{url}/v1/chat/completions",
+                content=json.dumps(body),
+                headers={"content-type": "application/json"},
+                timeout=1.0,
+            )
         rows = []
         while time.monotonic() - started < 20 and not rows:
             time.sleep(0.1)
@@ -48,8 +53,11 @@ def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstr
         assert rows[0]["status"] == 499 and "disconnected" in rows[0]["error"]
         assert rows[0]["latency_ms"] < 15_000  # stopped when the client left, not after the upstream's 30 s
         # the gateway is fine afterwards
-        ok = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={"model": "openai/fake-cheap",
-                                                            "messages": [{"role": "user", "content": "hi"}]})
+        ok = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert ok.status_code == 200
 
 

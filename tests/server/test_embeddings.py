@@ -1,5 +1,6 @@
 """POST /v1/embeddings through the official openai client: the gateway's own MiniLM in-process, other names
 passed to the OpenAI-compatible upstream, both in the ledger."""
+
 from __future__ import annotations
 
 import httpx
@@ -49,8 +50,7 @@ def test_local_model_matches_the_embedder_in_float_and_base64(gateway, embedder)
 
 def test_other_models_pass_through_to_the_upstream(gateway, upstream):
     url, app = gateway
-    answer = client(url).embeddings.create(model="text-embedding-3-small", input="two words",
-                                           encoding_format="float")
+    answer = client(url).embeddings.create(model="text-embedding-3-small", input="two words", encoding_format="float")
     assert answer.data[0].embedding == [9.0, 2.0, 1.0] and answer.usage.prompt_tokens == 2
     sent = upstream[1].state.received[-1]["body"]
     assert sent["model"] == "text-embedding-3-small" and sent["input"] == "two words"
@@ -65,17 +65,27 @@ def test_upstream_errors_keep_their_status(gateway):
     assert [r for r in ledger_rows(app) if r["alias"] == "status-429"][-1]["status"] == 429
 
 
-@pytest.mark.parametrize(("body", "param", "code"), [
-    ({"model": "local/all-minilm-l6-v2"}, "input", "invalid_value"),
-    ({"model": "local/all-minilm-l6-v2", "input": []}, "input", "invalid_value"),
-    ({"model": "local/all-minilm-l6-v2", "input": [[1, 2, 3]]}, "input", "unsupported_parameter"),
-    ({"model": "local/all-minilm-l6-v2", "input": "x", "dimensions": 64}, "dimensions", "unsupported_parameter"),
-    ({"model": "local/all-minilm-l6-v2", "input": "x", "encoding_format": "hex"}, "encoding_format", "invalid_value"),
-    ({"model": "anthropic/claude-3-5-sonnet", "input": "x"}, "model", "model_not_found"),
-    ({"model": "http://evil.example/v1", "input": "x"}, "model", "invalid_value"),
-    ({"model": "text-embedding-3-small", "input": "x", "api_base": "http://evil.example"}, "api_base",
-     "unsupported_parameter"),
-])
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": "local/all-minilm-l6-v2"}, "input", "invalid_value"),
+        ({"model": "local/all-minilm-l6-v2", "input": []}, "input", "invalid_value"),
+        ({"model": "local/all-minilm-l6-v2", "input": [[1, 2, 3]]}, "input", "unsupported_parameter"),
+        ({"model": "local/all-minilm-l6-v2", "input": "x", "dimensions": 64}, "dimensions", "unsupported_parameter"),
+        (
+            {"model": "local/all-minilm-l6-v2", "input": "x", "encoding_format": "hex"},
+            "encoding_format",
+            "invalid_value",
+        ),
+        ({"model": "anthropic/claude-3-5-sonnet", "input": "x"}, "model", "model_not_found"),
+        ({"model": "http://evil.example/v1", "input": "x"}, "model", "invalid_value"),
+        (
+            {"model": "text-embedding-3-small", "input": "x", "api_base": "http://evil.example"},
+            "api_base",
+            "unsupported_parameter",
+        ),
+    ],
+)
 def test_bad_requests_are_openai_400s(gateway, body, param, code):
     url, _ = gateway
     response = httpx.post(f"{url}/v1/embeddings", json=body)
@@ -87,8 +97,10 @@ def test_bad_requests_are_openai_400s(gateway, body, param, code):
 def test_a_refused_key_is_counted_once_and_not_ledgered(upstream, embedder, tmp_path):
     from gateway.server.auth import Authenticator
 
-    with running_gateway(tmp_path, make_policy(upstream[0]), embedder=embedder,
-                         auth=Authenticator(["sk-good"])) as (url, app):
+    with running_gateway(tmp_path, make_policy(upstream[0]), embedder=embedder, auth=Authenticator(["sk-good"])) as (
+        url,
+        app,
+    ):
         before = app.state.gateway.metrics.unauthenticated._value.get()
         bad = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-bad", max_retries=0)
         with pytest.raises(openai.AuthenticationError):

@@ -1,5 +1,6 @@
 """Errors as responses: the ledger database going away is a 503 in the OpenAI envelope (never a 500, never the
 database's address), and requests that do not need it keep flowing."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -26,12 +27,17 @@ def refusing_connections(postgres_server, url: str):
             conn.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
 
 
-def test_an_unreachable_ledger_database_is_a_503_and_answers_still_flow(upstream, postgres_server, postgres_url,
-                                                                       tmp_path, monkeypatch):
+def test_an_unreachable_ledger_database_is_a_503_and_answers_still_flow(
+    upstream, postgres_server, postgres_url, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
     admin = {"authorization": f"Bearer {ADMIN}"}
-    with running_gateway(tmp_path / "data", make_policy(upstream[0]), ledger_url=postgres_url,
-                         auth=Authenticator([USER], admin_key=ADMIN)) as (url, app):
+    with running_gateway(
+        tmp_path / "data",
+        make_policy(upstream[0]),
+        ledger_url=postgres_url,
+        auth=Authenticator([USER], admin_key=ADMIN),
+    ) as (url, app):
         created = httpx.post(f"{url}/v1/admin/keys", headers=admin, json={"name": "team"}, timeout=30)
         assert created.status_code == 201, created.text
         named = {"authorization": f"Bearer {created.json()['key']}"}
@@ -39,8 +45,10 @@ def test_an_unreachable_ledger_database_is_a_503_and_answers_still_flow(upstream
         port = postgres_url.rsplit(":", 1)[1].split("/")[0]
         with refusing_connections(postgres_server, postgres_url):
             for method, path, headers, payload in [
-                ("GET", "/v1/admin/requests", admin, None), ("GET", "/v1/admin/summary", admin, None),
-                ("GET", "/v1/admin/costs", admin, None), ("GET", "/v1/admin/keys", admin, None),
+                ("GET", "/v1/admin/requests", admin, None),
+                ("GET", "/v1/admin/summary", admin, None),
+                ("GET", "/v1/admin/costs", admin, None),
+                ("GET", "/v1/admin/keys", admin, None),
                 ("POST", "/v1/chat/completions", named, body),  # its key is looked up in the database
             ]:
                 response = httpx.request(method, f"{url}{path}", headers=headers, json=payload, timeout=30)
@@ -50,8 +58,12 @@ def test_an_unreachable_ledger_database_is_a_503_and_answers_still_flow(upstream
                 assert response.headers["retry-after"] == "2"
                 assert port not in response.text and "127.0.0.1" not in response.text
             # a key from the environment needs no database: its answer comes, its record waits for the writer
-            assert httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {USER}"}, json=body,
-                              timeout=30).status_code == 200
+            assert (
+                httpx.post(
+                    f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {USER}"}, json=body, timeout=30
+                ).status_code
+                == 200
+            )
         # back: the same gateway reconnects
         assert httpx.get(f"{url}/v1/admin/requests", headers=admin, timeout=30).status_code == 200
         assert httpx.post(f"{url}/v1/chat/completions", headers=named, json=body, timeout=30).status_code == 200
@@ -67,24 +79,44 @@ def test_an_unreachable_document_store_is_a_503(upstream, tmp_path, monkeypatch)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    env = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "OPENAI_API_BASE": f"{upstream[0]}/v1"}
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+        "OPENAI_API_BASE": f"{upstream[0]}/v1",
+    }
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket="errors-test")
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket="errors-test")
     user = {"authorization": f"Bearer {USER}"}
     try:
-        with running_gateway(tmp_path / "data", make_policy(upstream[0]), vector_store_uri="s3://errors-test/sr",
-                             auth=Authenticator([USER], admin_key=ADMIN)) as (url, app):
-            added = httpx.post(f"{url}/v1/collections/notes/documents", headers=user, timeout=120,
-                               json={"documents": [{"id": "a", "text": "Valve V2 opens clockwise."}]})
+        with running_gateway(
+            tmp_path / "data",
+            make_policy(upstream[0]),
+            vector_store_uri="s3://errors-test/sr",
+            auth=Authenticator([USER], admin_key=ADMIN),
+        ) as (url, app):
+            added = httpx.post(
+                f"{url}/v1/collections/notes/documents",
+                headers=user,
+                timeout=120,
+                json={"documents": [{"id": "a", "text": "Valve V2 opens clockwise."}]},
+            )
             assert added.status_code == 201, added.text
             server.stop()
             server = None
             ask = {"model": "selfroute", "messages": [{"role": "user", "content": "How does V2 open?"}]}
             for method, path, payload in [
-                ("GET", "/v1/collections", None), ("GET", "/v1/collections/notes", None),
+                ("GET", "/v1/collections", None),
+                ("GET", "/v1/collections/notes", None),
                 ("POST", "/v1/collections/notes/documents", {"documents": [{"id": "b", "text": "More."}]}),
                 ("POST", "/v1/chat/completions", {**ask, "selfroute": {"collection": "notes", "route": "rag"}}),
             ]:

@@ -1,4 +1,5 @@
 """POST /v1/feedback: a key labels its own requests only; the label is in the ledger at once."""
+
 from __future__ import annotations
 
 import httpx
@@ -21,8 +22,12 @@ def gateway(upstream, tmp_path):
 
 
 def _request_of(url: str, key: str) -> str:
-    answer = _post(url, key, "/v1/chat/completions",
-                   {"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hello"}]})
+    answer = _post(
+        url,
+        key,
+        "/v1/chat/completions",
+        {"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hello"}]},
+    )
     assert answer.status_code == 200
     return answer.headers["x-selfroute-request-id"]
 
@@ -38,22 +43,28 @@ def test_a_key_labels_its_own_requests_and_no_other_keys(gateway):
     assert theirs.status_code == unknown.status_code == 404
     assert theirs.json()["error"]["code"] == "request_not_found"
     assert theirs.json()["error"]["message"].replace(alices, "X") == unknown.json()["error"]["message"].replace(
-        "req_nothing", "X")
+        "req_nothing", "X"
+    )
     graded = _post(url, ADMIN, "/v1/feedback", {"request_id": alices, "score": 0.8})  # the admin may label any
     assert graded.status_code == 201 and graded.json()["good"] is True
     labels = ledger_rows(app, "labels")
     assert [(lab["request_id"], lab["source"], lab["good"], lab["score"], lab["verdict"]) for lab in labels] == [
-        (alices, "feedback", 0, None, "bad"), (alices, "feedback", 1, 0.8, "good")]
+        (alices, "feedback", 0, None, "bad"),
+        (alices, "feedback", 1, 0.8, "good"),
+    ]
     assert {lab["key_id"] for lab in labels} == {ledger_rows(app)[0]["key_id"]}
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"request_id": "r"}, None),  # neither good nor score
-    ({"request_id": "r", "good": True, "score": 1.0}, None),  # both
-    ({"request_id": "r", "score": 1.5}, "score"),
-    ({"good": True}, "request_id"),
-    ({"request_id": "r", "good": True, "extra": 1}, "extra"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"request_id": "r"}, None),  # neither good nor score
+        ({"request_id": "r", "good": True, "score": 1.0}, None),  # both
+        ({"request_id": "r", "score": 1.5}, "score"),
+        ({"good": True}, "request_id"),
+        ({"request_id": "r", "good": True, "extra": 1}, "extra"),
+    ],
+)
 def test_bad_feedback_is_a_400(gateway, body, param):
     url, _ = gateway
     answer = _post(url, ALICE, "/v1/feedback", body)

@@ -1,4 +1,5 @@
 """The Grafana dashboard shipped with the gateway asks only for metrics (and labels) that /metrics has."""
+
 from __future__ import annotations
 
 import json
@@ -63,4 +64,6 @@ def test_the_dashboard_is_importable_grafana_json():
     ids = [panel["id"] for panel in board["panels"]]
     assert len(ids) == len(set(ids))
     assert {v["name"] for v in board["templating"]["list"]} == {"datasource", "job"}
-    assert all(target["datasource"]["uid"] == "${datasource}" for panel in board["panels"] for target in panel["targets"])
+    assert all(
+        target["datasource"]["uid"] == "${datasource}" for panel in board["panels"] for target in panel["targets"]
+    )

@@ -1,5 +1,6 @@
 """The grounding check on a real gateway: an upstream that answers one supported and one invented sentence;
 `flag` reports per-sentence scores and a header, `drop` removes the invented sentence, `off` checks nothing."""
+
 from __future__ import annotations
 
 import time
@@ -14,8 +15,10 @@ from starlette.routing import Route
 from tests.gateway_fixtures import make_policy, running_gateway
 from tests.servers import serve_app
 
-CONTRACT = ("The supplier shall deliver the pumps within 30 days of the order. The laws of Norway govern this "
-            "contract. Disputes go to the courts of Oslo.")
+CONTRACT = (
+    "The supplier shall deliver the pumps within 30 days of the order. The laws of Norway govern this "
+    "contract. Disputes go to the courts of Oslo."
+)
 SUPPORTED = "The laws of Norway govern this contract."
 INVENTED = "The supplier was founded in 1887 by Captain Nemo, who built its first factory on the Moon."
 
@@ -30,10 +33,22 @@ security: {{grounding: "%s"}}
 
 async def fixed_answer(request: Request):
     await request.json()
-    return JSONResponse({"id": "x", "object": "chat.completion", "created": int(time.time()), "model": "fixed",
-                         "choices": [{"index": 0, "finish_reason": "stop",
-                                      "message": {"role": "assistant", "content": f"{SUPPORTED} {INVENTED}"}}],
-                         "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}})
+    return JSONResponse(
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": "fixed",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": f"{SUPPORTED} {INVENTED}"},
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +58,15 @@ def model():
 
 
 def _ask(url: str, route: str = "long") -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-        "model": "selfroute", "messages": [{"role": "user", "content": "Which law governs the contract?"}],
-        "selfroute": {"route": route, "documents": [{"id": "contract", "text": CONTRACT}]}})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=120,
+        json={
+            "model": "selfroute",
+            "messages": [{"role": "user", "content": "Which law governs the contract?"}],
+            "selfroute": {"route": route, "documents": [{"id": "contract", "text": CONTRACT}]},
+        },
+    )
 
 
 @pytest.mark.parametrize("mode", ["flag", "drop"])

@@ -1,6 +1,7 @@
 """/health/liveness answers as soon as the server listens; /health/readiness is 503 until the embedding model,
 store and classifier are loaded, with a reason code; why loading failed goes to the log (and the admin), not to
 whoever can reach the probe."""
+
 from __future__ import annotations
 
 import threading
@@ -36,8 +37,9 @@ def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
         assert httpx.get(f"{url}/health/liveness").json() == {"status": "ok"}
         starting = httpx.get(f"{url}/health/readiness")
         assert starting.status_code == 503 and starting.json() == {"status": "starting", "reason": "not_ready"}
-        routed = httpx.post(f"{url}/v1/chat/completions", json={"model": "selfroute",
-                                                                "messages": [{"role": "user", "content": "hi"}]})
+        routed = httpx.post(
+            f"{url}/v1/chat/completions", json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]}
+        )
         assert routed.status_code == 503 and routed.json()["error"]["code"] == "not_ready"
         release.set()
         for _ in range(3000):
@@ -70,8 +72,11 @@ def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstr
         assert admin.status_code == 503 and admin.json()["reason"] == "build_failed"
         assert admin.json()["error"] == "FileNotFoundError: no classifier at /srv/secret/nowhere.skops"
         assert httpx.get(f"{url}/health/liveness").status_code == 200
-        routed = httpx.post(f"{url}/v1/route/explain", headers={"Authorization": "Bearer user-key"},
-                            json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]})
+        routed = httpx.post(
+            f"{url}/v1/route/explain",
+            headers={"Authorization": "Bearer user-key"},
+            json={"model": "selfroute", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert routed.status_code == 503 and routed.json()["error"]["code"] == "build_failed"
         assert "nowhere" not in routed.text and "FileNotFoundError" not in routed.text
         listing = httpx.get(f"{url}/v1/collections", headers={"Authorization": "Bearer user-key"})
@@ -113,15 +118,19 @@ def test_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path
 
 def test_a_hosted_model_without_its_key_is_a_warning_and_a_readiness_detail(upstream, tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    policy = make_policy(upstream[0], """
+    policy = make_policy(
+        upstream[0],
+        """
 cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", context_window: 8192}}
 long: {{model: anthropic/claude-sonnet-4-5}}
 routing: {{classifier: null}}
-""")
+""",
+    )
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=Embedder())
     with serve_app(app) as url:
         ready = httpx.get(f"{url}/health/readiness")
         assert ready.status_code == 200
         assert ready.json()["missing_credentials"] == [
-            {"role": "long", "model": "anthropic/claude-sonnet-4-5", "missing": "ANTHROPIC_API_KEY"}]
+            {"role": "long", "model": "anthropic/claude-sonnet-4-5", "missing": "ANTHROPIC_API_KEY"}
+        ]
     assert "long model anthropic/claude-sonnet-4-5: ANTHROPIC_API_KEY is not set" in caplog.text

@@ -1,6 +1,7 @@
 """The policy's injection mode on a real gateway: attached documents and collection ingest, the three probe variants
 (plain override phrase, an HTML-comment SYSTEM instruction, a zero-width-character variant) flagged, stripped or
 blocked as configured."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,11 @@ def gateway(request, upstream, tmp_path, monkeypatch):
 
 
 def _ask(url: str, text: str) -> httpx.Response:
-    body = {"model": "selfroute", "messages": [{"role": "user", "content": "Which law governs the contract?"}],
-            "selfroute": {"route": "long", "documents": [{"id": "contract", "text": text}]}}
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "Which law governs the contract?"}],
+        "selfroute": {"route": "long", "documents": [{"id": "contract", "text": text}]},
+    }
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
 
 
@@ -61,8 +65,11 @@ def test_clean_documents_pass_without_flags(gateway, upstream):
 
 def test_collection_ingest_applies_the_mode(gateway):
     url, app, mode = gateway
-    response = httpx.post(f"{url}/v1/collections/contracts/documents", timeout=120,
-                          json={"documents": [{"id": "c", "text": VARIANTS["html_comment"]}]})
+    response = httpx.post(
+        f"{url}/v1/collections/contracts/documents",
+        timeout=120,
+        json={"documents": [{"id": "c", "text": VARIANTS["html_comment"]}]},
+    )
     if mode == "block":
         assert response.status_code == 400 and response.json()["error"]["code"] == "document_injection"
         assert httpx.get(f"{url}/v1/collections/contracts").status_code == 404  # nothing was stored

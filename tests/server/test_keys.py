@@ -1,7 +1,7 @@
 """Named keys over the admin API on a real gateway: create (the key shown once), list with spend, revoke."""
+
 from __future__ import annotations
 
-import json
 import stat
 
 import httpx
@@ -16,7 +16,10 @@ ADMIN = "sk-admin-keys"
 @pytest.fixture()
 def gateway(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    with running_gateway(tmp_path / "data", make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url, app):
+    with running_gateway(tmp_path / "data", make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (
+        url,
+        app,
+    ):
         yield url, app
 
 
@@ -25,14 +28,21 @@ def _admin(method: str, url: str, **kwargs) -> httpx.Response:
 
 
 def _ask(url: str, key: str) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                      json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b c"}]})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+        json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "a b c"}]},
+    )
 
 
 def test_create_use_list_and_revoke_a_key(gateway):
     url, app = gateway
-    created = _admin("POST", f"{url}/v1/admin/keys", json={"name": "alice", "models": ["openai/*"], "rpm": 100,
-                                                            "budget_usd": 5, "expires": "30d"})
+    created = _admin(
+        "POST",
+        f"{url}/v1/admin/keys",
+        json={"name": "alice", "models": ["openai/*"], "rpm": 100, "budget_usd": 5, "expires": "30d"},
+    )
     assert created.status_code == 201
     key = created.json()["key"]
     assert key.startswith(created.json()["prefix"]) and created.json()["models"] == ["openai/*"]
@@ -52,10 +62,16 @@ def test_create_use_list_and_revoke_a_key(gateway):
     assert _admin("DELETE", f"{url}/v1/admin/keys/nobody").status_code == 404
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ({"name": "k_x"}, 400, "name"), ({"name": "ok", "rpm": -1}, 400, "rpm"), ({"name": "ok", "expires": "soon"}, 400,
-     "expires"), ({"name": "ok", "extra": 1}, 400, "extra"), ({}, 400, "name"),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ({"name": "k_x"}, 400, "name"),
+        ({"name": "ok", "rpm": -1}, 400, "rpm"),
+        ({"name": "ok", "expires": "soon"}, 400, "expires"),
+        ({"name": "ok", "extra": 1}, 400, "extra"),
+        ({}, 400, "name"),
+    ],
+)
 def test_bad_key_requests_are_400(gateway, body, status, param):
     url, _ = gateway
     response = _admin("POST", f"{url}/v1/admin/keys", json=body)
@@ -67,8 +83,9 @@ def test_names_are_never_reused_and_only_the_admin_key_manages_keys(gateway):
     first = _admin("POST", f"{url}/v1/admin/keys", json={"name": "bob"}).json()["key"]
     assert _admin("POST", f"{url}/v1/admin/keys", json={"name": "bob"}).status_code == 409
     for method in ("GET", "POST"):
-        response = httpx.request(method, f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {first}"},
-                                 json={"name": "mallory"})
+        response = httpx.request(
+            method, f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {first}"}, json={"name": "mallory"}
+        )
         assert response.status_code == 403
     assert httpx.get(f"{url}/v1/admin/keys").status_code == 401
     assert httpx.get(f"{url}/v1/collections").status_code == 401
@@ -130,9 +147,13 @@ def test_the_stored_admin_key_opens_the_admin_endpoints(upstream, tmp_path, monk
         app.state.gateway.auth.forget()
         listed = httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {admin}"}, timeout=30)
         assert listed.status_code == 200 and {k["name"]: k["admin"] for k in listed.json()["data"]} == {
-            "team": False, "admin": True}
-        assert httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {user}"},
-                         timeout=30).status_code == 403
+            "team": False,
+            "admin": True,
+        }
+        assert (
+            httpx.get(f"{url}/v1/admin/keys", headers={"authorization": f"Bearer {user}"}, timeout=30).status_code
+            == 403
+        )
         assert _ask(url, admin).status_code == 200  # the admin key may also ask
         assert _ask(url, "anything").status_code == 401
 
@@ -140,10 +161,12 @@ def test_the_stored_admin_key_opens_the_admin_endpoints(upstream, tmp_path, monk
 def test_edit_rotate_and_the_notices_over_http(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
     with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator()) as (url, app):
+
         def call(method: str, path: str, key: str = "none", **kwargs) -> httpx.Response:
             app.state.gateway.auth.forget()
-            return httpx.request(method, f"{url}{path}", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                                 **kwargs)
+            return httpx.request(
+                method, f"{url}{path}", headers={"authorization": f"Bearer {key}"}, timeout=30, **kwargs
+            )
 
         admin = call("POST", "/v1/admin/keys", json={"name": "ops", "admin": True})
         assert admin.status_code == 201 and "first key" in admin.json()["notice"]

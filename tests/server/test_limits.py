@@ -1,6 +1,7 @@
 """Per-key limits on a real gateway with two named keys: model allow-lists (403), budgets and rate limits
 (429 with Retry-After), shared by two gateway processes' worth of apps on one data directory; and the
 policy's pass-through allow-list for everyone."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,12 @@ ADMIN = "sk-admin-test"
 
 
 def _ask(url: str, key: str, model: str = "openai/fake-cheap", text: str = "a b c") -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                      json={"model": model, "messages": [{"role": "user", "content": text}]})
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        headers={"authorization": f"Bearer {key}"},
+        timeout=30,
+        json={"model": model, "messages": [{"role": "user", "content": text}]},
+    )
 
 
 @pytest.fixture()
@@ -58,8 +63,12 @@ def test_budget_is_429_once_the_ledger_records_it_spent(gateway, keys):
     ledger_rows(app)  # flush: spend is what the ledger recorded
     refused = _ask(url, small)
     assert refused.status_code == 429
-    assert refused.json()["error"] == {"message": refused.json()["error"]["message"], "type": "rate_limit_error",
-                                       "param": None, "code": "budget_exceeded"}
+    assert refused.json()["error"] == {
+        "message": refused.json()["error"]["message"],
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "budget_exceeded",
+    }
     assert _ask(url, other).status_code == 200  # the other key's budget is its own
     assert keys.spend(["small"])["small"] == pytest.approx(0.000011)
 
@@ -131,13 +140,17 @@ def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_
             with running_gateway(tmp_path / str(len(template)), make_policy(upstream[0], template)) as (url, _):
                 for model in ("ollama/llama3", "llamafile/x", "local/smollm2-135m-instruct"):
                     for stream in (False, True):
-                        refused = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
-                            "model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+                        refused = httpx.post(
+                            f"{url}/v1/chat/completions",
+                            timeout=30,
+                            json={"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]},
+                        )
                         assert refused.status_code == 403, (model, refused.text)
                         assert refused.json()["error"]["code"] == "model_not_allowed"
                 assert _ask(url, "any", "openai/fake-cheap").status_code == 200  # the policy's own model
-                assert _ask(url, "any", "gpt-test").status_code == (403 if template is DEFAULT_PASSTHROUGH_POLICY
-                                                                   else 200)
+                assert _ask(url, "any", "gpt-test").status_code == (
+                    403 if template is DEFAULT_PASSTHROUGH_POLICY else 200
+                )
         assert ollama.connections == []
 
 
@@ -145,8 +158,11 @@ def test_a_provider_error_carries_no_traceback_or_path(upstream, tmp_path, monke
     """huggingface/x answered with litellm's traceback, file paths of the install included."""
     monkeypatch.setenv("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz123456")
     with running_gateway(tmp_path, make_policy(upstream[0])) as (url, _):
-        response = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "huggingface/x", "messages": [{"role": "user", "content": "hi"}]})
+        response = httpx.post(
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "huggingface/x", "messages": [{"role": "user", "content": "hi"}]},
+        )
     assert 400 <= response.status_code < 600 and response.status_code != 500, response.text
     text = response.text
     assert "Traceback" not in text and ".py" not in text and "site-packages" not in text, text
@@ -188,8 +204,9 @@ def priced(request, upstream, tmp_path, monkeypatch):
     kwargs = {}
     if request.param == "postgresql":
         kwargs["ledger_url"] = request.getfixturevalue("postgres_url")
-    with running_gateway(tmp_path, make_policy(upstream[0], PRICED_POLICY), auth=Authenticator(admin_key=ADMIN),
-                         **kwargs) as (url, app):
+    with running_gateway(
+        tmp_path, make_policy(upstream[0], PRICED_POLICY), auth=Authenticator(admin_key=ADMIN), **kwargs
+    ) as (url, app):
         yield url, app, lambda table="requests": _rows(app, table)
 
 
@@ -209,9 +226,12 @@ def _burst(url: str, key: str, n: int = 20, **body) -> list[int]:
     import concurrent.futures
 
     def one(_):
-        return httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=60,
-                          json={"model": SLOW, "max_tokens": 10, "messages": [{"role": "user", "content": "a b c"}],
-                                **body}).status_code
+        return httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            timeout=60,
+            json={"model": SLOW, "max_tokens": 10, "messages": [{"role": "user", "content": "a b c"}], **body},
+        ).status_code
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))
@@ -276,17 +296,21 @@ def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spe
     for attempt in range(60):
         try:
             if attempt % 2:  # plain, the client gives up after 0.3 s of a 1 s answer
-                response = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"},
-                                      timeout=0.3, json={"model": SLOW, "max_tokens": 10,
-                                                         "messages": [{"role": "user", "content": "a b c"}]})
+                response = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {key}"},
+                    timeout=0.3,
+                    json={"model": SLOW, "max_tokens": 10, "messages": [{"role": "user", "content": "a b c"}]},
+                )
                 if response.status_code == 429:
                     assert response.json()["error"]["code"] == "budget_exceeded"
                     outcomes.append("refused")
                     break
                 outcomes.append("answered")
             else:  # a stream read to its first event, then closed
-                stream = client.chat.completions.create(model=DRIBBLE, max_tokens=10, stream=True,
-                                                        messages=[{"role": "user", "content": "a b c"}])
+                stream = client.chat.completions.create(
+                    model=DRIBBLE, max_tokens=10, stream=True, messages=[{"role": "user", "content": "a b c"}]
+                )
                 next(iter(stream))
                 stream.close()
                 outcomes.append("left")
@@ -297,8 +321,14 @@ def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spe
             outcomes.append("refused")
             break
         # the gateway ledgers the leaver's request a moment after the client has gone
-        assert _wait_rows(rows, lambda r, seen=attempt: r["key_id"] == "leaver" and r["status"] == 499
-                          and len([x for x in rows() if x["key_id"] == "leaver"]) > seen)
+        assert _wait_rows(
+            rows,
+            lambda r, seen=attempt: (
+                r["key_id"] == "leaver"
+                and r["status"] == 499
+                and len([x for x in rows() if x["key_id"] == "leaver"]) > seen
+            ),
+        )
     assert outcomes == ["left", "left", "refused"]  # a stream and a plain request charged $0.03 each: spent
     left = [r for r in rows() if r["key_id"] == "leaver" and r["status"] == 499]
     assert len(left) == len(outcomes) - 1
@@ -313,9 +343,16 @@ def test_a_request_that_fails_before_any_upstream_call_releases_its_reservation(
     url, app, rows = priced
     _, key = app.state.gateway.keys.create("release", budget_usd=0.05)
     for _ in range(3):  # each reserves an estimate far above the budget; none may keep it
-        missing = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
-                             json={"model": "selfroute", "messages": [{"role": "user", "content": "a b c"}],
-                                   "selfroute": {"collection": "nope"}})
+        missing = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {key}"},
+            timeout=30,
+            json={
+                "model": "selfroute",
+                "messages": [{"role": "user", "content": "a b c"}],
+                "selfroute": {"collection": "nope"},
+            },
+        )
         assert missing.status_code == 404, missing.text
     assert rows("requests_in_flight") == []
     assert [r["cost_usd"] for r in rows() if r["key_id"] == "release"] == [0, 0, 0]
@@ -330,9 +367,11 @@ def test_rate_limit_headers_as_openai_sends_them(gateway, keys):
         started = time.time()
         answers = [_ask(url, limited) for _ in range(2)]
         ledger_rows(app)
-        streamed = httpx.post(f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {limited}"},
-                              json={"model": "openai/fake-cheap", "stream": True,
-                                    "messages": [{"role": "user", "content": "a b c"}]})
+        streamed = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {limited}"},
+            json={"model": "openai/fake-cheap", "stream": True, "messages": [{"role": "user", "content": "a b c"}]},
+        )
         if started // 60 == time.time() // 60:
             break
         _, limited = keys.create(f"headers-{attempt}", rpm=5, tpm=100_000)
@@ -347,7 +386,8 @@ def test_rate_limit_headers_as_openai_sends_them(gateway, keys):
     assert "x-ratelimit-limit-requests" not in _ask(url, unlimited).headers  # a key without limits: none
     with openai.OpenAI(base_url=f"{url}/v1", api_key=limited, max_retries=0) as client:
         raw = client.chat.completions.with_raw_response.create(
-            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}])
+            model="openai/fake-cheap", messages=[{"role": "user", "content": "x"}]
+        )
         assert raw.headers["x-ratelimit-remaining-requests"] == "1"
 
 
@@ -361,11 +401,21 @@ def test_a_refused_request_tells_its_windows_too(gateway, keys):
         if started // 60 == time.time() // 60:
             break
     assert refused.status_code == 429
-    assert (refused.headers["x-ratelimit-limit-requests"], refused.headers["x-ratelimit-remaining-requests"]) == ("1", "0")
+    assert (refused.headers["x-ratelimit-limit-requests"], refused.headers["x-ratelimit-remaining-requests"]) == (
+        "1",
+        "0",
+    )
     assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
 
 
 def test_reset_text():
     from gateway.server.limits import reset_text
 
-    assert [reset_text(s) for s in (0.25, 0.0, 17.2, 60, 61.5, 359.9)] == ["250ms", "0ms", "18s", "1m0s", "1m2s", "6m0s"]
+    assert [reset_text(s) for s in (0.25, 0.0, 17.2, 60, 61.5, 359.9)] == [
+        "250ms",
+        "0ms",
+        "18s",
+        "1m0s",
+        "1m2s",
+        "6m0s",
+    ]

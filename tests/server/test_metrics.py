@@ -12,7 +12,9 @@ def sample(text: str, name: str, **labels) -> float:
     for line in text.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):
             continue
-        found = dict(re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0] if "{" not in line else line[:line.rindex("}")]))
+        found = dict(
+            re.findall(r'(\w+)="([^"]*)"', line.split(" ")[0] if "{" not in line else line[: line.rindex("}")])
+        )
         if found == labels:
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no sample {name}{labels} in\n{text}")
@@ -97,8 +99,8 @@ def test_model_label_cap_is_configurable():
 
 
 def test_fallback_route_is_defined_once():
-    from gateway.server import metrics
     from gateway.ledger import reports
+    from gateway.server import metrics
 
     assert metrics.FALLBACK_ROUTE is reports.FALLBACK_ROUTE
     assert "FALLBACK_ROUTE =" not in Path(metrics.__file__).read_text()
@@ -109,8 +111,17 @@ def test_model_label_values_are_capped_in_length():
     from gateway.server.metrics import MAX_LABEL_CHARS, GatewayMetrics
 
     metrics = GatewayMetrics()
-    record = RequestRecord(id="r", created_at=0, key_id=None, policy=None, alias=None, route="passthrough",
-                           reason=None, status=200, calls=[UpstreamCall(model="m" * 10_000, route="passthrough")])
+    record = RequestRecord(
+        id="r",
+        created_at=0,
+        key_id=None,
+        policy=None,
+        alias=None,
+        route="passthrough",
+        reason=None,
+        status=200,
+        calls=[UpstreamCall(model="m" * 10_000, route="passthrough")],
+    )
     metrics.observe(record)
     text = metrics.render().decode()
     assert "m" * MAX_LABEL_CHARS in text and "m" * (MAX_LABEL_CHARS + 1) not in text
@@ -148,8 +159,12 @@ def test_a_stream_is_timed_to_its_first_event_and_requests_in_flight_are_counted
     monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream-test")
     with running_gateway(tmp_path, make_policy(base)) as (url, _):
         seen_in_flight: list[float] = []
-        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60, json={
-                "model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]}) as response:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+        ) as response:
             lines = response.iter_lines()
             next(lines)  # the stream is open: this request is in flight while /metrics is read
             seen_in_flight.append(sample(httpx.get(f"{url}/metrics").text, "selfroute_requests_in_flight"))

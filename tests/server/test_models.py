@@ -1,4 +1,5 @@
 """GET /v1/models and /v1/models/{id} through the official openai client."""
+
 from __future__ import annotations
 
 import openai
@@ -17,8 +18,10 @@ def client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
-@pytest.mark.parametrize(("model_id", "owner"), [
-    ("selfroute", "selfroute"), ("openai/fake-long", "openai"), ("local/all-minilm-l6-v2", "local")])
+@pytest.mark.parametrize(
+    ("model_id", "owner"),
+    [("selfroute", "selfroute"), ("openai/fake-long", "openai"), ("local/all-minilm-l6-v2", "local")],
+)
 def test_retrieve_each_listed_model(gateway, model_id, owner):
     url, _ = gateway
     assert model_id in [m.id for m in client(url).models.list()]

@@ -1,4 +1,5 @@
 """GET /openapi.json describes every route of the real app, with bodies from the pydantic models."""
+
 from __future__ import annotations
 
 import re
@@ -12,14 +13,14 @@ from gateway.server.auth import Authenticator
 from gateway.server.embeddings import EmbeddingsRequest
 from tests.gateway_fixtures import make_policy, running_gateway
 
-
 ADMIN = "sk-admin-openapi"
 
 
 @pytest.fixture(scope="module")
 def gateway(upstream, tmp_path_factory):
-    with running_gateway(tmp_path_factory.mktemp("openapi"), make_policy(upstream[0]),
-                         auth=Authenticator(admin_key=ADMIN)) as (url, app):
+    with running_gateway(
+        tmp_path_factory.mktemp("openapi"), make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)
+    ) as (url, app):
         yield url, app
 
 
@@ -34,8 +35,9 @@ def test_every_route_is_described(gateway):
     operations = [op for ops in schema["paths"].values() for op in ops.values()]
     assert len({op["operationId"] for op in operations}) == len(operations)  # unique, aliases included
     # each handler its own summary (two paths to one handler share it), and a described success answer
-    by_handler = {op["operationId"].split("_get")[0].split("_post")[0].split("_delete")[0]: op["summary"]
-                  for op in operations}
+    by_handler = {
+        op["operationId"].split("_get")[0].split("_post")[0].split("_delete")[0]: op["summary"] for op in operations
+    }
     assert len(set(by_handler.values())) == len(by_handler)
     for op in operations:
         success = op["responses"].get("200") or op["responses"]["201"]
@@ -44,8 +46,14 @@ def test_every_route_is_described(gateway):
     served = {(e.path, e.http_method) for e in SchemaGenerator({}).get_endpoints(app.routes)}
     described = {(path, method) for path, ops in schema["paths"].items() for method in ops}
     assert served == described and len(served) >= 20
-    for needed in [("/v1/models/{model_id}", "get"), ("/v1/embeddings", "post"), ("/chat/completions", "post"),
-                   ("/health/readiness", "get"), ("/v1/collections/{name}", "delete"), ("/openapi.json", "get")]:
+    for needed in [
+        ("/v1/models/{model_id}", "get"),
+        ("/v1/embeddings", "post"),
+        ("/chat/completions", "post"),
+        ("/health/readiness", "get"),
+        ("/v1/collections/{name}", "delete"),
+        ("/openapi.json", "get"),
+    ]:
         assert needed in described
     for path, ops in schema["paths"].items():
         for op in ops.values():
@@ -93,27 +101,44 @@ def test_real_answers_match_their_declared_schemas(gateway):
     url, app = gateway
     admin = {"Authorization": f"Bearer {ADMIN}"}
     schema = httpx.get(f"{url}/openapi.json").json()
-    chat = {"model": "selfroute", "messages": [{"role": "user", "content": "Which pump is first?"}],
-            "selfroute": {"documents": [{"id": "m", "text": "Start pump P1 before P2. " * 20}]}}
-    httpx.post(f"{url}/v1/collections/manual/documents", headers=admin,
-               json={"documents": [{"id": "a", "text": "Section 1. Open valve V2 first."}]}, timeout=120)
-    request_id = httpx.post(f"{url}/v1/chat/completions", headers=admin, json=chat,
-                            timeout=120).headers["x-selfroute-request-id"]
+    chat = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "Which pump is first?"}],
+        "selfroute": {"documents": [{"id": "m", "text": "Start pump P1 before P2. " * 20}]},
+    }
+    httpx.post(
+        f"{url}/v1/collections/manual/documents",
+        headers=admin,
+        json={"documents": [{"id": "a", "text": "Section 1. Open valve V2 first."}]},
+        timeout=120,
+    )
+    request_id = httpx.post(f"{url}/v1/chat/completions", headers=admin, json=chat, timeout=120).headers[
+        "x-selfroute-request-id"
+    ]
     app.state.gateway.ledger.flush()
     calls = [
-        ("get", "/healthz", None), ("get", "/health/readiness", None), ("get", "/v1/models", None),
-        ("get", "/v1/models/{model_id}", {"model_id": "selfroute"}), ("post", "/v1/chat/completions", chat),
-        ("post", "/v1/route/explain", chat), ("get", "/v1/collections", None),
+        ("get", "/healthz", None),
+        ("get", "/health/readiness", None),
+        ("get", "/v1/models", None),
+        ("get", "/v1/models/{model_id}", {"model_id": "selfroute"}),
+        ("post", "/v1/chat/completions", chat),
+        ("post", "/v1/route/explain", chat),
+        ("get", "/v1/collections", None),
         ("get", "/v1/collections/{name}", {"name": "manual"}),
         ("post", "/v1/collections/{name}/documents", {"name": "manual", "documents": [{"id": "b", "text": "More."}]}),
         ("delete", "/v1/collections/{name}/documents/{doc_id}", {"name": "manual", "doc_id": "b"}),
-        ("post", "/v1/feedback", {"request_id": request_id, "good": True}), ("get", "/v1/admin/requests", None), ("get", "/v1/admin/requests/{request_id}", {"request_id": request_id}),
-        ("get", "/v1/admin/costs", None), ("get", "/v1/admin/summary", None),
-        ("post", "/v1/admin/keys", {"name": "openapi-team"}), ("get", "/v1/admin/keys", None),
+        ("post", "/v1/feedback", {"request_id": request_id, "good": True}),
+        ("get", "/v1/admin/requests", None),
+        ("get", "/v1/admin/requests/{request_id}", {"request_id": request_id}),
+        ("get", "/v1/admin/costs", None),
+        ("get", "/v1/admin/summary", None),
+        ("post", "/v1/admin/keys", {"name": "openapi-team"}),
+        ("get", "/v1/admin/keys", None),
         ("patch", "/v1/admin/keys/{name}", {"name": "openapi-team", "rpm": 600}),
         ("post", "/v1/admin/keys/{name}/rotate", {"name": "openapi-team"}),
         ("delete", "/v1/admin/keys/{name}", {"name": "openapi-team"}),
-        ("delete", "/v1/collections/{name}", {"name": "manual"}), ("get", "/openapi.json", None),
+        ("delete", "/v1/collections/{name}", {"name": "manual"}),
+        ("get", "/openapi.json", None),
     ]
     for method, path, payload in calls:
         params = {k: v for k, v in (payload or {}).items() if "{" + k + "}" in path}
@@ -125,8 +150,9 @@ def test_real_answers_match_their_declared_schemas(gateway):
         errors = [e.message for e in _validator(schema, ref).iter_errors(response.json())]
         assert errors == [], (path, errors[:3])
     error = httpx.get(f"{url}/v1/models/nope", headers=admin)
-    assert error.status_code == 404 and not list(_validator(schema, "#/components/schemas/ErrorEnvelope")
-                                                 .iter_errors(error.json()))
+    assert error.status_code == 404 and not list(
+        _validator(schema, "#/components/schemas/ErrorEnvelope").iter_errors(error.json())
+    )
 
 
 def test_docs_serve_swagger_ui_from_the_package(gateway):

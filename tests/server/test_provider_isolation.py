@@ -5,6 +5,7 @@ way litellm or an SDK would understand, on the direct path (OpenAI-compatible) a
 (anthropic/..., with a fake key in ANTHROPIC_API_KEY), plain and streaming, pass-through and routed. It must
 see no connection at all; a second capture server plays Anthropic and must be where the key went.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,13 +17,16 @@ from tests.capture import capture_server
 from tests.gateway_fixtures import make_policy, running_gateway
 
 ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
-POLICY = """
+POLICY = (
+    """
 name: isolation
 cheap: {{model: openai/fake-cheap, api_base: "{base}/v1"}}
 long: {{model: %s, api_key_env: ANTHROPIC_API_KEY, timeout: 10}}
 routing: {{classifier: null, default_route: long}}
 passthrough: {{allow: ["*"]}}
-""" % ANTHROPIC_MODEL
+"""
+    % ANTHROPIC_MODEL
+)
 
 # (model, selfroute options): direct pass-through, litellm pass-through, routed to each path
 TARGETS = [
@@ -49,8 +53,12 @@ def anthropic():
 @pytest.fixture(scope="module")
 def gateway(upstream, attacker, anthropic, tmp_path_factory):
     base, _ = upstream
-    env = {"OPENAI_API_BASE": f"{base}/v1", "OPENAI_API_KEY": "sk-openai-secret",
-           "ANTHROPIC_API_KEY": "sk-ant-secret", "ANTHROPIC_API_BASE": anthropic.url}
+    env = {
+        "OPENAI_API_BASE": f"{base}/v1",
+        "OPENAI_API_KEY": "sk-openai-secret",
+        "ANTHROPIC_API_KEY": "sk-ant-secret",
+        "ANTHROPIC_API_BASE": anthropic.url,
+    }
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
@@ -62,8 +70,12 @@ def _post(url: str, model: str, options, stream: bool, extra: dict, headers: dic
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "stream": stream, **extra}
     if options:
         body["selfroute"] = options
-    response = httpx.post(f"{url}/v1/chat/completions", content=json.dumps(body), timeout=60,
-                          headers={"content-type": "application/json", **(headers or {})})
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=json.dumps(body),
+        timeout=60,
+        headers={"content-type": "application/json", **(headers or {})},
+    )
     response.read()
     return response
 
@@ -80,11 +92,22 @@ def _uses_litellm(target) -> bool:
 
 def connection_params(url: str) -> dict:
     return {
-        "api_base": url, "base_url": url, "api_key": "sk-attacker", "api_version": "2024-01-01",
-        "custom_llm_provider": "openai", "mock_response": "pwned", "extra_headers": {"x-forward": url},
-        "headers": {"host": url}, "timeout": 0.001, "num_retries": 5, "litellm_params": {"api_base": url},
-        "aws_bedrock_runtime_endpoint": url, "vertex_location": url, "azure_endpoint": url,
-        "anthropic_base_url": url, "model_list": [{"model_name": "x", "litellm_params": {"api_base": url}}],
+        "api_base": url,
+        "base_url": url,
+        "api_key": "sk-attacker",
+        "api_version": "2024-01-01",
+        "custom_llm_provider": "openai",
+        "mock_response": "pwned",
+        "extra_headers": {"x-forward": url},
+        "headers": {"host": url},
+        "timeout": 0.001,
+        "num_retries": 5,
+        "litellm_params": {"api_base": url},
+        "aws_bedrock_runtime_endpoint": url,
+        "vertex_location": url,
+        "azure_endpoint": url,
+        "anthropic_base_url": url,
+        "model_list": [{"model_name": "x", "litellm_params": {"api_base": url}}],
     }
 
 
@@ -95,18 +118,31 @@ def test_connection_parameters_are_rejected_by_name(gateway, attacker, target, s
         response = _post(gateway, *target, stream, {name: value})
         assert response.status_code == 400, (name, response.text)
         error = response.json()["error"]
-        assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", name,
-                                                                 "unsupported_parameter")
+        assert (error["type"], error["param"], error["code"]) == (
+            "invalid_request_error",
+            name,
+            "unsupported_parameter",
+        )
     assert attacker.connections == []
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("target", TARGETS, ids=_target_id)
 def test_unknown_fields_and_headers_never_redirect(gateway, attacker, anthropic, upstream, target, stream):
-    smuggled = {"endpoint": attacker.url, "proxy_url": attacker.url, "callback_url": attacker.url,
-                "deployment": {"api_base": attacker.url}, "user": attacker.url}
-    headers = {"x-api-base": attacker.url, "api-base": attacker.url, "x-base-url": attacker.url,
-               "anthropic-base-url": attacker.url, "x-litellm-api-base": attacker.url}
+    smuggled = {
+        "endpoint": attacker.url,
+        "proxy_url": attacker.url,
+        "callback_url": attacker.url,
+        "deployment": {"api_base": attacker.url},
+        "user": attacker.url,
+    }
+    headers = {
+        "x-api-base": attacker.url,
+        "api-base": attacker.url,
+        "x-base-url": attacker.url,
+        "anthropic-base-url": attacker.url,
+        "x-litellm-api-base": attacker.url,
+    }
     response = _post(gateway, *target, stream, smuggled, headers)
     if _uses_litellm(target):
         # the fake Anthropic answers 500: the call went where the gateway's configuration says
@@ -128,8 +164,10 @@ def test_model_names_cannot_carry_a_url(gateway, attacker, model):
 
 
 def test_litellm_path_does_not_fetch_remote_content(gateway, attacker, anthropic):
-    content = [{"type": "text", "text": "what is this?"},
-               {"type": "image_url", "image_url": {"url": f"{attacker.url}/cat.png"}}]
+    content = [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": f"{attacker.url}/cat.png"}},
+    ]
     for model, options in [(ANTHROPIC_MODEL, None), ("selfroute", {"route": "long"})]:
         body = {"model": model, "messages": [{"role": "user", "content": content}]}
         if options:

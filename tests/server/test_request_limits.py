@@ -1,6 +1,7 @@
 """Bounded work per request (issue 21): the policy's request_limits on attached documents (count, bytes) and on
 embedding inputs, refused before anything is scanned or embedded; non-finite numbers refused instead of forwarded
 as Infinity; a non-string metadata.source on POST /v1/collections/x/documents a 400 instead of pyarrow's 500."""
+
 from __future__ import annotations
 
 import httpx
@@ -12,13 +13,16 @@ from pipelines.embedding import Embedder
 from tests.gateway_fixtures import POLICY_TEMPLATE, ledger_rows, make_policy
 from tests.servers import serve_app
 
-LIMITS = POLICY_TEMPLATE + """
+LIMITS = (
+    POLICY_TEMPLATE
+    + """
 request_limits:
   attached_documents: 3
   attached_bytes: 2000
   embedding_inputs: 4
   embedding_input_bytes: 1000
 """
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,11 @@ def _post(url: str, path: str, body: dict) -> httpx.Response:
 
 
 def _chat(documents: list[dict]) -> dict:
-    return {"model": "selfroute", "messages": [{"role": "user", "content": "What?"}],
-            "selfroute": {"documents": documents}}
+    return {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "What?"}],
+        "selfroute": {"documents": documents},
+    }
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/route/explain"])
@@ -72,13 +79,22 @@ def test_collection_posts_are_bounded_and_a_non_string_source_is_a_400(gateway):
     many = _post(url, "/v1/collections/c/documents", {"documents": _docs(4)})
     assert many.status_code == 400 and many.json()["error"]["code"] == "too_many_documents"
     for source in (5, {"a": 1}, ["x"], True):
-        bad = _post(url, "/v1/collections/c/documents",
-                    {"documents": [{"id": "a", "text": "Some text.", "metadata": {"source": source}}]})
+        bad = _post(
+            url,
+            "/v1/collections/c/documents",
+            {"documents": [{"id": "a", "text": "Some text.", "metadata": {"source": source}}]},
+        )
         assert bad.status_code == 400, bad.text
         assert bad.json()["error"]["param"] == "documents.0.metadata.source"
-    fine = _post(url, "/v1/collections/c/documents",
-                 {"documents": [{"id": "a", "text": "Some text.", "metadata": {"source": "a.txt", "n": 5,
-                                                                               "tags": ["x", {"y": 1}]}}]})
+    fine = _post(
+        url,
+        "/v1/collections/c/documents",
+        {
+            "documents": [
+                {"id": "a", "text": "Some text.", "metadata": {"source": "a.txt", "n": 5, "tags": ["x", {"y": 1}]}}
+            ]
+        },
+    )
     assert fine.status_code == 201, fine.text
     assert {r["status"] for r in ledger_rows(app)} == {400, 201}
 
@@ -98,9 +114,11 @@ def test_embedding_inputs_are_bounded(gateway):
 def test_non_finite_numbers_are_refused_not_forwarded(gateway, upstream, number, model):
     url, _ = gateway
     calls = len(upstream[1].state.received)
-    raw = ('{"model": "%s", "temperature": %s, "messages": [{"role": "user", "content": "hi"}]}'
-           % (model, number)).encode()
-    response = httpx.post(f"{url}/v1/chat/completions", content=raw, timeout=30,
-                          headers={"content-type": "application/json"})
+    raw = (
+        '{"model": "%s", "temperature": %s, "messages": [{"role": "user", "content": "hi"}]}' % (model, number)
+    ).encode()
+    response = httpx.post(
+        f"{url}/v1/chat/completions", content=raw, timeout=30, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_value", response.text
     assert len(upstream[1].state.received) == calls  # nothing forwarded

@@ -1,5 +1,6 @@
 """OpenTelemetry spans (the SDK's in-memory exporter): one per request, children for the plan, the preparation,
 each upstream leg and the answer check, with the route and its reason; none of it when tracing is off."""
+
 from __future__ import annotations
 
 import openai
@@ -32,8 +33,9 @@ def traced(upstream, embedder, tmp_path):
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracing.configure(provider)
     try:
-        app = create_app(Settings(data_dir=tmp_path), policy=policy_for(upstream[0], cheap="cheap-refuser"),
-                         embedder=embedder)
+        app = create_app(
+            Settings(data_dir=tmp_path), policy=policy_for(upstream[0], cheap="cheap-refuser"), embedder=embedder
+        )
         with serve_app(app) as url:
             yield url, app, exporter
     finally:
@@ -47,8 +49,11 @@ def _client(url: str) -> openai.OpenAI:
 def test_an_escalated_request_is_one_trace_with_its_plan_legs_and_check(traced):
     url, app, exporter = traced
     _client(url).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": QUESTION}],
-        extra_body={"selfroute": {"documents": [{"text": manual()}]}}, extra_headers={"X-Request-Id": "trace-me"})
+        model="selfroute",
+        messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+        extra_headers={"X-Request-Id": "trace-me"},
+    )
     [row] = ledger_rows(app)
     spans = exporter.get_finished_spans()
     [root] = [s for s in spans if s.name == "POST /v1/chat/completions"]
@@ -63,7 +68,9 @@ def test_an_escalated_request_is_one_trace_with_its_plan_legs_and_check(traced):
     assert names.count("selfroute.prepare") == 2  # the cheap route's passages, then the long route's units
     legs = [s for s in children if s.name == "selfroute.upstream"]
     assert [(s.attributes["selfroute.model"], s.attributes["selfroute.route"]) for s in legs] == [
-        ("openai/cheap-refuser", "rag"), ("openai/fake-long", "long")]
+        ("openai/cheap-refuser", "rag"),
+        ("openai/fake-long", "long"),
+    ]
     assert all(s.parent.span_id == root.context.span_id for s in children)
     assert next(s for s in children if s.name == "selfroute.verify").attributes["selfroute.escalate"] is True
     text = str([dict(s.attributes) for s in spans])
@@ -72,8 +79,11 @@ def test_an_escalated_request_is_one_trace_with_its_plan_legs_and_check(traced):
 
 def test_a_streamed_leg_ends_with_its_stream(traced):
     url, _, exporter = traced
-    chunks = list(_client(url).chat.completions.create(
-        model="selfroute", messages=[{"role": "user", "content": "Say hello."}], stream=True))
+    chunks = list(
+        _client(url).chat.completions.create(
+            model="selfroute", messages=[{"role": "user", "content": "Say hello."}], stream=True
+        )
+    )
     assert chunks
     legs = [s for s in exporter.get_finished_spans() if s.name == "selfroute.upstream"]
     assert len(legs) == 1 and legs[0].attributes["selfroute.stream"] is True

@@ -1,5 +1,6 @@
 """What a client is told a request used and cost: every leg of an escalation, plain and streamed, and the cost
 header; the upstream's usage on a pass-through."""
+
 from __future__ import annotations
 
 import httpx
@@ -41,8 +42,10 @@ def client(url: str) -> openai.OpenAI:
 def test_an_escalated_answer_counts_both_legs_with_their_detail_and_cost(escalating):
     url, app = escalating
     raw = client(url).chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": QUESTION}],
-        extra_body={"selfroute": {"documents": [{"text": manual()}]}})
+        model="selfroute",
+        messages=[{"role": "user", "content": QUESTION}],
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    )
     completion = raw.parse()
     assert raw.headers["x-selfroute-route"] == "rag>long"
     [row] = ledger_rows(app)
@@ -54,7 +57,9 @@ def test_an_escalated_answer_counts_both_legs_with_their_detail_and_cost(escalat
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     info = completion.model_extra["selfroute"]
     assert [(leg["model"], leg["route"], leg["prompt_tokens"]) for leg in info["legs"]] == [
-        ("openai/cheap-refuser", "rag", cheap["prompt_tokens"]), ("openai/fake-long", "long", long["prompt_tokens"])]
+        ("openai/cheap-refuser", "rag", cheap["prompt_tokens"]),
+        ("openai/fake-long", "long", long["prompt_tokens"]),
+    ]
     assert info["cost_usd"] == pytest.approx(row["cost_usd"]) and row["cost_usd"] > 0
     assert raw.headers["x-selfroute-cost-usd"] == cost_text(row["cost_usd"])
     assert float(raw.headers["x-selfroute-cost-usd"]) == pytest.approx(cheap["cost_usd"] + long["cost_usd"])
@@ -63,8 +68,11 @@ def test_an_escalated_answer_counts_both_legs_with_their_detail_and_cost(escalat
 def test_an_escalated_stream_counts_both_legs_in_its_final_chunk(escalating):
     url, app = escalating
     with client(url).chat.completions.with_streaming_response.create(
-        model="selfroute", messages=[{"role": "user", "content": QUESTION}], stream=True,
-        stream_options={"include_usage": True}, extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+        model="selfroute",
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
     ) as response:
         assert response.headers["x-selfroute-route"] == "rag>long"
         assert "x-selfroute-cost-usd" not in response.headers  # headers go before the cost is known
@@ -83,7 +91,8 @@ def test_an_escalated_stream_counts_both_legs_in_its_final_chunk(escalating):
 def test_a_single_leg_answer_keeps_the_upstreams_usage_and_gets_the_header(escalating):
     url, app = escalating
     raw = client(url).chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "Say hello."}])  # no document: not checked
+        model="selfroute", messages=[{"role": "user", "content": "Say hello."}]
+    )  # no document: not checked
     [row] = ledger_rows(app)
     assert raw.headers["x-selfroute-cost-usd"] == cost_text(row["cost_usd"])
     assert raw.parse().usage.prompt_tokens == row["prompt_tokens"]
@@ -99,12 +108,15 @@ def test_pass_through_carries_the_cost_only_when_priced(escalating):
     assert priced.headers["x-selfroute-cost-usd"] == cost_text(rows[0]["cost_usd"]) != "0"
     assert "x-selfroute-cost-usd" not in unpriced.headers
     assert "selfroute" not in priced.json()  # the upstream's body as it came
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={
-            **body, "model": "openai/fake-long", "stream": True, "stream_options": {"include_usage": True}}) as r:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, "model": "openai/fake-long", "stream": True, "stream_options": {"include_usage": True}},
+    ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data: {")]
     import json
 
-    last = json.loads(events[-1][len("data: "):])
+    last = json.loads(events[-1][len("data: ") :])
     assert last["usage"]["prompt_tokens"] > 0 and last["selfroute"]["cost_usd"] > 0
 
 

@@ -1,5 +1,6 @@
 """The direct OpenAI-compatible path: malformed answers are 502s with their leg ledgered, retries back off
 with jitter and honour Retry-After — through the official openai client, a real gateway and the fake upstream."""
+
 from __future__ import annotations
 
 import email.utils
@@ -56,12 +57,15 @@ def test_an_answer_of_the_wrong_shape_is_a_502_with_its_leg_ledgered(gateway, mo
 
 def test_retry_after_is_honoured(upstream, tmp_path):
     base, fake = upstream
-    policy = make_policy(base, """
+    policy = make_policy(
+        base,
+        """
 name: t
 cheap: {{model: openai/wait-1, api_base: "{base}/v1", max_retries: 2}}
 long: {{model: openai/fake-long, api_base: "{base}/v1"}}
 routing: {{classifier: null}}
-""")
+""",
+    )
     with running_gateway(tmp_path, policy) as (url, app):
         before = len(fake.state.received)
         answer = client(url).chat.completions.create(model="openai/wait-1", messages=[{"role": "user", "content": "x"}])
@@ -74,12 +78,15 @@ routing: {{classifier: null}}
 
 def test_a_retry_after_beyond_the_cap_is_not_waited_for(upstream, tmp_path):
     base, fake = upstream
-    policy = make_policy(base, f"""
+    policy = make_policy(
+        base,
+        f"""
 name: t
 cheap: {{{{model: openai/wait-{int(MAX_RETRY_AFTER_S) + 60}, api_base: "{{base}}/v1", max_retries: 3}}}}
 long: {{{{model: openai/fake-long, api_base: "{{base}}/v1"}}}}
 routing: {{{{classifier: null}}}}
-""")
+""",
+    )
     fake.state.wait_calls = 0
     with running_gateway(tmp_path, policy) as (url, _):
         before = len(fake.state.received)
@@ -115,8 +122,16 @@ def test_backoff_is_jittered_and_grows_unless_the_upstream_names_a_wait():
     assert max(fourth) > max(first) and max(fourth) <= 4.0
 
 
-ODD_BODIES = [b'[{"message": "no"}]', b'"bad request"', b"5", b"null", b'{"error": 7}', b'{"error": ["x"]}',
-              b"<html>oops</html>", b""]
+ODD_BODIES = [
+    b'[{"message": "no"}]',
+    b'"bad request"',
+    b"5",
+    b"null",
+    b'{"error": 7}',
+    b'{"error": ["x"]}',
+    b"<html>oops</html>",
+    b"",
+]
 
 
 @pytest.mark.parametrize("status", [400, 500])
@@ -138,8 +153,11 @@ def test_error_bodies_of_any_shape_are_typed_errors_not_500s(tmp_path, monkeypat
         monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
         with running_gateway(tmp_path, make_policy(base)) as (url, app):
             for model in ("openai/odd", "selfroute"):
-                response = httpx.post(f"{url}/v1/chat/completions", timeout=30, json={
-                    "model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+                response = httpx.post(
+                    f"{url}/v1/chat/completions",
+                    timeout=30,
+                    json={"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]},
+                )
                 assert response.status_code == (400 if status == 400 else 502), response.text
                 assert response.json()["error"]["code"] in ("upstream_rejected_request", "upstream_error")
             assert {r["status"] for r in ledger_rows(app)} == {400 if status == 400 else 502}

@@ -1,5 +1,6 @@
 """Providers that go through litellm (here litellm's custom_openai provider against the fake upstream):
 answers, streams, usage and error mapping through a real gateway."""
+
 from __future__ import annotations
 
 import openai
@@ -28,12 +29,18 @@ def test_litellm_provider_answers_streams_and_is_priced(gateway, upstream):
     url, app = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     answer = client.chat.completions.create(
-        model="custom_openai/fake-cheap", messages=[{"role": "user", "content": "hello there"}])
+        model="custom_openai/fake-cheap", messages=[{"role": "user", "content": "hello there"}]
+    )
     assert answer.choices[0].message.content == "echo: hello there"
     assert upstream[1].state.received[-1]["headers"]["authorization"] == "Bearer sk-from-env"
-    chunks = list(client.chat.completions.create(
-        model="custom_openai/fake-cheap", messages=[{"role": "user", "content": "one two"}], stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="custom_openai/fake-cheap",
+            messages=[{"role": "user", "content": "one two"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).strip() == "echo: one two"
     plain, streamed = ledger_rows(app)
     assert (plain["prompt_tokens"], plain["completion_tokens"]) == (2, 3)
@@ -45,8 +52,7 @@ def test_litellm_provider_errors_keep_their_status(gateway):
     url, app = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.RateLimitError) as caught:
-        client.chat.completions.create(
-            model="custom_openai/status-429", messages=[{"role": "user", "content": "x"}])
+        client.chat.completions.create(model="custom_openai/status-429", messages=[{"role": "user", "content": "x"}])
     assert caught.value.response.json()["error"]["code"] == "upstream_rate_limited"
     assert ledger_rows(app)[0]["status"] == 429
 
@@ -68,8 +74,11 @@ def test_litellm_stream_answered_without_events_is_a_502(gateway, model):
     url, app = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.APIStatusError) as caught:
-        list(client.chat.completions.create(model=f"custom_openai/{model}", stream=True,
-                                            messages=[{"role": "user", "content": "x"}]))
+        list(
+            client.chat.completions.create(
+                model=f"custom_openai/{model}", stream=True, messages=[{"role": "user", "content": "x"}]
+            )
+        )
     assert caught.value.status_code == 502
     [row] = ledger_rows(app)
     assert row["status"] == 502 and ledger_rows(app, "upstream_calls")[0]["error"]

@@ -1,4 +1,5 @@
 """End to end through the real embedded default: the shipped policy and SmolLM2-135M in-process."""
+
 from __future__ import annotations
 
 import openai
@@ -21,8 +22,10 @@ def test_default_policy_answers_from_the_local_model_and_ledgers_it(gateway):
     url, app = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=24, temperature=0,
+        model="selfroute",
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
+        temperature=0,
     )
     completion = raw.parse()
     assert completion.choices[0].message.content.strip()
@@ -37,10 +40,16 @@ def test_default_policy_answers_from_the_local_model_and_ledgers_it(gateway):
 def test_local_model_streams_with_usage(gateway):
     url, app = gateway
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=16, temperature=0, stream=True, stream_options={"include_usage": True},
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model="local/smollm2-135m-instruct",
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=16,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     assert chunks[-1].usage.completion_tokens > 0
@@ -51,7 +60,8 @@ def test_local_model_context_overflow_is_a_400(gateway):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "word " * 12000}], max_tokens=8)
+            model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "word " * 12000}], max_tokens=8
+        )
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
 
 
@@ -62,10 +72,16 @@ def test_concurrent_requests_queue_on_the_local_model(gateway):
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
 
     def ask(n: int) -> str:
-        return client.chat.completions.create(
-            model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": f"Count to {n}."}],
-            max_tokens=8, temperature=0,
-        ).choices[0].message.content
+        return (
+            client.chat.completions.create(
+                model="local/smollm2-135m-instruct",
+                messages=[{"role": "user", "content": f"Count to {n}."}],
+                max_tokens=8,
+                temperature=0,
+            )
+            .choices[0]
+            .message.content
+        )
 
     with ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(ask, range(4)))
@@ -85,12 +101,15 @@ routing: {classifier: null}
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         with pytest.raises(openai.APIStatusError) as caught:
             client.chat.completions.create(
-                model="local/smollm2-135m-instruct", messages=[{"role": "user", "content": "Tell a long story."}],
-                max_tokens=400)
+                model="local/smollm2-135m-instruct",
+                messages=[{"role": "user", "content": "Tell a long story."}],
+                max_tokens=400,
+            )
         assert caught.value.status_code == 504
         # the stopped generation released the model: the next request is answered
         answer = client.chat.completions.create(
-            model="local/smollm2-135m-instruct-long", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8)
+            model="local/smollm2-135m-instruct-long", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+        )
         assert answer.choices[0].message.content.strip()
 
 
@@ -102,15 +121,25 @@ def test_clients_cannot_load_arbitrary_local_files(gateway, tmp_path):
         client.chat.completions.create(model=f"local/{tmp_path}/evil.gguf", messages=[{"role": "user", "content": "x"}])
 
 
-@pytest.mark.parametrize(("extra", "param"), [
-    ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-      "tool_choice": "required"}, "tools"),
-    ({"logprobs": True}, "logprobs"),
-    ({"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
-     "response_format"),
-])
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": False, "top_logprobs": 3}, "top_logprobs"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}},
+            "response_format",
+        ),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_what_the_local_model_cannot_do_is_a_400_naming_the_parameter(gateway, extra, param, stream):
     url, app = gateway
@@ -118,8 +147,12 @@ def test_what_the_local_model_cannot_do_is_a_400_naming_the_parameter(gateway, e
     for model in ("local/smollm2-135m-instruct", "selfroute"):  # pass-through and the routed default alike
         with pytest.raises(openai.BadRequestError) as caught:
             answer = client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": "Say hello."}], max_tokens=4, stream=stream,
-                extra_body=extra)
+                model=model,
+                messages=[{"role": "user", "content": "Say hello."}],
+                max_tokens=4,
+                stream=stream,
+                extra_body=extra,
+            )
             list(answer) if stream else None
         error = caught.value.response.json()["error"]
         assert (error["code"], error["param"]) == ("unsupported_parameter", param)

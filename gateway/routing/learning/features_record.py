@@ -6,6 +6,7 @@ outcome. `selfroute learn`, `whatif` and `calibrate --from-ledger` read it back 
 live decision functions (gateway.routing.decision, gateway.routing.escalation). The question, passages and answers
 are kept only when the policy sets `ledger.store_texts: true`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,16 +34,27 @@ def pre_route(decision: RouteDecision, threshold: float | None, group: str | Non
 
 def add_verdict(record: dict[str, Any], verdict: Verdict, threshold: float | None) -> dict[str, Any]:
     """The check's part: what the verifier read, its score and the outcome."""
-    record.update({
-        "verifier_features": verdict.features, "p_good": verdict.score, "verifier_threshold": threshold,
-        "refused": verdict.refused, "escalated": verdict.escalate, "outcome": verdict.outcome,
-    })
+    record.update(
+        {
+            "verifier_features": verdict.features,
+            "p_good": verdict.score,
+            "verifier_threshold": threshold,
+            "refused": verdict.refused,
+            "escalated": verdict.escalate,
+            "outcome": verdict.outcome,
+        }
+    )
     return record
 
 
-def add_texts(record: dict[str, Any], question: str | None, passages: list[str] | None, cheap: str | None,
-              long: str | None = None) -> dict[str, Any]:
+def add_texts(
+    record: dict[str, Any], question: str | None, passages: list[str] | None, cheap: str | None, long: str | None = None
+) -> dict[str, Any]:
     """Only with ledger.store_texts: the question, the passages sent to the cheap model and the answers."""
-    record["texts"] = {"question": question, "passages": list(passages or []), "cheap_answer": cheap,
-                       "long_answer": long}
+    record["texts"] = {
+        "question": question,
+        "passages": list(passages or []),
+        "cheap_answer": cheap,
+        "long_answer": long,
+    }
     return record

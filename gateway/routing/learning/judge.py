@@ -4,11 +4,13 @@ answer with the long answer for one question and returns a structured verdict, a
 The grading prompt is fixed (JUDGE_PROMPT): changing it changes what every label means. The verdict is a JSON
 object {"verdict": "as_good" | "worse" | "both_wrong"}; anything else is malformed and makes no label.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 AS_GOOD, WORSE, BOTH_WRONG = "as_good", "worse", "both_wrong"
 VERDICTS = (AS_GOOD, WORSE, BOTH_WRONG)
@@ -26,15 +28,23 @@ wrong, refuses or misses what B gets right, {"verdict": "both_wrong"} when neith
 
 def judge_messages(question: str, passages: Sequence[str], cheap_answer: str, long_answer: str) -> list[dict]:
     shown = "\n\n".join(passages)[:PASSAGE_CHARS]
-    user = (f"Question:\n{question}\n\nPassages answer A was based on:\n{shown or '(none)'}\n\n"
-            f"Answer A:\n{(cheap_answer or '')[:ANSWER_CHARS]}\n\nAnswer B:\n{(long_answer or '')[:ANSWER_CHARS]}\n\n"
-            'Your verdict as JSON ({"verdict": "as_good" | "worse" | "both_wrong"}):')
+    user = (
+        f"Question:\n{question}\n\nPassages answer A was based on:\n{shown or '(none)'}\n\n"
+        f"Answer A:\n{(cheap_answer or '')[:ANSWER_CHARS]}\n\nAnswer B:\n{(long_answer or '')[:ANSWER_CHARS]}\n\n"
+        'Your verdict as JSON ({"verdict": "as_good" | "worse" | "both_wrong"}):'
+    )
     return [{"role": "system", "content": JUDGE_PROMPT}, {"role": "user", "content": user}]
 
 
-def judge_body(model: str, question: str, passages: Sequence[str], cheap_answer: str, long_answer: str) -> dict[str, Any]:
-    return {"model": model, "messages": judge_messages(question, passages, cheap_answer, long_answer),
-            "temperature": 0, "max_tokens": 40}
+def judge_body(
+    model: str, question: str, passages: Sequence[str], cheap_answer: str, long_answer: str
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": judge_messages(question, passages, cheap_answer, long_answer),
+        "temperature": 0,
+        "max_tokens": 40,
+    }
 
 
 _OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)

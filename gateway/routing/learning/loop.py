@@ -6,6 +6,7 @@ and never reaches the client. Shadow and judge calls are ledgered as their own r
 `judge`, no client key), costed, and capped together by routing.learning.daily_budget_usd per UTC day. At shutdown
 `aclose` waits for the work in flight, then cancels what is left; a cancelled request is ledgered as such (503).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -14,8 +15,9 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
@@ -86,8 +88,13 @@ class DailyBudget:
 
 
 class LearningLoop:
-    def __init__(self, policy: Policy, upstream: Upstream, read_spend: Callable[[float], float] | None = None,
-                 seed: int | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        upstream: Upstream,
+        read_spend: Callable[[float], float] | None = None,
+        seed: int | None = None,
+    ):
         self.policy = policy
         self.settings = policy.routing.learning
         self.upstream = upstream
@@ -116,7 +123,7 @@ class LearningLoop:
     def wants_shadow(self) -> bool:
         """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate."""
         rate = self.settings.shadow_rate
-        return (rate > 0 and not self._closing and self._rng.random() < rate and self.wants_judge())
+        return rate > 0 and not self._closing and self._rng.random() < rate and self.wants_judge()
 
     def judge_escalation(self, parent: RequestLedgerEntry, given: JudgeInput, long_answer: str | None) -> None:
         """Both answers exist (the cheap one was escalated): judge them in the background."""
@@ -124,8 +131,12 @@ class LearningLoop:
             return
         self._spawn(self._judge(parent, given, long_answer, LABEL_JUDGE, 0.0))
 
-    def shadow(self, parent: RequestLedgerEntry, given: JudgeInput,
-               run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]]) -> None:
+    def shadow(
+        self,
+        parent: RequestLedgerEntry,
+        given: JudgeInput,
+        run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]],
+    ) -> None:
         """The client has its (cheap) answer: answer again on the long route in the background, then judge."""
         self._spawn(self._shadow(parent, given, run_long))
 
@@ -148,11 +159,19 @@ class LearningLoop:
             return
         entry.finish(200)
         self.budget.add(entry.record.cost_usd)
-        await self._judge(parent, given, completion_text(completion), LABEL_SHADOW, entry.record.cost_usd,
-                          shadow_id=entry.record.id)
+        await self._judge(
+            parent, given, completion_text(completion), LABEL_SHADOW, entry.record.cost_usd, shadow_id=entry.record.id
+        )
 
-    async def _judge(self, parent, given: JudgeInput, long_answer: str | None, source: str, extra_cost: float,
-                     shadow_id: str | None = None) -> None:
+    async def _judge(
+        self,
+        parent,
+        given: JudgeInput,
+        long_answer: str | None,
+        source: str,
+        extra_cost: float,
+        shadow_id: str | None = None,
+    ) -> None:
         from gateway.routing.service import completion_text
 
         entry = parent.learning_entry(learning_request_id(), JUDGE, f"judge of {parent.record.id} ({source})")
@@ -179,9 +198,17 @@ class LearningLoop:
             entry.record.reason += ": malformed verdict, no label"
         else:
             entry.record.reason += f": {verdict}"
-            entry.record.labels.append(LabelRecord(
-                request_id=parent.record.id, source=source, good=verdict_good(verdict), verdict=verdict,
-                key_id=parent.record.key_id, cost_usd=cost + extra_cost, label_request_id=entry.record.id))
+            entry.record.labels.append(
+                LabelRecord(
+                    request_id=parent.record.id,
+                    source=source,
+                    good=verdict_good(verdict),
+                    verdict=verdict,
+                    key_id=parent.record.key_id,
+                    cost_usd=cost + extra_cost,
+                    label_request_id=entry.record.id,
+                )
+            )
         entry.finish(200)
         self.budget.add(cost)
 

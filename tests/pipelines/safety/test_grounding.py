@@ -1,12 +1,20 @@
 """pipelines.safety.grounding with a tiny bag-of-words embed function (one slow test uses the real MiniLM)."""
+
 import hashlib
 import re
 
 import numpy as np
 import pytest
 
-from pipelines.safety.grounding import (DEFAULT_THRESHOLD, GroundingChecker, check, drop, numbers,
-                                        split_sentences, unsupported_sentences)
+from pipelines.safety.grounding import (
+    DEFAULT_THRESHOLD,
+    GroundingChecker,
+    check,
+    drop,
+    numbers,
+    split_sentences,
+    unsupported_sentences,
+)
 
 PASSAGES = [
     "The licensee must give ninety days written notice before terminating the agreement. "
@@ -35,8 +43,10 @@ def test_number_absent_from_passages_makes_a_sentence_unsupported():
 
 
 def test_paraphrase_is_supported_and_an_unrelated_claim_is_not():
-    answer = ("The agreement is governed by New York State law. "
-              "The licensor may audit the accounts of the licensee twice every year.")
+    answer = (
+        "The agreement is governed by New York State law. "
+        "The licensor may audit the accounts of the licensee twice every year."
+    )
     report = check(answer, PASSAGES, fake_embed)
     first, second = report.sentences
     assert first.supported and first.best_passage == 1
@@ -72,7 +82,11 @@ def test_numbers_and_sentences():
     assert numbers("It cost $1,000.50, 3.0% and twenty; the 21st day.") == {"1000.5", "3", "20", "21"}
     text = "Dr. Smith arrived at 3 p.m. on Jan. 5. He left.\n1. First item\n2. Second item"
     assert [text[a:b] for a, b in split_sentences(text)] == [
-        "Dr. Smith arrived at 3 p.m. on Jan. 5.", "He left.", "1. First item", "2. Second item"]
+        "Dr. Smith arrived at 3 p.m. on Jan. 5.",
+        "He left.",
+        "1. First item",
+        "2. Second item",
+    ]
 
 
 @pytest.mark.slow
@@ -80,8 +94,10 @@ def test_real_embedder_paraphrase_supported_and_fabrication_not():
     from pipelines.embedding import Embedder
 
     embed = Embedder().embed
-    answer = ("To end the contract, the licensee has to notify the other side in writing ninety days ahead. "
-              "The vendor also guarantees 99.9% uptime for the hosted service.")
+    answer = (
+        "To end the contract, the licensee has to notify the other side in writing ninety days ahead. "
+        "The vendor also guarantees 99.9% uptime for the hosted service."
+    )
     report = check(answer, PASSAGES, embed, threshold=DEFAULT_THRESHOLD)
     first, second = report.sentences
     assert first.supported and first.semantic > 0.5

@@ -104,6 +104,7 @@ def test_collections_can_leave_inline_ones_out_without_reading_them(store, monke
     assert [c.name for c in store.collections(include_inline=False)] == ["docs"]
     assert read == ["docs"]
 
+
 def test_ingest_paths_and_concurrent_search(store, tmp_path):
     folder = tmp_path / "files"
     folder.mkdir()
@@ -130,7 +131,6 @@ def test_ingest_progress_counts_chunks_as_they_are_embedded(tmp_path, base_embed
     planned, done = [], []
     store.ingest("docs", docs, progress=done.append, planned=planned.append)
     assert planned == [] and done == []  # unchanged documents: nothing to embed
-
 
 
 def test_a_cancelled_ingestion_stops_between_batches(store, embedder):
@@ -175,9 +175,18 @@ def test_two_writer_processes_leave_no_duplicates(tmp_path):
     uri, go, n = str(tmp_path / "db"), tmp_path / "go", 12
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     procs = [
-        subprocess.Popen([sys.executable, "-c", _WRITER, json.dumps({"uri": uri, "ready": str(tmp_path / tag),
-                                                                     "go": str(go), "n": n})],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _WRITER,
+                json.dumps({"uri": uri, "ready": str(tmp_path / tag), "go": str(go), "n": n}),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for tag in ("a", "b")
     ]
     deadline = time.monotonic() + 300
@@ -226,7 +235,6 @@ def test_names_and_ids_never_leave_the_bucket_prefix(s3_bucket, monkeypatch, emb
     assert [d.id for d in store.documents("docs")] == ["../../../outside"]
     keys = [o["Key"] for o in s3_bucket.client().list_objects_v2(Bucket=s3_bucket.bucket)["Contents"]]
     assert keys and all(k.startswith(f"{s3_bucket.prefix}/docs__") for k in keys), keys
-
 
 
 def test_a_document_whose_id_holds_a_backslash_and_a_quote_is_found_and_deleted(store):

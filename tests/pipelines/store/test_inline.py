@@ -32,7 +32,7 @@ def test_inline_collections_are_capped_over_the_whole_store_least_recently_used_
     settings = RagSettings(inline_cache_collections=2, inline_cache_idle_seconds=0)
     one, two = (DocumentStore(str(tmp_path / "db"), embedder, settings) for _ in range(2))
     a, b, c, d = ([Document("d", f"Fact number {n} is recorded here.")] for n in (1, 2, 3, 4))
-    first, second = one.inline_collection(a), two.inline_collection(b)
+    first, _second = one.inline_collection(a), two.inline_collection(b)
     one.inline_collection(b)
     two.inline_collection(a)  # used again, through the other replica: now b is the least recently used
     third = one.inline_collection(c)
@@ -63,8 +63,11 @@ def test_a_reader_whose_inline_collection_another_replica_dropped_embeds_it_agai
     from pipelines.long_context import LongContextPipeline
     from pipelines.rag import RagPipeline
 
-    settings = RagSettings(inline_cache_collections=1, inline_cache_idle_seconds=0,
-                           chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8))
+    settings = RagSettings(
+        inline_cache_collections=1,
+        inline_cache_idle_seconds=0,
+        chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8),
+    )
     one, two = (DocumentStore(str(tmp_path / "db"), embedder, settings) for _ in range(2))
     vault = [Document("vault", "The vault code is 4417. It changes every March.")]
     other = [Document("gate", "The harbour gate opens at six in the morning.")]
@@ -199,5 +202,3 @@ def test_inline_names_are_keyed_by_a_secret_the_store_keeps(tmp_path, embedder):
     assert modes == {0o600}
     assert stat.S_IMODE(root.stat().st_mode) == 0o700
     assert "selfroute-inline-secret" not in {c.name for c in replicas[0].collections()}
-
-

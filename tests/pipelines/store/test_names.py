@@ -5,8 +5,23 @@ from tests.pipelines_fixtures import manual_document
 
 
 def test_collection_names_are_validated(store):
-    for bad in ["", "a/b", "../x", "white space", "semi;colon", ".hidden", "x" * 129, "abc\n", "..", "/etc",
-                "a\\b", "%2e%2e", "\uff0e\uff0e", "caf\u00e9", "a\x00b"]:
+    for bad in [
+        "",
+        "a/b",
+        "../x",
+        "white space",
+        "semi;colon",
+        ".hidden",
+        "x" * 129,
+        "abc\n",
+        "..",
+        "/etc",
+        "a\\b",
+        "%2e%2e",
+        "\uff0e\uff0e",
+        "caf\u00e9",
+        "a\x00b",
+    ]:
         with pytest.raises(ValueError, match="invalid collection name"):
             validate_collection_name(bad)
         with pytest.raises(ValueError):

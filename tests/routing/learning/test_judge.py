@@ -1,5 +1,6 @@
 """The judge's verdicts: parsing (malformed is no label), and through a gateway on every escalation, ledgered as
 its own request, never touching the client's answer."""
+
 from __future__ import annotations
 
 import json
@@ -11,18 +12,21 @@ from gateway.routing.learning.judge import JUDGE_PROMPT, judge_messages, parse_v
 from policies.schema import LearningSettings, ModelConfig
 
 
-@pytest.mark.parametrize("reply, verdict", [
-    ('{"verdict": "as_good"}', "as_good"),
-    ('Sure. {"verdict": "worse"} because A misses the date.', "worse"),
-    ('```json\n{"verdict": "Both wrong"}\n```', "both_wrong"),
-    ('{"verdict": "as-good", "why": "same"}', "as_good"),
-    ('{"verdict": "better"}', None),  # not one of the three
-    ('{"score": 1}', None),
-    ("A is as good as B.", None),  # no JSON: no label, never a guess
-    ('{"verdict": worse}', None),
-    ("", None),
-    (None, None),
-])
+@pytest.mark.parametrize(
+    "reply, verdict",
+    [
+        ('{"verdict": "as_good"}', "as_good"),
+        ('Sure. {"verdict": "worse"} because A misses the date.', "worse"),
+        ('```json\n{"verdict": "Both wrong"}\n```', "both_wrong"),
+        ('{"verdict": "as-good", "why": "same"}', "as_good"),
+        ('{"verdict": "better"}', None),  # not one of the three
+        ('{"score": 1}', None),
+        ("A is as good as B.", None),  # no JSON: no label, never a guess
+        ('{"verdict": worse}', None),
+        ("", None),
+        (None, None),
+    ],
+)
 def test_parse_verdict(reply, verdict):
     assert parse_verdict(reply) == verdict
 
@@ -36,7 +40,12 @@ def test_labels_and_the_fixed_prompt():
 
 # through the gateway ---------------------------------------------------------------------------------------------
 from tests.routing.test_service import (  # noqa: E402  (the routed-gateway fixtures: MiniLM, LanceDB, uvicorn)
-    QUESTION, ask, embedder, manual, policy_for, verifier_file,
+    QUESTION,
+    ask,
+    embedder,
+    manual,
+    policy_for,
+    verifier_file,
 )
 
 __all__ = ["embedder", "verifier_file"]  # fixtures
@@ -44,14 +53,23 @@ DOUBTED = "It is PURPLE-GIRAFFE-99, printed on the lid."  # the toy verifier esc
 TRUSTED = "The maintenance password is BLUE-HERON-42."
 
 
-def learning_policy(base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False,
-                    **learning):
+def learning_policy(
+    base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False, **learning
+):
     policy = policy_for(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
-    settings = LearningSettings(judge=True, judge_model=ModelConfig(
-        model=f"openai/{judge}", api_base=f"{base}/v1", input_cost_per_mtok=5.0, output_cost_per_mtok=5.0), **learning)
-    return policy.model_copy(update={
-        "routing": policy.routing.model_copy(update={"learning": settings}),
-        "ledger": policy.ledger.model_copy(update={"store_texts": store_texts})})
+    settings = LearningSettings(
+        judge=True,
+        judge_model=ModelConfig(
+            model=f"openai/{judge}", api_base=f"{base}/v1", input_cost_per_mtok=5.0, output_cost_per_mtok=5.0
+        ),
+        **learning,
+    )
+    return policy.model_copy(
+        update={
+            "routing": policy.routing.model_copy(update={"learning": settings}),
+            "ledger": policy.ledger.model_copy(update={"store_texts": store_texts}),
+        }
+    )
 
 
 @pytest.fixture()
@@ -133,12 +151,16 @@ def test_texts_are_kept_only_when_the_policy_says_so(upstream, verifier_file, ga
     assert texts["long_answer"].startswith("echo:") and any("BLUE-HERON-42" in p for p in texts["passages"])
 
 
-@pytest.mark.parametrize("judge, reply, status", [
-    ("judge", "I think A is fine.", 200),  # malformed: no label
-    ("status-500", None, 502),  # the judge's upstream fails (a bad gateway, as for a client)
-])
+@pytest.mark.parametrize(
+    "judge, reply, status",
+    [
+        ("judge", "I think A is fine.", 200),  # malformed: no label
+        ("status-500", None, 502),  # the judge's upstream fails (a bad gateway, as for a client)
+    ],
+)
 def test_a_bad_verdict_or_a_failed_judge_is_no_label_and_never_the_clients_problem(
-        upstream, verifier_file, gateway, judge, reply, status):
+    upstream, verifier_file, gateway, judge, reply, status
+):
     upstream[1].state.scripted = DOUBTED
     if reply is not None:
         upstream[1].state.judge_reply = reply
@@ -161,8 +183,11 @@ def test_a_streamed_escalation_is_judged_on_the_text_the_client_got(upstream, ve
     upstream[1].state.judge_reply = '{"verdict": "as_good"}'
     url, app, server = gateway(learning_policy(upstream[0], verifier_file))
     with client(url).chat.completions.with_streaming_response.create(
-            model="selfroute", messages=[{"role": "user", "content": QUESTION}], stream=True,
-            extra_body={"selfroute": {"documents": [{"text": manual()}]}}) as response:
+        model="selfroute",
+        messages=[{"role": "user", "content": QUESTION}],
+        stream=True,
+        extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+    ) as response:
         text = "".join(c.choices[0].delta.content or "" for c in response.parse() if c.choices)
     settle(app, server)
     graded = next(r["body"] for r in upstream[1].state.received if r["body"]["model"] == "judge")

@@ -1,6 +1,7 @@
 """Shadow answers: the long route runs in the background for accepted cheap answers, after the client has its
 answer, never delaying it; ledgered as its own request, judged, capped by the day's budget; a shutdown waits for it
 or cancels and ledgers it."""
+
 from __future__ import annotations
 
 import json

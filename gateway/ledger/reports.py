@@ -32,6 +32,7 @@ from gateway.ledger.dialect import (
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
 from policies.routes import DIRECT, LONG, PASSTHROUGH, RAG, answered_by
+from policies.routes import FALLBACK as FALLBACK_ROUTE  # noqa: F401 -- re-exported: the metrics use this one name
 
 GROUPINGS = ("route", "model", "policy", "key", "day", "hour", "week", "tag")
 MAX_PAGE = 1000

@@ -74,16 +74,19 @@ def test_refuses_another_feature_set_and_missing_files(tmp_path):
 
 
 def test_shipped_verifier_loads_with_its_card_and_threshold():
-    from classifier.answer_features import ANSWER_FEATURE_NAMES, answer_features
+    from classifier.answer_features import answer_features
+    from classifier.verifier import TRANSFER_FEATURE_NAMES
     from gateway.routing.model_files import load_verifier, load_verifier_model, resolve_model_path
     from policies.loader import load_policy
 
     path = resolve_model_path("builtin:verifier", None)
     assert path == builtin_model_path("verifier") and path.stat().st_size < 200_000
     verifier = load_verifier(path)
-    assert verifier.feature_names == [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"]
-    assert 0.0 < verifier.threshold < 1.0 and verifier.card["training_examples"] == 1328
-    assert "leave-one-task-out" in verifier.card["threshold_source"]
+    # trained on L-Eval and LaRA-128k (every model family) with the features that transfer, its threshold chosen
+    # leaving one corpus out (BENCHMARKS.md section 4)
+    assert verifier.feature_names == TRANSFER_FEATURE_NAMES
+    assert 0.0 <= verifier.threshold < 1.0 and verifier.card["training_examples"] == 7937
+    assert "leave one corpus out" in verifier.card["threshold_source"]
     passages = ["The maintenance password for the Zephyr pump is BLUE-HERON-42."]
     grounded = answer_features("What is the password?", "BLUE-HERON-42", passages, passages[0])
     assert 0.0 <= verifier.score(grounded) <= 1.0

@@ -23,6 +23,8 @@ import math
 import re
 from collections.abc import Iterable
 
+from classifier.stopwords import ANSWER_STOPWORDS
+
 MISSING = float("nan")
 
 # -- refusals and hedges --------------------------------------------------------------------------
@@ -106,15 +108,6 @@ def hedge_count(answer: str | None) -> int:
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*(?:%|\b)")
-_STOPWORDS = frozenset(
-    "a an the of to in on at for by with from and or but not no is are was were be been being do does did "
-    "has have had this that these those it its as into than then so such what which who whom whose when "
-    "where why how can could should would will shall may might must there their they them he she his her "
-    "we you your our i me my about over under between after before during all any each some more most "
-    "other only own same very just also if while because until question answer following options option "
-    "text passage passages according context provided given based information correct mentioned states "
-    "stated document section parts part".split()
-)
 
 
 def _tokens(text: str) -> list[str]:
@@ -131,7 +124,7 @@ def _tokens(text: str) -> list[str]:
 
 def content_terms(text: str) -> list[str]:
     """Meaningful words in order (stopwords, one-letter words and bare numbers dropped)."""
-    return [w for w in _tokens(text) if (len(w) > 1 or _CJK.match(w)) and w not in _STOPWORDS and not w.isdigit()]
+    return [w for w in _tokens(text) if (len(w) > 1 or _CJK.match(w)) and w not in ANSWER_STOPWORDS and not w.isdigit()]
 
 
 def numbers(text: str) -> set[str]:

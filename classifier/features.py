@@ -12,6 +12,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from classifier.stopwords import STOPWORDS
+
 # Missing values (no retrieval pass) are NaN: rules never match on them and the model imputes them.
 MISSING = float("nan")
 
@@ -129,14 +131,6 @@ _LIST = re.compile(
 )
 _WH = ("what", "who", "when", "where", "which", "how", "why")
 _NUMBER = re.compile(r"\b\d[\d,.]*\b")
-_STOPWORDS = frozenset(
-    "a an the of to in on at for by with from and or but not no is are was were be been being do does did "
-    "has have had this that these those it its as into than then so such what which who whom whose when "
-    "where why how can could should would will shall may might must there their they them he she his her "
-    "we you your our i me my about over under between after before during all any each some more most "
-    "other only own same very just also if while because until question answer following options option "
-    "text passage according".split()
-)
 
 # A query this long, or with this many sentences, counts as "long complex" (Self-Route's failure class).
 LONG_QUERY_WORDS = 30
@@ -159,7 +153,7 @@ def _stem_question(query: str) -> str:
 
 def content_terms(text: str) -> set[str]:
     """Lower-cased words that carry meaning: no stopwords, no one-letter tokens."""
-    return {w for w in _words(text) if len(w) > 1 and w not in _STOPWORDS}
+    return {w for w in _words(text) if len(w) > 1 and w not in STOPWORDS}
 
 
 def question_type(query: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from classifier.features import FEATURE_NAMES, feature_vector
 
-# Types our pipelines (classifier.training.build_pipeline) need beyond what skops trusts by default
+# Types our pipelines (classifier.estimators.build_pipeline) need beyond what skops trusts by default
 # (scikit-learn's own estimators and transformers are on skops' default list). skops refuses any other.
 TRUSTED_TYPES = [
     "numpy.dtype",

@@ -10,12 +10,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Literal
+from typing import Any
 
+from classifier.estimators import PRE_ROUTE, Estimator, build_pipeline
 from classifier.features import FEATURE_NAMES, feature_vector
 
-Estimator = Literal["logistic", "boosting"]
-ESTIMATORS: tuple[str, ...] = ("logistic", "boosting")
 DEFAULT_SEED = 0
 DEFAULT_FOLDS = 5
 DEFAULT_ESTIMATOR: Estimator = "boosting"
@@ -26,32 +25,6 @@ def label_from_scores(rag_score: float, lc_score: float, margin: float = 0.0) ->
     """1 when the cheap (RAG) answer scored at least as well as the long one, within `margin`.
     Ties count as cheap: at equal quality the cheaper route is the right call."""
     return int(float(rag_score) >= float(lc_score) - margin)
-
-
-def build_pipeline(estimator: Estimator = "boosting", seed: int = DEFAULT_SEED):
-    """A scikit-learn Pipeline over FEATURE_NAMES rows. NaN (no retrieval pass) is imputed with the
-    training median; the logistic model standardises first, boosting needs no scaling."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-    from sklearn.impute import SimpleImputer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    impute = ("impute", SimpleImputer(strategy="median", keep_empty_features=True))
-    if estimator == "logistic":
-        return Pipeline([impute, ("scale", StandardScaler()), ("model", LogisticRegression(C=0.3, max_iter=2000))])
-    if estimator == "boosting":
-        # 60 shallow trees: on L-Eval as good as 150 (grouped CV AUC 0.767 vs 0.768) at under half the file
-        model = HistGradientBoostingClassifier(
-            max_iter=60,
-            learning_rate=0.1,
-            max_depth=3,
-            min_samples_leaf=30,
-            l2_regularization=1.0,
-            random_state=seed,
-        )
-        return Pipeline([impute, ("model", model)])
-    raise ValueError(f"unknown estimator {estimator!r}; choose one of {ESTIMATORS}")
 
 
 def feature_matrix(rows: list[dict[str, float]]):
@@ -85,7 +58,7 @@ def _fit_predict(estimator: Estimator, seed: int, x_train, y_train, x_test):
     if len(set(y_train.tolist())) < 2:
         # a fold whose training part has one class: the honest prediction is that class's rate
         return np.full(len(x_test), float(y_train[0]) if len(y_train) else 0.5)
-    pipeline = build_pipeline(estimator, seed).fit(x_train, y_train)
+    pipeline = build_pipeline(estimator, PRE_ROUTE, seed).fit(x_train, y_train)
     return pipeline.predict_proba(x_test)[:, list(pipeline.classes_).index(1)]
 
 
@@ -158,7 +131,7 @@ def train(
         seed=seed,
         grouping="StratifiedGroupKFold by document (shuffle, fixed seed)",
     )
-    pipeline = build_pipeline(estimator, seed).fit(feature_matrix(rows), y)
+    pipeline = build_pipeline(estimator, PRE_ROUTE, seed).fit(feature_matrix(rows), y)
     return TrainingResult(pipeline=pipeline, cv_metrics=metrics, oof_probabilities=[float(p) for p in oof])
 
 

@@ -19,9 +19,10 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
+from classifier.estimators import VERIFIER, Estimator, build_pipeline
 from classifier.model import ModelFileError, _json_safe, load_trusted
 
 # Features that learn a corpus's or a model's style rather than the answer's quality: absolute answer length and
@@ -43,7 +44,6 @@ TRANSFER_FEATURE_NAMES: list[str] = [
 # passages: live a few milliseconds per answer, offline hours on two loaded cores for LaRA's 9,939 answers)
 TRANSFER_SUPPORT_FEATURE_NAMES: list[str] = TRANSFER_FEATURE_NAMES + list(SUPPORT_FEATURES)
 
-Estimator = Literal["boosting", "logistic"]
 DEFAULT_ESTIMATOR: Estimator = "boosting"
 DEFAULT_SEED = 0
 DEFAULT_FOLDS = 5
@@ -64,31 +64,6 @@ def choice_weights(rag_scores: Sequence[float], lc_scores: Sequence[float], tie_
 
     diff = np.abs(np.asarray(rag_scores, dtype=float) - np.asarray(lc_scores, dtype=float))
     return np.maximum(diff, tie_weight)
-
-
-def build_verifier_pipeline(estimator: Estimator = DEFAULT_ESTIMATOR, seed: int = DEFAULT_SEED):
-    """Median imputation (NaN = feature absent) then boosted shallow trees, or a standardised
-    logistic model. Both are on skops' trusted list (see classifier.model.TRUSTED_TYPES)."""
-    from sklearn.ensemble import HistGradientBoostingClassifier
-    from sklearn.impute import SimpleImputer
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import Pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    impute = ("impute", SimpleImputer(strategy="median", keep_empty_features=True, add_indicator=False))
-    if estimator == "logistic":
-        return Pipeline([impute, ("scale", StandardScaler()), ("model", LogisticRegression(C=0.3, max_iter=3000))])
-    if estimator == "boosting":
-        model = HistGradientBoostingClassifier(
-            max_iter=80,
-            learning_rate=0.06,
-            max_depth=3,
-            min_samples_leaf=25,
-            l2_regularization=1.0,
-            random_state=seed,
-        )
-        return Pipeline([impute, ("model", model)])
-    raise ValueError(f"unknown estimator {estimator!r}; choose 'boosting' or 'logistic'")
 
 
 def feature_matrix(rows: list[dict[str, float]], names: Sequence[str]):
@@ -146,7 +121,7 @@ def _fit_predict(estimator, seed, names, rows_train, y_train, w_train, rows_test
 
     if len(set(np.asarray(y_train).tolist())) < 2:
         return np.full(len(rows_test), float(np.asarray(y_train)[0]) if len(y_train) else 0.5)
-    model = VerifierModel(build_verifier_pipeline(estimator, seed), list(names))
+    model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(names))
     model.fit(rows_train, y_train, w_train)
     return np.asarray(model.scores(rows_test))
 
@@ -385,7 +360,7 @@ def train_verifier(
         seed=seed,
         weighted=sample_weight is not None,
     )
-    model = VerifierModel(build_verifier_pipeline(estimator, seed), list(feature_names))
+    model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(feature_names))
     model.fit(rows, y, sample_weight)
     model.card = {
         "predicts": "P(the cheap route's answer is good enough): rag_score >= lc_score - margin",
@@ -495,7 +470,7 @@ def permutation_importance(
     for s in splits:
         if len(set(y[s.train].tolist())) < 2:
             continue
-        model = VerifierModel(build_verifier_pipeline(estimator, seed), names)
+        model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), names)
         model.fit([rows[i] for i in s.train], y[s.train], None if w is None else w[s.train])
         fitted.append((s, model))
     unit_array = np.asarray(units)

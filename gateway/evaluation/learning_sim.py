@@ -37,7 +37,7 @@ from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import Policy
 
 if TYPE_CHECKING:
-    from classifier.verifier import Estimator
+    from classifier.estimators import Estimator
 
 JUDGE_OUTPUT_TOKENS = 12  # {"verdict": "both_wrong"}
 MIN_LABELS = 40  # fewer labels (or only one class) keep the shipped verifier
@@ -183,7 +183,8 @@ def simulate(
     import numpy as np
 
     from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.verifier import VerifierModel, build_verifier_pipeline, label_good
+    from classifier.estimators import VERIFIER, build_pipeline
+    from classifier.verifier import VerifierModel, label_good
 
     if policy.routing.verifier is None or policy.routing.verifier.threshold is None:
         raise ValueError("the simulation needs a policy with routing.verifier and its threshold")
@@ -264,7 +265,7 @@ def simulate(
         if position % refit_every == 0 and labelled:
             ys = [label for _, label, _ in labelled]
             if len(labelled) >= MIN_LABELS and len(set(ys)) == 2:
-                model = VerifierModel(build_verifier_pipeline(estimator, seed), names)
+                model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), names)
                 model.fit(
                     [questions[i].answer_row for i, _, _ in labelled], np.asarray(ys), [w for _, _, w in labelled]
                 )

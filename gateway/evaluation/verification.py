@@ -21,7 +21,7 @@ from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
 from policies.schema import Policy
 
 if TYPE_CHECKING:
-    from classifier.training import Estimator
+    from classifier.estimators import Estimator
 
 EMBEDDINGS_FILE = "answer_embeddings.sqlite3"
 

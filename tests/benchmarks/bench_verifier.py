@@ -37,12 +37,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, answer_features, document_index, is_refusal  # noqa: E402
+from classifier.estimators import PRE_ROUTE, VERIFIER, build_pipeline  # noqa: E402
 from classifier.features import FEATURE_NAMES  # noqa: E402
-from classifier.training import build_pipeline  # noqa: E402
 from classifier.training import feature_matrix as route_matrix  # noqa: E402
 from classifier.verifier import (  # noqa: E402
     VerifierModel,
-    build_verifier_pipeline,
     choice_weights,
     grouped_splits,
     label_good,
@@ -213,14 +212,14 @@ def pick_threshold(replay: Replay, idx, scores, cost_cap: float, direct_long=Non
 def fit_predict_route(x, y, train, test, seed=0):
     if len(set(y[train].tolist())) < 2:
         return np.full(len(test), float(y[train][0]))
-    pipe = build_pipeline("boosting", seed).fit(x[train], y[train])
+    pipe = build_pipeline("boosting", PRE_ROUTE, seed).fit(x[train], y[train])
     return pipe.predict_proba(x[test])[:, list(pipe.classes_).index(1)]
 
 
 def fit_predict_verifier(rows, y, w, train, test, names, estimator="boosting", seed=0):
     if len(set(y[train].tolist())) < 2:
         return np.full(len(test), float(y[train][0]))
-    model = VerifierModel(build_verifier_pipeline(estimator, seed), list(names))
+    model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(names))
     model.fit([rows[i] for i in train], y[train], None if w is None else w[train])
     return np.asarray(model.scores([rows[i] for i in test]))
 
@@ -370,7 +369,7 @@ def permutation_importance(replay, ans_rows, y, w, docs, tasks, names, pre_oof, 
     base_oof = np.zeros(len(y))
     models = []
     for train, test in grouped_splits(y, docs, 5, 0):
-        pipe = build_verifier_pipeline("boosting", 0)
+        pipe = build_pipeline("boosting", VERIFIER, 0)
         pipe.fit(x[train], y[train], model__sample_weight=w[train])
         base_oof[test] = pipe.predict_proba(x[test])[:, 1]
         models.append((pipe, test))

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from classifier.calibration import calibrate_threshold, long_share
-from classifier.training import build_pipeline, feature_matrix, out_of_fold_probabilities
+from classifier.estimators import PRE_ROUTE, build_pipeline
+from classifier.training import feature_matrix, out_of_fold_probabilities
 from tests.classifier_fixtures import synthetic_rows
 
 
@@ -36,7 +37,7 @@ def test_target_share_holds_on_data_the_model_was_not_fitted_on():
     to threefold; 0.05 is about two of those combined standard errors."""
     rows, labels, groups = synthetic_rows(n_docs=450, per_doc=10, seed=1)
     fit, calib, test = slice(0, 1500), slice(1500, 3000), slice(3000, 4500)
-    model = build_pipeline("logistic").fit(feature_matrix(rows[fit]), labels[fit])
+    model = build_pipeline("logistic", PRE_ROUTE).fit(feature_matrix(rows[fit]), labels[fit])
     calibration_p = model.predict_proba(feature_matrix(rows[calib]))[:, 1]
     threshold = calibrate_threshold(calibration_p.tolist(), 0.3)
     test_p = model.predict_proba(feature_matrix(rows[test]))[:, 1]

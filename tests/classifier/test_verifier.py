@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES
+from classifier.estimators import VERIFIER, build_pipeline
 from classifier.model import ModelFileError
 from classifier.verifier import (
     VerifierModel,
-    build_verifier_pipeline,
     choice_weights,
     label_good,
     leave_one_group_out_scores,
@@ -107,7 +107,7 @@ def test_serialisation_round_trip_gives_identical_scores():
 
 def test_loading_refuses_garbage_and_unknown_features():
     rows, labels, groups = toy_rows(n_groups=4)
-    model = VerifierModel(build_verifier_pipeline("logistic"), ["ans_refusal", "ans_support_passages"])
+    model = VerifierModel(build_pipeline("logistic", VERIFIER), ["ans_refusal", "ans_support_passages"])
     model.fit(rows, labels)
     data, _ = verifier_to_bytes(model)
     with pytest.raises(ModelFileError):

@@ -53,7 +53,8 @@ def test_answer_support_per_sentence_against_the_passages():
 
 
 def test_the_check_embeds_only_for_a_verifier_that_reads_support():
-    from classifier.verifier import VerifierModel, build_verifier_pipeline
+    from classifier.estimators import VERIFIER, build_pipeline
+    from classifier.verifier import VerifierModel
     from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
     from tests.routing.test_escalation import verified_policy
 
@@ -67,11 +68,11 @@ def test_the_check_embeds_only_for_a_verifier_that_reads_support():
     labels = [i % 2 for i in range(40)]
     policy = verified_policy()
     answer = CheapAnswer("The harbour master.", "Who?", ["The harbour master keeps the keys."], embed=counting_embed)
-    plain = VerifierModel(build_verifier_pipeline("logistic"), ["ans_refusal"]).fit(rows, labels)
+    plain = VerifierModel(build_pipeline("logistic", VERIFIER), ["ans_refusal"]).fit(rows, labels)
     assert not CheapAnswerCheck(policy, plain).needs_embeddings
     CheapAnswerCheck(policy, plain).score(answer)
     assert calls == []
-    reads = VerifierModel(build_verifier_pipeline("logistic"), ["ans_passage_similarity"]).fit(rows, labels)
+    reads = VerifierModel(build_pipeline("logistic", VERIFIER), ["ans_passage_similarity"]).fit(rows, labels)
     check = CheapAnswerCheck(policy, reads)
     assert check.needs_embeddings
     assert check.score(answer) > check.score(CheapAnswer("A dragon.", "Who?", answer.passages, embed=counting_embed))

@@ -21,7 +21,7 @@ for name in (
 ):
     os.environ.pop(name, None)
 
-from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  # noqa: E402,F401  (fixtures)
+from tests.support.engines import postgres_server, postgres_url, s3_bucket, s3_server  # noqa: E402,F401  (fixtures)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -34,9 +34,9 @@ def ledger_location(request, tmp_path):
 
 @pytest.fixture(scope="module")
 def upstream():
-    """(url, app) of the fake OpenAI-compatible upstream (tests/fake_upstream.py) on loopback."""
-    from tests.fake_upstream import create_fake_upstream
-    from tests.servers import serve_app
+    """(url, app) of the fake OpenAI-compatible upstream (tests/support/fake_upstream.py) on loopback."""
+    from tests.support.fake_upstream import create_fake_upstream
+    from tests.support.servers import serve_app
 
     app = create_fake_upstream()
     with serve_app(app) as url:

@@ -12,7 +12,7 @@ import pytest
 
 from gateway.cli import build_parser, main
 from gateway.settings import package_version as version
-from tests.ledger_fixtures import BASE, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, call, record, sample_records, write_ledger
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
     .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000
     .venv/bin/python tests/benchmarks/bench_ledger.py --rows 1000000 --postgres   # the same on PostgreSQL
 
---postgres starts a throwaway PostgreSQL server (tests/engines.py: Debian's binaries, fsync off as in the tests),
+--postgres starts a throwaway PostgreSQL server (tests/support/engines.py: Debian's binaries, fsync off as in the tests),
 bulk-loads the same rows with COPY into the raw tables, applies the later migrations, then times the reports and
 the admin endpoints (no CLI or write-path figures).
 
@@ -301,7 +301,7 @@ def bench_http(path, repeat: int, rows: int, dead_letter_dir: Path | None = None
     from gateway.server.auth import Authenticator
 
     print("admin endpoints (Starlette app in process, httpx test client, admin key):")
-    from tests.ledger_fixtures import admin_app
+    from tests.support.ledger import admin_app
 
     app = admin_app(Ledger(path, dead_letter_dir=dead_letter_dir), Authenticator(["sk-user"], "sk-admin"))
     headers = {"Authorization": "Bearer sk-admin"}
@@ -476,7 +476,7 @@ def main() -> int:
 
 
 def bench_postgres(args, data_dir: Path) -> int:
-    from tests.engines import start_postgres
+    from tests.support.engines import start_postgres
 
     server = start_postgres()
     try:

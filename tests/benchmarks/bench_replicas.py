@@ -6,7 +6,7 @@ and routed.
 
 An instant upstream (bench_proxy's raw ASGI app, own process); 1 or 2 gateway processes (one uvicorn worker each)
 on one ledger: the data directory's SQLite file (two processes share it through WAL) or a throwaway PostgreSQL
-(tests/engines.py). The load goes round-robin over the replicas from one asyncio client. After each run the
+(tests/support/engines.py). The load goes round-robin over the replicas from one asyncio client. After each run the
 ledger must hold exactly one row per request. Prints requests/s and latency; on a machine with few cores the
 client, upstream and replicas compete for them, so a second replica adds throughput only as far as cores allow.
 
@@ -476,7 +476,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from tests.engines import start_postgres
+    from tests.support.engines import start_postgres
 
     server = start_postgres()
     ctx = multiprocessing.get_context("spawn")

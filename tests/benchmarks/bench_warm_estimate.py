@@ -1,7 +1,7 @@
 """Explain's long-route cost estimate against the cost the ledger then records, in a working session on L-Eval documents.
 
 Not collected by pytest. A live gateway (real uvicorn, the official `openai` client) in front of the fake upstream
-(tests/fake_upstream.py), made to count like a provider for this figure: usage is counted with tiktoken (the
+(tests/support/fake_upstream.py), made to count like a provider for this figure: usage is counted with tiktoken (the
 gateway's counter) and its prompt cache behaves like
 
 * OpenAI (`--provider openai`, gpt-4.1 list prices): a prompt whose first >= 1024 tokens match an earlier prompt has
@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import httpx  # noqa: E402
 import openai  # noqa: E402
 
-import tests.fake_upstream as fake  # noqa: E402
+import tests.support.fake_upstream as fake  # noqa: E402
 from gateway.server.app import create_app  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from pipelines.messages import content_text, count_message_tokens  # noqa: E402
 from pipelines.tokens import count_tokens, encoding  # noqa: E402
 from policies.loader import parse_policy  # noqa: E402
-from tests.servers import serve_app  # noqa: E402
+from tests.support.servers import serve_app  # noqa: E402
 
 PROVIDERS = {  # $/M tokens: input, cache read, cache write, output (litellm's cost map, as in BENCHMARKS.md §8)
     "openai": ("fake-long-prefix-cache", False, 2.00, 0.50, 2.00, 8.00),
@@ -69,7 +69,7 @@ def usage_for(body: dict, answer: str) -> dict:
 
 
 def cache_usage(state, body: dict) -> dict:
-    """tests.fake_upstream.cache_usage counted in tiktoken tokens, with OpenAI's minimum and 128-token steps."""
+    """tests.support.fake_upstream.cache_usage counted in tiktoken tokens, with OpenAI's minimum and 128-token steps."""
     usage: dict = {}
     text, marked = "", None
     for m in body["messages"]:

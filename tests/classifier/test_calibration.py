@@ -4,7 +4,7 @@ import pytest
 from classifier.calibration import calibrate_threshold, long_share
 from classifier.estimators import PRE_ROUTE, build_pipeline
 from classifier.training import feature_matrix, out_of_fold_probabilities
-from tests.classifier_fixtures import synthetic_rows
+from tests.support.classifier import synthetic_rows
 
 
 @pytest.mark.parametrize("share", [0.0, 0.1, 0.3, 0.5, 0.95, 1.0])

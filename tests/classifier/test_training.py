@@ -9,7 +9,7 @@ from classifier.training import (
     out_of_fold_probabilities,
     train,
 )
-from tests.classifier_fixtures import synthetic_rows
+from tests.support.classifier import synthetic_rows
 
 
 def test_label_rule_ties_go_cheap_and_margin_widens():

@@ -5,7 +5,7 @@ import pytest
 
 from gateway.cli import main
 from gateway.ledger.records import UpstreamCall
-from tests.ledger_fixtures import BASE, LONG, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, LONG, call, record, sample_records, write_ledger
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gateway.cli import main
-from tests.routing_fixtures import write_paired_fixture
+from tests.support.routing import write_paired_fixture
 
 STRATEGIES = [
     "always-long",

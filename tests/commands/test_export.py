@@ -5,7 +5,7 @@ from datetime import datetime
 import pytest
 
 from gateway.cli import main
-from tests.ledger_fixtures import sample_records, write_ledger
+from tests.support.ledger import sample_records, write_ledger
 
 
 @pytest.fixture

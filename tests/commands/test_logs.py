@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from tests.ledger_fixtures import BASE, CHEAP, LONG, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, CHEAP, LONG, call, record, sample_records, write_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 

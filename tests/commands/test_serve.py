@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from tests.engines import free_port
-from tests.gateway_fixtures import POLICY_TEMPLATE
+from tests.support.engines import free_port
+from tests.support.gateway import POLICY_TEMPLATE
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "sk-admin-replicas"

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from tests.commands.test_serve import USER_KEY, start_replica, wait_healthy
-from tests.gateway_fixtures import POLICY_TEMPLATE
+from tests.support.gateway import POLICY_TEMPLATE
 
 
 def _ask(url: str, model: str = "openai/fake-cheap", timeout: float = 30) -> tuple[int, str | None]:

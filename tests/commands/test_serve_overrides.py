@@ -17,8 +17,8 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.tokens import count_tokens
 from tests.commands.test_serve import wait_healthy
-from tests.engines import free_port
-from tests.servers import serve_app
+from tests.support.engines import free_port
+from tests.support.servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
 

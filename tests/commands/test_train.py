@@ -10,7 +10,7 @@ from classifier.features import FEATURE_NAMES
 from gateway.cli import main
 from gateway.routing.model_files import load_model
 from policies.loader import load_policy, shipped_policy_path
-from tests.routing_fixtures import write_paired_fixture
+from tests.support.routing import write_paired_fixture
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from pipelines.long_context import LongContextPipeline, split_question
 from pipelines.messages import TOKENS_PER_MESSAGE
 from pipelines.tokens import count_tokens
 from policies.loader import load_policy
-from tests.routing_fixtures import write_paired_fixture
+from tests.support.routing import write_paired_fixture
 
 
 @pytest.fixture(scope="module")

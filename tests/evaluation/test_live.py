@@ -27,9 +27,9 @@ def test_scorers():
 
 
 def test_eval_live_scores_answers_and_reads_the_ledger(tmp_path, capsys):
-    from tests.fake_upstream import create_fake_upstream
-    from tests.gateway_fixtures import make_policy, running_gateway
-    from tests.servers import serve_app
+    from tests.support.fake_upstream import create_fake_upstream
+    from tests.support.gateway import make_policy, running_gateway
+    from tests.support.servers import serve_app
 
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -69,7 +69,7 @@ def test_eval_live_closes_its_openai_client(tmp_path, monkeypatch, capsys):
     import openai
     from starlette.applications import Starlette
 
-    from tests.servers import serve_app
+    from tests.support.servers import serve_app
 
     clients = []
 

@@ -14,7 +14,7 @@ from gateway.ledger.budget import BudgetExceeded, InFlight, Limits, TokenLimitEx
 from gateway.ledger.database import connect, write_records
 from gateway.ledger.records import IN_FLIGHT
 from gateway.ledger.writer import Ledger
-from tests.ledger_fixtures import CHEAP, call, record
+from tests.support.ledger import CHEAP, call, record
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -14,7 +14,7 @@ from gateway.ledger.entry import cache_tokens
 from gateway.ledger.pricing import Price, PriceBook
 from gateway.server.auth import Authenticator
 from policies.schema import ModelConfig
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 ADMIN = "sk-admin-pricing"
 POLICY = """

@@ -7,7 +7,7 @@ from gateway.ledger import reports
 from gateway.ledger.database import _migrations, connect, migrate, write_records
 from gateway.ledger.errors import InvalidQuery, NotFound
 from gateway.ledger.records import key_id
-from tests.ledger_fixtures import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 
 from gateway.ledger import reports
 from gateway.ledger.summary import summary
-from tests.ledger_fixtures import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, CHEAP, LONG, cached, call, record, sample_records, write_ledger
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from dataclasses import asdict
 import pytest
 
 from gateway.ledger.writer import Ledger
-from tests.ledger_fixtures import BASE, CHEAP, call, record
+from tests.support.ledger import BASE, CHEAP, call, record
 
 
 def rows(path) -> list[str]:

@@ -10,7 +10,7 @@ from pipelines.rag import RagPipeline, stitch
 from pipelines.settings import ChunkingSettings, LongContextSettings, RagSettings
 from pipelines.store import DocumentStore
 from pipelines.tokens import count_tokens
-from tests.pipelines_fixtures import CountingEmbedder, distractor_documents, manual_document
+from tests.support.pipelines import CountingEmbedder, distractor_documents, manual_document
 
 SETTINGS = RagSettings(
     chunking=ChunkingSettings(chunk_tokens=48, chunk_overlap=8),

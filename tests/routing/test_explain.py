@@ -14,9 +14,9 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from policies.routes import LONG
-from tests.gateway_fixtures import ledger_rows, make_policy
 from tests.routing.test_warm_cache import Clock, documents
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows, make_policy
+from tests.support.servers import serve_app
 
 POLICY = """
 name: explain-cache-test

@@ -7,7 +7,7 @@ from classifier.features import FEATURE_NAMES, DocumentStats, RetrievalSignals, 
 from classifier.model import ModelFileError, RouteModel
 from classifier.training import train
 from gateway.routing.model_files import builtin_model_path, card_path, load_model, save_model
-from tests.classifier_fixtures import synthetic_rows
+from tests.support.classifier import synthetic_rows
 
 
 @pytest.fixture(scope="module")

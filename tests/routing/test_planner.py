@@ -19,7 +19,7 @@ from pipelines.long_context import LongContextPipeline
 from pipelines.store import DocumentStore
 from policies.routes import DIRECT, LONG, RAG
 from policies.schema import Policy
-from tests.pipelines_fixtures import CountingEmbedder, distractor_documents, manual_document
+from tests.support.pipelines import CountingEmbedder, distractor_documents, manual_document
 
 
 def make_policy(placement: str, window: int = 1500) -> Policy:

@@ -19,8 +19,8 @@ from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from pipelines.long_context import split_question
 from policies.schema import ModelConfig
-from tests.gateway_fixtures import ledger_rows, make_policy
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows, make_policy
+from tests.support.servers import serve_app
 
 POLICY = """
 name: cache-test

@@ -10,9 +10,9 @@ import pytest
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.gateway_fixtures import ledger_rows, make_policy
 from tests.routing.test_escalation import toy_verifier
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows, make_policy
+from tests.support.servers import serve_app
 
 PLANTED = "The maintenance password for the Zephyr pump is BLUE-HERON-42."
 FILLER = [

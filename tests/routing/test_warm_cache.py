@@ -15,8 +15,8 @@ from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from pipelines.tokens import count_tokens
 from policies.schema import ModelConfig
-from tests.gateway_fixtures import ledger_rows, make_policy
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows, make_policy
+from tests.support.servers import serve_app
 
 OPENAI = ModelConfig(model="openai/gpt-4.1", prompt_cache_min_tokens=1024)
 CLAUDE = ModelConfig(model="anthropic/claude-sonnet-4-5")

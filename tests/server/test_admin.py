@@ -7,7 +7,7 @@ from starlette.testclient import TestClient
 
 from gateway.ledger import reports
 from gateway.server.auth import Authenticator
-from tests.ledger_fixtures import ADMIN_KEY, BASE, CHEAP, LONG, USER_KEY, admin_app, sample_records, write_ledger
+from tests.support.ledger import ADMIN_KEY, BASE, CHEAP, LONG, USER_KEY, admin_app, sample_records, write_ledger
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -89,7 +89,7 @@ def test_costs_endpoint_groups_and_rejects_bad_input(client):
 
 
 def test_summary_endpoint_and_window_validation(ledger, client):
-    from tests.ledger_fixtures import call, record
+    from tests.support.ledger import call, record
 
     now = time.time()
     for i, route in enumerate(["rag", "rag", "rag>long", "long"]):
@@ -136,7 +136,7 @@ def test_dashboard_page_is_self_contained(client):
 
 
 def test_admin_reads_see_records_written_after_startup(ledger, client):
-    from tests.ledger_fixtures import call, record
+    from tests.support.ledger import call, record
 
     ledger.submit(record("late", BASE + 2 * 86400, "long", [call(LONG, "long", 10, 1, 1.0)], counterfactual=1.0))
     ledger.flush()
@@ -148,7 +148,7 @@ def test_admin_reads_see_records_written_after_startup(ledger, client):
 def test_routes_are_mounted_in_the_real_app(tmp_path):
     import httpx
 
-    from tests.gateway_fixtures import make_policy, running_gateway
+    from tests.support.gateway import make_policy, running_gateway
 
     write_ledger(tmp_path / "ledger.sqlite3", sample_records()).close()
     auth = Authenticator([USER_KEY], ADMIN_KEY)

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.server.auth import Authenticator
 from pipelines.scope import SHARED
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 
 @pytest.fixture()
@@ -327,7 +327,7 @@ def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatc
     request. The same key asking again reuses its own."""
     from pipelines.documents import Document
     from pipelines.embedding import Embedder
-    from tests.pipelines_fixtures import CountingEmbedder
+    from tests.support.pipelines import CountingEmbedder
 
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")

@@ -13,8 +13,8 @@ from gateway.settings import Settings
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.store import content_hash
-from tests.gateway_fixtures import make_policy
-from tests.servers import serve_app
+from tests.support.gateway import make_policy
+from tests.support.servers import serve_app
 
 
 @pytest.fixture(scope="module")

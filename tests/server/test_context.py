@@ -22,9 +22,9 @@ from gateway.server.metrics import GatewayMetrics
 from gateway.server.middleware import RequestMiddleware
 from pipelines.embedding import Embedder
 from pipelines.errors import CollectionNotFound, StoreUnavailable
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
-from tests.ledger_fixtures import bare_gateway
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.ledger import bare_gateway
+from tests.support.servers import serve_app
 
 ADMIN = "sk-admin-context"
 LIMIT = 20_000  # the gateway's body limit in these tests

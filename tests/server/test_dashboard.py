@@ -17,7 +17,7 @@ import pytest
 from gateway.ledger import reports
 from gateway.ledger.database import connect
 from gateway.ledger.summary import bucket_for, percentiles, summary
-from tests.ledger_fixtures import (
+from tests.support.ledger import (
     ADMIN_KEY,
     BASE,
     LONG,
@@ -28,7 +28,7 @@ from tests.ledger_fixtures import (
     synthetic_records,
     write_ledger,
 )
-from tests.servers import serve_app
+from tests.support.servers import serve_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

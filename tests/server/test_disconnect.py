@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 POLICY = """
 name: test

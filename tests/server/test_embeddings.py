@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from pipelines.embedding import Embedder
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import httpx
 
 from gateway.server.auth import Authenticator
-from tests.gateway_fixtures import make_policy, running_gateway
+from tests.support.gateway import make_policy, running_gateway
 
 ADMIN, USER = "sk-admin-errors", "sk-user-errors"
 

@@ -7,7 +7,7 @@ import re
 from importlib import resources
 
 from gateway.server.metrics import GatewayMetrics
-from tests.ledger_fixtures import call, record, sample_records
+from tests.support.ledger import call, record, sample_records
 
 # labels Prometheus adds at scrape time, or the histogram's and the multiprocess process_* own
 SCRAPE_LABELS = {"job", "instance", "le", "pid"}

@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.gateway_fixtures import make_policy, running_gateway
-from tests.servers import serve_app
+from tests.support.gateway import make_policy, running_gateway
+from tests.support.servers import serve_app
 
 CONTRACT = (
     "The supplier shall deliver the pumps within 30 days of the order. The laws of Norway govern this "

@@ -11,8 +11,8 @@ import httpx
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.gateway_fixtures import make_policy
-from tests.servers import serve_app
+from tests.support.gateway import make_policy
+from tests.support.servers import serve_app
 
 
 class SlowEmbedder(Embedder):

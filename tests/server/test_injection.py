@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from tests.gateway_fixtures import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
+from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
 
 CLEAN = "The supplier shall deliver the pumps within 30 days of the order. Norwegian law governs this contract."
 VARIANTS = {

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.server.auth import Authenticator
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 ADMIN = "sk-admin-keys"
 

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.ledger.keys import KeyStore
 from gateway.server.auth import Authenticator
-from tests.gateway_fixtures import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
+from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
 
 ADMIN = "sk-admin-test"
 
@@ -129,7 +129,7 @@ def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_
     """issue 21: with passthrough.allow at its default, {"model": "ollama/llama3"} made the gateway POST to
     localhost:11434 and `local/smollm2...` ran in-process for any key. Now only the policy's models pass, and a
     wildcard never reaches a local service's provider: the local service (a capture server) sees nothing."""
-    from tests.capture import capture_server
+    from tests.support.capture import capture_server
 
     assert "passthrough" not in DEFAULT_PASSTHROUGH_POLICY
     with capture_server() as ollama:

@@ -4,7 +4,7 @@ from pathlib import Path
 from starlette.testclient import TestClient
 
 from gateway.server.metrics import GatewayMetrics
-from tests.ledger_fixtures import BASE, CHEAP, LONG, admin_app, call, record, sample_records, write_ledger
+from tests.support.ledger import BASE, CHEAP, LONG, admin_app, call, record, sample_records, write_ledger
 
 
 def sample(text: str, name: str, **labels) -> float:
@@ -152,7 +152,7 @@ def test_a_stream_is_timed_to_its_first_event_and_requests_in_flight_are_counted
 
     import httpx
 
-    from tests.gateway_fixtures import make_policy, running_gateway
+    from tests.support.gateway import make_policy, running_gateway
 
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")  # "dribble" is passed through to the fake upstream

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.server.access_log import ACCESS_LOGGER, JsonFormatter
 from gateway.server.auth import Authenticator
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 PROMPT = "a secret question about the Zephyr pump"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.gateway_fixtures import make_policy, running_gateway
+from tests.support.gateway import make_policy, running_gateway
 
 
 @pytest.fixture(scope="module")

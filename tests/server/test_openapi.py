@@ -11,7 +11,7 @@ from starlette.schemas import SchemaGenerator
 from gateway.protocol import ChatCompletionRequest
 from gateway.server.auth import Authenticator
 from gateway.server.embeddings import EmbeddingsRequest
-from tests.gateway_fixtures import make_policy, running_gateway
+from tests.support.gateway import make_policy, running_gateway
 
 ADMIN = "sk-admin-openapi"
 

@@ -13,8 +13,8 @@ import json
 import httpx
 import pytest
 
-from tests.capture import capture_server
-from tests.gateway_fixtures import make_policy, running_gateway
+from tests.support.capture import capture_server
+from tests.support.gateway import make_policy, running_gateway
 
 ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
 POLICY = (

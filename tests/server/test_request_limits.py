@@ -10,8 +10,8 @@ import pytest
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.gateway_fixtures import POLICY_TEMPLATE, ledger_rows, make_policy
-from tests.servers import serve_app
+from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy
+from tests.support.servers import serve_app
 
 LIMITS = (
     POLICY_TEMPLATE

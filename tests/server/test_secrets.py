@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.gateway_fixtures import make_policy, running_gateway
-from tests.servers import serve_app
+from tests.support.gateway import make_policy, running_gateway
+from tests.support.servers import serve_app
 
 OPENAI_KEY = "sk-proj-openaiLIVEkey1234567890"
 ANTHROPIC_KEY = "sk-ant-api03-anthropicLIVEkey123456"

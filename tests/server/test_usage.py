@@ -11,9 +11,9 @@ from gateway.server.app import create_app
 from gateway.server.usage import cost_text
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.gateway_fixtures import ledger_rows
 from tests.routing.test_service import manual, policy_for
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows
+from tests.support.servers import serve_app
 
 QUESTION = "What is the maintenance password for the Zephyr pump?"
 

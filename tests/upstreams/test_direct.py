@@ -13,7 +13,7 @@ from tenacity import RetryCallState
 
 from gateway.errors import GatewayError
 from gateway.upstreams.direct import MAX_RETRY_AFTER_S, _Retryable, _wait, retry_after_seconds
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 
 @pytest.fixture()
@@ -144,7 +144,7 @@ def test_error_bodies_of_any_shape_are_typed_errors_not_500s(tmp_path, monkeypat
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from tests.servers import serve_app
+    from tests.support.servers import serve_app
 
     async def chat(request):
         return Response(payload, status_code=status, media_type="application/json")

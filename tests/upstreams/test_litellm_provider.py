@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.gateway_fixtures import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, make_policy, running_gateway
 
 POLICY = """
 name: litellm-test

@@ -7,8 +7,8 @@ import pytest
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
-from tests.gateway_fixtures import ledger_rows
-from tests.servers import serve_app
+from tests.support.gateway import ledger_rows
+from tests.support.servers import serve_app
 
 
 @pytest.fixture(scope="module")

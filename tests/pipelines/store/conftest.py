@@ -2,7 +2,7 @@ import pytest
 
 from pipelines.embedding import Embedder
 from pipelines.store import DocumentStore
-from tests.pipelines_fixtures import STORE_SETTINGS, CountingEmbedder
+from tests.support.pipelines import STORE_SETTINGS, CountingEmbedder
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
 from pipelines.store import DocumentStore, IngestCancelled
-from tests.pipelines_fixtures import MANUAL_PATH, distractor_documents, manual_document
-from tests.pipelines_fixtures import STORE_SETTINGS as SETTINGS
+from tests.support.pipelines import MANUAL_PATH, distractor_documents, manual_document
+from tests.support.pipelines import STORE_SETTINGS as SETTINGS
 
 
 def chunk_rows(store, collection):

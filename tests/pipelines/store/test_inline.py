@@ -7,8 +7,8 @@ from pipelines.embedding import Embedder
 from pipelines.scope import SHARED
 from pipelines.settings import ChunkingSettings, RagSettings
 from pipelines.store import DocumentStore
-from tests.pipelines_fixtures import STORE_SETTINGS as SETTINGS
-from tests.pipelines_fixtures import distractor_documents, manual_document
+from tests.support.pipelines import STORE_SETTINGS as SETTINGS
+from tests.support.pipelines import distractor_documents, manual_document
 
 
 def test_inline_collection_is_cached_by_content(store, embedder):

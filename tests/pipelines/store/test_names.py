@@ -1,7 +1,7 @@
 import pytest
 
 from pipelines.store import check_writable_name, validate_collection_name
-from tests.pipelines_fixtures import manual_document
+from tests.support.pipelines import manual_document
 
 
 def test_collection_names_are_validated(store):

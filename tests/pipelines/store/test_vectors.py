@@ -3,7 +3,7 @@ from dataclasses import replace
 import numpy as np
 
 from pipelines.store.vectors import ChunkVectorCache
-from tests.pipelines_fixtures import distractor_documents, manual_document
+from tests.support.pipelines import distractor_documents, manual_document
 
 
 def test_chunk_vectors_are_read_once_per_document_version(store):

@@ -77,7 +77,7 @@ def gateway(upstream, embedder, tmp_path):
     """gateway(policy) -> (url, app), stopped (shutdown included) at the end of the test or by stop()."""
     from gateway.server.app import create_app
     from gateway.settings import Settings
-    from tests.servers import serve_app
+    from tests.support.servers import serve_app
 
     running = []
     upstream[1].state.received.clear()

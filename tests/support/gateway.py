@@ -9,7 +9,7 @@ from pathlib import Path
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from policies.loader import parse_policy
-from tests.servers import serve_app
+from tests.support.servers import serve_app
 
 POLICY_TEMPLATE = """
 name: test

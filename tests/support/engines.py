@@ -1,6 +1,6 @@
 """Real shared engines for tests: a throwaway PostgreSQL server and an S3-compatible server (moto).
 
-Import the fixtures into a conftest (``from tests.engines import postgres_server, postgres_url, s3_server,
+Import the fixtures into a conftest (``from tests.support.engines import postgres_server, postgres_url, s3_server,
 s3_bucket``) or into a test module. Both servers listen on 127.0.0.1 only, start once per session, and are
 stopped (and their files removed) at the end. When an engine is not installed the tests that use it are
 skipped with a message naming the fix: ``bash .ci/install --test``.

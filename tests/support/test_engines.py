@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.engines import postgres_server, postgres_url, s3_bucket, s3_server  # noqa: F401  (fixtures)
+from tests.support.engines import postgres_server, postgres_url, s3_bucket, s3_server  # noqa: F401  (fixtures)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIGRATIONS = [
     "001_ledger.sql",
     "002_hourly_rollups.sql",

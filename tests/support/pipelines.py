@@ -8,7 +8,7 @@ from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.settings import ChunkingSettings, RagSettings
 
-MANUAL_PATH = Path(__file__).parent / "pipelines" / "fixtures" / "manual.md"
+MANUAL_PATH = Path(__file__).parents[1] / "pipelines" / "fixtures" / "manual.md"
 # small chunks, so the store tests' documents make several each
 STORE_SETTINGS = RagSettings(chunking=ChunkingSettings(chunk_tokens=64, chunk_overlap=8), top_k=5)
 

@@ -59,6 +59,11 @@ class RequestLedgerEntry:
         """The legs recorded so far."""
         return self.record.calls
 
+    @property
+    def cost_usd(self) -> float:
+        """What the legs recorded so far cost (once finished: the request's cost)."""
+        return sum(c.cost_usd for c in self.record.calls)
+
     def reserve(self, estimate: Estimate, limits: Limits | None = None) -> None:
         """Record the request as in flight with its reservation, before its first upstream call (blocking: from a
         worker thread). With `limits`: budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""

@@ -35,7 +35,7 @@ from gateway.routing.calls import (
 )
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
-from gateway.routing.learning.loop import JudgeInput, LearningLoop
+from gateway.routing.learning.loop import JudgeInput, LearningLoop, RecordLearning
 from gateway.routing.prompt_cache import mark_document_block, needs_cache_control, stable_document_block
 from gateway.routing.warm_cache import WarmPrefixes
 from gateway.upstreams.base import Upstream, chunk_usage, malformed_chunk
@@ -105,13 +105,14 @@ class RoutingService:
     """Answers chat requests: pass-through, and routed with the planner start-up hands it (gateway.server.startup
     owns loading the models and the document store)."""
 
-    def __init__(self, policy: Policy, upstream: Upstream):
+    def __init__(self, policy: Policy, upstream: Upstream, record_learning: RecordLearning):
         self.policy = policy
         self.upstream = upstream
         self.planner: RoutePlanner | None = None  # handed over by start-up (gateway.server.startup) once loaded
         self.check = CheapAnswerCheck(policy)  # the literal-refusal rule until start-up loads the verifier
         self.warm = WarmPrefixes()  # long prompt prefixes this process sent recently (provider prompt caching)
-        self.learning = LearningLoop(policy, upstream)  # judge and shadow work, in the background
+        # judge and shadow work, in the background; the server records what each job came to
+        self.learning = LearningLoop(policy, upstream, record_learning)
 
     def attach(self, planner: RoutePlanner, check: CheapAnswerCheck) -> None:
         """What start-up loaded: the planner (document store, pipelines, router) and the answer check."""

@@ -34,6 +34,7 @@ from gateway.server.explain import explain_route
 from gateway.server.feedback import feedback_routes
 from gateway.server.health import health_routes
 from gateway.server.keys import key_routes
+from gateway.server.learning import record_learning
 from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.middleware import RequestMiddleware
 from gateway.server.models import model_routes
@@ -106,7 +107,7 @@ def create_app(
         auth.store = keys
     upstream = upstream or default_upstream()
     prices = prices or PriceBook()
-    routing = RoutingService(policy, upstream)
+    routing = RoutingService(policy, upstream, record_learning)
     startup = Startup(settings, policy, policy_path, upstream, routing, embedder=embedder)
     routing.learning.budget.read_spend = functools.partial(learning_spend, ledger.location)
     labels = LabelStore(ledger.location)

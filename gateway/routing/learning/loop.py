@@ -5,6 +5,8 @@ changes that answer; a failure (the judge's or the shadow's upstream, a malforme
 and never reaches the client. Shadow and judge calls are ledgered as their own requests (routes `shadow` and
 `judge`, no client key), costed, and capped together by routing.learning.daily_budget_usd per UTC day. At shutdown
 `aclose` waits for the work in flight, then cancels what is left; a cancelled request is ledgered as such (503).
+Each job returns what it came to (a `LearningOutcome`) and the server records it in the job's ledger entry
+(gateway.server.learning), as it records a client request's `Outcome`: routing never writes ledger fields itself.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
@@ -39,6 +41,22 @@ SHUTDOWN_ERROR = "the gateway shut down before this learning request finished"
 
 def learning_request_id() -> str:
     return f"req_{uuid.uuid4().hex}"
+
+
+@dataclass
+class LearningOutcome:
+    """What one shadow or judge request came to. The server records it in that request's ledger entry and
+    finishes the entry (gateway.server.learning.record_learning)."""
+
+    status: int
+    error: str | None = None
+    note: str | None = None  # added to the request's reason: the verdict, or why there is no label
+    provenance: dict[str, Any] = field(default_factory=dict)  # added to the request's provenance
+    label: LabelRecord | None = None  # the label this request produced (a judge's verdict on another request)
+
+
+# record(entry, outcome): the server's recording of a learning request's outcome in its ledger entry (finishes it)
+RecordLearning = Callable[["RequestLedgerEntry", LearningOutcome], None]
 
 
 @dataclass(frozen=True)
@@ -92,12 +110,14 @@ class LearningLoop:
         self,
         policy: Policy,
         upstream: Upstream,
+        record: RecordLearning,
         read_spend: Callable[[float], float] | None = None,
         seed: int | None = None,
     ):
         self.policy = policy
         self.settings = policy.routing.learning
         self.upstream = upstream
+        self.record = record
         self.budget = DailyBudget(self.settings.daily_budget_usd, read_spend)
         self._rng = random.Random(seed)
         self._tasks: set[asyncio.Task] = set()
@@ -143,25 +163,24 @@ class LearningLoop:
     async def _shadow(self, parent, given: JudgeInput, run_long) -> None:
         from gateway.routing.service import completion_text
 
-        entry = parent.learning_entry(learning_request_id(), SHADOW, f"shadow long answer of {parent.record.id}")
+        shadow_id = learning_request_id()
+        entry = parent.learning_entry(shadow_id, SHADOW, f"shadow long answer of {parent.record.id}")
         try:
             completion = await run_long(entry)
         except asyncio.CancelledError:
-            entry.finish(503, SHUTDOWN_ERROR)
+            self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR))
             raise
         except GatewayError as exc:
-            entry.finish(exc.status, exc.message)
-            self.budget.add(entry.record.cost_usd)
+            self.record(entry, LearningOutcome(exc.status, exc.message))
+            self.budget.add(entry.cost_usd)
             return
         except Exception as exc:  # never the client's problem: logged and ledgered
             logger.exception("shadow answer of %s failed", parent.record.id)
-            entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+            self.record(entry, LearningOutcome(500, f"internal error: {type(exc).__name__}: {exc}"))
             return
-        entry.finish(200)
-        self.budget.add(entry.record.cost_usd)
-        await self._judge(
-            parent, given, completion_text(completion), LABEL_SHADOW, entry.record.cost_usd, shadow_id=entry.record.id
-        )
+        self.record(entry, LearningOutcome(200))
+        self.budget.add(entry.cost_usd)
+        await self._judge(parent, given, completion_text(completion), LABEL_SHADOW, entry.cost_usd, shadow_id=shadow_id)
 
     async def _judge(
         self,
@@ -174,42 +193,39 @@ class LearningLoop:
     ) -> None:
         from gateway.routing.service import completion_text
 
-        entry = parent.learning_entry(learning_request_id(), JUDGE, f"judge of {parent.record.id} ({source})")
-        if shadow_id is not None:
-            entry.record.provenance["shadow"] = shadow_id
+        judge_id = learning_request_id()
+        entry = parent.learning_entry(judge_id, JUDGE, f"judge of {parent.record.id} ({source})")
+        judged = {"shadow": shadow_id} if shadow_id is not None else {}  # the shadow answer it judged
         config = self.judge_model
         body = judge_body(config.model, given.question, given.passages, given.cheap_answer, long_answer or "")
         try:
             completion = await complete_upstream(self.upstream, entry, config, JUDGE, body)
         except asyncio.CancelledError:
-            entry.finish(503, SHUTDOWN_ERROR)
+            self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR, provenance=judged))
             raise
         except GatewayError as exc:
-            entry.finish(exc.status, exc.message)
-            self.budget.add(entry.record.cost_usd)
+            self.record(entry, LearningOutcome(exc.status, exc.message, provenance=judged))
+            self.budget.add(entry.cost_usd)
             return
         except Exception as exc:
             logger.exception("judge of %s failed", parent.record.id)
-            entry.finish(500, f"internal error: {type(exc).__name__}: {exc}")
+            self.record(entry, LearningOutcome(500, f"internal error: {type(exc).__name__}: {exc}", provenance=judged))
             return
         verdict = parse_verdict(completion_text(completion))
-        cost = entry.record.calls[-1].cost_usd if entry.record.calls else 0.0
+        cost = entry.calls[-1].cost_usd if entry.calls else 0.0
         if verdict is None:
-            entry.record.reason += ": malformed verdict, no label"
+            self.record(entry, LearningOutcome(200, note="malformed verdict, no label", provenance=judged))
         else:
-            entry.record.reason += f": {verdict}"
-            entry.record.labels.append(
-                LabelRecord(
-                    request_id=parent.record.id,
-                    source=source,
-                    good=verdict_good(verdict),
-                    verdict=verdict,
-                    key_id=parent.record.key_id,
-                    cost_usd=cost + extra_cost,
-                    label_request_id=entry.record.id,
-                )
+            label = LabelRecord(
+                request_id=parent.record.id,
+                source=source,
+                good=verdict_good(verdict),
+                verdict=verdict,
+                key_id=parent.record.key_id,
+                cost_usd=cost + extra_cost,
+                label_request_id=judge_id,
             )
-        entry.finish(200)
+            self.record(entry, LearningOutcome(200, note=verdict, provenance=judged, label=label))
         self.budget.add(cost)
 
     async def aclose(self, grace_s: float | None = None) -> None:

@@ -276,31 +276,18 @@ def run_replay_target(args: argparse.Namespace) -> int:
 
 def run_from_ledger(args: argparse.Namespace) -> int:
     """The verifier threshold from the recorded score distribution (gateway.evaluation.recorded)."""
-    from gateway.commands.whatif import since_time
-    from gateway.evaluation.recorded import thresholds_for_cost_share
-    from gateway.ledger.dialect import database_error_types
-    from gateway.ledger.errors import LedgerError
-    from gateway.ledger.labels import recorded_requests
+    from gateway.evaluation.recorded import RecordedReadError, read_recorded, thresholds_for_cost_share
     from policies.edit import set_threshold
-    from policies.loader import PolicyError, load_policy
 
     if args.max_cost_share is None or not 0 < args.max_cost_share <= 1:
         print("selfroute calibrate: --from-ledger needs --max-cost-share within (0, 1]", file=sys.stderr)
         return 2
-    # a tuple mypy can check (it does not read a starred name in an except clause)
-    errors: tuple[type[BaseException], ...] = (
-        PolicyError,
-        OSError,
-        ValueError,
-        LedgerError,
-        *database_error_types()[0],
-    )
     try:
-        policy, policy_file = load_policy(args.policy)
-        requests = recorded_requests(ledger_location(args), since=since_time(args.since), policy=policy.name)
-    except errors as exc:
+        found = read_recorded(args.policy, ledger_location(args), args.since, models=False, own_requests=True)
+    except RecordedReadError as exc:
         print(f"selfroute calibrate: {exc}", file=sys.stderr)
         return 2
+    policy, policy_file, requests = found.policy, found.policy_file, found.requests
     pick = thresholds_for_cost_share(requests, args.max_cost_share)
     if pick is None:
         print(

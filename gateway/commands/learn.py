@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 from gateway.commands._common import add_ledger_argument, ledger_location
-from gateway.commands.whatif import since_time
 
 MIN_GAIN_POINTS = 0.5  # replay quality gain (points) a refit needs before it replaces the model in force
 
@@ -71,32 +70,18 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.model import ModelFileError
     from classifier.verifier import out_of_fold_scores, threshold_for_escalation_share, train_verifier
-    from gateway.evaluation.recorded import _numbers
-    from gateway.ledger.dialect import database_error_types
-    from gateway.ledger.errors import LedgerError
-    from gateway.ledger.labels import recorded_requests
-    from gateway.routing.model_files import load_verifier_model, save_verifier
+    from gateway.evaluation.recorded import RecordedReadError, _numbers, read_recorded
+    from gateway.routing.model_files import save_verifier
     from policies.edit import set_values
-    from policies.loader import PolicyError, load_policy, parse_policy
+    from policies.loader import PolicyError, parse_policy
 
-    # a tuple mypy can check (it does not read a starred name in an except clause)
-    errors: tuple[type[BaseException], ...] = (
-        PolicyError,
-        ModelFileError,
-        OSError,
-        ValueError,
-        LedgerError,
-        *database_error_types()[0],
-    )
     try:
-        policy, policy_file = load_policy(args.policy)
-        verifier = load_verifier_model(policy, policy_file)
-        requests = recorded_requests(ledger_location(args), since=since_time(args.since))
-    except errors as exc:
+        found = read_recorded(args.policy, ledger_location(args), args.since)
+    except RecordedReadError as exc:
         print(f"selfroute learn: {exc}", file=sys.stderr)
         return 2
+    policy, policy_file, verifier, requests = found.policy, found.policy_file, found.verifier, found.requests
     if verifier is None or policy_file is None:
         print("selfroute learn: the policy needs routing.verifier and a file to write to", file=sys.stderr)
         return 2

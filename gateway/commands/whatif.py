@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from gateway.commands._common import add_ledger_argument, ledger_location
@@ -24,43 +23,17 @@ def register(subparsers, parents) -> None:
     parser.set_defaults(func=run)
 
 
-def since_time(age: str) -> float:
-    from gateway.ledger.keys import expiry_time
-
-    return 2 * time.time() - expiry_time(age)  # expiry_time is now + age: mirror it into the past
-
-
-def load_models(policy, policy_file):
-    from gateway.routing.model_files import load_route_model, load_verifier_model
-
-    return load_route_model(policy, policy_file), load_verifier_model(policy, policy_file)
-
-
 def run(args: argparse.Namespace) -> int:
-    from classifier.model import ModelFileError
-    from gateway.evaluation.recorded import recorded_summary, replay, summary
-    from gateway.ledger.dialect import database_error_types
-    from gateway.ledger.errors import LedgerError
-    from gateway.ledger.labels import recorded_requests
-    from policies.loader import PolicyError, load_policy
+    from gateway.evaluation.recorded import RecordedReadError, read_recorded, recorded_summary, replay, summary
 
-    # a tuple mypy can check (it does not read a starred name in an except clause)
-    errors: tuple[type[BaseException], ...] = (
-        PolicyError,
-        ModelFileError,
-        OSError,
-        ValueError,
-        LedgerError,
-        *database_error_types()[0],
-    )
     try:
-        policy, policy_file = load_policy(args.policy)
-        model, verifier = load_models(policy, policy_file)
-        requests = recorded_requests(ledger_location(args), since=since_time(args.since))
-    except errors as exc:
+        found = read_recorded(args.policy, ledger_location(args), args.since)
+    except RecordedReadError as exc:
         print(f"selfroute whatif: {exc}", file=sys.stderr)
         return 2
-    now, candidate = recorded_summary(requests), summary(replay(requests, policy, model, verifier))
+    requests = found.requests
+    now = recorded_summary(requests)
+    candidate = summary(replay(requests, found.policy, found.route_model, found.verifier))
     if args.json:
         print(
             json.dumps(

@@ -1,6 +1,6 @@
 """Recorded traffic replayed: decisions recomputed from the ledger's stored features (request_features) with the live
 decision functions (gateway.routing.decision.Router, gateway.routing.escalation.CheapAnswerCheck), for
-`selfroute whatif`, `selfroute learn` and `selfroute calibrate --from-ledger`.
+`selfroute whatif`, `selfroute learn` and `selfroute calibrate --from-ledger`, which all read it with `read_recorded`.
 
 Costs are estimated from what the ledger recorded for each request: its always-long counterfactual stands for a
 long answer (a request answered long records that very leg as its counterfactual), and its cheap leg (the request's
@@ -15,16 +15,75 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from gateway.ledger.labels import RecordedRequest
+from classifier.model import ModelFileError, RouteModel
+from gateway.ledger.dialect import database_error_types
+from gateway.ledger.errors import LedgerError
+from gateway.ledger.keys import expiry_time
+from gateway.ledger.labels import RecordedRequest, recorded_requests
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CHECKED_ROUTES, CheapAnswerCheck
+from gateway.routing.model_files import load_route_model, load_verifier_model
+from policies.loader import PolicyError, load_policy
 from policies.routes import FALLBACK, LONG
 from policies.schema import Policy
+
+if TYPE_CHECKING:
+    from classifier.verifier import VerifierModel
+
+
+class RecordedReadError(Exception):
+    """The policy, its model files or the ledger could not be read; the message says which and why."""
+
+
+@dataclass
+class RecordedTraffic:
+    """A policy, its models as the live gateway loads them, and the routed requests it recorded (with labels)."""
+
+    policy: Policy
+    policy_file: Path
+    requests: list[RecordedRequest]
+    route_model: RouteModel | None = None
+    verifier: VerifierModel | None = None
+
+
+def since_time(age: str) -> float:
+    """Unix seconds `age` ago (30m, 12h, 7d, 4w)."""
+    return 2 * time.time() - expiry_time(age)  # expiry_time is now + age: mirror it into the past
+
+
+def read_recorded(
+    policy_path: Path, location: str | Path, since: str, *, models: bool = True, own_requests: bool = False
+) -> RecordedTraffic:
+    """The one reader of recorded features: the policy at `policy_path`, its route model and verifier (`models`), and
+    the requests recorded since the age `since` (only the policy's own with `own_requests`)."""
+    # a tuple mypy can check (it does not read a starred name in an except clause)
+    errors: tuple[type[BaseException], ...] = (
+        PolicyError,
+        ModelFileError,
+        OSError,
+        ValueError,
+        LedgerError,
+        *database_error_types()[0],
+    )
+    try:
+        policy, policy_file = load_policy(policy_path)
+        found = RecordedTraffic(policy, policy_file, [])
+        if models:
+            found.route_model = load_route_model(policy, policy_file)
+            found.verifier = load_verifier_model(policy, policy_file)
+        found.requests = recorded_requests(
+            location, since=since_time(since), policy=policy.name if own_requests else None
+        )
+    except errors as exc:
+        raise RecordedReadError(str(exc)) from exc
+    return found
 
 
 def _numbers(values: dict[str, Any] | None) -> dict[str, float]:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.upstreams.base import Upstream, check_completion, malformed_answer
 from policies.schema import ModelConfig
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # finish(usage, error, status): runs exactly once when a stream ends, however it ends
 StreamFinish = Callable[[dict[str, Any] | None, str | None, int], None]
@@ -49,6 +53,9 @@ class Streamed:
     chunks: AsyncIterator[bytes]
     client_wants_usage: bool
     finish: StreamFinish
+    # a held answer sent after all though it was cut after its opening: the usage counted so far; the server closes
+    # the stream as truncated (finish_reason "length", then this usage)
+    cut_short: dict[str, Any] | None = None
 
 
 Answer = Completed | Streamed
@@ -142,3 +149,21 @@ async def stream_upstream(
         entry.finish(status, error)
 
     return Streamed(first, chunks, client_wants_usage, finish)
+
+
+def worth_an_alternate(exc: GatewayError) -> bool:
+    """Failures of the provider (timeout, rate limit, 5xx), not of the request: another long model may answer."""
+    return exc.status in (408, 429, 500, 502, 503, 504)
+
+
+async def first_answering(models: list[ModelConfig], attempt: Callable[[ModelConfig], Awaitable[T]]) -> T:
+    """`attempt` on each model in order while the failure is the provider's (every try is a leg of the request):
+    the long model and its alternates, whole or streamed."""
+    for index, config in enumerate(models):
+        try:
+            return await attempt(config)
+        except GatewayError as exc:
+            if index == len(models) - 1 or not worth_an_alternate(exc):
+                raise
+            logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+    raise AssertionError("unreachable: the policy always has a long model")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
 
 from gateway.errors import GatewayError
-from gateway.routing.calls import Streamed, StreamFinish
+from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.server.disconnect import CLIENT_CLOSED
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
@@ -46,10 +47,41 @@ class EventStreamResponse(StreamingResponse):
 def stream_response(
     streamed: Streamed, headers: dict[str, str] | None = None, final: Callable[[bytes], bytes] | None = None
 ) -> EventStreamResponse:
+    chunks = streamed.chunks
+    if streamed.cut_short is not None and streamed.first is not None:
+        chunks = then_truncated(chunks, streamed.first, streamed.cut_short)
     return EventStreamResponse(
-        relay_stream(streamed.first, streamed.chunks, streamed.client_wants_usage, streamed.finish, final),
+        relay_stream(streamed.first, chunks, streamed.client_wants_usage, streamed.finish, final),
         headers=headers,
     )
+
+
+async def then_truncated(chunks: AsyncIterator[bytes], first: bytes, usage: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A held answer cut after its opening, closed as truncated: its chunks, then finish_reason "length" and the
+    usage counted so far (relayed like the upstream's own: the usage chunk only when the client asked for it)."""
+    try:
+        async for item in chunks:
+            yield item
+        for item in truncated_tail(first, usage):
+            yield item
+    finally:
+        await close_stream(chunks)
+
+
+def truncated_tail(first: bytes, usage: dict[str, Any]) -> list[bytes]:
+    """Closing chunks for a stream cut after its opening: finish_reason "length" (the text is truncated) and the
+    usage counted so far, with the opening chunk's id, created and model."""
+    opening = json.loads(first)
+    base = {
+        "id": opening.get("id"),
+        "object": "chat.completion.chunk",
+        "created": opening.get("created"),
+        "model": opening.get("model"),
+    }
+    return [
+        json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode(),
+        json.dumps({**base, "choices": [], "usage": usage}).encode(),
+    ]
 
 
 async def relay_stream(

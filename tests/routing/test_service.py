@@ -527,6 +527,40 @@ def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
     ]
 
 
+@pytest.mark.parametrize("with_usage", [True, False])
+def test_a_kept_cheap_stream_cut_after_its_opening_ends_as_truncated(start, upstream, with_usage):
+    """The literal rule decides on the opening: a refusal whose opening is settled is cut there; when the long
+    route then fails, the held opening is sent after all and closed with finish_reason "length" and the usage
+    counted so far (the usage chunk only when asked for)."""
+    words = " ".join(f"word{n}" for n in range(120))
+    upstream[1].state.scripted = f"The passages do not contain the answer. {words}"
+    url, app = start(cheap="cheap-scripted", long="status-503")
+    options = {"stream_options": {"include_usage": True}} if with_usage else {}
+    chunks = list(
+        client(url).chat.completions.create(
+            model="selfroute",
+            messages=[{"role": "user", "content": "Where is the pump?"}],
+            stream=True,
+            extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+            **options,
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("The passages do not contain the answer.") and "word119" not in text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"]
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(usage) == (1 if with_usage else 0)
+    if with_usage:
+        assert usage[0].completion_tokens > 0 and chunks[-1].usage is not None
+    [row] = ledger_rows(app)
+    assert (row["status"], row["route"]) == (200, "rag")
+    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [
+        ("rag", False),
+        ("long", True),
+    ]
+
+
 def test_default_policy_answers_with_the_cheap_reply_when_the_long_call_times_out(upstream, embedder, tmp_path):
     """The shipped policy, its models pointed at the fake upstream: a refused cheap answer whose long call
     times out gives the client the cheap answer within the long timeout, not a 504."""

@@ -9,11 +9,13 @@ import time
 
 import pytest
 
+from classifier.features import FEATURE_NAMES
 from gateway.cli import main
 from gateway.ledger.records import LabelRecord, RequestRecord
 from gateway.ledger.writer import Ledger
-from gateway.routing.model_files import load_verifier_model
+from gateway.routing.model_files import load_route_model, load_verifier_model
 from policies.loader import load_policy
+from tests.support.routing import write_paired_fixture
 
 POLICY = """name: learned
 cheap: {{model: local/smollm2-135m-instruct, context_window: 8192}}
@@ -31,11 +33,14 @@ routing:
 """
 
 
-def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True) -> float:
+def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True, route_signal: bool = False) -> float:
     """Cheap answers whose goodness the shipped verifier cannot see: good when ans_support_passages is LOW (a
-    deployment where the shipped features mean something else), judged on every escalation and some shadows."""
+    deployment where the shipped features mean something else), judged on every escalation and some shadows.
+    With `route_signal`, goodness is instead written in a pre-route feature (top_score LOW), recorded with every
+    pre-route feature and the shipped classifier's P(cheap)."""
     policy, _ = load_policy(None)
     verifier = load_verifier_model(policy, None)
+    route_model = load_route_model(policy, None)
     rng = random.Random(seed)
     ledger = Ledger(path)
     now = time.time() - 3600
@@ -48,6 +53,11 @@ def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True) ->
     threshold = sorted(scores)[n // 2]  # the policy in force escalates half
     for i, (row, p_good) in enumerate(zip(rows, scores)):
         support = row["ans_support_passages"]
+        pre_route = {"context_tokens": 5000.0, "top_score": None}
+        p_cheap = None
+        if route_signal:
+            pre_route = {name: rng.random() for name in FEATURE_NAMES}
+            support, p_cheap = pre_route["top_score"], route_model.cheap_probability(pre_route)
         escalated = p_good < threshold
         good = (support < 0.5) if rng.random() < 0.9 else (support >= 0.5)
         cheap, long_cost = 0.001, 0.01
@@ -66,8 +76,8 @@ def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True) ->
                 counterfactual_cost_usd=long_cost,
                 features={
                     "version": 1,
-                    "features": {"context_tokens": 5000.0, "top_score": None},
-                    "p_cheap": None,
+                    "features": pre_route,
+                    "p_cheap": p_cheap,
                     "threshold": None,
                     "rule": None,
                     "decision": "rag",
@@ -133,6 +143,54 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
         for s in (0.1, 0.9)
     )
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
+
+
+def with_classifier(policy_text: str, threshold: float = 0.0) -> str:
+    return policy_text.replace(
+        "  classifier: null\n", f"  classifier: {{model_path: 'builtin:default', threshold: {threshold}}}\n"
+    )
+
+
+def test_learn_refits_the_pre_route_classifier_with_enough_labels(tmp_path, capsys):
+    ledger = tmp_path / "ledger.sqlite3"
+    threshold = recorded_ledger(ledger, n=420, route_signal=True)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(with_classifier(POLICY.format(threshold=threshold)), encoding="utf-8")
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
+    assert main([*args, "--min-route-labels", "1000"]) == 0  # too few for the classifier: it stays
+    report = json.loads(capsys.readouterr().out)
+    assert "not refitted" in report["classifier"]["decision"] and "builtin:default" in policy.read_text()
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    part = report["classifier"]
+    assert part["labelled"] >= 200 and part["gain_points"] > 5, part
+    written = policy.parent / part["model_path"]
+    assert written.is_file() and part["written"] == str(written)
+    learned, _ = load_policy(policy)
+    assert learned.routing.classifier.model_path == written.name
+    assert learned.routing.classifier.threshold == pytest.approx(part["new_threshold"])
+    model = load_route_model(learned, policy)  # the policy loads with the new model
+    base = {name: 0.5 for name in FEATURE_NAMES}
+    low, high = (model.cheap_probability(base | {"top_score": s}) for s in (0.1, 0.9))
+    assert low > high  # it learned this deployment's direction
+    assert load_route_model(load_policy(None)[0], None).source.endswith("default.skops")  # the shipped one stays
+
+
+def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
+    policy, ledger = setup
+    paired, docs = write_paired_fixture(tmp_path / "shipped")
+    lines = len(paired.read_text().splitlines())
+    blend = ["--blend-shipped", str(paired), "--blend-docs", str(docs), "--data-dir", str(tmp_path / "data")]
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
+    assert main([*args, "--dry-run"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*args, *blend, "--blend-weight", "3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["blended"] == lines and report["quality_refit"] != alone["quality_refit"]
+    card = json.loads((policy.parent / report["model_path"]).with_suffix(".json").read_text())
+    assert f"blended with {lines} lines of paired.jsonl" in card["trained_on"]
+    assert main([*args, "--blend-shipped", str(paired)]) == 2  # the documents are needed too
+    assert "go together" in capsys.readouterr().err
 
 
 def test_learn_keeps_the_model_without_enough_labels(tmp_path, capsys):

@@ -120,6 +120,7 @@ def _number(value) -> str:
 def run(args: argparse.Namespace) -> int:
     from classifier.model import ModelFileError
     from gateway.errors import GatewayError
+    from gateway.routing.errors import RoutingError
     from pipelines.errors import CollectionNotFound
     from policies.loader import PolicyError
 
@@ -128,6 +129,11 @@ def run(args: argparse.Namespace) -> int:
     except GatewayError as exc:  # the same refusals the endpoint answers with 4xx (unknown collection: 404)
         print(f"selfroute explain: {exc.message}", file=sys.stderr)
         return 1 if exc.status == 404 else 2
+    except (
+        RoutingError
+    ) as exc:  # the endpoint's 400 and 413 (an unknown model's 404 does not arise: no model is called)
+        print(f"selfroute explain: {exc.message}", file=sys.stderr)
+        return 2
     except CollectionNotFound as exc:  # the endpoint's 404
         print(f"selfroute explain: collection {exc.collection!r} does not exist or is empty", file=sys.stderr)
         return 1

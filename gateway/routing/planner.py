@@ -14,9 +14,9 @@ from functools import cached_property
 from typing import Any
 
 from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
-from gateway.errors import GatewayError
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing.decision import RouteDecision, Router, rule_label, rule_matches
+from gateway.routing.errors import InvalidRequest, RequestTooLarge
 from gateway.routing.escalation import CheapAnswer, DocumentIndex
 from gateway.routing.inputs import document_stats, document_stats_from_info, retrieval_signals
 from gateway.routing.request_limits import check_documents
@@ -164,8 +164,7 @@ class RoutePlanner:
         collection = (options.collection if options else None) or header_collection
         if options and options.documents:
             if collection:
-                raise GatewayError(
-                    400,
+                raise InvalidRequest(
                     "send either selfroute.documents or a collection, not both",
                     param="selfroute",
                     code="conflicting_context",
@@ -176,8 +175,7 @@ class RoutePlanner:
                 for i, d in enumerate(options.documents)
             ]
             if len({d.id for d in documents}) != len(documents):
-                raise GatewayError(
-                    400,
+                raise InvalidRequest(
                     "selfroute.documents ids must be unique",
                     param="selfroute.documents",
                     code="duplicate_document_id",
@@ -190,7 +188,7 @@ class RoutePlanner:
             try:
                 info = self.store.collection(collection)
             except ValueError as exc:
-                raise GatewayError(400, str(exc), param="selfroute.collection", code="invalid_collection") from None
+                raise InvalidRequest(str(exc), param="selfroute.collection", code="invalid_collection") from None
             if info is None or not info.documents:  # the server answers 404 (gateway.server.errors)
                 raise CollectionNotFound(collection)
             question = self._last_user_text(messages)
@@ -204,11 +202,9 @@ class RoutePlanner:
         try:
             question, context_text = extract_question(messages, self.policy.rag.question_marker)
         except ValueError as exc:
-            raise GatewayError(400, str(exc), param="messages", code="no_user_message") from None
+            raise InvalidRequest(str(exc), param="messages", code="no_user_message") from None
         if not question:
-            raise GatewayError(
-                400, "the last user message has no text to answer", param="messages", code="empty_question"
-            )
+            raise InvalidRequest("the last user message has no text to answer", param="messages", code="empty_question")
         # scoped like attached documents: a long conversation's statistics, units and embeddings are cached per key
         documents = [Document(id=PROMPT_DOCUMENT_ID, text=context_text or question, title="conversation")]
         key = scoped_key(documents, scope)
@@ -220,8 +216,8 @@ class RoutePlanner:
         )
 
     def _check_attached_size(self, documents: list[Document]) -> None:
-        """413 for attached documents over the policy's cap, before anything is counted, split or embedded
-        for them. A token covers at least one byte of UTF-8, so sets under the cap in bytes pass uncounted;
+        """RequestTooLarge (the client's 413) for attached documents over the policy's cap, before anything is
+        counted, split or embedded for them. A token covers at least one byte of UTF-8, so sets under the cap in bytes pass uncounted;
         larger ones are counted in slices only until the cap is passed."""
         cap = self.policy.rag.max_attached_tokens
         if sum(len(d.text.encode()) for d in documents) <= cap:
@@ -231,8 +227,7 @@ class RoutePlanner:
             for start in range(0, len(doc.text), ATTACHED_COUNT_SLICE):
                 total += count_tokens(doc.text[start : start + ATTACHED_COUNT_SLICE])
                 if total > cap:
-                    raise GatewayError(
-                        413,
+                    raise RequestTooLarge(
                         f"the attached documents hold more than {cap:,} tokens (the policy's "
                         "rag.max_attached_tokens); ingest them into a collection once (POST "
                         "/v1/collections/{name}/documents or `selfroute ingest`) and ask with "
@@ -248,9 +243,7 @@ class RoutePlanner:
                 text = content_text(message.get("content")).strip()
                 if text:
                     return text
-        raise GatewayError(
-            400, "the conversation has no user message with text", param="messages", code="no_user_message"
-        )
+        raise InvalidRequest("the conversation has no user message with text", param="messages", code="no_user_message")
 
     # -- decision -------------------------------------------------------------------------------
     def _needs_retrieval(self, features: dict[str, float]) -> bool:
@@ -294,8 +287,7 @@ class RoutePlanner:
         try:
             return self._prepare(plan, route)
         except ContextTooLarge as exc:
-            raise GatewayError(
-                400,
+            raise InvalidRequest(
                 f"the question does not fit the {route} route's window: {exc}",
                 param="messages",
                 code="context_length_exceeded",
@@ -361,8 +353,7 @@ class RoutePlanner:
         try:
             return self._estimate_tokens(plan, route)
         except ContextTooLarge as exc:
-            raise GatewayError(
-                400,
+            raise InvalidRequest(
                 f"the question does not fit the {route} route's window: {exc}",
                 param="messages",
                 code="context_length_exceeded",

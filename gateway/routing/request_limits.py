@@ -1,11 +1,12 @@
 """Bounded work per request: the policy's request_limits on attached documents and embedding inputs, checked before
-anything is scanned, counted, split or embedded for them (a 400 for too many, a 413 for too many bytes)."""
+anything is scanned, counted, split or embedded for them (InvalidRequest for too many, RequestTooLarge for too many
+bytes: the client's 400 and 413, gateway.server.errors)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.errors import GatewayError
+from gateway.routing.errors import InvalidRequest, RequestTooLarge
 from policies.schema import RequestLimits
 
 
@@ -17,8 +18,7 @@ def _bytes(texts: Sequence[str]) -> int:
 def check_documents(limits: RequestLimits, texts: Sequence[str], param: str) -> None:
     """The texts of the documents one request attaches or posts."""
     if len(texts) > limits.attached_documents:
-        raise GatewayError(
-            400,
+        raise InvalidRequest(
             f"{len(texts)} documents in one request; the limit is {limits.attached_documents} "
             "(request_limits.attached_documents): ingest them into a collection in batches and "
             "ask by name",
@@ -26,8 +26,7 @@ def check_documents(limits: RequestLimits, texts: Sequence[str], param: str) -> 
             code="too_many_documents",
         )
     if sum(len(t) for t in texts) * 4 > limits.attached_bytes and _bytes(texts) > limits.attached_bytes:
-        raise GatewayError(
-            413,
+        raise RequestTooLarge(
             f"the documents of one request hold more than {limits.attached_bytes} bytes "
             "(request_limits.attached_bytes): ingest them into a collection and ask by name",
             param=param,
@@ -37,16 +36,14 @@ def check_documents(limits: RequestLimits, texts: Sequence[str], param: str) -> 
 
 def check_embedding_inputs(limits: RequestLimits, texts: Sequence[str]) -> None:
     if len(texts) > limits.embedding_inputs:
-        raise GatewayError(
-            400,
+        raise InvalidRequest(
             f"{len(texts)} inputs in one embeddings request; the limit is "
             f"{limits.embedding_inputs} (request_limits.embedding_inputs): send them in batches",
             param="input",
             code="too_many_inputs",
         )
     if sum(len(t) for t in texts) * 4 > limits.embedding_input_bytes and _bytes(texts) > limits.embedding_input_bytes:
-        raise GatewayError(
-            413,
+        raise RequestTooLarge(
             f"the inputs of one embeddings request hold more than {limits.embedding_input_bytes} "
             "bytes (request_limits.embedding_input_bytes): send them in batches",
             param="input",

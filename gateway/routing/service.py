@@ -28,6 +28,7 @@ from gateway.routing.calls import (
     first_answering,
     stream_upstream,
 )
+from gateway.routing.errors import ModelNotFound
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
 from gateway.routing.learning.loop import JudgeInput, LearningLoop, RecordLearning
@@ -62,7 +63,7 @@ def passthrough_config(policy: Policy, model: str) -> ModelConfig:
         if config.model == model:
             return config
     if model.startswith("local/") and not is_packaged_local_model(model):
-        raise GatewayError(404, f"the model {model!r} does not exist", param="model", code="model_not_found")
+        raise ModelNotFound(f"the model {model!r} does not exist", param="model", code="model_not_found")
     return ModelConfig(model=model)
 
 

@@ -21,6 +21,7 @@ from gateway.ledger.keys import KeyStore
 from gateway.ledger.labels import LabelStore, learning_spend
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.writer import Ledger
+from gateway.routing.errors import RoutingError
 from gateway.routing.service import RoutingService
 from gateway.server.access_log import AccessLog
 from gateway.server.admin import admin_routes
@@ -168,7 +169,15 @@ def create_app(
         # through the same table (gateway.server.errors.failure)
         exception_handlers={
             kind: handle_error
-            for kind in (GatewayError, LedgerError, StoreUnavailable, CollectionNotFound, HTTPException, Exception)
+            for kind in (
+                GatewayError,
+                RoutingError,
+                LedgerError,
+                StoreUnavailable,
+                CollectionNotFound,
+                HTTPException,
+                Exception,
+            )
         },
     )
     app.state.gateway = gateway

@@ -1,6 +1,7 @@
-"""Errors as responses: GatewayError, the ledger's and the document store's errors and Starlette's own, all in
-OpenAI's envelope, through one table (`failure`): the keyed endpoints' wrapper (gateway.server.context) records
-its status in the ledger and answers with its envelope; `handle_error` does the same for the app's other routes."""
+"""Errors as responses: GatewayError, routing's, the ledger's and the document store's errors and Starlette's own,
+all in OpenAI's envelope, through one table (`failure`): the keyed endpoints' wrapper (gateway.server.context)
+records its status in the ledger and answers with its envelope; `handle_error` does the same for the app's other
+routes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from starlette.responses import JSONResponse
 
 from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
+from gateway.routing.errors import InvalidRequest, ModelNotFound, RequestTooLarge, RoutingError
 from gateway.server.middleware import request_ids
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 
@@ -52,6 +54,16 @@ def from_ledger_error(exc: LedgerError) -> GatewayError:
     return GatewayError(status, exc.message, param=exc.param, code=exc.code)
 
 
+# Each routing error class's status (gateway.routing.errors); the message, param and code are routing's. Any other
+# RoutingError is a request that cannot be routed as sent: 400.
+ROUTING_STATUS: dict[type[RoutingError], int] = {InvalidRequest: 400, RequestTooLarge: 413, ModelNotFound: 404}
+
+
+def from_routing_error(exc: RoutingError) -> GatewayError:
+    status = next((s for kind, s in ROUTING_STATUS.items() if isinstance(exc, kind)), 400)
+    return GatewayError(status, exc.message, param=exc.param, code=exc.code)
+
+
 @dataclass(frozen=True)
 class Failure:
     """How a request that raised ends: the error its client is told, the text its ledger record keeps, and
@@ -70,6 +82,8 @@ def failure(exc: BaseException) -> Failure:
     gets (the ledger records the same status)."""
     if isinstance(exc, GatewayError):
         error = exc
+    elif isinstance(exc, RoutingError):  # requests routing refuses (planning, request limits, unknown models)
+        error = from_routing_error(exc)
     elif isinstance(exc, LedgerError):  # key limits, owners, the admin API's queries
         error = from_ledger_error(exc)
     elif isinstance(exc, (StoreUnavailable, CollectionNotFound)):

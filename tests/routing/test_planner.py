@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from gateway.errors import GatewayError
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import parse_chat_request
 from gateway.routing.decision import Router
+from gateway.routing.errors import RequestTooLarge
 from gateway.routing.explain import explain_plan
 from gateway.routing.planner import RoutePlanner
+from gateway.server.errors import failure
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.long_context import LongContextPipeline
@@ -160,9 +161,9 @@ def test_attached_documents_over_the_cap_are_413_before_any_work(tmp_path, base_
     assert planner.plan(parsed, body["messages"]).stats.context_tokens < 2000
     big = [Document("a", "A short note about pumps. " * 300), Document("b", "Another note. " * 300)]
     parsed, body = chat("What about pumps?", big)
-    with pytest.raises(GatewayError) as caught:
+    with pytest.raises(RequestTooLarge) as caught:
         planner.plan(parsed, body["messages"])
-    error = caught.value
+    error = failure(caught.value).error  # what the client is told
     assert error.status == 413 and error.code == "documents_too_large" and error.param == "selfroute.documents"
     assert "collection" in error.message and "2,000" in error.message
     assert embedder.calls == 0 and embedder.queries_embedded == 0

@@ -14,6 +14,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.ledger.writer import Ledger
+from gateway.routing.errors import InvalidRequest, ModelNotFound, RequestTooLarge
 from gateway.server.auth import Authenticator
 from gateway.server.context import RequestContext, keyed
 from gateway.server.disconnect import ClientDisconnected
@@ -167,6 +168,9 @@ CLASSES = [
     (GatewayError(409, "conflict"), 409),
     (GatewayError(502, "upstream"), 502),
     (GatewayError(504, "timeout"), 504),
+    (InvalidRequest("no question", param="messages", code="empty_question"), 400),
+    (RequestTooLarge("too many bytes", param="selfroute.documents", code="documents_too_large"), 413),
+    (ModelNotFound("no such model", param="model", code="model_not_found"), 404),
     (InvalidQuery("bad filter"), 400),
     (NotFound("no such request"), 404),
     (Unavailable("database down"), 503),
@@ -206,6 +210,9 @@ def test_every_error_class_is_ledgered_with_the_status_it_answers(raising_app):
         if status != 499:
             error = response.json()["error"]
             assert error["type"] and "Traceback" not in response.text
+            if isinstance(exc, (InvalidRequest, RequestTooLarge, ModelNotFound)):  # routing's own field and code
+                assert (error["param"], error["code"]) == (exc.param, exc.code)
+                assert error["type"] == GatewayError(status, "").type
             # a bug's cause stays in the ledger (for the admin), never in the answer
             assert row["error"] == (
                 f"internal error: RuntimeError: {exc}" if isinstance(exc, RuntimeError) else error["message"]

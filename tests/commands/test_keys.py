@@ -8,7 +8,8 @@ import httpx
 
 from gateway.cli import main
 from gateway.server.auth import Authenticator
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 
 def test_create_prints_the_key_last_and_it_works_at_a_gateway(tmp_path, capsys, upstream, monkeypatch):

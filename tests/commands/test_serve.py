@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from tests.support.engines import free_port
-from tests.support.gateway import POLICY_TEMPLATE
+from tests.support.policies import write_policy
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_KEY = "sk-admin-replicas"
@@ -93,8 +93,7 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
     import psycopg
 
     base, _ = upstream
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY_TEMPLATE.format(base=base))
+    policy = write_policy(tmp_path / "policy.yaml", base)
     replicas = [start_replica(tmp_path, name, policy, postgres_url) for name in ("a", "b")]
     try:
         for (proc, url), name in zip(replicas, ("a", "b")):
@@ -217,15 +216,14 @@ VALVE_MANUAL = "\n\n".join(
     + (" Its handle is painted ULTRAMARINE so divers can find it." if n == 9 else "")
     for n in range(1, 15)
 )
-RAG_POLICY = POLICY_TEMPLATE.replace("default_route: long", "default_route: rag")
+RAG_POLICY = {"routing": {"default_route": "rag"}}
 
 
 def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket, tmp_path):
     """A collection ingested through replica A (LanceDB on the bucket, AWS_* variables) is listed and answered from
     through replica B, which never saw the upload; so is the inline collection of documents attached to a request."""
     base, fake = upstream
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(RAG_POLICY.format(base=base))
+    policy = write_policy(tmp_path / "policy.yaml", base, **RAG_POLICY)
     # A is given the ledger and the store by environment variables, B by flags; both get the bucket's credentials
     # from the AWS_* variables
     replicas = [
@@ -349,8 +347,7 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
     ordinary requests still work."""
     import socket
 
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY_TEMPLATE.format(base=upstream[0]))
+    policy = write_policy(tmp_path / "policy.yaml", upstream[0])
     proc, url = start_replica(
         tmp_path,
         "slow",

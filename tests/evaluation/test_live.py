@@ -28,7 +28,8 @@ def test_scorers():
 
 def test_eval_live_scores_answers_and_reads_the_ledger(tmp_path, capsys):
     from tests.support.fake_upstream import create_fake_upstream
-    from tests.support.gateway import make_policy, running_gateway
+    from tests.support.gateway import running_gateway
+    from tests.support.policies import make_policy
     from tests.support.servers import serve_app
 
     docs = tmp_path / "docs"

@@ -14,15 +14,10 @@ from gateway.ledger.entry import cache_tokens
 from gateway.ledger.pricing import Price, PriceBook
 from gateway.server.auth import Authenticator
 from policies.schema import ModelConfig
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import DROP, Whole, fake_route, make_policy
 
 ADMIN = "sk-admin-pricing"
-POLICY = """
-name: t
-cheap: {{model: openai/no-such-model-xyz, api_base: "{base}/v1"}}
-long: {{model: openai/fake-long, api_base: "{base}/v1", input_cost_per_mtok: 0.0, output_cost_per_mtok: 0.0}}
-routing: {{classifier: null}}
-"""
 
 
 def test_prices_come_from_the_policy_then_litellm_else_unknown():
@@ -40,7 +35,14 @@ def test_an_unpriced_model_is_warned_about_and_marked_everywhere(upstream, tmp_p
         caplog.at_level(logging.WARNING, logger="gateway.ledger.pricing"),
         running_gateway(
             tmp_path,
-            make_policy(base, POLICY),
+            make_policy(
+                base,
+                name="t",
+                cheap=fake_route(base, "no-such-model-xyz"),
+                long=fake_route(base, "fake-long", input_cost_per_mtok=0.0, output_cost_per_mtok=0.0),
+                routing=Whole(classifier=None),
+                passthrough=DROP,
+            ),
             auth=auth,
             prices=PriceBook({"gpt-4o-mini": {"input_cost_per_token": 1e-7}}),
         ) as (url, app),

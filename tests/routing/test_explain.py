@@ -15,31 +15,10 @@ from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from policies.routes import LONG
 from tests.routing.test_warm_cache import Clock, documents
-from tests.support.gateway import ledger_rows, make_policy
+from tests.support.gateway import ledger_rows
+from tests.support.policies import prompt_cache_policy
 from tests.support.servers import serve_app
 
-POLICY = """
-name: explain-cache-test
-aliases: [selfroute]
-cheap:
-  model: openai/CHEAP_MODEL
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-long:
-  model: openai/LONG_MODEL
-  api_base: {base}/v1
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-  cached_input_cost_per_mtok: 1.0
-  cache_write_cost_per_mtok: 12.5
-  context_window: WINDOW
-  CACHE_CONTROL
-  prompt_cache_min_tokens: 100
-routing:
-  classifier: null
-  default_route: long
-"""
 QUESTION = "Which way do the valves close?"
 
 
@@ -55,15 +34,16 @@ def start(upstream, embedder, tmp_path):
     def _start(
         long_model: str = "fake-long", cache_control: bool = True, window: int = 16000, cheap: str = "fake-cheap"
     ):
-        text = (
-            POLICY.replace("LONG_MODEL", long_model)
-            .replace("CHEAP_MODEL", cheap)
-            .replace("WINDOW", str(window))
-            .replace("CACHE_CONTROL", f"cache_control: {str(cache_control).lower()}")
+        policy = prompt_cache_policy(
+            upstream[0],
+            name="explain-cache-test",
+            long=long_model,
+            cheap=cheap,
+            cache_control=cache_control,
+            window=window,
+            min_tokens=100,
         )
-        app = create_app(
-            Settings(data_dir=tmp_path / str(len(servers))), policy=make_policy(upstream[0], text), embedder=embedder
-        )
+        app = create_app(Settings(data_dir=tmp_path / str(len(servers))), policy=policy, embedder=embedder)
         clock = Clock()
         app.state.gateway.routing.warm = WarmPrefixes(clock=clock)
         server = serve_app(app)

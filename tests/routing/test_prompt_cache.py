@@ -19,30 +19,10 @@ from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from pipelines.long_context import split_question
 from policies.schema import ModelConfig
-from tests.support.gateway import ledger_rows, make_policy
+from tests.support.gateway import ledger_rows
+from tests.support.policies import prompt_cache_policy
 from tests.support.servers import serve_app
 
-POLICY = """
-name: cache-test
-aliases: [selfroute]
-cheap:
-  model: openai/fake-cheap
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-long:
-  model: openai/LONG
-  api_base: {base}/v1
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-  cached_input_cost_per_mtok: 1.0
-  cache_write_cost_per_mtok: 12.5
-  context_window: 16000
-  CACHE_CONTROL
-routing:
-  classifier: null
-  default_route: long
-"""
 DOCS = [{"id": "b-notes", "text": "Valves close clockwise. " * 40}, {"id": "a-manual", "text": "Pumps hum. " * 60}]
 
 
@@ -56,10 +36,8 @@ def start(upstream, embedder, tmp_path):
     servers = []
 
     def _start(long_model: str, cache_control: bool | None):
-        text = POLICY.replace("LONG", long_model).replace(
-            "CACHE_CONTROL", "" if cache_control is None else f"cache_control: {str(cache_control).lower()}"
-        )
-        app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0], text), embedder=embedder)
+        policy = prompt_cache_policy(upstream[0], name="cache-test", long=long_model, cache_control=cache_control)
+        app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
         server = serve_app(app)
         servers.append(server)
         return server.__enter__(), app

@@ -11,7 +11,8 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from tests.routing.test_escalation import toy_verifier
-from tests.support.gateway import ledger_rows, make_policy
+from tests.support.gateway import ledger_rows
+from tests.support.policies import routing_policy, rule
 from tests.support.servers import serve_app
 
 PLANTED = "The maintenance password for the Zephyr pump is BLUE-HERON-42."
@@ -32,59 +33,6 @@ def manual(sections: int = 30, planted_at: int = 17) -> str:
     return "\n\n".join(parts)
 
 
-POLICY = """
-name: routing-test
-aliases: [selfroute]
-cheap:
-  model: openai/CHEAP
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-  context_window: 8192
-long:
-  model: openai/LONG
-  api_base: {base}/v1
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-  context_window: LONG_WINDOW
-ALTERNATES
-rag:
-  top_k: 4
-  context_budget_tokens: 400
-routing:
-  rules: RULES
-  classifier: null
-  default_route: rag
-  fallback:
-    enabled: true
-    on_long_error: ON_LONG_ERROR
-"""
-
-
-def policy_for(
-    base: str,
-    cheap: str = "fake-cheap",
-    rules: str = "[]",
-    verifier: str | None = None,
-    long: str = "fake-long",
-    alternates: tuple[str, ...] = (),
-    on_long_error: str = "return_cheap",
-    long_window: int = 16000,
-):
-    listed = "".join(f"\n  - model: openai/{m}\n    api_base: '{{base}}/v1'" for m in alternates)
-    template = (
-        POLICY.replace("ON_LONG_ERROR", on_long_error)
-        .replace("LONG_WINDOW", str(long_window))
-        .replace("CHEAP", cheap)
-        .replace("LONG", long)
-        .replace("RULES", rules.replace("{", "{{").replace("}", "}}"))
-        .replace("ALTERNATES", f"long_alternates:{listed}" if alternates else "")
-    )
-    if verifier is not None:
-        template += f"  verifier:\n    model_path: {verifier}\n    threshold: {VERIFIER_THRESHOLD}\n"
-    return make_policy(base, template)
-
-
 @pytest.fixture(scope="module")
 def embedder():
     return Embedder()
@@ -96,7 +44,7 @@ def start(upstream, embedder, tmp_path):
     servers = []
 
     def _start(**kwargs):
-        policy = policy_for(upstream[0], **kwargs)
+        policy = routing_policy(upstream[0], **kwargs)
         settings = Settings(data_dir=tmp_path)
         app = create_app(settings, policy=policy, embedder=embedder)
         server = serve_app(app)
@@ -207,9 +155,10 @@ def test_cheap_stream_breaking_before_any_byte_is_sent_is_a_502_with_its_leg_led
 
 
 def test_rules_fire_before_the_default_route(start, upstream):
-    rules = """
-    - {name: short, feature: context_tokens, op: "<", value: 300, route: direct}
-    - {name: refs, feature: cross_ref_count, op: ">=", value: 3, route: long}"""
+    rules = [
+        rule("short", "context_tokens", "<", 300, "direct"),
+        rule("refs", "cross_ref_count", ">=", 3, "long"),
+    ]
     url, app = start(rules=rules)
     short = ask(url, "What colour is the pump?", documents=[{"text": "The pump is painted green."}])
     assert short.headers["x-selfroute-route"] == "direct"
@@ -297,7 +246,7 @@ def test_collections_api_and_collection_requests(start, upstream):
 
 
 def test_explain_decides_without_calling_a_model(start, upstream):
-    rules = '[{name: short, feature: context_tokens, op: "<", value: 300, route: direct}]'
+    rules = [rule("short", "context_tokens", "<", 300, "direct")]
     url, app = start(rules=rules)
     before = len(upstream[1].state.received)
     response = httpx.post(
@@ -325,14 +274,13 @@ def test_explain_decides_without_calling_a_model(start, upstream):
 
 
 def test_a_question_too_long_for_the_window_is_a_400(start):
-    url, app = start(rules='[{name: all-long, feature: context_tokens, op: ">=", value: 0, route: long}]')
+    url, app = start(rules=[rule("all-long", "context_tokens", ">=", 0, "long")])
     with pytest.raises(openai.BadRequestError) as caught:
         ask(url, "why " * 20000, documents=[{"text": manual()}])
     assert caught.value.response.json()["error"]["code"] == "context_length_exceeded"
     assert ledger_rows(app)[0]["status"] == 400
 
 
-VERIFIER_THRESHOLD = 0.5
 QUESTION = "What is the maintenance password for the Zephyr pump?"
 # one shared set of cheap answers: (answer, escalated?, refusal kept?) under the toy verifier
 CHEAP_ANSWERS = [
@@ -423,7 +371,7 @@ def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
     direct_url, _ = start(
         cheap="cheap-scripted",
         verifier=str(verifier_file),
-        rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]',
+        rules=[rule("all-direct", "context_tokens", ">=", 0, "direct")],
     )
     direct = ask(direct_url, QUESTION, documents=documents)
     assert direct.headers["x-selfroute-route"] == ("rag>long" if escalated else "direct")
@@ -435,9 +383,7 @@ def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
 
 
 def test_without_a_verifier_a_direct_refusal_escalates(start, upstream):
-    url, app = start(
-        cheap="cheap-refuser", rules='[{name: all-direct, feature: context_tokens, op: ">=", value: 0, route: direct}]'
-    )
+    url, app = start(cheap="cheap-refuser", rules=[rule("all-direct", "context_tokens", ">=", 0, "direct")])
     raw = ask(url, QUESTION, documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "rag>long"
     assert raw.parse().choices[0].message.content.startswith("echo:")
@@ -491,7 +437,7 @@ def test_long_alternates_are_tried_in_order(start, upstream):
 
 
 def test_long_alternates_serve_the_long_route_and_its_streams(start):
-    rules = "[{name: all-long, feature: context_tokens, op: '>=', value: 0, route: long}]"
+    rules = [rule("all-long", "context_tokens", ">=", 0, "long")]
     url, app = start(long="status-500", alternates=("fake-long",), rules=rules)
     raw = ask(url, "Where is the pump?", documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "long" and raw.parse().choices[0].message.content.startswith("echo:")
@@ -608,7 +554,7 @@ def test_a_collection_answer_is_checked_against_the_collection_index_built_once_
 
 
 def test_the_long_route_never_shows_a_saving_and_the_counterfactual_fits_the_long_window(start):
-    rules = "[{name: all-long, feature: context_tokens, op: '>=', value: 0, route: long}]"
+    rules = [rule("all-long", "context_tokens", ">=", 0, "long")]
     url, app = start(rules=rules, long_window=1024)
     ask(url, "Where is the pump?", documents=[{"text": manual()}])
     [row] = ledger_rows(app)

@@ -15,7 +15,8 @@ from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from pipelines.tokens import count_tokens
 from policies.schema import ModelConfig
-from tests.support.gateway import ledger_rows, make_policy
+from tests.support.gateway import ledger_rows
+from tests.support.policies import prompt_cache_policy
 from tests.support.servers import serve_app
 
 OPENAI = ModelConfig(model="openai/gpt-4.1", prompt_cache_min_tokens=1024)
@@ -121,28 +122,8 @@ def test_estimates_change_nothing_and_the_record_is_bounded():
 
 
 # -- the always-long counterfactual in the ledger ---------------------------------------------------------------
-POLICY = """
-name: warm-test
-aliases: [selfroute]
-cheap:
-  model: openai/fake-cheap
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-long:
-  model: openai/fake-long
-  api_base: {base}/v1
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-  cached_input_cost_per_mtok: 1.0
-  cache_write_cost_per_mtok: 12.5
-  context_window: 16000
-  cache_control: true
-  prompt_cache_min_tokens: 100
-routing:
-  classifier: null
-  default_route: long
-"""
+def warm_policy(base: str, window: int = 16000):
+    return prompt_cache_policy(base, name="warm-test", cache_control=True, window=window, min_tokens=100)
 
 
 def documents(topic: str) -> list[dict]:
@@ -159,7 +140,7 @@ def embedder():
 
 @pytest.fixture
 def gateway(upstream, embedder, tmp_path):
-    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0], POLICY), embedder=embedder)
+    app = create_app(Settings(data_dir=tmp_path), policy=warm_policy(upstream[0]), embedder=embedder)
     clock = Clock()
     app.state.gateway.routing.warm = WarmPrefixes(clock=clock)
     with serve_app(app) as url:
@@ -206,7 +187,7 @@ def test_the_always_long_counterfactual_reads_the_cache_when_the_documents_were_
 
 
 def test_a_context_over_the_long_window_is_never_priced_as_cached(upstream, embedder, tmp_path):
-    policy = make_policy(upstream[0], POLICY.replace("context_window: 16000", "context_window: 2000"))
+    policy = warm_policy(upstream[0], window=2000)
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
     large = [*documents("fjord"), {"id": "appendix", "text": "The fjord pumps are serviced. " * 300}]
     with serve_app(app) as url:

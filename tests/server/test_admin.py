@@ -148,7 +148,8 @@ def test_admin_reads_see_records_written_after_startup(ledger, client):
 def test_routes_are_mounted_in_the_real_app(tmp_path):
     import httpx
 
-    from tests.support.gateway import make_policy, running_gateway
+    from tests.support.gateway import running_gateway
+    from tests.support.policies import make_policy
 
     write_ledger(tmp_path / "ledger.sqlite3", sample_records()).close()
     auth = Authenticator([USER_KEY], ADMIN_KEY)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import pytest
 
 from gateway.server.auth import Authenticator
 from pipelines.scope import SHARED
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import DROP, Whole, fake_route, make_policy
 
 
 @pytest.fixture()
@@ -196,14 +197,14 @@ def test_upstream_errors_are_mapped(gateway, model, status, code):
 
 
 def test_upstream_timeout_is_504(upstream, tmp_path):
+    base = upstream[0]
     policy = make_policy(
-        upstream[0],
-        """
-name: t
-cheap: {{model: openai/slow, api_base: "{base}/v1", timeout: 0.3}}
-long: {{model: openai/slow2, api_base: "{base}/v1"}}
-routing: {{classifier: null}}
-""",
+        base,
+        name="t",
+        cheap=fake_route(base, "slow", timeout=0.3),
+        long=fake_route(base, "slow2"),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
     )
     with running_gateway(tmp_path, policy) as (url, app):
         response = _post(url, json.dumps({"model": "openai/slow", "messages": [{"role": "user", "content": "x"}]}))
@@ -303,12 +304,11 @@ def test_retries_follow_the_policy_and_only_for_retryable_statuses(upstream, tmp
     base, fake = upstream
     policy = make_policy(
         base,
-        """
-name: t
-cheap: {{model: openai/flaky, api_base: "{base}/v1", max_retries: 1}}
-long: {{model: openai/status-400, api_base: "{base}/v1", max_retries: 3}}
-routing: {{classifier: null}}
-""",
+        name="t",
+        cheap=fake_route(base, "flaky", max_retries=1),
+        long=fake_route(base, "status-400", max_retries=3),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
     )
     with running_gateway(tmp_path, policy) as (url, app):
         before = len(fake.state.received)

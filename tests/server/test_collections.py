@@ -13,7 +13,7 @@ from gateway.settings import Settings
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.store import content_hash
-from tests.support.gateway import make_policy
+from tests.support.policies import make_policy
 from tests.support.servers import serve_app
 
 

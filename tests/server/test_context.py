@@ -23,8 +23,9 @@ from gateway.server.metrics import GatewayMetrics
 from gateway.server.middleware import RequestMiddleware
 from pipelines.embedding import Embedder
 from pipelines.errors import CollectionNotFound, StoreUnavailable
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
 from tests.support.ledger import bare_gateway
+from tests.support.policies import make_policy
 from tests.support.servers import serve_app
 
 ADMIN = "sk-admin-context"

@@ -9,33 +9,19 @@ import time
 import httpx
 import pytest
 
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import DROP, make_policy
 
-POLICY = """
-name: test
-aliases: [selfroute]
-cheap:
-  model: openai/fake-cheap
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-long:
-  model: openai/sleep-30
-  api_base: {base}/v1
-  timeout: 120
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-routing:
-  classifier: null
-  default_route: long
-passthrough:
-  allow: ["*"]
-"""
+# the long model answers after 30 s
+POLICY = {
+    "cheap": {"context_window": DROP},
+    "long": {"model": "openai/sleep-30", "timeout": 120, "context_window": DROP},
+}
 
 
 @pytest.mark.parametrize("model", ["selfroute", "openai/sleep-30"])
 def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstream, tmp_path, model):
-    with running_gateway(tmp_path, make_policy(upstream[0], POLICY)) as (url, app):
+    with running_gateway(tmp_path, make_policy(upstream[0], **POLICY)) as (url, app):
         body = {"model": model, "messages": [{"role": "user", "content": "Take your time."}]}
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
@@ -70,7 +56,7 @@ def test_a_finished_request_leaves_no_reference_cycles(upstream, tmp_path, strea
     import gc
     import threading
 
-    with running_gateway(tmp_path, make_policy(upstream[0], POLICY)) as (url, _app):
+    with running_gateway(tmp_path, make_policy(upstream[0], **POLICY)) as (url, _app):
         for thread in threading.enumerate():  # the gateway freezes what it loaded once: not during the count
             if thread.name == "selfroute-gc-freeze":
                 thread.join(timeout=120)

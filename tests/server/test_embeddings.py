@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from pipelines.embedding import Embedder
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 import httpx
 
 from gateway.server.auth import Authenticator
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import make_policy
 
 ADMIN, USER = "sk-admin-errors", "sk-user-errors"
 

@@ -6,7 +6,8 @@ import httpx
 import pytest
 
 from gateway.server.auth import Authenticator
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 ALICE, BOB, ADMIN = "sk-alice-test", "sk-bob-test", "sk-admin-test"
 

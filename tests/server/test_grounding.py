@@ -12,7 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import DROP, fake_route, make_policy
 from tests.support.servers import serve_app
 
 CONTRACT = (
@@ -22,13 +23,17 @@ CONTRACT = (
 SUPPORTED = "The laws of Norway govern this contract."
 INVENTED = "The supplier was founded in 1887 by Captain Nemo, who built its first factory on the Moon."
 
-POLICY = """
-name: grounding
-cheap: {{model: openai/fixed, api_base: "{base}/v1"}}
-long: {{model: openai/fixed, api_base: "{base}/v1", context_window: 16000}}
-routing: {{classifier: null, default_route: long}}
-security: {{grounding: "%s"}}
-"""
+
+def policy(base: str, grounding: str):
+    """Both routes on the fixed answer; the grounding check as `grounding` says."""
+    return make_policy(
+        base,
+        name="grounding",
+        cheap=fake_route(base, "fixed"),
+        long=fake_route(base, "fixed", context_window=16000),
+        security={"grounding": grounding},
+        passthrough=DROP,
+    )
 
 
 async def fixed_answer(request: Request):
@@ -71,7 +76,7 @@ def _ask(url: str, route: str = "long") -> httpx.Response:
 
 @pytest.mark.parametrize("mode", ["flag", "drop"])
 def test_unsupported_sentences_are_reported_or_dropped(model, tmp_path, mode):
-    with running_gateway(tmp_path, make_policy(model, POLICY % mode)) as (url, _):
+    with running_gateway(tmp_path, policy(model, mode)) as (url, _):
         for route in ("long", "rag"):
             response = _ask(url, route)
             assert response.status_code == 200, response.text
@@ -85,6 +90,6 @@ def test_unsupported_sentences_are_reported_or_dropped(model, tmp_path, mode):
 
 
 def test_off_leaves_answers_unchecked(model, tmp_path):
-    with running_gateway(tmp_path, make_policy(model, POLICY % "off")) as (url, _):
+    with running_gateway(tmp_path, policy(model, "off")) as (url, _):
         response = _ask(url)
         assert "grounding" not in response.json()["selfroute"] and "x-selfroute-grounding" not in response.headers

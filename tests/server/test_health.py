@@ -11,7 +11,7 @@ import httpx
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.support.gateway import make_policy
+from tests.support.policies import DROP, Whole, fake_route, make_policy, model_route
 from tests.support.servers import serve_app
 
 
@@ -118,13 +118,14 @@ def test_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path
 
 def test_a_hosted_model_without_its_key_is_a_warning_and_a_readiness_detail(upstream, tmp_path, monkeypatch, caplog):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    base = upstream[0]
     policy = make_policy(
-        upstream[0],
-        """
-cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", context_window: 8192}}
-long: {{model: anthropic/claude-sonnet-4-5}}
-routing: {{classifier: null}}
-""",
+        base,
+        name=DROP,
+        cheap=fake_route(base, "fake-cheap", context_window=8192),
+        long=model_route("anthropic/claude-sonnet-4-5"),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
     )
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=Embedder())
     with serve_app(app) as url:

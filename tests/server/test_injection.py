@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 CLEAN = "The supplier shall deliver the pumps within 30 days of the order. Norwegian law governs this contract."
 VARIANTS = {
@@ -22,7 +23,7 @@ VARIANTS = {
 @pytest.fixture(params=["flag", "strip", "block"])
 def gateway(request, upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    policy = make_policy(upstream[0], POLICY_TEMPLATE + f"security:\n  injection: {request.param}\n")
+    policy = make_policy(upstream[0], security={"injection": request.param})
     with running_gateway(tmp_path, policy) as (url, app):
         yield url, app, request.param
 

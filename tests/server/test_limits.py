@@ -13,7 +13,8 @@ import pytest
 
 from gateway.ledger.keys import KeyStore
 from gateway.server.auth import Authenticator
-from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import DROP, make_policy, policy_data
 
 ADMIN = "sk-admin-test"
 
@@ -110,19 +111,20 @@ def test_env_keys_and_the_admin_key_keep_working_beside_named_keys(upstream, tmp
         assert [r["key_id"] for r in ledger_rows(app)][-1] == "named"
 
 
-PASSTHROUGH_POLICY = POLICY_TEMPLATE.replace('allow: ["*"]', 'allow: ["openai/*"]')
+PASSTHROUGH_POLICY = {"passthrough": {"allow": ["openai/*"]}}
 
 
 def test_policy_passthrough_allow_list_holds_for_everyone(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-    with running_gateway(tmp_path, make_policy(upstream[0], PASSTHROUGH_POLICY)) as (url, _):
+    with running_gateway(tmp_path, make_policy(upstream[0], **PASSTHROUGH_POLICY)) as (url, _):
         refused = _ask(url, "any", "gpt-test")
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
         assert _ask(url, "any", "openai/fake-cheap").status_code == 200
         assert _ask(url, "any", "selfroute").status_code == 200
 
 
-DEFAULT_PASSTHROUGH_POLICY = POLICY_TEMPLATE.replace('passthrough:\n  allow: ["*"]', "")
+DEFAULT_PASSTHROUGH_POLICY = {"passthrough": DROP}
+ALLOW_ALL_POLICY: dict = {}  # the test policy's own passthrough, allow: ["*"]
 
 
 def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_path, monkeypatch):
@@ -131,13 +133,13 @@ def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_
     wildcard never reaches a local service's provider: the local service (a capture server) sees nothing."""
     from tests.support.capture import capture_server
 
-    assert "passthrough" not in DEFAULT_PASSTHROUGH_POLICY
+    assert "passthrough" not in policy_data(upstream[0], **DEFAULT_PASSTHROUGH_POLICY)
     with capture_server() as ollama:
         monkeypatch.setenv("OLLAMA_API_BASE", ollama.url)
         monkeypatch.setenv("LLAMAFILE_API_BASE", ollama.url + "/v1")
         monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
-        for template in (DEFAULT_PASSTHROUGH_POLICY, POLICY_TEMPLATE):  # the default, and allow: ["*"]
-            with running_gateway(tmp_path / str(len(template)), make_policy(upstream[0], template)) as (url, _):
+        for n, overrides in enumerate((DEFAULT_PASSTHROUGH_POLICY, ALLOW_ALL_POLICY)):  # the default, allow: ["*"]
+            with running_gateway(tmp_path / str(n), make_policy(upstream[0], **overrides)) as (url, _):
                 for model in ("ollama/llama3", "llamafile/x", "local/smollm2-135m-instruct"):
                     for stream in (False, True):
                         refused = httpx.post(
@@ -149,7 +151,7 @@ def test_local_services_and_unnamed_models_are_refused_by_default(upstream, tmp_
                         assert refused.json()["error"]["code"] == "model_not_allowed"
                 assert _ask(url, "any", "openai/fake-cheap").status_code == 200  # the policy's own model
                 assert _ask(url, "any", "gpt-test").status_code == (
-                    403 if template is DEFAULT_PASSTHROUGH_POLICY else 200
+                    403 if overrides is DEFAULT_PASSTHROUGH_POLICY else 200
                 )
         assert ollama.connections == []
 
@@ -171,24 +173,12 @@ def test_a_provider_error_carries_no_traceback_or_path(upstream, tmp_path, monke
 
 # ------------------------------------------------------------------------------ reservations: bursts, disconnects
 
-PRICED_POLICY = """
-name: test
-aliases: [selfroute]
-cheap:
-  model: openai/sleep-1
-  api_base: {base}/v1
-  input_cost_per_mtok: 1000.0
-  output_cost_per_mtok: 2000.0
-long:
-  model: openai/dribble-long
-  api_base: {base}/v1
-  input_cost_per_mtok: 1000.0
-  output_cost_per_mtok: 2000.0
-  context_window: 16000
-routing:
-  classifier: null
-  default_route: long
-"""
+PRICED = {"input_cost_per_mtok": 1000.0, "output_cost_per_mtok": 2000.0}
+PRICED_POLICY = {
+    "cheap": {"model": "openai/sleep-1", **PRICED, "context_window": DROP},
+    "long": {"model": "openai/dribble-long", **PRICED},
+    "passthrough": DROP,
+}
 SLOW = "openai/sleep-1"  # answers after a second: a burst's requests are all in flight at once
 DRIBBLE = "openai/dribble-long"  # streams a word every 0.25 s for 10 s, usage at the end
 # "a b c" with max_tokens 10: reserved 10 prompt tokens (3 + 4 + 3 of overhead) + 10 = $0.03; the fake upstream
@@ -205,7 +195,7 @@ def priced(request, upstream, tmp_path, monkeypatch):
     if request.param == "postgresql":
         kwargs["ledger_url"] = request.getfixturevalue("postgres_url")
     with running_gateway(
-        tmp_path, make_policy(upstream[0], PRICED_POLICY), auth=Authenticator(admin_key=ADMIN), **kwargs
+        tmp_path, make_policy(upstream[0], **PRICED_POLICY), auth=Authenticator(admin_key=ADMIN), **kwargs
     ) as (url, app):
         yield url, app, lambda table="requests": _rows(app, table)
 

@@ -152,7 +152,8 @@ def test_a_stream_is_timed_to_its_first_event_and_requests_in_flight_are_counted
 
     import httpx
 
-    from tests.support.gateway import make_policy, running_gateway
+    from tests.support.gateway import running_gateway
+    from tests.support.policies import make_policy
 
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")  # "dribble" is passed through to the fake upstream

@@ -13,7 +13,8 @@ import pytest
 
 from gateway.server.access_log import ACCESS_LOGGER, JsonFormatter
 from gateway.server.auth import Authenticator
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import make_policy
 
 PROMPT = "a secret question about the Zephyr pump"
 

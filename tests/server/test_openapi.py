@@ -11,7 +11,8 @@ from starlette.schemas import SchemaGenerator
 from gateway.protocol import ChatCompletionRequest
 from gateway.server.auth import Authenticator
 from gateway.server.embeddings import EmbeddingsRequest
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import make_policy
 
 ADMIN = "sk-admin-openapi"
 

@@ -14,19 +14,20 @@ import httpx
 import pytest
 
 from tests.support.capture import capture_server
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import fake_route, make_policy, model_route
 
 ANTHROPIC_MODEL = "anthropic/claude-3-5-haiku-20241022"
-POLICY = (
-    """
-name: isolation
-cheap: {{model: openai/fake-cheap, api_base: "{base}/v1"}}
-long: {{model: %s, api_key_env: ANTHROPIC_API_KEY, timeout: 10}}
-routing: {{classifier: null, default_route: long}}
-passthrough: {{allow: ["*"]}}
-"""
-    % ANTHROPIC_MODEL
-)
+
+
+def policy(base: str):
+    return make_policy(
+        base,
+        name="isolation",
+        cheap=fake_route(base, "fake-cheap"),
+        long=model_route(ANTHROPIC_MODEL, api_key_env="ANTHROPIC_API_KEY", timeout=10),
+    )
+
 
 # (model, selfroute options): direct pass-through, litellm pass-through, routed to each path
 TARGETS = [
@@ -62,7 +63,7 @@ def gateway(upstream, attacker, anthropic, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
-        with running_gateway(tmp_path_factory.mktemp("gw"), make_policy(base, POLICY)) as (url, app):
+        with running_gateway(tmp_path_factory.mktemp("gw"), policy(base)) as (url, app):
             yield url
 
 

@@ -10,19 +10,11 @@ import pytest
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.support.gateway import POLICY_TEMPLATE, ledger_rows, make_policy
+from tests.support.gateway import ledger_rows
+from tests.support.policies import make_policy
 from tests.support.servers import serve_app
 
-LIMITS = (
-    POLICY_TEMPLATE
-    + """
-request_limits:
-  attached_documents: 3
-  attached_bytes: 2000
-  embedding_inputs: 4
-  embedding_input_bytes: 1000
-"""
-)
+LIMITS = {"attached_documents": 3, "attached_bytes": 2000, "embedding_inputs": 4, "embedding_input_bytes": 1000}
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +24,9 @@ def embedder():
 
 @pytest.fixture()
 def gateway(upstream, embedder, tmp_path):
-    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0], LIMITS), embedder=embedder)
+    app = create_app(
+        Settings(data_dir=tmp_path), policy=make_policy(upstream[0], request_limits=LIMITS), embedder=embedder
+    )
     with serve_app(app) as url:
         yield url, app
 

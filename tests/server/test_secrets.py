@@ -16,7 +16,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import fake_route, make_policy, model_route
 from tests.support.servers import serve_app
 
 OPENAI_KEY = "sk-proj-openaiLIVEkey1234567890"
@@ -62,16 +63,14 @@ async def messages(request: Request) -> JSONResponse:  # Anthropic's endpoint, r
     )
 
 
-POLICY = (
-    """
-name: secrets
-cheap: {{model: openai/leak-400, api_base: "{base}/v1", api_key_env: LLM_ACCESS}}
-long: {{model: %s, api_key_env: ANTHROPIC_API_KEY, timeout: 10}}
-routing: {{classifier: null, default_route: long}}
-passthrough: {{allow: ["*"]}}
-"""
-    % ANTHROPIC_MODEL
-)
+def policy(base: str):
+    return make_policy(
+        base,
+        name="secrets",
+        cheap=fake_route(base, "leak-400", api_key_env="LLM_ACCESS"),
+        long=model_route(ANTHROPIC_MODEL, api_key_env="ANTHROPIC_API_KEY", timeout=10),
+    )
+
 
 # (model, selfroute options): direct pass-through (400, 500, 401), litellm pass-through, routed to each path
 TARGETS = [
@@ -108,7 +107,7 @@ def gateway(leaky, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for name, value in env.items():
             patch.setenv(name, value)
-        with running_gateway(tmp_path_factory.mktemp("gw"), make_policy(leaky, POLICY)) as (url, app):
+        with running_gateway(tmp_path_factory.mktemp("gw"), policy(leaky)) as (url, app):
             yield url, app
 
 

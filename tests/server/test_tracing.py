@@ -14,8 +14,9 @@ from gateway.server.app import create_app
 from gateway.server.tracing import TracingMiddleware
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.routing.test_service import manual, policy_for
+from tests.routing.test_service import manual
 from tests.support.gateway import ledger_rows
+from tests.support.policies import routing_policy
 from tests.support.servers import serve_app
 
 QUESTION = "What is the maintenance password for the Zephyr pump?"
@@ -34,7 +35,7 @@ def traced(upstream, embedder, tmp_path):
     tracing.configure(provider)
     try:
         app = create_app(
-            Settings(data_dir=tmp_path), policy=policy_for(upstream[0], cheap="cheap-refuser"), embedder=embedder
+            Settings(data_dir=tmp_path), policy=routing_policy(upstream[0], cheap="cheap-refuser"), embedder=embedder
         )
         with serve_app(app) as url:
             yield url, app, exporter
@@ -92,7 +93,7 @@ def test_a_streamed_leg_ends_with_its_stream(traced):
 
 def test_off_by_default_no_middleware_and_a_shared_no_op(upstream, tmp_path):
     assert not tracing.enabled()
-    app = create_app(Settings(data_dir=tmp_path), policy=policy_for(upstream[0]))
+    app = create_app(Settings(data_dir=tmp_path), policy=routing_policy(upstream[0]))
     assert all(m.cls is not TracingMiddleware for m in app.user_middleware)
     assert tracing.span("x") is tracing.span("y")  # one shared null context: no allocation per call
     assert tracing.start_span("x") is None

@@ -11,8 +11,9 @@ from gateway.server.app import create_app
 from gateway.server.usage import cost_text
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.routing.test_service import manual, policy_for
+from tests.routing.test_service import manual
 from tests.support.gateway import ledger_rows
+from tests.support.policies import routing_policy
 from tests.support.servers import serve_app
 
 QUESTION = "What is the maintenance password for the Zephyr pump?"
@@ -28,7 +29,7 @@ def escalating(upstream, embedder, tmp_path, monkeypatch):
     """A gateway whose cheap model refuses: every documented question is answered again by the long route."""
     monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")  # pass-through names go to the fake upstream
     monkeypatch.setenv("OPENAI_API_KEY", "sk-upstream-test")
-    policy = policy_for(upstream[0], cheap="cheap-refuser")
+    policy = routing_policy(upstream[0], cheap="cheap-refuser")
     policy = policy.model_copy(update={"passthrough": policy.passthrough.model_copy(update={"allow": ["gpt-*"]})})
     app = create_app(Settings(data_dir=tmp_path), policy=policy, embedder=embedder)
     with serve_app(app) as url:

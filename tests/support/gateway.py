@@ -8,34 +8,7 @@ from pathlib import Path
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
-from policies.loader import parse_policy
 from tests.support.servers import serve_app
-
-POLICY_TEMPLATE = """
-name: test
-aliases: [selfroute]
-cheap:
-  model: openai/fake-cheap
-  api_base: {base}/v1
-  input_cost_per_mtok: 1.0
-  output_cost_per_mtok: 2.0
-  context_window: 8192
-long:
-  model: openai/fake-long
-  api_base: {base}/v1
-  input_cost_per_mtok: 10.0
-  output_cost_per_mtok: 20.0
-  context_window: 16000
-routing:
-  classifier: null
-  default_route: long
-passthrough:
-  allow: ["*"]  # the tests pass any name through to the fake upstream (not providers of local services)
-"""
-
-
-def make_policy(base: str, template: str = POLICY_TEMPLATE):
-    return parse_policy(template.format(base=base), "test-policy.yaml")
 
 
 @contextmanager

@@ -5,7 +5,8 @@ from __future__ import annotations
 import httpx
 
 from gateway.upstreams.base import MAX_UPSTREAM_MESSAGE_CHARS, client_safe, upstream_error
-from tests.support.gateway import make_policy, running_gateway
+from tests.support.gateway import running_gateway
+from tests.support.policies import make_policy
 
 
 def test_client_safe_hides_addresses_and_raw_bytes():

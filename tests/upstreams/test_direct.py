@@ -13,7 +13,8 @@ from tenacity import RetryCallState
 
 from gateway.errors import GatewayError
 from gateway.upstreams.direct import MAX_RETRY_AFTER_S, _Retryable, _wait, retry_after_seconds
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import DROP, Whole, fake_route, make_policy
 
 
 @pytest.fixture()
@@ -59,12 +60,11 @@ def test_retry_after_is_honoured(upstream, tmp_path):
     base, fake = upstream
     policy = make_policy(
         base,
-        """
-name: t
-cheap: {{model: openai/wait-1, api_base: "{base}/v1", max_retries: 2}}
-long: {{model: openai/fake-long, api_base: "{base}/v1"}}
-routing: {{classifier: null}}
-""",
+        name="t",
+        cheap=fake_route(base, "wait-1", max_retries=2),
+        long=fake_route(base, "fake-long"),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
     )
     with running_gateway(tmp_path, policy) as (url, app):
         before = len(fake.state.received)
@@ -80,12 +80,11 @@ def test_a_retry_after_beyond_the_cap_is_not_waited_for(upstream, tmp_path):
     base, fake = upstream
     policy = make_policy(
         base,
-        f"""
-name: t
-cheap: {{{{model: openai/wait-{int(MAX_RETRY_AFTER_S) + 60}, api_base: "{{base}}/v1", max_retries: 3}}}}
-long: {{{{model: openai/fake-long, api_base: "{{base}}/v1"}}}}
-routing: {{{{classifier: null}}}}
-""",
+        name="t",
+        cheap=fake_route(base, f"wait-{int(MAX_RETRY_AFTER_S) + 60}", max_retries=3),
+        long=fake_route(base, "fake-long"),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
     )
     fake.state.wait_calls = 0
     with running_gateway(tmp_path, policy) as (url, _):

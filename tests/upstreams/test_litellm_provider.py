@@ -6,22 +6,27 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.support.gateway import ledger_rows, make_policy, running_gateway
+from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.policies import Whole, make_policy, model_route
 
-POLICY = """
-name: litellm-test
-cheap: {{model: custom_openai/fake-cheap, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY,
-         input_cost_per_mtok: 1.0, output_cost_per_mtok: 2.0}}
-long: {{model: custom_openai/status-429, api_base: "{base}/v1", api_key_env: FAKE_UPSTREAM_KEY, timeout: 5}}
-routing: {{classifier: null}}
-passthrough: {{allow: ["custom_openai/*"]}}
-"""
+
+def policy(base: str):
+    """Both routes through litellm's custom_openai provider, keyed from $FAKE_UPSTREAM_KEY."""
+    keyed = {"api_base": f"{base}/v1", "api_key_env": "FAKE_UPSTREAM_KEY"}
+    return make_policy(
+        base,
+        name="litellm-test",
+        cheap=model_route("custom_openai/fake-cheap", **keyed, input_cost_per_mtok=1.0, output_cost_per_mtok=2.0),
+        long=model_route("custom_openai/status-429", **keyed, timeout=5),
+        routing=Whole(classifier=None),
+        passthrough={"allow": ["custom_openai/*"]},
+    )
 
 
 @pytest.fixture()
 def gateway(upstream, tmp_path, monkeypatch):
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-from-env")
-    with running_gateway(tmp_path, make_policy(upstream[0], POLICY)) as (url, app):
+    with running_gateway(tmp_path, policy(upstream[0])) as (url, app):
         yield url, app
 
 

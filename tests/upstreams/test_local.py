@@ -89,13 +89,16 @@ def test_concurrent_requests_queue_on_the_local_model(gateway):
 
 
 def test_policy_timeout_applies_to_the_local_model_and_frees_it(tmp_path):
-    from policies.loader import parse_policy
+    from tests.support.policies import DROP, Whole, make_policy, model_route
 
-    policy = parse_policy("""
-cheap: {model: local/smollm2-135m-instruct, timeout: 0.05}
-long: {model: local/smollm2-135m-instruct-long, timeout: 120}
-routing: {classifier: null}
-""")
+    policy = make_policy(
+        None,
+        name=DROP,
+        cheap=model_route("local/smollm2-135m-instruct", timeout=0.05),
+        long=model_route("local/smollm2-135m-instruct-long", timeout=120),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
+    )
     app = create_app(Settings(data_dir=tmp_path), policy=policy)
     with serve_app(app) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)

@@ -44,9 +44,9 @@ from tests.routing.test_service import (  # noqa: E402  (the routed-gateway fixt
     ask,
     embedder,
     manual,
-    policy_for,
     verifier_file,
 )
+from tests.support.policies import routing_policy  # noqa: E402
 
 __all__ = ["embedder", "verifier_file"]  # fixtures
 DOUBTED = "It is PURPLE-GIRAFFE-99, printed on the lid."  # the toy verifier escalates it
@@ -56,7 +56,7 @@ TRUSTED = "The maintenance password is BLUE-HERON-42."
 def learning_policy(
     base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False, **learning
 ):
-    policy = policy_for(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
+    policy = routing_policy(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
     settings = LearningSettings(
         judge=True,
         judge_model=ModelConfig(

@@ -44,7 +44,7 @@ def _csv_cell(name: str, value) -> object:
 
 
 def write_export(items, fmt: str, out, with_provenance: bool = False) -> int:
-    from gateway.ledger.reports import REQUEST_COLUMNS
+    from gateway.ledger.records import REQUEST_FIELDS_STORED
 
     count = 0
     if fmt == "jsonl":
@@ -53,10 +53,10 @@ def write_export(items, fmt: str, out, with_provenance: bool = False) -> int:
             count += 1
         return count
     writer = csv.writer(out)
-    writer.writerow([*REQUEST_COLUMNS, *CSV_EXTRA, *(["provenance"] if with_provenance else [])])
+    writer.writerow([*REQUEST_FIELDS_STORED, *CSV_EXTRA, *(["provenance"] if with_provenance else [])])
     for item in items:
         row = [
-            *(_csv_cell(c, item[c]) for c in REQUEST_COLUMNS),
+            *(_csv_cell(c, item[c]) for c in REQUEST_FIELDS_STORED),
             "+".join(call["model"] for call in item["calls"]),
             len(item["calls"]),
         ]

@@ -30,8 +30,10 @@ from gateway.ledger.records import (
     FEATURE_COLUMNS,
     LABEL_COLUMNS,
     REQUEST_COLUMNS,
-    LabelRecord,
     RequestRecord,
+    call_rows,
+    insert_sql,
+    label_row,
     request_row,
 )
 
@@ -125,26 +127,6 @@ def _migrate_postgres(conn: PostgresConnection) -> list[int]:
     return applied
 
 
-def _call_rows(record: RequestRecord) -> list[tuple]:
-    return [
-        (
-            record.id,
-            c.created_at,
-            c.model,
-            c.route,
-            c.prompt_tokens,
-            c.completion_tokens,
-            c.cost_usd,
-            c.latency_ms,
-            c.error,
-            c.cached_tokens,
-            c.cache_saving_usd,
-            int(c.unpriced),
-        )
-        for c in record.calls
-    ]
-
-
 def _finite(value: Any) -> Any:
     """JSON without NaN or infinity (PostgreSQL's JSON functions and strict readers refuse them): those become null."""
     if isinstance(value, float):
@@ -164,26 +146,12 @@ def _feature_rows(records: list[RequestRecord]) -> list[tuple]:
     ]
 
 
-def label_row(label: LabelRecord) -> tuple:
-    return (
-        label.request_id,
-        label.created_at,
-        label.source,
-        label.key_id,
-        label.verdict,
-        int(label.good),
-        label.score,
-        label.cost_usd,
-        label.label_request_id,
-    )
-
-
 _UPSERT_FEATURES = (
-    f"INSERT INTO request_features ({', '.join(FEATURE_COLUMNS)}) VALUES ({', '.join('?' * len(FEATURE_COLUMNS))})"
-    " ON CONFLICT (request_id) DO UPDATE SET created_at = excluded.created_at, version = excluded.version,"
+    insert_sql("request_features", FEATURE_COLUMNS)
+    + " ON CONFLICT (request_id) DO UPDATE SET created_at = excluded.created_at, version = excluded.version,"
     " data = excluded.data"
 )
-INSERT_LABEL = f"INSERT INTO labels ({', '.join(LABEL_COLUMNS)}) VALUES ({', '.join('?' * len(LABEL_COLUMNS))})"
+INSERT_LABEL = insert_sql("labels", LABEL_COLUMNS)
 
 
 def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
@@ -198,9 +166,12 @@ def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
 
 
 _UPSERT_REQUEST = (
-    f"INSERT INTO requests ({', '.join(REQUEST_COLUMNS)}) VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})"
-    f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REQUEST_COLUMNS if c != 'id')}"
+    insert_sql("requests", REQUEST_COLUMNS)
+    + f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REQUEST_COLUMNS if c != 'id')}"
 )
+
+_REPLACE_REQUEST = insert_sql("requests", REQUEST_COLUMNS, "INSERT OR REPLACE")
+_INSERT_CALL = insert_sql("upstream_calls", CALL_COLUMNS)
 
 
 def _rollup_order(record: RequestRecord) -> tuple:
@@ -232,24 +203,14 @@ def write_records(conn: Any, records: list[RequestRecord]) -> None:
             # trigger moves the request's rollup contribution, then the new legs
             conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
             conn.executemany(_UPSERT_REQUEST, [request_row(r) for r in records])
-            conn.executemany(
-                f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
-                [row for r in records for row in _call_rows(r)],
-            )
+            conn.executemany(_INSERT_CALL, [row for r in records for row in call_rows(r)])
             _write_learning(conn, records)
             conn.executemany(_SETTLE, [(r.id,) for r in records])
         return
     with conn:
         # a re-submitted record replaces its request row; its legs must be replaced too, not duplicated
         conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
-        conn.executemany(
-            f"INSERT OR REPLACE INTO requests ({', '.join(REQUEST_COLUMNS)})"
-            f" VALUES ({', '.join('?' * len(REQUEST_COLUMNS))})",
-            [request_row(r) for r in records],
-        )
-        conn.executemany(
-            f"INSERT INTO upstream_calls ({', '.join(CALL_COLUMNS)}) VALUES ({', '.join('?' * len(CALL_COLUMNS))})",
-            [row for r in records for row in _call_rows(r)],
-        )
+        conn.executemany(_REPLACE_REQUEST, [request_row(r) for r in records])
+        conn.executemany(_INSERT_CALL, [row for r in records for row in call_rows(r)])
         _write_learning(conn, records)
         conn.executemany(_SETTLE, [(r.id,) for r in records])

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.database import INSERT_LABEL, connect, label_row
+from gateway.ledger.database import INSERT_LABEL, connect
 from gateway.ledger.dialect import is_postgres, reachable
-from gateway.ledger.records import LabelRecord
+from gateway.ledger.records import LabelRecord, label_row
 from policies.routes import LEARNING_ROUTES
 
 

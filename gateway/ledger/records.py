@@ -148,15 +148,81 @@ REQUEST_FIELDS_STORED = tuple(c for c in REQUEST_COLUMNS if c != "provenance")
 CALL_FIELDS = tuple(c for c in CALL_COLUMNS if c != "request_id")
 
 
+@dataclass(frozen=True)
+class Measure:
+    """One summed figure of the rollup tables (migrations 002, 003, 008): its rollup column and how one raw row
+    (a request or a leg) contributes to it. `kind`: "rows" (1 a row), "sum" (the column's value), "sum_present"
+    (the value, 0 when null), "present" (1 when the column is not null), "positive" (1 when it is above 0)."""
+
+    column: str
+    kind: str
+    source: str | None = None  # the raw column it reads; None for "rows"
+
+    def raw_sum(self, prefix: str = "") -> str:
+        """The SQL aggregate over raw rows that equals the rollup column's sum (`prefix`: a table alias and dot)."""
+        col = f"{prefix}{self.source}"
+        return {
+            "rows": "count(*)",
+            "sum": f"sum({col})",
+            "sum_present": f"coalesce(sum({col}), 0)",
+            "present": f"count({col})",
+            "positive": f"count(CASE WHEN {col} > 0 THEN 1 END)",
+        }[self.kind]
+
+
+# the rollups' figures in their table order (reports read them in this order)
+REQUEST_MEASURES = (
+    Measure("requests", "rows"),
+    Measure("prompt_tokens", "sum", "prompt_tokens"),
+    Measure("completion_tokens", "sum", "completion_tokens"),
+    Measure("context_tokens", "sum", "context_tokens"),
+    Measure("cost_usd", "sum", "cost_usd"),
+    Measure("counterfactual_cost_usd", "sum", "counterfactual_cost_usd"),
+    Measure("latency_ms_sum", "sum_present", "latency_ms"),
+    Measure("latency_count", "present", "latency_ms"),
+    # the provider prompt cache (migration 008): hits are requests, or legs, that read prompt tokens from it
+    Measure("cache_hits", "positive", "cached_tokens"),
+    Measure("cached_tokens", "sum", "cached_tokens"),
+    Measure("cache_saving_usd", "sum", "cache_saving_usd"),
+)
+CALL_MEASURES = (
+    Measure("calls", "rows"),
+    Measure("errors", "present", "error"),
+    Measure("prompt_tokens", "sum", "prompt_tokens"),
+    Measure("completion_tokens", "sum", "completion_tokens"),
+    Measure("cost_usd", "sum", "cost_usd"),
+    Measure("latency_ms_sum", "sum_present", "latency_ms"),
+    Measure("latency_count", "present", "latency_ms"),
+    Measure("cache_hits", "positive", "cached_tokens"),
+    Measure("cached_tokens", "sum", "cached_tokens"),
+    Measure("cache_saving_usd", "sum", "cache_saving_usd"),
+)
+
+
+def insert_sql(table: str, columns: tuple[str, ...], verb: str = "INSERT") -> str:
+    """`verb` INTO table (columns) VALUES (?, ...): the statement for a row in `columns` order."""
+    return f"{verb} INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+def _row(item: Any, columns: tuple[str, ...], **values: Any) -> tuple:
+    # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
+    return tuple(values[c] if c in values else getattr(item, c) for c in columns)
+
+
 def request_row(record: RequestRecord) -> tuple:
     """The values of a requests row, in REQUEST_COLUMNS order."""
-    # getattr, not dataclasses.asdict: asdict deep-copies calls and provenance, ~70 us of GIL time a record
-    values = [getattr(record, c) for c in REQUEST_COLUMNS]
-    values[REQUEST_COLUMNS.index("stream")] = int(record.stream)
-    values[REQUEST_COLUMNS.index("provenance")] = (
-        json.dumps(record.provenance) if record.provenance is not None else None
-    )
-    return tuple(values)
+    provenance = json.dumps(record.provenance) if record.provenance is not None else None
+    return _row(record, REQUEST_COLUMNS, stream=int(record.stream), provenance=provenance)
+
+
+def call_rows(record: RequestRecord) -> list[tuple]:
+    """The values of the record's upstream_calls rows, in CALL_COLUMNS order."""
+    return [_row(c, CALL_COLUMNS, request_id=record.id, unpriced=int(c.unpriced)) for c in record.calls]
+
+
+def label_row(label: LabelRecord) -> tuple:
+    """The values of a labels row, in LABEL_COLUMNS order."""
+    return _row(label, LABEL_COLUMNS, good=int(label.good))
 
 
 def record_from_dict(data: dict[str, Any]) -> RequestRecord:

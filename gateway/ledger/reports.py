@@ -30,7 +30,7 @@ from gateway.ledger.dialect import (
     unavailable_as_error,
 )
 from gateway.ledger.errors import InvalidQuery, NotFound
-from gateway.ledger.records import CALL_FIELDS, REQUEST_FIELDS_STORED, key_id
+from gateway.ledger.records import CALL_FIELDS, CALL_MEASURES, REQUEST_FIELDS_STORED, REQUEST_MEASURES, key_id
 from policies.routes import DIRECT, LONG, PASSTHROUGH, RAG, answered_by
 from policies.routes import FALLBACK as FALLBACK_ROUTE  # noqa: F401 -- re-exported: the metrics use this one name
 
@@ -42,8 +42,6 @@ _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$", re.IGNORECASE)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _STATUS_CLASS = re.compile(r"^([1-5])xx$", re.IGNORECASE)
 
-REQUEST_COLUMNS = REQUEST_FIELDS_STORED  # a request row as listed (provenance only in get_request)
-CALL_COLUMNS = CALL_FIELDS
 T = TypeVar("T")
 
 
@@ -233,29 +231,11 @@ _ROLLUP_REQUEST_DIMS = {
     "day": "hour / 24",
     "hour": "hour",
 }
-_RAW_REQUEST_SUMS = (
-    "count(*), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens), sum(cost_usd),"
-    " sum(counterfactual_cost_usd), coalesce(sum(latency_ms), 0), count(latency_ms),"
-    " count(CASE WHEN cached_tokens > 0 THEN 1 END), sum(cached_tokens), sum(cache_saving_usd)"
-)
-_ROLLUP_REQUEST_SUMS = (
-    "sum(requests), sum(prompt_tokens), sum(completion_tokens), sum(context_tokens),"
-    " sum(cost_usd), sum(counterfactual_cost_usd), sum(latency_ms_sum), sum(latency_count),"
-    " sum(cache_hits), sum(cached_tokens), sum(cache_saving_usd)"
-)
-# the provider prompt cache (migration 008): hits are requests, or legs, that read prompt tokens from it
-CACHE_FIELDS = ("cache_hits", "cached_tokens", "cache_saving_usd")
-REQUEST_FIELDS = (
-    "requests",
-    "prompt_tokens",
-    "completion_tokens",
-    "context_tokens",
-    "cost_usd",
-    "counterfactual_cost_usd",
-    "latency_ms_sum",
-    "latency_count",
-    *CACHE_FIELDS,
-)
+# the sums, from the one description of the rollups' figures (gateway.ledger.records); each raw aggregate equals the
+# sum of its rollup column
+_RAW_REQUEST_SUMS = ", ".join(m.raw_sum() for m in REQUEST_MEASURES)
+_ROLLUP_REQUEST_SUMS = ", ".join(f"sum({m.column})" for m in REQUEST_MEASURES)
+REQUEST_FIELDS = tuple(m.column for m in REQUEST_MEASURES)
 
 _RAW_CALL_DIMS = {
     "model": "c.model",
@@ -266,26 +246,9 @@ _RAW_CALL_DIMS = {
     "day": "{day(r.created_at)}",
     "hour": "{hour(r.created_at)}",
 }
-_RAW_CALL_SUMS = (
-    "count(*), count(c.error), sum(c.prompt_tokens), sum(c.completion_tokens), sum(c.cost_usd),"
-    " coalesce(sum(c.latency_ms), 0), count(c.latency_ms),"
-    " count(CASE WHEN c.cached_tokens > 0 THEN 1 END), sum(c.cached_tokens), sum(c.cache_saving_usd)"
-)
-_ROLLUP_CALL_SUMS = (
-    "sum(calls), sum(errors), sum(prompt_tokens), sum(completion_tokens), sum(cost_usd),"
-    " sum(latency_ms_sum), sum(latency_count), sum(cache_hits), sum(cached_tokens),"
-    " sum(cache_saving_usd)"
-)
-_CALL_FIELDS = (
-    "calls",
-    "errors",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "latency_ms_sum",
-    "latency_count",
-    *CACHE_FIELDS,
-)
+_RAW_CALL_SUMS = ", ".join(m.raw_sum("c.") for m in CALL_MEASURES)
+_ROLLUP_CALL_SUMS = ", ".join(f"sum({m.column})" for m in CALL_MEASURES)
+_CALL_FIELDS = tuple(m.column for m in CALL_MEASURES)
 
 
 _INF = 2**62
@@ -540,7 +503,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 
 
 def row_dict(row) -> dict:
-    item = {name: row[name] for name in REQUEST_COLUMNS}
+    item = {name: row[name] for name in REQUEST_FIELDS_STORED}
     item["stream"] = bool(item["stream"])
     return item
 
@@ -572,7 +535,7 @@ def list_requests(
         conds.append("(created_at < ? OR (created_at = ? AND id < ?))")
         params.extend([created_at, created_at, request_id])
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
-    sql = f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at DESC, id DESC LIMIT ?"
+    sql = f"SELECT {', '.join(REQUEST_FIELDS_STORED)} FROM requests{where} ORDER BY created_at DESC, id DESC LIMIT ?"
     rows = conn.execute(sql, [*params, limit + 1]).fetchall()
     items = [row_dict(row) for row in rows[:limit]]
     attach_models(conn, items)
@@ -587,9 +550,9 @@ def _detail(conn: LedgerConnection, row) -> dict:
     item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
     item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None
     item["calls"] = [
-        dict(zip(CALL_COLUMNS, call))
+        dict(zip(CALL_FIELDS, call))
         for call in conn.execute(
-            f"SELECT {', '.join(CALL_COLUMNS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (item["id"],)
+            f"SELECT {', '.join(CALL_FIELDS)} FROM upstream_calls WHERE request_id = ? ORDER BY id", (item["id"],)
         )
     ]
     item["models"] = [call["model"] for call in item["calls"]]
@@ -599,7 +562,7 @@ def _detail(conn: LedgerConnection, row) -> dict:
 def get_request(conn: LedgerConnection, request_id: str) -> dict:
     """One request with its upstream legs and provenance; 404 if unknown."""
     row = conn.execute(
-        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?", (request_id,)
+        f"SELECT {', '.join(REQUEST_FIELDS_STORED)}, provenance FROM requests WHERE id = ?", (request_id,)
     ).fetchone()
     if row is None:
         raise NotFound(f"no request with id {request_id!r} in the ledger", param="id", code="request_not_found")
@@ -610,13 +573,13 @@ def find_requests(conn: LedgerConnection, request_id: str, *, limit: int = 20) -
     """The request with this gateway id, else those the client sent with this X-Request-Id (a client may reuse
     one), newest first, each with its legs and provenance; 404 if none."""
     row = conn.execute(
-        f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE id = ?", (request_id,)
+        f"SELECT {', '.join(REQUEST_FIELDS_STORED)}, provenance FROM requests WHERE id = ?", (request_id,)
     ).fetchone()
     rows = (
         [row]
         if row is not None
         else conn.execute(
-            f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests WHERE client_request_id = ?"
+            f"SELECT {', '.join(REQUEST_FIELDS_STORED)}, provenance FROM requests WHERE client_request_id = ?"
             " ORDER BY created_at DESC, id DESC LIMIT ?",
             (request_id, limit),
         ).fetchall()
@@ -664,7 +627,7 @@ def requests_after(
     if dialect_of(conn) is not POSTGRESQL:
         conds.insert(0, "rowid > ?")
         sql = (
-            f"SELECT rowid, {', '.join(REQUEST_COLUMNS)} FROM requests WHERE {' AND '.join(conds)}"
+            f"SELECT rowid, {', '.join(REQUEST_FIELDS_STORED)} FROM requests WHERE {' AND '.join(conds)}"
             " ORDER BY rowid LIMIT ?"
         )
         rows = conn.execute(sql, [position.rowid, *params, limit]).fetchall()
@@ -677,7 +640,7 @@ def requests_after(
         params.insert(0, position.since - FOLLOW_LAG)
     where = f" WHERE {' AND '.join(conds)}" if conds else ""
     rows = conn.execute(
-        f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests{where} ORDER BY created_at, id", params
+        f"SELECT {', '.join(REQUEST_FIELDS_STORED)} FROM requests{where} ORDER BY created_at, id", params
     ).fetchall()
     items = [row_dict(row) for row in rows if row["id"] not in seen][:limit]
     attach_models(conn, items)
@@ -698,7 +661,7 @@ def iter_export(conn: LedgerConnection, filters: Filters = Filters(), *, batch: 
             page_params.extend([after[0], after[0], after[1]])
         where = f" WHERE {' AND '.join(page_conds)}" if page_conds else ""
         rows = conn.execute(
-            f"SELECT {', '.join(REQUEST_COLUMNS)}, provenance FROM requests{where} ORDER BY created_at, id LIMIT ?",
+            f"SELECT {', '.join(REQUEST_FIELDS_STORED)}, provenance FROM requests{where} ORDER BY created_at, id LIMIT ?",
             [*page_params, batch],
         ).fetchall()
         if not rows:
@@ -713,10 +676,10 @@ def iter_export(conn: LedgerConnection, filters: Filters = Filters(), *, batch: 
         for start in range(0, len(ids), 500):
             chunk = ids[start : start + 500]
             for call in conn.execute(
-                f"SELECT request_id, {', '.join(CALL_COLUMNS)} FROM upstream_calls"
+                f"SELECT request_id, {', '.join(CALL_FIELDS)} FROM upstream_calls"
                 f" WHERE request_id IN ({', '.join('?' * len(chunk))}) ORDER BY id",
                 chunk,
             ):
-                items[call[0]]["calls"].append(dict(zip(CALL_COLUMNS, call[1:])))
+                items[call[0]]["calls"].append(dict(zip(CALL_FIELDS, call[1:])))
         yield from items.values()
         after = (rows[-1]["created_at"], rows[-1]["id"])

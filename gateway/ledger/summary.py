@@ -16,9 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gateway.ledger.dialect import LedgerConnection, dialect_of
-from gateway.ledger.records import IN_FLIGHT
+from gateway.ledger.records import IN_FLIGHT, REQUEST_FIELDS_STORED
 from gateway.ledger.reports import (
-    REQUEST_COLUMNS,
     REQUEST_FIELDS,
     Filters,
     aggregate,
@@ -149,7 +148,7 @@ def _label(start: float, step: int) -> str:
 
 def _top(conn: LedgerConnection, order: str, since: float, limit: int) -> list[dict]:
     rows = conn.execute(
-        f"SELECT {', '.join(REQUEST_COLUMNS)} FROM requests WHERE created_at >= ?"
+        f"SELECT {', '.join(REQUEST_FIELDS_STORED)} FROM requests WHERE created_at >= ?"
         f" AND {order} IS NOT NULL ORDER BY {order} DESC LIMIT ?",
         (since, limit),
     ).fetchall()

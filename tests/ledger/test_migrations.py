@@ -4,7 +4,7 @@ a migration that adds, drops or retypes anything must change this file too."""
 from __future__ import annotations
 
 from gateway.ledger.database import connect, migrate
-from gateway.ledger.records import CALL_COLUMNS, REQUEST_COLUMNS
+from gateway.ledger.records import CALL_COLUMNS, CALL_MEASURES, REQUEST_COLUMNS, REQUEST_MEASURES
 from gateway.ledger.writer import Ledger
 
 # table -> [(column, declared type, not null, primary-key position)]
@@ -247,6 +247,11 @@ def test_migrations_are_applied_once(tmp_path):
 def test_record_columns_are_the_table_columns():
     assert list(REQUEST_COLUMNS) == [c[0] for c in EXPECTED_TABLES["requests"]]
     assert list(CALL_COLUMNS) == [c[0] for c in EXPECTED_TABLES["upstream_calls"] if c[0] != "id"]
+    # the rollups' figures, described once (records.REQUEST_MEASURES, CALL_MEASURES), after their dimensions
+    for table, measures in (("request_rollup", REQUEST_MEASURES), ("call_rollup", CALL_MEASURES)):
+        for tier in ("hourly", "daily"):
+            columns = [c[0] for c in EXPECTED_TABLES[f"{table}_{tier}"]]
+            assert columns[-len(measures) :] == [m.column for m in measures], f"{table}_{tier}"
 
 
 def test_processes_starting_together_migrate_a_new_ledger_once(tmp_path):

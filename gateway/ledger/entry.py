@@ -41,6 +41,7 @@ class RequestLedgerEntry:
         self._finished = False
         self.flags: list[dict[str, Any]] = []  # security findings, kept in the record's provenance
         self.tags: list[str] = []  # the client's metadata.tags, kept in the provenance (`costs --by tag`)
+        self.grounding: dict[str, int] | None = None  # the grounding check's counts, kept in the provenance
         self.record = RequestRecord(
             id=request_id,
             created_at=time.time(),
@@ -199,6 +200,8 @@ class RequestLedgerEntry:
             record.provenance = {**(record.provenance or {}), "flags": self.flags}
         if self.tags:
             record.provenance = {**(record.provenance or {}), "tags": self.tags}
+        if self.grounding is not None:
+            record.provenance = {**(record.provenance or {}), "grounding": self.grounding}
         record.prompt_tokens = sum(c.prompt_tokens for c in record.calls)
         record.completion_tokens = sum(c.completion_tokens for c in record.calls)
         record.cost_usd = sum(c.cost_usd for c in record.calls)

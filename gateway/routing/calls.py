@@ -56,6 +56,7 @@ class Streamed:
     # a held answer sent after all though it was cut after its opening: the usage counted so far; the server closes
     # the stream as truncated (finish_reason "length", then this usage)
     cut_short: dict[str, Any] | None = None
+    sent: list[dict] | None = None  # routed streams: the messages the answer is produced from (grounding check)
 
 
 Answer = Completed | Streamed

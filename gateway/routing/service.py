@@ -10,6 +10,7 @@ This layer returns `Completed` or `Streamed` values (gateway.routing.calls); the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -144,7 +145,7 @@ class RoutingService:
             else:
                 found = await streaming.plain(self, request, self.policy.cheap, route, prepared)
             outcome.provenance = planner.provenance(plan, found.prepared, found.route)
-            return found.streamed
+            return replace(found.streamed, sent=found.prepared.messages)
         if route == LONG:
             completion = await self._call_long(body, prepared, entry)
         else:

@@ -13,10 +13,10 @@ from gateway.server import headers, usage
 from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
-from gateway.server.grounding import check_answer
+from gateway.server.grounding import check_answer, stream_check
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.state import Gateway
-from gateway.server.streaming import stream_response
+from gateway.server.streaming import AfterText, stream_response
 
 
 def record_outcome(entry: RequestLedgerEntry, outcome: Outcome) -> None:
@@ -50,7 +50,12 @@ def selfroute_object(outcome: Outcome, request_id: str) -> dict:
 
 
 def render(
-    answer: Answer, outcome: Outcome, extra_headers: dict[str, str], record: RequestRecord, routed: bool
+    answer: Answer,
+    outcome: Outcome,
+    extra_headers: dict[str, str],
+    record: RequestRecord,
+    routed: bool,
+    after_text: AfterText | None = None,
 ) -> Response:
     """The answer with every leg's usage and the cost (gateway.server.usage): a whole answer's in its body and the
     cost header, a stream's in its final usage chunk."""
@@ -60,27 +65,38 @@ def render(
     if isinstance(answer, Completed):
         extra_headers = {**extra_headers, **usage.whole_answer(answer.completion, record, routed)}
         return json_response(answer.completion, headers=extra_headers)
-    return stream_response(answer, headers=extra_headers, final=lambda data: usage.final_chunk(data, record, routed))
+    return stream_response(
+        answer, headers=extra_headers, final=lambda data: usage.final_chunk(data, record, routed), after_text=after_text
+    )
 
 
-async def security_notes(gateway: Gateway, answer: Answer, flags: list[dict]) -> dict[str, str]:
+async def security_notes(
+    gateway: Gateway, answer: Answer, entry: RequestLedgerEntry
+) -> tuple[dict[str, str], AfterText | None]:
     """The injection findings and, when the policy asks, the grounding check, on a routed answer: headers to
-    add; a whole answer also carries them in its `selfroute` object (and loses dropped sentences)."""
+    add; a whole answer also carries them in its `selfroute` object (and loses dropped sentences), a stream gets
+    the check to run once its text has ended (gateway.server.grounding)."""
+    flags = entry.flags
     notes = flag_headers(flags)
-    if isinstance(answer, Completed):
-        if flags:
-            answer.completion.setdefault("selfroute", {})["flags"] = flags
-        security = gateway.policy.security
-        if security.grounding != "off":
-            notes |= await anyio.to_thread.run_sync(
-                check_answer,
-                security.grounding,
-                security.grounding_threshold,
-                gateway.store.embedder.embed,
-                answer.completion,
-                answer.sent,
-            )
-    return notes
+    security = gateway.policy.security
+    if not isinstance(answer, Completed):
+        if security.grounding == "off":
+            return notes, None
+        embed = gateway.store.embedder.embed
+        return notes, stream_check(security.grounding, security.grounding_threshold, embed, answer.sent, entry)
+    if flags:
+        answer.completion.setdefault("selfroute", {})["flags"] = flags
+    if security.grounding != "off":
+        notes |= await anyio.to_thread.run_sync(
+            check_answer,
+            security.grounding,
+            security.grounding_threshold,
+            gateway.store.embedder.embed,
+            answer.completion,
+            answer.sent,
+            entry,
+        )
+    return notes, None
 
 
 async def chat_completions(ctx: RequestContext) -> Response:
@@ -103,8 +119,8 @@ async def chat_completions(ctx: RequestContext) -> Response:
             record_outcome(entry, outcome)
         if isinstance(answer, Completed):
             answer.completion["selfroute"] = selfroute_object(outcome, entry.record.id)
-        notes = await security_notes(gateway, answer, entry.flags)
-        return render(answer, outcome, {**route_headers(outcome), **notes}, entry.record, routed=True)
+        notes, after_text = await security_notes(gateway, answer, entry)
+        return render(answer, outcome, {**route_headers(outcome), **notes}, entry.record, True, after_text)
     outcome = Outcome()
     try:
         answer = await gateway.routing.passthrough(chat, body, entry, outcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -12,6 +12,7 @@ from starlette.responses import StreamingResponse
 
 from gateway.errors import GatewayError
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
+from gateway.routing.streaming import chunk_text
 from gateway.server.disconnect import CLIENT_CLOSED
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
@@ -44,14 +45,30 @@ class EventStreamResponse(StreamingResponse):
             group.cancel_scope.cancel()
 
 
+# (the stream's first chunk, its whole text) -> a trailing chunk to send before the usage chunk and [DONE], or None
+AfterText = Callable[[bytes, str], Awaitable[bytes | None]]
+
+
+async def _after(after_text: AfterText, first: bytes, text: str) -> bytes | None:
+    """A failed check must not fail an answer the client already has: logged, and the stream ends as it would."""
+    try:
+        return await after_text(first, text)
+    except Exception:
+        logger.exception("the check after the stream failed")
+        return None
+
+
 def stream_response(
-    streamed: Streamed, headers: dict[str, str] | None = None, final: Callable[[bytes], bytes] | None = None
+    streamed: Streamed,
+    headers: dict[str, str] | None = None,
+    final: Callable[[bytes], bytes] | None = None,
+    after_text: AfterText | None = None,
 ) -> EventStreamResponse:
     chunks = streamed.chunks
     if streamed.cut_short is not None and streamed.first is not None:
         chunks = then_truncated(chunks, streamed.first, streamed.cut_short)
     return EventStreamResponse(
-        relay_stream(streamed.first, chunks, streamed.client_wants_usage, streamed.finish, final),
+        relay_stream(streamed.first, chunks, streamed.client_wants_usage, streamed.finish, final, after_text),
         headers=headers,
     )
 
@@ -90,6 +107,7 @@ async def relay_stream(
     client_wants_usage: bool,
     finish: StreamFinish,
     final: Callable[[bytes], bytes] | None = None,
+    after_text: AfterText | None = None,
 ) -> AsyncIterator[bytes]:
     """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
 
@@ -98,10 +116,14 @@ async def relay_stream(
     499 when the client left), so failed streams show up as failures in the reports.
     With `final`, the usage chunk the client asked for is held until the stream has ended and its leg is in the
     ledger entry, then sent as `final` rewrites it (every leg's usage and the cost: gateway.server.usage).
+    With `after_text`, the stream's text is collected as it is relayed and, once the upstream stream has ended whole,
+    handed to it (the grounding check: gateway.server.grounding); the chunk it returns goes out before the usage
+    chunk and [DONE], and before the ledger entry is settled (so the entry can record what it found).
     """
     usage = None
     finished = False
     held: bytes | None = None  # the usage chunk, while `final` waits for the stream's end
+    parts: list[str] | None = [] if after_text is not None else None  # the text, only when something reads it
 
     async def end(error: str | None, status: int) -> None:
         # settle the ledger before the last event goes out: a client that has read [DONE] finds its row
@@ -127,10 +149,16 @@ async def relay_stream(
                     held, forward = data, False
             if forward:
                 yield sse_event(data)
+            if parts is not None:
+                parts.append(chunk_text(data))
             try:
                 data = await chunks.__anext__()
             except StopAsyncIteration:
                 data = None
+        if after_text is not None and first is not None and parts is not None:
+            trailing = await _after(after_text, first, "".join(parts))
+            if trailing is not None:
+                yield sse_event(trailing)
         await end(None, 200)
         if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))

@@ -12,6 +12,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,6 +199,28 @@ class _OnnxModel:
         return out
 
 
+@dataclass(frozen=True)
+class EmbedderOptions:
+    """How to build an Embedder (Embedder.options): a Ray worker builds the store's embedder again from it."""
+
+    model_path: str | None = None
+    batch_size: int = 64
+    backend: str = "torch"
+    cache_dir: str | None = None
+    threads: int | None = None
+    device: str | None = None
+
+    def build(self) -> Embedder:
+        return Embedder(
+            self.model_path,
+            batch_size=self.batch_size,
+            device=self.device,
+            backend=self.backend,
+            cache_dir=self.cache_dir,
+            threads=self.threads,
+        )
+
+
 class Embedder:
     """Encodes texts to float32, L2-normalised vectors (so a dot product is the cosine similarity).
 
@@ -211,13 +234,19 @@ class Embedder:
         device: str | None = None,
         backend: str = "torch",
         cache_dir: Path | str | None = None,
+        threads: int | None = None,
     ):
+        """threads: document batches' thread count (default: every core this process may run on); a Ray worker
+        passes the CPUs it was given, so workers on one machine do not oversubscribe it."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown embedding backend {backend!r}: one of {', '.join(BACKENDS)}")
         self.model_path = model_path
         self.batch_size = batch_size
         self.device = device
         self.backend = backend
+        self.cache_dir = str(cache_dir) if cache_dir is not None else None
+        self.threads = threads
+        self._document_threads: Callable[[], int] = (lambda: threads) if threads else _document_threads
         self._documents: _Model | _OnnxModel
         self._queries_model: _Model | _OnnxModel
         if backend == "torch":
@@ -226,10 +255,17 @@ class Embedder:
         else:
             cache = Path(cache_dir) if cache_dir is not None else None
             quantized = backend == "onnx-int8"
-            self._documents = _OnnxModel(model_path, quantized, cache, _document_threads)
+            self._documents = _OnnxModel(model_path, quantized, cache, self._document_threads)
             self._queries_model = _OnnxModel(model_path, quantized, cache, lambda: QUERY_THREADS)
         # a request's question is embedded by retrieval, by long-context scoring and again by explain
         self._queries: LockedLRU[tuple[KeyScope, str], np.ndarray] = LockedLRU(QUERY_CACHE_SIZE)
+
+    @property
+    def options(self) -> EmbedderOptions:
+        """How to build this embedder again elsewhere (a Ray worker)."""
+        return EmbedderOptions(
+            self.model_path, self.batch_size, self.backend, self.cache_dir, self.threads, self.device
+        )
 
     def load(self) -> None:
         """Load both copies now (start-up, before readiness), not on the first document and the first question."""
@@ -289,7 +325,7 @@ class Embedder:
         parts = []
         for start in range(0, len(texts), step):
             parts.append(
-                self._encode(self._documents, texts[start : start + step], self.batch_size, _document_threads())
+                self._encode(self._documents, texts[start : start + step], self.batch_size, self._document_threads())
             )
             if progress is not None:
                 progress(len(texts[start : start + step]))

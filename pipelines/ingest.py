@@ -197,9 +197,11 @@ def ingest_paths(
     paths: Iterable[str | Path],
     show_progress: bool = True,
     screen: Callable[[Iterable[Document]], Iterable[Document]] | None = None,
+    engine=None,
 ):
     """Load and ingest files into a collection of `store` (a DocumentStore); returns its IngestReport.
-    `screen`, when given, sees the loaded documents first and yields those to ingest (the injection scan).
+    `screen`, when given, sees the loaded documents first and yields those to ingest (the injection scan);
+    `engine` (pipelines.ray_ingest.RayIngestEngine), when given, chunks and embeds them.
 
     The bar counts chunks embedded (the slow part), its total growing as documents are chunked; log lines
     are written above the bar instead of through it."""
@@ -217,5 +219,9 @@ def ingest_paths(
 
         documents = load_documents(paths)
         return store.ingest(
-            collection, screen(documents) if screen else documents, progress=bar.update, planned=planned
+            collection,
+            screen(documents) if screen else documents,
+            progress=bar.update,
+            planned=planned,
+            engine=engine,
         )

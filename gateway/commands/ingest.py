@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,9 @@ def register(subparsers, parents) -> None:
         "  selfroute ingest --sample                       # the harbour sample, collection 'harbour'\n"
         "  selfroute ingest contracts ./contracts/ --no-progress\n"
         "  selfroute ingest manuals pumps.pdf valves.md --json\n"
-        "  selfroute ingest docs ./docs --store-uri s3://bucket/selfroute",
+        "  selfroute ingest docs ./docs --store-uri s3://bucket/selfroute\n"
+        "  selfroute ingest docs ./docs --ray local --ray-workers 2     # chunk and embed in 2 Ray workers\n"
+        "  selfroute ingest docs ./docs --ray auto                      # on a node of a running Ray cluster",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
@@ -41,6 +44,22 @@ def register(subparsers, parents) -> None:
         "(a berth lease, a pump-station manual, a safety code) that refer to each other",
     )
     add_store_arguments(parser)
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="chunk and embed on a Ray cluster (pip install 'selfroute[ray]'): 'local' starts one on this "
+        "machine, 'auto' joins the cluster this node belongs to, HOST:6379 its head, ray://HOST:10001 through "
+        "Ray Client. Files are read and the store written here; same ids, rows and upserts as without --ray",
+    )
+    parser.add_argument(
+        "--ray-workers",
+        type=_workers,
+        default=None,
+        metavar="N",
+        help="with --ray: how many workers (each one CPU and its own copy of the embedding model; default: the "
+        "cluster's CPUs, or this machine's cores with --ray local)",
+    )
     parser.add_argument("--json", action="store_true", help="print the ingest report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
@@ -68,10 +87,16 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(f"selfroute ingest: no such file or folder: {', '.join(missing)}", file=sys.stderr)
         return 2
+    if args.ray_workers is not None and not args.ray:
+        print("selfroute ingest: --ray-workers needs --ray", file=sys.stderr)
+        return 2
     store = open_store(args, policy)
     flags: list[dict] = []
     screen = _screen(policy.security.injection, flags)
-    report = ingest_paths(store, args.collection, args.paths, show_progress=not args.no_progress, screen=screen)
+    with _engine(args) as engine:
+        report = ingest_paths(
+            store, args.collection, args.paths, show_progress=not args.no_progress, screen=screen, engine=engine
+        )
     blocked = [f["document"] for f in flags if f["action"] == "blocked"]
     if args.json:
         print(json.dumps({**report.to_dict(), **({"flags": flags} if flags else {})}, indent=2))
@@ -88,6 +113,29 @@ def run(args: argparse.Namespace) -> int:
             + (f"; {len(blocked)} blocked" if blocked else "")
         )
     return 1 if blocked else 0
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of workers >= 1, got {text!r}")
+    return value
+
+
+def _engine(args: argparse.Namespace):
+    """The Ray engine for --ray (connected while the block runs), else no engine."""
+    if not args.ray:
+        return nullcontext()
+    try:
+        import ray  # noqa: F401  (the optional extra; imported again where the engine connects)
+    except ImportError as exc:
+        raise SystemExit(f"selfroute ingest: --ray needs Ray: pip install 'selfroute[ray]' ({exc})") from exc
+    from pipelines.ray_ingest import RayIngestEngine
+
+    return RayIngestEngine(args.ray, workers=args.ray_workers)
 
 
 def _screen(mode: Mode, flags: list[dict]):

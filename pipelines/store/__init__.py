@@ -7,7 +7,9 @@ from pipelines.store.document_store import (
     DocumentInfo,
     DocumentStore,
     IngestCancelled,
+    IngestEngine,
     IngestReport,
+    prepare_document,
 )
 from pipelines.store.locks import KeyedLocks
 from pipelines.store.names import check_writable_name, content_hash, is_inline, validate_collection_name
@@ -19,10 +21,12 @@ __all__ = [
     "DocumentInfo",
     "DocumentStore",
     "IngestCancelled",
+    "IngestEngine",
     "IngestReport",
     "KeyedLocks",
     "check_writable_name",
     "content_hash",
     "is_inline",
+    "prepare_document",
     "validate_collection_name",
 ]

@@ -16,10 +16,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -28,10 +28,10 @@ from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
-from pipelines.embedding import Embedder
+from pipelines.embedding import Embedder, EmbedderOptions
 from pipelines.errors import CollectionNotFound
 from pipelines.scope import SHARED, KeyScope
-from pipelines.settings import RagSettings
+from pipelines.settings import ChunkingSettings, RagSettings
 from pipelines.store import filters
 from pipelines.store.inline import InlineCollections
 from pipelines.store.lance_errors import MISSING_TABLE, io_as_unavailable
@@ -50,6 +50,36 @@ _WRITE_BATCH_CHUNKS = 4096
 # and embeds a batch in slices of this many model batches: concurrent ingestions take turns on the model,
 # cancellation is prompt, progress steady
 _EMBED_SLICE_BATCHES = 4
+
+
+class IngestEngine(Protocol):
+    """Chunks and embeds documents outside this process (pipelines.ray_ingest.RayIngestEngine)."""
+
+    def prepare(
+        self, changed: Iterable[tuple[Document, str, bool]], chunking: ChunkingSettings, embedder: EmbedderOptions
+    ) -> Iterable[tuple[dict, list[Chunk], bool, np.ndarray]]:
+        """For each (document, content hash, replaces): (its row, its chunks, replaces, the chunks' vectors),
+        made by prepare_document with the store's chunking and an embedder built from the store's; any order."""
+        ...
+
+
+def prepare_document(doc: Document, digest: str, chunking: ChunkingSettings) -> tuple[dict, list[Chunk]]:
+    """The document row and the chunks an ingestion writes for `doc` (ids, positions, counts): the one
+    definition every ingestion uses, in this process or on a Ray worker."""
+    chunks = chunk_document(doc, chunking)
+    row = {
+        "id": doc.id,
+        "title": doc.title,
+        "source": doc.source,
+        "text": doc.text,
+        "content_hash": digest,
+        "tokens": count_tokens(doc.text),
+        "sections": [s.title for s in split_sections(doc.text) if s.title],
+        "cross_refs": len(find_cross_references(doc.text)),
+        "chunks": len(chunks),
+        "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
+    }
+    return row, chunks
 
 
 class IngestCancelled(Exception):
@@ -164,6 +194,7 @@ class DocumentStore:
         progress: Callable[[int], None] | None = None,
         planned: Callable[[int], None] | None = None,
         should_stop: Callable[[], bool] | None = None,
+        engine: IngestEngine | None = None,
     ) -> IngestReport:
         """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
         Progress is counted in chunks, the slow part: planned(n) when n more chunks are to be embedded,
@@ -173,38 +204,27 @@ class DocumentStore:
 
         Chunking and embedding hold no lock. Each batch is then written in one short step, as upserts
         keyed by document id and by (document id, chunk position): the CLI and any number of gateway
-        processes can write the same collection at once and leave no duplicates."""
+        processes can write the same collection at once and leave no duplicates.
+
+        `engine`, when given, chunks and embeds the changed documents elsewhere (pipelines.ray_ingest: on a Ray
+        cluster) with the same prepare_document; which documents are skipped, and every write, stay here."""
         validate_collection_name(collection)
         started = time.perf_counter()
         report = IngestReport(collection)
         docs_table, chunks_table = self._tables(collection, create=True)
-        known = self._known_hashes(docs_table)
-        pending: list[tuple[dict, list[Chunk], bool]] = []  # (document row, its chunks, replaces an older version)
-        pending_chunks = 0
-        seen: set[str] = set()
-        for doc in docs:
-            if doc.id in seen:
-                log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
-                continue
-            seen.add(doc.id)
-            digest = content_hash(doc)
-            if known.get(doc.id) == digest:
-                report.unchanged.append(doc.id)
-                continue
-            (report.updated if doc.id in known else report.added).append(doc.id)
-            chunks = chunk_document(doc, self.settings.chunking)
-            pending.append((self._doc_row(doc, digest, len(chunks)), chunks, doc.id in known))
-            pending_chunks += len(chunks)
-            if planned is not None:
-                planned(len(chunks))
-            if pending_chunks >= _WRITE_BATCH_CHUNKS:
-                report.chunks_written += self._write_batch(
-                    collection, docs_table, chunks_table, pending, progress, should_stop
-                )
-                pending, pending_chunks = [], 0
-        if pending:
-            report.chunks_written += self._write_batch(
-                collection, docs_table, chunks_table, pending, progress, should_stop
+        changed = self._changed(docs, self._known_hashes(docs_table), report)
+        if engine is None:
+            self._ingest_here(collection, docs_table, chunks_table, changed, report, progress, planned, should_stop)
+        else:
+            self._ingest_prepared(
+                collection,
+                docs_table,
+                chunks_table,
+                engine.prepare(changed, self.settings.chunking, self.embedder.options),
+                report,
+                progress,
+                planned,
+                should_stop,
             )
         if report.added or report.updated:
             with self._writing.hold(collection):
@@ -222,26 +242,70 @@ class DocumentStore:
         return report
 
     @staticmethod
+    def _changed(
+        docs: Iterable[Document], known: dict[str, str], report: IngestReport
+    ) -> Iterator[tuple[Document, str, bool]]:
+        """(document, content hash, replaces an older version) for each document to (re)write, in order; the
+        report's added/updated/unchanged lists are filled as they go by."""
+        seen: set[str] = set()
+        for doc in docs:
+            if doc.id in seen:
+                log.warning("document id %r appears twice in one ingest; keeping the first", doc.id)
+                continue
+            seen.add(doc.id)
+            digest = content_hash(doc)
+            if known.get(doc.id) == digest:
+                report.unchanged.append(doc.id)
+                continue
+            (report.updated if doc.id in known else report.added).append(doc.id)
+            yield doc, digest, doc.id in known
+
+    def _ingest_here(self, collection, docs_table, chunks_table, changed, report, progress, planned, should_stop):
+        """Chunk in this process, embed and write a batch of _WRITE_BATCH_CHUNKS at a time."""
+        pending: list[tuple[dict, list[Chunk], bool]] = []  # (document row, its chunks, replaces an older version)
+        pending_chunks = 0
+        for doc, digest, replaces in changed:
+            row, chunks = prepare_document(doc, digest, self.settings.chunking)
+            pending.append((row, chunks, replaces))
+            pending_chunks += len(chunks)
+            if planned is not None:
+                planned(len(chunks))
+            if pending_chunks >= _WRITE_BATCH_CHUNKS:
+                report.chunks_written += self._embed_and_write(
+                    collection, docs_table, chunks_table, pending, progress, should_stop
+                )
+                pending, pending_chunks = [], 0
+        if pending:
+            report.chunks_written += self._embed_and_write(
+                collection, docs_table, chunks_table, pending, progress, should_stop
+            )
+
+    def _ingest_prepared(self, collection, docs_table, chunks_table, prepared, report, progress, planned, should_stop):
+        """Write documents an engine chunked and embedded, a batch of _WRITE_BATCH_CHUNKS at a time."""
+        pending: list[tuple[dict, list[Chunk], bool]] = []
+        vectors: list[np.ndarray] = []
+        pending_chunks = 0
+        for row, chunks, replaces, doc_vectors in prepared:
+            if (should_stop is not None and should_stop()) or cancelled():
+                raise IngestCancelled("ingestion cancelled")
+            pending.append((row, chunks, replaces))
+            vectors.append(doc_vectors)
+            pending_chunks += len(chunks)
+            for report_to in (planned, progress):  # an engine's chunks arrive embedded
+                if report_to is not None:
+                    report_to(len(chunks))
+            if pending_chunks >= _WRITE_BATCH_CHUNKS:
+                report.chunks_written += self._write(collection, docs_table, chunks_table, pending, vectors)
+                pending, vectors, pending_chunks = [], [], 0
+        if pending:
+            report.chunks_written += self._write(collection, docs_table, chunks_table, pending, vectors)
+
+    @staticmethod
     def _known_hashes(docs_table) -> dict[str, str]:
         if docs_table.count_rows() == 0:
             return {}
         rows = docs_table.search().select(["id", "content_hash"]).limit(None).to_arrow()
         return dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), strict=True))
-
-    @staticmethod
-    def _doc_row(doc: Document, digest: str, n_chunks: int) -> dict:
-        return {
-            "id": doc.id,
-            "title": doc.title,
-            "source": doc.source,
-            "text": doc.text,
-            "content_hash": digest,
-            "tokens": count_tokens(doc.text),
-            "sections": [s.title for s in split_sections(doc.text) if s.title],
-            "cross_refs": len(find_cross_references(doc.text)),
-            "chunks": n_chunks,
-            "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
-        }
 
     def _embed_chunks(
         self, chunks: list[Chunk], progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None
@@ -259,7 +323,7 @@ class DocumentStore:
                 progress(len(piece))
         return np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)
 
-    def _write_batch(
+    def _embed_and_write(
         self,
         collection: str,
         docs_table,
@@ -268,15 +332,27 @@ class DocumentStore:
         progress: Callable[[int], None] | None,
         should_stop: Callable[[], bool] | None,
     ) -> int:
-        """Embed one batch (no lock), then upsert it. Chunks go in before their document row, so a
-        document row only exists once its chunks do; a replaced document's surplus chunks go too."""
+        """Embed one batch (no lock), then write it."""
+        vectors = self._embed_chunks([c for _, cs, _ in pending for c in cs], progress, should_stop)
+        return self._write(collection, docs_table, chunks_table, pending, [vectors])
+
+    def _write(
+        self,
+        collection: str,
+        docs_table,
+        chunks_table,
+        pending: list[tuple[dict, list[Chunk], bool]],
+        vectors: list[np.ndarray],
+    ) -> int:
+        """Upsert one batch: chunks go in before their document row, so a document row only exists once its
+        chunks do; a replaced document's surplus chunks go too. `vectors` are the chunks' rows, in order."""
         chunks = [c for _, cs, _ in pending for c in cs]
-        vectors = self._embed_chunks(chunks, progress, should_stop)
         with self._writing.hold(collection):
             if chunks:
+                matrix = np.concatenate(vectors).astype(np.float32, copy=False)
                 columns = {name: [getattr(c, name) for c in chunks] for name in CHUNK_COLUMNS}
                 columns["vector"] = pa.FixedSizeListArray.from_arrays(
-                    pa.array(vectors.reshape(-1), type=pa.float32()), vectors.shape[1]
+                    pa.array(matrix.reshape(-1), type=pa.float32()), matrix.shape[1]
                 )
                 upsert(chunks_table, ["doc_id", "position"], pa.table(columns, schema=chunks_table.schema))
             surplus = [filters.positions_from(row["id"], len(cs)) for row, cs, replaces in pending if replaces]

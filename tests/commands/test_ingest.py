@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gateway.cli import main
 from pipelines.embedding import Embedder
 from pipelines.store import DocumentStore
@@ -163,3 +165,20 @@ def test_ingest_prints_no_third_party_logs_or_weight_bars_below_debug(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "sentence_transformers" not in run.stderr and "Loading weights" not in run.stderr, run.stderr
     assert "notes: 1 added" in run.stdout
+
+
+def test_selfroute_ingest_on_a_local_ray_cluster_it_starts(tmp_path, capsys):
+    """`selfroute ingest --ray local` starts a cluster in the process, ingests, and stops it; a second run on
+    Ray finds everything unchanged."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    args = ["ingest", "--sample", "--data-dir", str(tmp_path), "--no-progress", "--json"]
+    assert main([*args, "--ray", "local", "--ray-workers", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert sorted(report["added"]) == ["berth-lease.md", "pump-station-manual.md", "safety-code.md"]
+    assert not ray.is_initialized()  # the cluster it started is gone
+    assert main(args) == 0  # without Ray: the same ids and hashes, so nothing to do
+    assert json.loads(capsys.readouterr().out)["unchanged"] == report["added"]
+    assert main(["ingest", "--sample", "--data-dir", str(tmp_path), "--ray-workers", "2"]) == 2
+    assert "--ray-workers needs --ray" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from pipelines.store.document_store import prepare_document
 log = logging.getLogger(__name__)
 
 LOCAL = "local"  # --ray local: start a one-machine cluster inside this process
-# documents are sent to workers in groups of about this many characters (~200 chunks of 256 tokens): large
+# documents are sent to workers in groups of about this many characters (~250 chunks of 200 tokens): large
 # enough that a task's overhead is small beside its embedding, small enough that workers share a corpus evenly
 GROUP_CHARS = 200_000
 GROUP_DOCUMENTS = 64

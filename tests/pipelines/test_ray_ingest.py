@@ -12,7 +12,7 @@ from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
 from pipelines.samples import sample_path
 from pipelines.store import DocumentStore
-from tests.pipelines_fixtures import STORE_SETTINGS, distractor_documents, manual_document
+from tests.support.pipelines import STORE_SETTINGS, distractor_documents, manual_document
 
 ray = pytest.importorskip("ray")
 

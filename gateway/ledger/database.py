@@ -1,7 +1,8 @@
 """The ledger database: connections and the numbered, append-only migrations (migrations/<dialect>/NNN_*.sql).
 
 A ledger location is a SQLite file path (the default) or a `postgresql://` URL; each engine has its own set of
-migrations with the same numbers and the same effect (tests/test_engines.py compares them).
+migrations with the same numbers and the same effect (tests/test_engines.py compares them). The rollup triggers'
+migrations are generated (gateway.ledger.rollups) from the figures records.py describes.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the answer verifier and, with enough labels, the pre-route classifier on the ledger's labels (optionally blended with
 the shipped training data), compare each out of fold with the model in force on those labels, and only when a refit
 is better write its new model file beside the policy and point the policy at it (the old file is kept; a running
-gateway loads it when restarted).
+gateway loads it at its policy reload, `POST /v1/admin/reload`, or a restart).
 
 The comparison: folds grouped by document (the features' `group`), each labelled request scored by a model fitted
 without its document (and, with --blend-shipped, on all of the shipped data, which is never scored); the model in

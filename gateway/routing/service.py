@@ -43,6 +43,7 @@ from policies.routes import LONG, PASSTHROUGH, SHADOW
 from policies.schema import ModelConfig, Policy
 
 if TYPE_CHECKING:  # the planner loads pyarrow/lancedb/torch: imported by start-up, not with the app
+    from gateway.routing.decision import Router
     from gateway.routing.planner import RoutePlan, RoutePlanner
 
 
@@ -91,6 +92,14 @@ class RoutingService:
         """What start-up loaded: the planner (document store, pipelines, router) and the answer check."""
         self.check = check
         self.planner = planner
+
+    def use_models(self, policy: Policy, router: Router, check: CheapAnswerCheck) -> None:
+        """A policy reload's models and thresholds (gateway.server.startup): requests that start from now on use
+        them; one already planning finishes with the ones it started with."""
+        planner = self.ready_planner()
+        self.policy = policy
+        self.check = check
+        planner.router = router
 
     def ready_planner(self) -> RoutePlanner:
         """The planner; routed work is asked for only once start-up is done (the server checks readiness first)."""

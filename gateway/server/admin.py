@@ -4,6 +4,7 @@ GET /v1/admin/requests        filters since, until, route, key, policy, status; 
 GET /v1/admin/requests/{id}   one request with its legs and provenance
 GET /v1/admin/costs?by=...    per-group spend, always-long counterfactual and saving
 GET /v1/admin/summary         what the dashboard draws (?window=24h)
+POST /v1/admin/reload         the policy file's classifier and verifier (model files, thresholds) put in force
 GET /dashboard                the self-contained dashboard page (its data calls need the admin key)
 
 Queries live in gateway.ledger.reports and run in a worker thread, each on its own read-only connection.
@@ -23,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.errors import invalid_request
+from gateway.errors import GatewayError, invalid_request
 from gateway.ledger import reports
 from gateway.ledger import summary as dashboard_data
 from gateway.server.context import RequestContext, keyed
@@ -135,11 +136,41 @@ async def dashboard(request: Request) -> Response:
     return HTMLResponse(_page_cache["page"], headers={"cache-control": "no-cache", "referrer-policy": "no-referrer"})
 
 
+async def reload_policy(ctx: RequestContext) -> Response:
+    """The policy reload: the models `selfroute learn` (or calibrate's thresholds) wrote, without a restart. Each
+    serving process loads its own models: with `serve --workers N` every worker needs the call (or a restart)."""
+    from gateway.server.startup import ReloadError
+
+    startup = ctx.gateway.startup
+    if startup is None:
+        raise GatewayError(409, "this gateway has no start-up to reload", code="reload_failed")
+    try:
+        policy = await run_in_threadpool(startup.reload_models)
+    except ReloadError as exc:
+        logger.warning("policy reload failed, the models in force are kept: %s", exc)
+        raise GatewayError(
+            409,
+            "the policy reload failed and the models in force are kept; the gateway's log says why",
+            code="reload_failed",
+        ) from None
+    ctx.gateway.policy = policy
+    classifier, verifier = policy.routing.classifier, policy.routing.verifier
+    logger.info("policy reloaded: classifier %s, verifier %s", classifier, verifier)
+    return JSONResponse(
+        {
+            "reloaded": True,
+            "classifier": classifier.model_dump(mode="json") if classifier else None,
+            "verifier": verifier.model_dump(mode="json") if verifier else None,
+        }
+    )
+
+
 def admin_routes() -> list[Route]:
     return [
         Route("/v1/admin/requests", keyed(list_requests, admin=True), methods=["GET"]),
         Route("/v1/admin/requests/{request_id:path}", keyed(get_request, admin=True), methods=["GET"]),
         Route("/v1/admin/costs", keyed(costs, admin=True), methods=["GET"]),
         Route("/v1/admin/summary", keyed(summary, admin=True), methods=["GET"]),
+        Route("/v1/admin/reload", keyed(reload_policy, admin=True), methods=["POST"]),
         Route("/dashboard", dashboard, methods=["GET"]),
     ]

@@ -266,6 +266,12 @@ class FeedbackLabel(BaseModel):
     score: float | None
 
 
+class PolicyReload(BaseModel):
+    reloaded: bool
+    classifier: dict[str, Any] | None
+    verifier: dict[str, Any] | None
+
+
 class OpenApiDocument(_Open):
     openapi: str
     info: dict[str, Any]
@@ -286,7 +292,7 @@ class Operation:
 def operations() -> dict[Any, Operation]:
     """Each handler's operation (imported here, when the schema is first built, not with the app)."""
     from gateway.protocol import ChatCompletionRequest
-    from gateway.server.admin import costs, dashboard, get_request, list_requests, summary
+    from gateway.server.admin import costs, dashboard, get_request, list_requests, reload_policy, summary
     from gateway.server.chat import chat_completions
     from gateway.server.collections import (
         AddDocumentsRequest,
@@ -380,6 +386,13 @@ def operations() -> dict[Any, Operation]:
             response=CostReport,
         ),
         summary: Operation("Dashboard data", "What the dashboard draws over a window.", response=Summary),
+        reload_policy: Operation(
+            "Reload the routing models",
+            "The policy file's routing.classifier and routing.verifier (model files and thresholds, as `selfroute "
+            "learn` writes them) put in force in this process without a restart; 409 reload_failed keeps those "
+            "in force.",
+            response=PolicyReload,
+        ),
         dashboard: Operation(
             "Cost dashboard", "The page; its data comes from /v1/admin/summary with the admin key.", media="text/html"
         ),

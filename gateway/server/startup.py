@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from classifier.model import ModelFileError
 from gateway.errors import GatewayError
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
@@ -17,6 +18,7 @@ from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.routing.service import RoutingService
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream
+from policies.loader import PolicyError, load_policy
 from policies.schema import Policy
 
 if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported by build(), not with the app
@@ -28,6 +30,10 @@ logger = logging.getLogger(__name__)
 # why the gateway cannot route yet: the readiness probe's reason and the 503 answers' error code
 NOT_READY = "not_ready"  # still loading the embedding model, store and classifier
 BUILD_FAILED = "build_failed"  # loading them failed; the process stays up to say so
+
+
+class ReloadError(Exception):
+    """The policy reload failed; the models in force stay."""
 
 
 class Startup:
@@ -93,6 +99,36 @@ class Startup:
             "ready: embedding model, document store and routing classifier loaded in %.1fs",
             time.perf_counter() - started,
         )
+
+    def reload_models(self) -> Policy:
+        """Put the policy file's routing.classifier and routing.verifier (model files and thresholds, as `selfroute
+        learn` and `calibrate` write them) in force without a restart; everything else in the file waits for one.
+        Blocking (reads and checks the model files): from a worker thread. Raises ReloadError, keeping the models in
+        force, when the file or a model does not load or a model was turned on or off."""
+        if self.policy_path is None:
+            raise ReloadError("the gateway was started without a policy file: nothing to reload")
+        if not self.ready:
+            raise ReloadError("the gateway is still loading its models")
+        try:
+            found, _ = load_policy(self.policy_path)
+        except PolicyError as exc:
+            raise ReloadError(str(exc)) from exc
+        current = self.policy
+        for name in ("classifier", "verifier"):
+            if (getattr(current.routing, name) is None) != (getattr(found.routing, name) is None):
+                raise ReloadError(f"routing.{name} was turned on or off: that needs a restart")
+        routing = current.routing.model_copy(
+            update={"classifier": found.routing.classifier, "verifier": found.routing.verifier}
+        )
+        policy = current.model_copy(update={"routing": routing})
+        try:
+            router = Router(policy, load_route_model(policy, self.policy_path))
+            check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path))
+        except (ModelFileError, OSError, ValueError) as exc:
+            raise ReloadError(f"{type(exc).__name__}: {exc}") from exc
+        self.routing.use_models(policy, router, check)
+        self.policy = policy
+        return policy
 
     @property
     def not_ready_reason(self) -> str | None:

@@ -1,4 +1,5 @@
 import asyncio
+import json
 import re
 import time
 
@@ -161,3 +162,76 @@ def test_routes_are_mounted_in_the_real_app(tmp_path):
         assert httpx.get(f"{url}/v1/admin/summary", headers={"Authorization": f"Bearer {USER_KEY}"}).status_code == 403
         assert "/v1/admin/summary" in httpx.get(f"{url}/dashboard").text
         assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text
+
+
+RELOAD_POLICY = """name: learned
+aliases: [selfroute]
+cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", context_window: 8192}}
+long: {{model: openai/fake-long, api_base: "{base}/v1", context_window: 16000}}
+routing:
+  classifier: {{model_path: "builtin:default", threshold: 0.0}}
+  default_route: rag
+  verifier:
+    model_path: builtin:verifier
+    threshold: {threshold}
+  learning:
+    judge: true
+    shadow_rate: 0.2
+"""
+
+
+def explained(url: str) -> dict:
+    import httpx
+
+    from tests.support.routing import document_text
+
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "Who is the keeper of the lighthouse?"}],
+        "selfroute": {"documents": [{"text": document_text(0)}]},
+    }
+    answer = httpx.post(f"{url}/v1/route/explain", json=body, headers={"authorization": f"Bearer {USER_KEY}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_the_policy_reload_puts_the_model_learn_wrote_in_force(upstream, tmp_path, capsys):
+    """A real server: `selfroute learn` writes a new classifier and points the policy at it, POST /v1/admin/reload
+    loads it, and the next explain decides with it, without a restart; a reload that fails keeps it."""
+    import httpx
+
+    from gateway.cli import main
+    from gateway.routing.model_files import load_route_model
+    from policies.loader import load_policy
+    from tests.support.gateway import running_gateway
+    from tests.support.ledger import recorded_ledger
+
+    labels = tmp_path / "labels.sqlite3"
+    threshold = recorded_ledger(labels, n=420, route_signal=True)
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(RELOAD_POLICY.format(base=upstream[0], threshold=threshold), encoding="utf-8")
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    auth = Authenticator([USER_KEY], ADMIN_KEY)
+    with running_gateway(tmp_path / "data", None, policy_path=policy_file, auth=auth) as (url, app):
+        before = explained(url)
+        shipped = load_route_model(*load_policy(policy_file))
+        assert before["probability"] == pytest.approx(shipped.cheap_probability(before["features"]))
+        assert main(["learn", "--policy", str(policy_file), "--ledger-url", str(labels), "--json"]) == 0
+        written = json.loads(capsys.readouterr().out)["classifier"]
+        assert written["written"], written
+        assert explained(url)["probability"] == before["probability"]  # nothing changes before the reload
+        assert httpx.post(f"{url}/v1/admin/reload", headers={"authorization": f"Bearer {USER_KEY}"}).status_code == 403
+        reloaded = httpx.post(f"{url}/v1/admin/reload", headers=admin)
+        assert reloaded.status_code == 200, reloaded.text
+        assert reloaded.json()["classifier"]["model_path"] == written["model_path"]
+        learned = load_route_model(*load_policy(policy_file))
+        after = explained(url)
+        assert after["probability"] == pytest.approx(learned.cheap_probability(after["features"]))
+        assert after["probability"] != pytest.approx(before["probability"])
+        assert after["threshold"] == pytest.approx(written["new_threshold"])
+        # a policy whose model file is gone: 409, and the learned model stays in force
+        policy_file.write_text(policy_file.read_text().replace(written["model_path"], "missing.skops"))
+        failed = httpx.post(f"{url}/v1/admin/reload", headers=admin)
+        assert failed.status_code == 409 and failed.json()["error"]["code"] == "reload_failed"
+        assert "missing.skops" not in failed.text  # paths stay in the log
+        assert explained(url)["probability"] == pytest.approx(after["probability"])

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 
 from starlette.applications import Starlette
 
+from classifier.features import FEATURE_NAMES
 from gateway.errors import GatewayError
 from gateway.ledger.pricing import PriceBook
-from gateway.ledger.records import RequestRecord, UpstreamCall
+from gateway.ledger.records import LabelRecord, RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger
+from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.server.auth import Authenticator
 from gateway.server.errors import handle_error
 from gateway.server.state import Gateway
@@ -224,3 +228,82 @@ def synthetic_records(
             )
         )
     return out
+
+
+def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True, route_signal: bool = False) -> float:
+    """Cheap answers whose goodness the shipped verifier cannot see: good when ans_support_passages is LOW (a
+    deployment where the shipped features mean something else), judged on every escalation and some shadows.
+    With `route_signal`, goodness is instead written in a pre-route feature (top_score LOW), recorded with every
+    pre-route feature and the shipped classifier's P(cheap)."""
+    policy, _ = load_policy(None)
+    verifier = load_verifier_model(policy, None)
+    route_model = load_route_model(policy, None)
+    rng = random.Random(seed)
+    ledger = Ledger(path)
+    now = time.time() - 3600
+    rows = []
+    for _ in range(n):
+        row = {name: rng.random() for name in verifier.feature_names}  # varied: no ties in P(good)
+        row.update(pre_route_probability=0.8)
+        rows.append(row)
+    scores = verifier.scores(rows)
+    threshold = sorted(scores)[n // 2]  # the policy in force escalates half
+    for i, (row, p_good) in enumerate(zip(rows, scores)):
+        support = row["ans_support_passages"]
+        pre_route = {"context_tokens": 5000.0, "top_score": None}
+        p_cheap = None
+        if route_signal:
+            pre_route = {name: rng.random() for name in FEATURE_NAMES}
+            support, p_cheap = pre_route["top_score"], route_model.cheap_probability(pre_route)
+        escalated = p_good < threshold
+        good = (support < 0.5) if rng.random() < 0.9 else (support >= 0.5)
+        cheap, long_cost = 0.001, 0.01
+        rid = f"req_{i:04d}"
+        ledger.submit(
+            RequestRecord(
+                id=rid,
+                created_at=now + i,
+                key_id="k_a",
+                policy="learned",
+                alias="selfroute",
+                route="rag>long" if escalated else "rag",
+                reason=None,
+                status=200,
+                cost_usd=cheap + (long_cost if escalated else 0.0),
+                counterfactual_cost_usd=long_cost,
+                features={
+                    "version": 1,
+                    "features": pre_route,
+                    "p_cheap": p_cheap,
+                    "threshold": None,
+                    "rule": None,
+                    "decision": "rag",
+                    "group": f"g{i % 12}",
+                    "verifier_features": row,
+                    "p_good": p_good,
+                    "verifier_threshold": threshold,
+                    "refused": False,
+                    "escalated": escalated,
+                    "outcome": "rag>long" if escalated else "rag",
+                },
+            )
+        )
+        source = "judge" if escalated else ("shadow" if rng.random() < 0.2 else None)
+        if labelled and source:
+            ledger.submit(
+                RequestRecord(
+                    id=f"judge_{i:04d}",
+                    created_at=now + i + 0.5,
+                    key_id=None,
+                    policy="learned",
+                    alias=None,
+                    route="judge",
+                    reason=None,
+                    status=200,
+                    cost_usd=0.0005,
+                    labels=[LabelRecord(rid, source, good, "as_good" if good else "worse", "k_a", cost_usd=0.0005)],
+                )
+            )
+    ledger.flush()
+    ledger.close()
+    return threshold

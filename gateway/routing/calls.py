@@ -12,10 +12,15 @@ from gateway import tracing
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.upstreams.base import Upstream, check_completion, malformed_answer
+from gateway.upstreams.errors import UpstreamError
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# what an upstream leg can fail with: the upstreams' own errors (and a GatewayError of an Upstream the app was handed)
+LEG_FAILURES = (UpstreamError, GatewayError)
+LegFailure = UpstreamError | GatewayError
 
 # finish(usage, error, status): runs exactly once when a stream ends, however it ends
 StreamFinish = Callable[[dict[str, Any] | None, str | None, int], None]
@@ -34,7 +39,7 @@ class Outcome:
     provenance: dict[str, Any] | None = None  # what was sent: documents, sections, chunks or units
     features: dict[str, Any] | None = None  # the learning record (gateway.routing.learning.features_record)
     # the long route's failure when the cheap answer was sent instead (fallback.on_long_error: return_cheap)
-    fallback_error: GatewayError | None = None
+    fallback_error: LegFailure | None = None
 
 
 @dataclass
@@ -72,7 +77,7 @@ async def complete_upstream(
         try:
             # a body of the wrong shape is the upstream's failure: a 502 with its leg kept, never a 500 that loses it
             completion = check_completion(await upstream.complete(config, body), config.model)
-        except GatewayError as exc:
+        except LEG_FAILURES as exc:
             entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
             tracing.set_attributes(span, **{"selfroute.error": exc.message})
             raise
@@ -132,7 +137,7 @@ async def stream_upstream(
     )
     try:
         first, chunks = await open_stream(upstream, config, body)
-    except GatewayError as exc:
+    except LEG_FAILURES as exc:
         entry.add_call(config, route, None, (time.perf_counter() - started) * 1000, exc.message)
         if span is not None:
             span.set_attribute("selfroute.error", exc.message)
@@ -152,8 +157,11 @@ async def stream_upstream(
     return Streamed(first, chunks, client_wants_usage, finish)
 
 
-def worth_an_alternate(exc: GatewayError) -> bool:
-    """Failures of the provider (timeout, rate limit, 5xx), not of the request: another long model may answer."""
+def worth_an_alternate(exc: LegFailure) -> bool:
+    """Failures of the provider (timeout, rate limit, 5xx, a broken answer), not of the request: another long model
+    may answer."""
+    if isinstance(exc, UpstreamError):
+        return exc.provider_side
     return exc.status in (408, 429, 500, 502, 503, 504)
 
 
@@ -163,8 +171,8 @@ async def first_answering(models: list[ModelConfig], attempt: Callable[[ModelCon
     for index, config in enumerate(models):
         try:
             return await attempt(config)
-        except GatewayError as exc:
+        except LEG_FAILURES as exc:
             if index == len(models) - 1 or not worth_an_alternate(exc):
                 raise
-            logger.warning("long model %s failed (%s); trying %s", config.model, exc.status, models[index + 1].model)
+            logger.warning("long model %s failed (%s); trying %s", config.model, exc.code, models[index + 1].model)
     raise AssertionError("unreachable: the policy always has a long model")

@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from gateway import tracing
-from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.routing import streaming
 from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.calls import (
+    LEG_FAILURES,
     Answer,
     Completed,
+    LegFailure,
     Outcome,
     complete_upstream,
     first_answering,
@@ -178,7 +179,7 @@ class RoutingService:
                     self.keep_texts(outcome, long_answer=completion_text(completion))
                     self.learning.judge_escalation(entry, judged, completion_text(completion))
                     judged = None
-                except GatewayError as exc:
+                except LEG_FAILURES as exc:
                     if self.policy.routing.fallback.on_long_error == "error":
                         raise
                     self.kept_cheap(outcome, exc, route)
@@ -214,11 +215,12 @@ class RoutingService:
             outcome.features["texts"].update(texts)
 
     @staticmethod
-    def kept_cheap(outcome: Outcome, exc: GatewayError, route: str) -> None:
+    def kept_cheap(outcome: Outcome, exc: LegFailure, route: str) -> None:
         """The long call failed after a refused cheap answer and the policy says to send the cheap answer:
-        the request is recorded as answered by the cheap `route` (the failed legs stay in the ledger)."""
+        the request is recorded as answered by the cheap `route` (the failed legs stay in the ledger; the server
+        adds the failure's status to the reason)."""
         outcome.route = route
-        outcome.reason = f"{outcome.reason}; {LONG_FAILED} ({exc.status} {exc.code or exc.type})"
+        outcome.reason = f"{outcome.reason}; {LONG_FAILED}"
         outcome.fallback_error = exc
 
     async def verdict(

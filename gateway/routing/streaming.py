@@ -24,11 +24,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
-from gateway.routing.calls import Outcome, Streamed, close_stream, first_answering, open_stream, stream_upstream
+from gateway.routing.calls import (
+    LEG_FAILURES,
+    Outcome,
+    Streamed,
+    close_stream,
+    first_answering,
+    open_stream,
+    stream_upstream,
+)
 from gateway.upstreams.base import chunk_usage, malformed_chunk
+from gateway.upstreams.errors import UpstreamError
 from pipelines.base import PreparedPrompt
 from pipelines.tokens import count_tokens
 from policies.routes import LONG
@@ -59,7 +67,7 @@ def text_or_nothing(data: bytes) -> str:
     """A chunk's text for the judge; a malformed chunk is the relay's to report, not the collector's."""
     try:
         return chunk_text(data)
-    except GatewayError:
+    except UpstreamError:
         return ""
 
 
@@ -151,7 +159,7 @@ async def checked(
     long_prepared = await service.prepare(request.plan, LONG)
     try:
         escalated = await long(service, request, long_prepared)
-    except GatewayError as exc:
+    except LEG_FAILURES as exc:
         if service.policy.routing.fallback.on_long_error == "error":
             raise
         service.kept_cheap(request.outcome, exc, route)
@@ -166,7 +174,7 @@ async def _hold(service: RoutingService, request: RoutedRequest, prepared: Prepa
     entry.leg_started(cheap, route)  # the client leaving while it is held: charged at the estimate
     try:
         first, chunks = await open_stream(service.upstream, cheap, service.body_for(request.body, cheap, prepared))
-    except GatewayError as exc:
+    except LEG_FAILURES as exc:
         entry.add_call(cheap, route, None, (time.perf_counter() - started) * 1000, exc.message)
         raise
     held = Held(chunks, started)
@@ -181,7 +189,7 @@ async def _hold(service: RoutingService, request: RoutedRequest, prepared: Prepa
                 data = await chunks.__anext__()
             except StopAsyncIteration:
                 data, held.ended = None, True
-    except GatewayError as exc:
+    except LEG_FAILURES as exc:
         entry.add_call(cheap, route, held.usage, held.elapsed_ms(), exc.message)
         await close_stream(chunks)
         raise

@@ -45,6 +45,7 @@ from gateway.server.state import Gateway
 from gateway.server.tracing import TracingMiddleware
 from gateway.settings import Settings, private_dir
 from gateway.upstreams.base import Upstream
+from gateway.upstreams.errors import UpstreamError
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 from policies.limits import effective_policy
 from policies.loader import load_policy
@@ -172,6 +173,7 @@ def create_app(
             for kind in (
                 GatewayError,
                 RoutingError,
+                UpstreamError,
                 LedgerError,
                 StoreUnavailable,
                 CollectionNotFound,

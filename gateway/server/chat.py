@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 from starlette.responses import Response
 
+from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.records import RequestRecord
 from gateway.protocol import parse_chat_request, request_tags
@@ -13,24 +14,38 @@ from gateway.server import headers, usage
 from gateway.server.bodies import json_response
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
+from gateway.server.errors import failure
 from gateway.server.grounding import check_answer, stream_check
 from gateway.server.injection import flag_headers, screen_attached
 from gateway.server.state import Gateway
 from gateway.server.streaming import AfterText, stream_response
 
 
+def fallback_failure(outcome: Outcome) -> GatewayError | None:
+    """The long route's failure when the cheap answer was sent instead, as the client is told it."""
+    return None if outcome.fallback_error is None else failure(outcome.fallback_error).error
+
+
+def reason_text(outcome: Outcome) -> str | None:
+    """Routing's reason, with the long route's failure (status and code) when the cheap answer was sent instead."""
+    failed = fallback_failure(outcome)
+    if failed is None:
+        return outcome.reason
+    return f"{outcome.reason} ({failed.status} {failed.code or failed.type})"
+
+
 def record_outcome(entry: RequestLedgerEntry, outcome: Outcome) -> None:
     """What routing decided and did, into the request's ledger record (once it returned or failed, before a
     stream starts: the stream's end settles the record)."""
     record = entry.record
-    record.route, record.reason, record.provenance = outcome.route, outcome.reason, outcome.provenance
+    record.route, record.reason, record.provenance = outcome.route, reason_text(outcome), outcome.provenance
     if outcome.features is not None:
         record.features = outcome.features
 
 
 def route_headers(outcome: Outcome) -> dict[str, str]:
     # header values must be latin-1; reasons are ours and ASCII, but be safe
-    reason = (outcome.reason or "").encode("ascii", "replace").decode()
+    reason = (reason_text(outcome) or "").encode("ascii", "replace").decode()
     return {headers.ROUTE: outcome.route or "", headers.REASON: reason}
 
 
@@ -38,14 +53,15 @@ def selfroute_object(outcome: Outcome, request_id: str) -> dict:
     """The routed answer's `selfroute` object: route, reason, rule, probability, request id and provenance."""
     found = {
         "route": outcome.route,
-        "reason": outcome.reason,
+        "reason": reason_text(outcome),
         "rule": outcome.rule,
         "probability": outcome.probability,
         "request_id": request_id,
         "provenance": outcome.provenance,
     }
-    if outcome.fallback_error is not None:
-        found["fallback_error"] = outcome.fallback_error.body()["error"]
+    failed = fallback_failure(outcome)
+    if failed is not None:
+        found["fallback_error"] = failed.body()["error"]
     return found
 
 
@@ -59,9 +75,9 @@ def render(
 ) -> Response:
     """The answer with every leg's usage and the cost (gateway.server.usage): a whole answer's in its body and the
     cost header, a stream's in its final usage chunk."""
-    failure = outcome.fallback_error
-    if failure is not None:
-        extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failure.status} {failure.code or failure.type}"}
+    failed = fallback_failure(outcome)
+    if failed is not None:
+        extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failed.status} {failed.code or failed.type}"}
     if isinstance(answer, Completed):
         extra_headers = {**extra_headers, **usage.whole_answer(answer.completion, record, routed)}
         return json_response(answer.completion, headers=extra_headers)

@@ -20,6 +20,7 @@ from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_
 from gateway.routing.request_limits import check_embedding_inputs
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
+from gateway.upstreams.errors import UpstreamError
 from policies.routes import PASSTHROUGH
 from policies.schema import ModelConfig, Policy
 
@@ -149,7 +150,7 @@ async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], e
     started = time.perf_counter()
     try:
         answer = await upstream_embeddings(config, body)
-    except GatewayError as exc:
+    except UpstreamError as exc:
         entry.add_call(config, PASSTHROUGH, None, (time.perf_counter() - started) * 1000.0, error=exc.message)
         raise
     usage = answer.get("usage") if isinstance(answer.get("usage"), dict) else None

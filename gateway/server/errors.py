@@ -1,4 +1,4 @@
-"""Errors as responses: GatewayError, routing's, the ledger's and the document store's errors and Starlette's own,
+"""Errors as responses: GatewayError, routing's, the upstreams', the ledger's and the document store's errors and Starlette's own,
 all in OpenAI's envelope, through one table (`failure`): the keyed endpoints' wrapper (gateway.server.context)
 records its status in the ledger and answers with its envelope; `handle_error` does the same for the app's other
 routes."""
@@ -16,6 +16,16 @@ from gateway.errors import GatewayError
 from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.routing.errors import InvalidRequest, ModelNotFound, RequestTooLarge, RoutingError
 from gateway.server.middleware import request_ids
+from gateway.upstreams.errors import (
+    UnsupportedRequest,
+    UpstreamCredentialsRefused,
+    UpstreamError,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -64,6 +74,27 @@ def from_routing_error(exc: RoutingError) -> GatewayError:
     return GatewayError(status, exc.message, param=exc.param, code=exc.code)
 
 
+# Each upstream error class's status (gateway.upstreams.errors); the message, param and code are the upstream's. A
+# rejected request keeps the provider's status (400, 404, 413, 422); any other UpstreamError (a provider's 5xx, a
+# malformed answer, a local model's crash) is a bad gateway: 502.
+UPSTREAM_STATUS: dict[type[UpstreamError], int] = {
+    UpstreamUnreachable: 502,
+    UpstreamCredentialsRefused: 502,  # the gateway's credentials: not the client's fault
+    UpstreamTimeout: 504,
+    UpstreamRateLimited: 429,
+    UpstreamUnavailable: 503,
+    UnsupportedRequest: 400,
+}
+
+
+def from_upstream_error(exc: UpstreamError) -> GatewayError:
+    if isinstance(exc, UpstreamRejected):
+        status = exc.provider_status or 400
+    else:
+        status = next((s for kind, s in UPSTREAM_STATUS.items() if isinstance(exc, kind)), 502)
+    return GatewayError(status, exc.message, param=exc.param, code=exc.code)
+
+
 @dataclass(frozen=True)
 class Failure:
     """How a request that raised ends: the error its client is told, the text its ledger record keeps, and
@@ -84,6 +115,8 @@ def failure(exc: BaseException) -> Failure:
         error = exc
     elif isinstance(exc, RoutingError):  # requests routing refuses (planning, request limits, unknown models)
         error = from_routing_error(exc)
+    elif isinstance(exc, UpstreamError):  # the model providers' failures, and requests an upstream cannot serve
+        error = from_upstream_error(exc)
     elif isinstance(exc, LedgerError):  # key limits, owners, the admin API's queries
         error = from_ledger_error(exc)
     elif isinstance(exc, (StoreUnavailable, CollectionNotFound)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.routing.learning.loop import LearningOutcome
+from gateway.server.errors import failure
 
 
 def record_learning(entry: RequestLedgerEntry, outcome: LearningOutcome) -> None:
@@ -16,4 +17,7 @@ def record_learning(entry: RequestLedgerEntry, outcome: LearningOutcome) -> None
         record.provenance = {**(record.provenance or {}), **outcome.provenance}
     if outcome.label is not None:
         record.labels.append(outcome.label)
-    entry.finish(outcome.status, outcome.error)
+    status = outcome.status
+    if status is None:  # it failed: the status a client would be told (the one exception table)
+        status = failure(outcome.failure or RuntimeError(outcome.error)).error.status
+    entry.finish(status, outcome.error)

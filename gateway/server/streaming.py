@@ -14,8 +14,10 @@ from gateway.errors import GatewayError
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.routing.streaming import chunk_text
 from gateway.server.disconnect import CLIENT_CLOSED
+from gateway.server.errors import failure
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
+from gateway.upstreams.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
 
@@ -163,19 +165,20 @@ async def relay_stream(
         if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))
         yield DONE
-    except GatewayError as exc:
-        await end(exc.message, exc.status)
+    except (GatewayError, UpstreamError) as exc:  # an upstream's failure mid-stream, as the error table says
+        error = failure(exc).error
+        await end(error.message, error.status)
         if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))
-        yield sse_json(exc.body())
+        yield sse_json(error.body())
         yield DONE
     except Exception as exc:  # a broken upstream must still end the stream with an error event, not a cut
         logger.exception("stream relay failed")
-        failure = GatewayError(
+        broken = GatewayError(
             502, f"upstream stream failed: {type(exc).__name__}: {client_safe(str(exc))}", code="upstream_error"
         )
-        await end(failure.message, failure.status)
-        yield sse_json(failure.body())
+        await end(broken.message, broken.status)
+        yield sse_json(broken.body())
         yield DONE
     finally:
         if not finished:

@@ -1,4 +1,5 @@
-"""What every upstream path shares: the Upstream protocol, provider prefixes, and upstream failures as client errors.
+"""What every upstream path shares: the Upstream protocol, provider prefixes, and upstream failures as the
+upstreams' own errors (gateway.upstreams.errors; the server maps them to HTTP).
 
 `Upstream.complete` returns an OpenAI chat.completion dict; `Upstream.stream` yields the JSON bytes of
 each chat.completion.chunk.
@@ -11,7 +12,16 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from gateway.errors import GatewayError
+from gateway.upstreams.errors import (
+    MalformedAnswer,
+    UpstreamCredentialsRefused,
+    UpstreamError,
+    UpstreamFailed,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from gateway.upstreams.scrub import scrub
 from policies.schema import ModelConfig
 
@@ -54,39 +64,35 @@ def client_safe(message: str, secret_env: tuple[str, ...] = ()) -> str:
     return text
 
 
-def upstream_error(status: int | None, message: str, model: str, secret_env: tuple[str, ...] = ()) -> GatewayError:
-    """Map an upstream failure to the status the client should see, with the provider's message summarised:
-    scrubbed (client_safe), and for a refused credential not passed on at all (providers quote the key back).
-    secret_env: names of environment variables holding this upstream's key (the policy's api_key_env)."""
+def upstream_error(status: int | None, message: str, model: str, secret_env: tuple[str, ...] = ()) -> UpstreamError:
+    """An upstream failure by kind (its HTTP status, None when there was no answer), with the provider's message
+    summarised: scrubbed (client_safe), and for a refused credential not passed on at all (providers quote the key
+    back). secret_env: names of environment variables holding this upstream's key (the policy's api_key_env)."""
     if status in (401, 403):
         # the gateway's credentials for the provider are wrong: not the client's fault, nor its business
-        return GatewayError(
-            502,
+        return UpstreamCredentialsRefused(
             f"upstream model {model!r} failed: the provider refused the gateway's credentials (HTTP {status})",
-            code="upstream_authentication_failed",
+            model=model,
+            provider_status=status,
         )
     text = f"upstream model {model!r} failed: {client_safe(message, secret_env)}"
     if status is None:
-        return GatewayError(502, text, code="upstream_unreachable")
+        return UpstreamUnreachable(text, model=model)
     if status in (400, 404, 413, 422):
-        return GatewayError(status, text, code="upstream_rejected_request")
+        return UpstreamRejected(text, model=model, provider_status=status)
     if status == 429:
-        return GatewayError(429, text, code="upstream_rate_limited")
+        return UpstreamRateLimited(text, model=model, provider_status=status)
     if status in (408, 504):
-        return GatewayError(504, text, code="upstream_timeout")
-    return GatewayError(502, text, code="upstream_error")
+        return UpstreamTimeout(text, model=model, provider_status=status)
+    return UpstreamFailed(text, model=model, provider_status=status)
 
 
-def malformed_chunk(exc: Exception) -> GatewayError:
-    return GatewayError(
-        502, f"the upstream sent a malformed stream chunk: {client_safe(str(exc))}", code="upstream_error"
-    )
+def malformed_chunk(exc: Exception) -> UpstreamError:
+    return MalformedAnswer(f"the upstream sent a malformed stream chunk: {client_safe(str(exc))}")
 
 
-def malformed_answer(model: str, problem: str) -> GatewayError:
-    return GatewayError(
-        502, f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}", code="upstream_error"
-    )
+def malformed_answer(model: str, problem: str) -> UpstreamError:
+    return MalformedAnswer(f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}", model=model)
 
 
 USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")

@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from gateway.errors import GatewayError
 from gateway.upstreams.base import malformed_answer, split_provider, upstream_error
+from gateway.upstreams.errors import UpstreamError, UpstreamTimeout
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ MAX_RETRY_AFTER_S = 30.0
 class _Retryable(Exception):
     """A failed attempt worth repeating; carries the client-facing error and the upstream's Retry-After."""
 
-    def __init__(self, error: GatewayError, retry_after: float | None = None):
+    def __init__(self, error: UpstreamError, retry_after: float | None = None):
         super().__init__(error.message)
         self.error = error
         self.retry_after = retry_after
@@ -147,10 +147,8 @@ class DirectOpenAIUpstream:
                 response = await self._client().post(url, data=payload, headers=headers, timeout=timeout)
             except TimeoutError:
                 raise _Retryable(
-                    GatewayError(
-                        504,
-                        f"upstream model {config.model!r} timed out after {config.timeout:g}s",
-                        code="upstream_timeout",
+                    UpstreamTimeout(
+                        f"upstream model {config.model!r} timed out after {config.timeout:g}s", model=config.model
                     )
                 ) from None
             except aiohttp.ClientError as exc:
@@ -191,7 +189,7 @@ class DirectOpenAIUpstream:
         try:
             content = await response.read()
         except TimeoutError:
-            raise GatewayError(504, f"upstream model {config.model!r} timed out", code="upstream_timeout") from None
+            raise UpstreamTimeout(f"upstream model {config.model!r} timed out", model=config.model) from None
         except aiohttp.ClientError as exc:
             raise upstream_error(None, f"reading the answer failed: {exc}", config.model) from None
         finally:
@@ -221,9 +219,7 @@ class DirectOpenAIUpstream:
                 if data:
                     yield data
         except TimeoutError:
-            raise GatewayError(
-                504, f"upstream model {config.model!r} timed out mid-stream", code="upstream_timeout"
-            ) from None
+            raise UpstreamTimeout(f"upstream model {config.model!r} timed out mid-stream", model=config.model) from None
         except aiohttp.ClientError as exc:
             raise upstream_error(None, f"stream broke: {exc}", config.model) from None
         finally:

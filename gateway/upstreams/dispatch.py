@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.errors import GatewayError
 from gateway.upstreams.base import Upstream, split_provider
 from gateway.upstreams.direct import DIRECT_PROVIDERS
+from gateway.upstreams.errors import UpstreamUnavailable
 from policies.schema import ModelConfig
 
 
@@ -27,15 +27,17 @@ class ProviderUpstream:
         provider, _ = split_provider(config.model)
         if provider == "local":
             if self.local is None:
-                raise GatewayError(
-                    503, "the local model is not available in this gateway", code="local_model_unavailable"
+                raise UpstreamUnavailable(
+                    "the local model is not available in this gateway",
+                    model=config.model,
+                    code="local_model_unavailable",
                 )
             return self.local
         if provider is None or provider in DIRECT_PROVIDERS:
             # a bare model name means the OpenAI-compatible upstream (OPENAI_API_BASE), as with the openai client
             return self.direct
         if self.litellm is None:
-            raise GatewayError(503, f"no upstream for provider {provider!r}", code="provider_unavailable")
+            raise UpstreamUnavailable(f"no upstream for provider {provider!r}", model=config.model)
         return self.litellm
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,9 @@ from typing import Any
 
 import aiohttp
 
-from gateway.errors import GatewayError
 from gateway.upstreams.base import split_provider, upstream_error
 from gateway.upstreams.direct import DIRECT_PROVIDERS, DirectOpenAIUpstream, error_message
+from gateway.upstreams.errors import UpstreamTimeout
 from policies.schema import ModelConfig
 
 _CHAT_PATH = "/chat/completions"
@@ -37,8 +37,8 @@ async def upstream_embeddings(config: ModelConfig, body: dict[str, Any]) -> dict
             content = await response.read()
             status = response.status
     except TimeoutError:
-        raise GatewayError(
-            504, f"upstream model {config.model!r} timed out after {config.timeout:g}s", code="upstream_timeout"
+        raise UpstreamTimeout(
+            f"upstream model {config.model!r} timed out after {config.timeout:g}s", model=config.model
         ) from None
     except aiohttp.ClientError as exc:
         raise upstream_error(None, f"{type(exc).__name__}: {exc}", config.model) from None

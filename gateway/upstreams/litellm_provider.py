@@ -14,9 +14,9 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.errors import GatewayError
 from gateway.protocol import OPENAI_PARAMS
 from gateway.upstreams.base import upstream_error
+from gateway.upstreams.errors import UnsupportedRequest, UpstreamError, UpstreamTimeout
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -31,10 +31,10 @@ def _litellm():
     return litellm
 
 
-def _map_exception(exc: Exception, model: str, secret_env: tuple[str, ...] = ()) -> GatewayError:
+def _map_exception(exc: Exception, model: str, secret_env: tuple[str, ...] = ()) -> UpstreamError:
     litellm = _litellm()
     if isinstance(exc, litellm.Timeout):
-        return GatewayError(504, f"upstream model {model!r} timed out", code="upstream_timeout")
+        return UpstreamTimeout(f"upstream model {model!r} timed out", model=model)
     status = getattr(exc, "status_code", None)
     message = getattr(exc, "message", None) or str(exc)
     return upstream_error(status if isinstance(status, int) else None, message, model, secret_env)
@@ -54,8 +54,7 @@ def _check_no_remote_urls(messages: Any) -> None:
             if isinstance(part, dict) and part.get("type") != "text":
                 for value in _string_values(part):
                     if _REMOTE_URL.match(value):
-                        raise GatewayError(
-                            400,
+                        raise UnsupportedRequest(
                             "this provider is reached through the gateway, which does not fetch URLs for it: "
                             "send the content inline as a data: URL",
                             param=f"messages[{m}].content[{p}]",
@@ -89,7 +88,7 @@ class LiteLLMUpstream:
         litellm = _litellm()
         try:
             response = await litellm.acompletion(**self._kwargs(config, {**body, "stream": False}))
-        except GatewayError:
+        except UpstreamError:
             raise
         except Exception as exc:  # litellm raises its own exception family per provider
             raise _map_exception(exc, config.model, (config.api_key_env,) if config.api_key_env else ()) from None
@@ -101,7 +100,7 @@ class LiteLLMUpstream:
             response = await litellm.acompletion(**self._kwargs(config, {**body, "stream": True}))
             async for chunk in response:
                 yield json.dumps(chunk.model_dump(exclude_none=True)).encode()
-        except GatewayError:
+        except UpstreamError:
             raise
         except Exception as exc:
             raise _map_exception(exc, config.model, (config.api_key_env,) if config.api_key_env else ()) from None

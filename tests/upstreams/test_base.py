@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
+from gateway.server.errors import from_upstream_error
 from gateway.upstreams.base import MAX_UPSTREAM_MESSAGE_CHARS, client_safe, upstream_error
+from gateway.upstreams.errors import (
+    UpstreamCredentialsRefused,
+    UpstreamFailed,
+    UpstreamRateLimited,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from tests.support.gateway import running_gateway
 from tests.support.policies import make_policy
 
@@ -21,7 +31,33 @@ def test_client_safe_hides_addresses_and_raw_bytes():
 
 def test_upstream_error_message_is_client_safe():
     error = upstream_error(None, "ClientConnectorError: Cannot connect to host 127.0.0.1:9", "m")
-    assert error.status == 502 and "127.0.0.1" not in error.message and ":9" not in error.message
+    assert isinstance(error, UpstreamUnreachable) and from_upstream_error(error).status == 502
+    assert "127.0.0.1" not in error.message and ":9" not in error.message
+
+
+@pytest.mark.parametrize(
+    "status, kind, answered",
+    [
+        (401, UpstreamCredentialsRefused, 502),
+        (403, UpstreamCredentialsRefused, 502),
+        (400, UpstreamRejected, 400),
+        (404, UpstreamRejected, 404),
+        (413, UpstreamRejected, 413),
+        (422, UpstreamRejected, 422),
+        (429, UpstreamRateLimited, 429),
+        (408, UpstreamTimeout, 504),
+        (504, UpstreamTimeout, 504),
+        (500, UpstreamFailed, 502),
+        (503, UpstreamFailed, 502),
+    ],
+)
+def test_upstream_failures_are_the_upstreams_own_errors_mapped_once(status, kind, answered):
+    """The upstream layer says what went wrong (a class, the provider's status kept); the server's table says which
+    status the client gets; only a rejected request is not worth another provider."""
+    error = upstream_error(status, "provider message", "m")
+    assert type(error) is kind and error.provider_status == status and not hasattr(error, "status")
+    assert from_upstream_error(error).status == answered
+    assert error.provider_side == (kind is not UpstreamRejected)
 
 
 def test_unreachable_upstream_is_not_named_to_the_client(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
 from gateway.routing.calls import complete_upstream
 from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
+from gateway.upstreams.errors import UpstreamError
 from policies.routes import JUDGE, SHADOW
 
 if TYPE_CHECKING:
@@ -48,11 +49,12 @@ class LearningOutcome:
     """What one shadow or judge request came to. The server records it in that request's ledger entry and
     finishes the entry (gateway.server.learning.record_learning)."""
 
-    status: int
+    status: int | None  # None: it failed with `failure`, whose status the server's error table gives
     error: str | None = None
     note: str | None = None  # added to the request's reason: the verdict, or why there is no label
     provenance: dict[str, Any] = field(default_factory=dict)  # added to the request's provenance
     label: LabelRecord | None = None  # the label this request produced (a judge's verdict on another request)
+    failure: Exception | None = None  # an upstream's (or the gateway's) error that ended it
 
 
 # record(entry, outcome): the server's recording of a learning request's outcome in its ledger entry (finishes it)
@@ -170,8 +172,8 @@ class LearningLoop:
         except asyncio.CancelledError:
             self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR))
             raise
-        except GatewayError as exc:
-            self.record(entry, LearningOutcome(exc.status, exc.message))
+        except (GatewayError, UpstreamError) as exc:
+            self.record(entry, LearningOutcome(None, exc.message, failure=exc))
             self.budget.add(entry.cost_usd)
             return
         except Exception as exc:  # never the client's problem: logged and ledgered
@@ -203,8 +205,8 @@ class LearningLoop:
         except asyncio.CancelledError:
             self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR, provenance=judged))
             raise
-        except GatewayError as exc:
-            self.record(entry, LearningOutcome(exc.status, exc.message, provenance=judged))
+        except (GatewayError, UpstreamError) as exc:
+            self.record(entry, LearningOutcome(None, exc.message, provenance=judged, failure=exc))
             self.budget.add(entry.cost_usd)
             return
         except Exception as exc:

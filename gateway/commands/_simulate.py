@@ -23,6 +23,13 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "--sim-after", type=int, default=1000, help="the trailing figures count the questions after this many"
     )
     replay.add_argument(
+        "--sim-max-token-share",
+        type=float,
+        default=None,
+        help="the learning router escalates as much as keeps its tokens (learning legs included) at this share of "
+        "always-long's, instead of holding the frozen router's spend",
+    )
+    replay.add_argument(
         "--sim-split",
         default=None,
         metavar="FIELD",
@@ -87,6 +94,7 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
             seed=args.seed,
             window=args.sim_window,
             after=args.sim_after,
+            max_token_share=args.sim_max_token_share,
             estimator=args.learn_estimator,
             feature_names=verifier.feature_names,
         )

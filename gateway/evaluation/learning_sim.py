@@ -13,7 +13,10 @@ functions (gateway.evaluation.replay.router_strategy: gateway.routing.decision a
   labels 1/shadow_rate: they stand for all the accepted answers), and its threshold is set from the scores of the
   questions seen so far, like `selfroute calibrate --from-ledger`: the escalation share the frozen router showed on
   them, less the share the learning legs cost and any spend over the frozen router's so far, so the learning router
-  spends about what the frozen one spends;
+  spends about what the frozen one spends; or, with `max_token_share`, the share that keeps the learning router's
+  tokens (its learning legs included) at that share of always-long's, any excess so far caught up over the next
+  refit period (a deployment that budgets against always-long rather than against the shipped router: a shipped
+  router that never escalates leaves the spend-holding rule no room to escalate at all);
 - the shipped router frozen (the same decisions, never refitted, no learning legs);
 - always-long, always-RAG, and the oracle (the better recorded answer, RAG on ties).
 
@@ -164,6 +167,27 @@ def _quantile_threshold(scores: Sequence[float], share: float) -> float:
     return ordered[min(k, len(ordered) - 1)]
 
 
+def _token_budget_share(
+    cap: float,
+    tokens: int,
+    long_tokens: int,
+    seen: int,
+    period: int,
+    share_now: float,
+    cheap_fraction: float,
+    long_leg_tokens: float,
+) -> float:
+    """The escalation share for the next `period` questions that brings the learning router's tokens to `cap` of
+    always-long's: its rate so far, changed linearly by each escalation's long leg (on the cheap-routed fraction),
+    spending (or saving) the difference between the cap and what it used so far over the period."""
+    per_question_cap = cap * long_tokens / seen
+    allowance = per_question_cap + (cap * long_tokens - tokens) / period
+    per_share = cheap_fraction * long_leg_tokens  # tokens per question of escalating every cheap answer
+    if per_share <= 0:
+        return share_now
+    return min(1.0, max(0.0, share_now + (allowance - tokens / seen) / per_share))
+
+
 def simulate(
     questions: Sequence[SimQuestion],
     policy: Policy,
@@ -177,6 +201,7 @@ def simulate(
     after: int = 1000,
     estimator: Estimator = "logistic",
     feature_names: Sequence[str] | None = None,
+    max_token_share: float | None = None,
 ) -> SimulationResult:
     """Run the stream once. `policy` must have a verifier (its threshold, else the shipped verifier card's, is the
     frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer."""
@@ -203,6 +228,8 @@ def simulate(
     labelled: list[tuple[int, int, float]] = []  # (question index, label, weight)
     seen_cheap: list[int] = []  # questions the pre-route sent to the checked cheap route
     frozen_escalations = 0
+    live_escalations = 0  # the learning router's, on the seen cheap-routed questions
+    long_tokens_seen = 0  # of the long legs those questions would need
     long_cost_seen = 0.0  # of the long legs the frozen router would pay on the seen cheap-routed questions
     learning_cost = 0.0
     refits: list[dict[str, Any]] = []
@@ -236,6 +263,8 @@ def simulate(
             seen_cheap.append(index)
             frozen_escalations += outcomes[FROZEN].route == FALLBACK
             long_cost_seen += leg_cost(shadow_leg(item), prices)
+            long_tokens_seen += shadow_leg(item).prompt_tokens + shadow_leg(item).output_tokens
+            live_escalations += live.route == FALLBACK
             truth = label_good(item.rag_score, item.lc_score)
             label, weight = None, 1.0
             if live.route == FALLBACK:  # both answers exist: the judge
@@ -282,6 +311,17 @@ def simulate(
                 upcoming = max(refit_every * n_seen / position, 1.0)  # cheap-routed questions expected next
                 catch_up = overspent / mean_long / upcoming if mean_long else 0.0
                 target = min(1.0, max(0.0, share - overhead - catch_up))
+                if max_token_share is not None:
+                    target = _token_budget_share(
+                        max_token_share,
+                        tallies[LEARNING].tokens,
+                        tallies[ALWAYS_LONG].tokens,
+                        position,
+                        refit_every,
+                        live_escalations / n_seen,
+                        n_seen / position,
+                        long_tokens_seen / n_seen,
+                    )
                 threshold = _quantile_threshold([score_of(i) for i in seen_cheap], target)
                 learn_policy = _with_verifier_threshold(policy, threshold)
                 learning_check = CheapAnswerCheck(learn_policy)

@@ -104,3 +104,20 @@ def test_without_labels_the_learning_router_is_the_frozen_one_plus_its_legs():
     learn, frozen = result.total[LEARNING], result.total[FROZEN]
     assert learn["quality"] == frozen["quality"] and learn["escalated_share"] == frozen["escalated_share"]
     assert learn["cost_usd"] == pytest.approx(frozen["cost_usd"] + learn["learning_cost_usd"])
+
+
+def test_a_token_budget_lets_the_loop_escalate_where_the_shipped_router_never_does():
+    """The shipped threshold 0 never escalates, so holding its spend leaves no room; a budget of always-long's tokens
+    does, and the loop stays within it (over the whole stream, within what one refit period can overshoot)."""
+    never = POLICY.model_copy(deep=True)
+    assert never.routing.verifier is not None
+    never.routing.verifier.threshold = 0.0
+    common = dict(shadow_rate=0.05, judge_noise=0.0, refit_every=100, window=300, after=600)
+    names = ["ans_support_passages", "ans_refusal"]
+    held = simulate(stream(), never, PRICES, feature_names=names, **common)
+    budget = simulate(stream(), never, PRICES, feature_names=names, max_token_share=0.5, **common)
+    assert held.trailing[FROZEN]["escalated_share"] == 0 and held.trailing[LEARNING]["escalated_share"] < 0.02
+    learn, frozen, long = (budget.trailing[n] for n in (LEARNING, FROZEN, ALWAYS_LONG))
+    assert learn["escalated_share"] > 0.1 and learn["quality"] >= frozen["quality"] + 5
+    share = budget.total[LEARNING]["tokens"] / budget.total[ALWAYS_LONG]["tokens"]
+    assert 0.4 < share <= 0.53, share

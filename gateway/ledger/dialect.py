@@ -11,10 +11,12 @@ import functools
 import logging
 import re
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import unquote
 
 from gateway.ledger.errors import Unavailable
@@ -67,7 +69,7 @@ UNAVAILABLE_MESSAGE = "the ledger database is unavailable; try again shortly"
 
 
 @contextmanager
-def unavailable_as_error():
+def unavailable_as_error() -> Iterator[None]:
     """An unreachable, restarting or locked database (the drivers' OperationalError) as the ledger's Unavailable;
     the driver's words go to the log only."""
     _, transient = database_error_types()
@@ -78,11 +80,15 @@ def unavailable_as_error():
         raise Unavailable(UNAVAILABLE_MESSAGE, code="ledger_unavailable") from None
 
 
-def reachable(method):
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def reachable(method: Callable[_P, _T]) -> Callable[_P, _T]:
     """Decorate a method that talks to the ledger database: see unavailable_as_error."""
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         with unavailable_as_error():
             return method(*args, **kwargs)
 
@@ -107,7 +113,7 @@ class Row(tuple):
     __slots__ = ()
     _names: dict[str, int]
 
-    def __getitem__(self, key):  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names[key])
         return tuple.__getitem__(self, key)
@@ -116,7 +122,7 @@ class Row(tuple):
         return list(self._names)
 
 
-def _row_factory(cursor):
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     names = {column.name: i for i, column in enumerate(cursor.description or ())}
     row_type = type("Row", (Row,), {"_names": names})
     return lambda values: tuple.__new__(row_type, values)
@@ -130,11 +136,11 @@ def _to_sql(sql: str) -> str:
 class PostgresConnection:
     """A psycopg connection that takes SQLite-style queries; `with conn:` is one transaction, as in sqlite3."""
 
-    def __init__(self, raw):
+    def __init__(self, raw: Any) -> None:
         self.raw = raw
         self._transactions: list = []  # open `with conn:` blocks on an autocommit connection
 
-    def execute(self, sql: str, params: Sequence | None = None):
+    def execute(self, sql: str, params: Sequence | None = None) -> Any:
         return self.raw.execute(_to_sql(sql), params if params else None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
@@ -177,7 +183,9 @@ class PostgresConnection:
             self._transactions.append(transaction)
         return self
 
-    def __exit__(self, kind, value, traceback) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         if self._transactions:
             self._transactions.pop().__exit__(kind, value, traceback)
             return
@@ -189,13 +197,13 @@ class PostgresConnection:
             self.raw.rollback()
 
 
-def _numeric_loader():
+def _numeric_loader() -> type:
     from psycopg.adapt import Loader
 
     class NumericLoader(Loader):
         """sum() of a bigint is a numeric: read whole numbers as int and the rest as float, as SQLite returns."""
 
-        def load(self, data) -> int | float:
+        def load(self, data: Any) -> int | float:
             text = bytes(data).decode("ascii")
             try:
                 return int(text)

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gateway.ledger.database import connect, migrate
 from gateway.ledger.dialect import (
@@ -155,7 +156,7 @@ def _hash(salt: str, key: str) -> str:
     return hmac.new(bytes.fromhex(salt), key.encode("utf-8"), hashlib.sha256).hexdigest()
 
 
-def _row_key(row) -> NamedKey:
+def _row_key(row: Any) -> NamedKey:
     models = json.loads(row["models"]) if row["models"] is not None else None
     return NamedKey(
         name=row["name"],
@@ -179,7 +180,7 @@ def _new_secret() -> tuple[str, str]:
     return KEY_PREFIX + secrets.token_urlsafe(32), secrets.token_hex(16)
 
 
-def _check_lists(models, collections) -> None:
+def _check_lists(models: Any, collections: Any) -> None:
     for field, values in (("models", models), ("collections", collections)):
         if values is not None and not all(isinstance(v, str) and 0 < len(v) <= 256 for v in values):
             raise InvalidQuery(f"{field} must be a list of names", param=field, code=f"invalid_{field}")
@@ -200,7 +201,7 @@ def validate_name(name: str) -> str:
     return name
 
 
-def _positive(value, name: str, kind=float):
+def _positive(value: Any, name: str, kind: type = float) -> Any:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value > 1e12:
@@ -352,13 +353,13 @@ class KeyStore:
         self,
         name: str,
         *,
-        models=KEEP,
-        collections=KEEP,
-        budget_usd=KEEP,
-        budget_period_s=KEEP,
-        rpm=KEEP,
-        tpm=KEEP,
-        expires_at=KEEP,
+        models: Any = KEEP,
+        collections: Any = KEEP,
+        budget_usd: Any = KEEP,
+        budget_period_s: Any = KEEP,
+        rpm: Any = KEEP,
+        tpm: Any = KEEP,
+        expires_at: Any = KEEP,
     ) -> NamedKey:
         """Change a key's model list, grants and limits; what is not given stays. None clears a limit (and `models`:
         any model). A new budget period starts counting now."""

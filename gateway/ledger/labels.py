@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.ledger.database import INSERT_LABEL, connect
 from gateway.ledger.dialect import is_postgres, reachable
 from gateway.ledger.records import LabelRecord, label_row
 from policies.routes import LEARNING_ROUTES
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -108,12 +111,12 @@ class LabelStore:
         self._lock = threading.Lock()
         self._conn: Any = None
 
-    def _connection(self):
+    def _connection(self) -> Any:
         if self._conn is None:
             self._conn = connect(self.location)
         return self._conn
 
-    def _run(self, work):
+    def _run(self, work: Callable[[Any], _T]) -> _T:
         with self._lock:
             try:
                 return work(self._connection())
@@ -133,7 +136,7 @@ class LabelStore:
 
     @reachable
     def add(self, label: LabelRecord) -> None:
-        def write(conn):
+        def write(conn: Any) -> None:
             with conn:
                 conn.execute(INSERT_LABEL, label_row(label))
 

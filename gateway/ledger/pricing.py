@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from policies.schema import ModelConfig
 
@@ -48,7 +49,7 @@ class Price:
 FREE = Price(0.0, 0.0, "unknown")
 
 
-def _optional_float(value) -> float | None:
+def _optional_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
@@ -115,7 +116,7 @@ class PriceBook:
             or {}
         )
 
-        def whole(value) -> int | None:
+        def whole(value: Any) -> int | None:
             return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
         window = config.context_window or whole(entry.get("max_input_tokens"))

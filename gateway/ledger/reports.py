@@ -502,7 +502,7 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         ) from None
 
 
-def row_dict(row) -> dict:
+def row_dict(row: Any) -> dict:
     item = {name: row[name] for name in REQUEST_FIELDS_STORED}
     item["stream"] = bool(item["stream"])
     return item
@@ -545,7 +545,7 @@ def list_requests(
     return {"object": "list", "data": items, "has_more": more, "next_cursor": next_cursor}
 
 
-def _detail(conn: LedgerConnection, row) -> dict:
+def _detail(conn: LedgerConnection, row: Any) -> dict:
     item = row_dict(row)
     item["saving_usd"] = item["counterfactual_cost_usd"] - item["cost_usd"]
     item["provenance"] = json.loads(row["provenance"]) if row["provenance"] else None

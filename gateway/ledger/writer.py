@@ -237,7 +237,7 @@ class Ledger:
         path = self.dead_letter_path
         return (path.exists() and path.stat().st_size > 0) or bool(self._pending_files())
 
-    def replay(self, conn=None) -> int:
+    def replay(self, conn: Any = None) -> int:
         """Write the dead-letter file's records and in-flight rows into the database; returns how many records
         were written. The file is moved aside first (new failures start a new one) and removed once written; a
         replay cut short leaves it to the next one. Idempotent by request id."""
@@ -260,7 +260,7 @@ class Ledger:
                 conn.close()
         return written
 
-    def _replay_file(self, conn, file: Path) -> int:
+    def _replay_file(self, conn: Any, file: Path) -> int:
         try:
             text = file.read_text(encoding="utf-8")
         except FileNotFoundError:  # another process replayed it meanwhile
@@ -337,7 +337,7 @@ class Ledger:
                 self._request_conn.close()
             self._request_conn = None
 
-    def _recover(self, conn) -> None:
+    def _recover(self, conn: Any) -> None:
         """Start-up: the dead-letter file into the database, then the in-flight rows of processes that are gone
         charged at their estimate."""
         try:
@@ -348,7 +348,7 @@ class Ledger:
             if getattr(conn, "in_transaction", False):
                 conn.rollback()
 
-    def _sweep(self, conn) -> None:
+    def _sweep(self, conn: Any) -> None:
         rows = budget.abandoned(conn)
         if rows:
             written = budget.settle_abandoned(conn, rows)
@@ -356,7 +356,7 @@ class Ledger:
                 "ledger: %d requests left in flight by stopped processes recorded at their estimate", written
             )
 
-    def _try(self, conn, records: list[RequestRecord]):
+    def _try(self, conn: Any, records: list[RequestRecord]) -> tuple[Any, BaseException | None]:
         """Write `records` on `conn` (connecting first when it is None); returns (connection or None, error)."""
         try:
             if conn is None:
@@ -366,7 +366,7 @@ class Ledger:
         except self._errors as exc:
             return self._discard(conn), exc
 
-    def _discard(self, conn):
+    def _discard(self, conn: Any) -> Any:
         """After a failure: roll back, and drop a PostgreSQL connection (it may be broken)."""
         if conn is not None and getattr(conn, "in_transaction", False):
             with suppress(*self._errors):
@@ -377,7 +377,7 @@ class Ledger:
             conn = None
         return conn
 
-    def _write(self, conn, batch: list[RequestRecord]):
+    def _write(self, conn: Any, batch: list[RequestRecord]) -> Any:
         """Write a batch; what the database does not take goes to the dead-letter file now. Returns the
         connection to reuse."""
         if self._database_down():  # it failed a moment ago: do not wait on it again for every batch
@@ -410,7 +410,7 @@ class Ledger:
                 self._dead_letter([{"error": str(error), "record": asdict(record)}])
         return conn
 
-    def _maintain(self, conn):
+    def _maintain(self, conn: Any) -> Any:
         """Between batches: replay the dead-letter file once the database may be back; sweep now and then."""
         now = time.monotonic()
         try:

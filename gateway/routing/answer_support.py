@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pipelines.rag import Retrieval
 
 EmbedFn = Callable[[list[str]], np.ndarray]  # texts -> L2-normalised rows (pipelines.embedding.Embedder.embed_queries)
 
@@ -35,14 +39,14 @@ def hit_spread(positions: Sequence[tuple[str, int]]) -> float | None:
     return places / len(positions)
 
 
-def hit_positions(retrieval) -> list[tuple[str, int]]:
+def hit_positions(retrieval: Retrieval | None) -> list[tuple[str, int]]:
     """(document id, chunk position) of each retrieved hit of a pipelines.rag Retrieval (neighbours left out)."""
     if retrieval is None:
         return []
     return [(h.chunk.doc_id, int(h.chunk.position)) for h in retrieval.hits if h.rank != 0]
 
 
-def retrieval_inputs(question: str, retrieval) -> dict[str, float] | None:
+def retrieval_inputs(question: str, retrieval: Retrieval | None) -> dict[str, float] | None:
     """The retrieval signals of the pass that chose the passages sent (classifier.features.retrieval_features,
     the pre-route features' own function) and the hits' spread; None without a retrieval pass."""
     from classifier.features import retrieval_features

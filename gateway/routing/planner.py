@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from classifier.features import RETRIEVAL_FEATURES, DocumentStats, extract_features
 from gateway.protocol import ChatCompletionRequest
@@ -96,6 +97,9 @@ class RoutePlan:
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+_V = TypeVar("_V")
+
+
 class RoutePlanner:
     def __init__(self, policy: Policy, store: DocumentStore, router: Router):
         self.policy = policy
@@ -119,7 +123,12 @@ class RoutePlanner:
         self._index_cache: LockedLRU[tuple, DocumentIndex] = LockedLRU(INDEX_CACHE_SIZE)
 
     @staticmethod
-    def _cached(cache: LockedLRU, documents: list[Document], compute, key: tuple | None = None):
+    def _cached(
+        cache: LockedLRU[tuple, _V],
+        documents: list[Document],
+        compute: Callable[[list[Document]], _V],
+        key: tuple | None = None,
+    ) -> _V:
         key = key if key is not None else documents_key(documents)
         return cache.get_or_make(key, lambda: compute(documents))
 

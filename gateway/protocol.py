@@ -1,4 +1,6 @@
-"""The OpenAI chat-completions protocol as pydantic models, and the request surface the gateway accepts.
+"""The OpenAI chat-completions wire format, in one place: the request surface the gateway accepts (pydantic models),
+and the answers (chat.completion, chat.completion.chunk, usage: TypedDicts with parse and build helpers) that
+upstreams, routing and the server read and write.
 
 Fields follow the order of the OpenAI API reference. Request models allow extra fields: anything a client
 sends that we do not model goes to OpenAI-compatible upstreams as a JSON body field, nothing more. What
@@ -13,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -400,3 +402,170 @@ def _validation_error(exc: ValidationError) -> GatewayError:
         message = f"invalid value for '{param}': {err['msg']}"
         code = "invalid_type" if err["type"].endswith(("_type", "_parsing")) else "invalid_value"
     return GatewayError(400, message, param=param or None, code=code)
+
+
+# -- answers: chat.completion, chat.completion.chunk, usage -------------------------------------------------------
+# Plain TypedDicts and parse/build helpers over bytes and dicts, no pydantic: answers pass through the gateway as the
+# upstream sent them (bytes in, bytes out on the pass-through path), so the helpers read only what the gateway needs
+# and never validate or rebuild a chunk they only relay. Parsers raise ValueError on a malformed answer; the upstream
+# layer turns it into its error (gateway.upstreams.base.malformed_answer / malformed_chunk).
+
+
+class Usage(TypedDict, total=False):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, Any]  # cached_tokens: read from the provider's prompt cache
+
+
+class AnswerMessage(TypedDict, total=False):
+    role: str
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+    function_call: dict[str, Any]
+
+
+class Choice(TypedDict, total=False):
+    index: int
+    message: AnswerMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatCompletion(TypedDict, total=False):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    selfroute: dict[str, Any]  # the gateway's own object: route, provenance, cost, legs, grounding
+
+
+class Delta(TypedDict, total=False):
+    role: str
+    content: str | None
+    tool_calls: list[dict[str, Any]]
+
+
+class ChunkChoice(TypedDict, total=False):
+    index: int
+    delta: Delta
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(TypedDict, total=False):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage
+    selfroute: dict[str, Any]  # the gateway's trailing chunks: cost and legs (usage chunk), grounding
+
+
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+TOOL_CALL_TEXT = "(tool call)"  # a tool call's text for the answer checks: an action, never a refusal
+
+
+def check_usage(usage: Any) -> dict[str, Any] | None:
+    """A usage object (the `Usage` fields, and whatever else the provider reports: its cache counts) whose token counts
+    are whole numbers (or absent); ValueError otherwise."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise ValueError(f"usage is a {type(usage).__name__}, not an object")
+    for name in USAGE_COUNTS:
+        value = usage.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"usage.{name} is {value!r}, not a token count")
+    return usage
+
+
+def completion_problem(data: Any) -> str | None:
+    """What keeps `data` from being the chat.completion the gateway relies on (choices with a message object, a
+    well-formed usage), or None."""
+    if not isinstance(data, dict):
+        return f"the body is a JSON {type(data).__name__}, not an object"
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return "no choices"
+    if not all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
+        return "a choice without a message object"
+    try:
+        check_usage(data.get("usage"))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def completion_text(completion: ChatCompletion | dict[str, Any]) -> str | None:
+    """The first choice's text ("(tool call)" for a tool call)."""
+    choices = completion.get("choices") or []
+    if not choices:
+        return None
+    message = choices[0].get("message") or {}
+    if message.get("tool_calls") or message.get("function_call"):
+        return TOOL_CALL_TEXT
+    return message.get("content")
+
+
+def chunk_usage(data: bytes) -> dict[str, Any] | None:
+    """The usage object of a stream chunk, if it carries one; the substring test avoids parsing most chunks.
+    ValueError for a chunk that is not JSON or whose usage is malformed."""
+    if b'"usage"' not in data:
+        return None
+    parsed = json.loads(data)
+    if not isinstance(parsed, dict):
+        raise ValueError(f"the chunk is a JSON {type(parsed).__name__}, not an object")
+    usage = parsed.get("usage")
+    return check_usage(usage) if isinstance(usage, dict) else None
+
+
+def chunk_text(data: bytes) -> str:
+    """A stream chunk's text ("(tool call)" for a tool call); the substring test avoids parsing chunks that carry
+    none. ValueError (or AttributeError, IndexError) for a malformed chunk."""
+    if b'"content"' not in data and b'"tool_calls"' not in data:
+        return ""
+    choices = json.loads(data).get("choices") or []
+    delta = (choices[0].get("delta") or {}) if choices else {}
+    if delta.get("tool_calls"):
+        return TOOL_CALL_TEXT
+    return delta.get("content") or ""
+
+
+def chunk_has_choices(data: bytes) -> bool:
+    """Whether a chunk carries choices (a usage chunk carries none). ValueError for a chunk that is not JSON."""
+    return bool(json.loads(data).get("choices"))
+
+
+def chunk_bytes(
+    like: bytes | ChatCompletionChunk | dict[str, Any],
+    choices: list[ChunkChoice] | None = None,
+    usage: Usage | dict[str, Any] | None = None,
+    selfroute: dict[str, Any] | None = None,
+) -> bytes:
+    """A chat.completion.chunk of the gateway's own, with the id, created and model of `like` (a stream's first
+    chunk, as bytes or parsed): no choices unless given, then usage and the selfroute object when given."""
+    opening = json.loads(like) if isinstance(like, bytes) else like
+    chunk: dict[str, Any] = {
+        "id": opening.get("id"),
+        "object": "chat.completion.chunk",
+        "created": opening.get("created"),
+        "model": opening.get("model"),
+        "choices": choices or [],
+    }
+    if usage is not None:
+        chunk["usage"] = usage
+    if selfroute is not None:
+        chunk["selfroute"] = selfroute
+    return json.dumps(chunk).encode()
+
+
+def truncated_chunks(first: bytes, usage: Usage | dict[str, Any]) -> list[bytes]:
+    """Closing chunks for a stream cut after its opening: finish_reason "length" (the text is truncated), then the
+    usage counted so far."""
+    return [
+        chunk_bytes(first, choices=[{"index": 0, "delta": {}, "finish_reason": "length"}]),
+        chunk_bytes(first, usage=usage),
+    ]

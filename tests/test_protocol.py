@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from gateway import protocol
 from gateway.errors import GatewayError
 from gateway.protocol import MAX_MODEL_CHARS, OPENAI_PARAMS, parse_chat_request, parse_json_object, rejected_param
 from gateway.upstreams.litellm_provider import FORWARDED_PARAMS
@@ -110,3 +111,64 @@ def test_openai_parameters_are_never_rejected_and_litellm_gets_only_them():
 def test_a_huge_bad_role_is_not_echoed():
     error = _error(_chat(messages=[{"role": "w" * 100_000, "content": "x"}]))
     assert error.status == 400 and len(error.message) < 300
+
+
+# -- answers: what the gateway reads from and writes into completions and chunks ---------------------------------
+
+OPENING = json.dumps(
+    {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}],
+    }
+).encode()
+
+
+def test_built_chunks_are_what_the_openai_client_parses():
+    """The gateway's own chunks (a truncated stream's close, a trailing selfroute chunk) keep the stream's id, created
+    and model, and parse as the official client's chunk type."""
+    from openai.types.chat import ChatCompletionChunk
+
+    finish, usage = (
+        ChatCompletionChunk.model_validate_json(c)
+        for c in protocol.truncated_chunks(OPENING, {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4})
+    )
+    assert (finish.id, finish.created, finish.model) == ("chatcmpl-1", 1700000000, "m")
+    assert finish.choices[0].finish_reason == "length" and finish.usage is None
+    assert usage.choices == [] and usage.usage is not None and usage.usage.total_tokens == 4
+    trailing = ChatCompletionChunk.model_validate_json(protocol.chunk_bytes(OPENING, selfroute={"grounding": {}}))
+    assert trailing.choices == [] and trailing.model_extra == {"selfroute": {"grounding": {}}}
+
+
+def test_chunk_reading():
+    assert protocol.chunk_text(OPENING) == "Hel"
+    assert protocol.chunk_text(b'{"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}') == "(tool call)"
+    assert protocol.chunk_text(b'{"choices": []}') == ""  # no content: not even parsed
+    assert protocol.chunk_usage(OPENING) is None and protocol.chunk_has_choices(OPENING)
+    assert protocol.chunk_usage(b'{"choices": [], "usage": {"prompt_tokens": 2}}') == {"prompt_tokens": 2}
+    for broken in (b'{"usage": oops', b'{"usage": {"prompt_tokens": -1}}', b'["usage"]'):
+        with pytest.raises(ValueError):
+            protocol.chunk_usage(broken)
+
+
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        ([], "not an object"),
+        ({"choices": []}, "no choices"),
+        ({"choices": [{"text": "x"}]}, "without a message"),
+        ({"choices": [{"message": {}}], "usage": {"completion_tokens": 1.5}}, "not a token count"),
+        ({"choices": [{"message": {"content": "ok"}}], "usage": {"prompt_tokens": 1}}, None),
+    ],
+)
+def test_completion_problems(body, problem):
+    found = protocol.completion_problem(body)
+    assert (found is None) if problem is None else (problem in found)
+
+
+def test_completion_text():
+    assert protocol.completion_text({"choices": [{"message": {"content": "hi"}}]}) == "hi"
+    assert protocol.completion_text({"choices": [{"message": {"tool_calls": [{}]}}]}) == "(tool call)"
+    assert protocol.completion_text({"choices": []}) is None

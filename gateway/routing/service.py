@@ -17,7 +17,7 @@ import anyio
 
 from gateway import tracing
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.protocol import ChatCompletionRequest
+from gateway.protocol import ChatCompletionRequest, completion_text
 from gateway.routing import streaming
 from gateway.routing.answer_support import take_logprobs, with_logprobs
 from gateway.routing.calls import (
@@ -46,16 +46,6 @@ from policies.schema import ModelConfig, Policy
 if TYPE_CHECKING:  # the planner loads pyarrow/lancedb/torch: imported by start-up, not with the app
     from gateway.routing.decision import Router
     from gateway.routing.planner import RoutePlan, RoutePlanner
-
-
-def completion_text(completion: dict[str, Any]) -> str | None:
-    choices = completion.get("choices") or []
-    if not choices:
-        return None
-    message = choices[0].get("message") or {}
-    if message.get("tool_calls") or message.get("function_call"):
-        return "(tool call)"  # a tool call is an action, never a refusal
-    return message.get("content")
 
 
 def passthrough_config(policy: Policy, model: str) -> ModelConfig:

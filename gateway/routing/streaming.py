@@ -18,14 +18,14 @@ the service builds the provenance once. Nothing here renders HTTP: the server re
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gateway import protocol
 from gateway.ledger.entry import RequestLedgerEntry
-from gateway.protocol import ChatCompletionRequest
+from gateway.protocol import ChatCompletionRequest, chunk_usage
 from gateway.routing.calls import (
     LEG_FAILURES,
     Outcome,
@@ -35,7 +35,7 @@ from gateway.routing.calls import (
     open_stream,
     stream_upstream,
 )
-from gateway.upstreams.base import chunk_usage, malformed_chunk
+from gateway.upstreams.base import malformed_chunk
 from gateway.upstreams.errors import UpstreamError
 from pipelines.base import PreparedPrompt
 from pipelines.tokens import count_tokens
@@ -49,18 +49,11 @@ if TYPE_CHECKING:
 
 
 def chunk_text(data: bytes) -> str:
-    """A stream chunk's text ("(tool call)" for a tool call: an action, never a refusal); the substring test
-    avoids parsing most chunks that carry none."""
-    if b'"content"' not in data and b'"tool_calls"' not in data:
-        return ""
+    """A stream chunk's text (gateway.protocol.chunk_text); a malformed chunk is the upstream's failure."""
     try:
-        choices = json.loads(data).get("choices") or []
-        delta = (choices[0].get("delta") or {}) if choices else {}
+        return protocol.chunk_text(data)
     except (ValueError, AttributeError, IndexError) as exc:
         raise malformed_chunk(exc) from None
-    if delta.get("tool_calls"):
-        return "(tool call)"
-    return delta.get("content") or ""
 
 
 def text_or_nothing(data: bytes) -> str:

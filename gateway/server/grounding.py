@@ -8,13 +8,13 @@ provenance (`grounding`: checked and unsupported sentences)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from gateway.ledger.entry import RequestLedgerEntry
+from gateway.protocol import chunk_bytes
 from gateway.server import headers
 
 if TYPE_CHECKING:
@@ -82,15 +82,6 @@ def stream_check(
         result = report.to_dict()
         if mode == "drop" and report.unsupported:
             result["would_drop"] = result["unsupported"]  # already sent: reported, not removed
-        opening = json.loads(first)
-        chunk = {
-            "id": opening.get("id"),
-            "object": "chat.completion.chunk",
-            "created": opening.get("created"),
-            "model": opening.get("model"),
-            "choices": [],
-            "selfroute": {"grounding": result},
-        }
-        return json.dumps(chunk).encode()
+        return chunk_bytes(first, selfroute={"grounding": result})
 
     return check

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -11,12 +10,13 @@ import anyio
 from starlette.responses import StreamingResponse
 
 from gateway.errors import GatewayError
+from gateway.protocol import chunk_has_choices, chunk_usage, truncated_chunks
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.routing.streaming import chunk_text
 from gateway.server.disconnect import CLIENT_CLOSED
 from gateway.server.errors import failure
 from gateway.server.sse import DONE, sse_event, sse_json
-from gateway.upstreams.base import chunk_usage, client_safe, malformed_chunk
+from gateway.upstreams.base import client_safe, malformed_chunk
 from gateway.upstreams.errors import UpstreamError
 
 logger = logging.getLogger(__name__)
@@ -81,26 +81,10 @@ async def then_truncated(chunks: AsyncIterator[bytes], first: bytes, usage: dict
     try:
         async for item in chunks:
             yield item
-        for item in truncated_tail(first, usage):
+        for item in truncated_chunks(first, usage):
             yield item
     finally:
         await close_stream(chunks)
-
-
-def truncated_tail(first: bytes, usage: dict[str, Any]) -> list[bytes]:
-    """Closing chunks for a stream cut after its opening: finish_reason "length" (the text is truncated) and the
-    usage counted so far, with the opening chunk's id, created and model."""
-    opening = json.loads(first)
-    base = {
-        "id": opening.get("id"),
-        "object": "chat.completion.chunk",
-        "created": opening.get("created"),
-        "model": opening.get("model"),
-    }
-    return [
-        json.dumps({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).encode(),
-        json.dumps({**base, "choices": [], "usage": usage}).encode(),
-    ]
 
 
 async def relay_stream(
@@ -142,7 +126,7 @@ async def relay_stream(
         while data is not None:
             try:
                 found = chunk_usage(data)
-                forward = found is None or client_wants_usage or bool(json.loads(data).get("choices"))
+                forward = found is None or client_wants_usage or chunk_has_choices(data)
             except (ValueError, AttributeError) as exc:
                 raise malformed_chunk(exc) from None
             if found is not None:

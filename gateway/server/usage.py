@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from gateway.ledger.records import RequestRecord
+from gateway.protocol import Usage
 from gateway.server.headers import COST
 
 
@@ -28,10 +29,10 @@ def priced(record: RequestRecord) -> bool:
     return bool(record.calls) and not any(call.unpriced for call in record.calls)
 
 
-def total_usage(record: RequestRecord) -> dict[str, Any]:
+def total_usage(record: RequestRecord) -> Usage:
     prompt = sum(call.prompt_tokens for call in record.calls)
     completion = sum(call.completion_tokens for call in record.calls)
-    usage: dict[str, Any] = {
+    usage: Usage = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,

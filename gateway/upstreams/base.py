@@ -2,16 +2,16 @@
 upstreams' own errors (gateway.upstreams.errors; the server maps them to HTTP).
 
 `Upstream.complete` returns an OpenAI chat.completion dict; `Upstream.stream` yields the JSON bytes of
-each chat.completion.chunk.
+each chat.completion.chunk (their shape and helpers: gateway.protocol).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from gateway.protocol import completion_problem
 from gateway.upstreams.errors import (
     MalformedAnswer,
     UpstreamCredentialsRefused,
@@ -95,45 +95,9 @@ def malformed_answer(model: str, problem: str) -> UpstreamError:
     return MalformedAnswer(f"upstream model {model!r} sent a malformed answer: {client_safe(problem)}", model=model)
 
 
-USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
-
-
-def check_usage(usage: Any) -> dict[str, Any] | None:
-    """A usage object whose token counts are whole numbers (or absent); ValueError otherwise."""
-    if usage is None:
-        return None
-    if not isinstance(usage, dict):
-        raise ValueError(f"usage is a {type(usage).__name__}, not an object")
-    for name in USAGE_COUNTS:
-        value = usage.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"usage.{name} is {value!r}, not a token count")
-    return usage
-
-
 def check_completion(data: Any, model: str) -> dict[str, Any]:
-    """The chat.completion an upstream returned, if it has the shape the gateway relies on; else a 502."""
-    if not isinstance(data, dict):
-        raise malformed_answer(model, f"the body is a JSON {type(data).__name__}, not an object")
-    choices = data.get("choices")
-    if not isinstance(choices, list) or not choices:
-        raise malformed_answer(model, "no choices")
-    if not all(isinstance(c, dict) and isinstance(c.get("message"), dict) for c in choices):
-        raise malformed_answer(model, "a choice without a message object")
-    try:
-        check_usage(data.get("usage"))
-    except ValueError as exc:
-        raise malformed_answer(model, str(exc)) from None
+    """The chat.completion an upstream returned, if it has the shape the gateway relies on; else a malformed answer."""
+    problem = completion_problem(data)
+    if problem is not None:
+        raise malformed_answer(model, problem)
     return data
-
-
-def chunk_usage(data: bytes) -> dict[str, Any] | None:
-    """The usage object of a stream chunk, if it carries one; the substring test avoids parsing most chunks.
-    ValueError for a chunk that is not JSON or whose usage is malformed."""
-    if b'"usage"' not in data:
-        return None
-    parsed = json.loads(data)
-    if not isinstance(parsed, dict):
-        raise ValueError(f"the chunk is a JSON {type(parsed).__name__}, not an object")
-    usage = parsed.get("usage")
-    return check_usage(usage) if isinstance(usage, dict) else None

@@ -20,6 +20,7 @@ from typing import Any
 
 import anyio
 
+from gateway.protocol import chunk_bytes
 from gateway.upstreams.errors import (
     UnsupportedRequest,
     UpstreamError,
@@ -259,15 +260,8 @@ class LocalModelUpstream:
                     raise UpstreamFailed(f"local model failed: {item}", model=config.model, code="local_model_error")
                 if "__usage__" in item:
                     if (body.get("stream_options") or {}).get("include_usage"):
-                        final = {
-                            "id": chunk_id,
-                            "object": "chat.completion.chunk",
-                            "created": created,
-                            "model": config.model,
-                            "choices": [],
-                            "usage": item["__usage__"],
-                        }
-                        yield json.dumps(final).encode()
+                        like = {"id": chunk_id, "created": created, "model": config.model}
+                        yield chunk_bytes(like, usage=item["__usage__"])
                     continue
                 item["id"], item["created"] = chunk_id, created
                 yield json.dumps(item).encode()

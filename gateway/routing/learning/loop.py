@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.errors import GatewayError
 from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
+from gateway.protocol import completion_text
 from gateway.routing.calls import complete_upstream
 from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
 from gateway.upstreams.errors import UpstreamError
@@ -163,8 +164,6 @@ class LearningLoop:
         self._spawn(self._shadow(parent, given, run_long))
 
     async def _shadow(self, parent, given: JudgeInput, run_long) -> None:
-        from gateway.routing.service import completion_text
-
         shadow_id = learning_request_id()
         entry = parent.learning_entry(shadow_id, SHADOW, f"shadow long answer of {parent.record.id}")
         try:
@@ -193,8 +192,6 @@ class LearningLoop:
         extra_cost: float,
         shadow_id: str | None = None,
     ) -> None:
-        from gateway.routing.service import completion_text
-
         judge_id = learning_request_id()
         entry = parent.learning_entry(judge_id, JUDGE, f"judge of {parent.record.id} ({source})")
         judged = {"shadow": shadow_id} if shadow_id is not None else {}  # the shadow answer it judged

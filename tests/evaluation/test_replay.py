@@ -3,8 +3,6 @@ import dataclasses
 import pytest
 
 from gateway.evaluation.replay import (
-    LongCache,
-    Prices,
     ReplayItem,
     gap_recovery,
     oracle,
@@ -15,9 +13,7 @@ from gateway.evaluation.replay import (
     threshold_grid,
 )
 from gateway.routing.decision import Router
-from policies.schema import Policy
-
-PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
+from tests.support.evaluation import PRICES, cached, policy
 
 
 def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t"):
@@ -36,23 +32,6 @@ def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t
         features={"context_tokens": context, "cross_ref_count": cross_refs, "top_score": top},
         probability=p,
         task=task,
-    )
-
-
-def policy(**fallback) -> Policy:
-    return Policy.model_validate(
-        {
-            "cheap": {"model": "a/cheap"},
-            "long": {"model": "a/long"},
-            "routing": {
-                "rules": [
-                    {"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"},
-                    {"name": "refs", "feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
-                ],
-                "classifier": {"threshold": 0.5},
-                "fallback": fallback,
-            },
-        }
     )
 
 
@@ -136,10 +115,6 @@ RAG_COST = (1000 * 1.0 + 10 * 2.0) / 1e6
 
 def on_doc(doc, rag=1.0, lc=1.0, p=0.9, refused=False, prefix=4000):
     return dataclasses.replace(item(rag, lc, p, refused=refused), doc_id=doc, group=doc, long_prefix_tokens=prefix)
-
-
-def cached(write=12.5, window=None, min_prefix=1024):
-    return dataclasses.replace(PRICES, long_cache=LongCache(1.0, write, window, min_prefix, "test"))
 
 
 def test_always_long_reads_the_block_after_each_documents_first_question():

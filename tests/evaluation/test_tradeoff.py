@@ -3,7 +3,6 @@ import dataclasses
 import pytest
 
 from gateway.evaluation.replay import (
-    ReplayItem,
     Router,
     baseline_totals,
     evaluate,
@@ -13,38 +12,9 @@ from gateway.evaluation.replay import (
     without_pre_route,
 )
 from gateway.evaluation.tradeoff import Table, choose, quantile_grid
-from tests.evaluation.test_replay import PRICES, policy
-
-
-def item(rag, lc, p, v, task="t"):
-    return ReplayItem(
-        doc_id="d",
-        group="d",
-        query="q",
-        rag_score=rag,
-        lc_score=lc,
-        rag_refused=False,
-        rag_prompt_tokens=1000,
-        long_prompt_tokens=5000,
-        direct_prompt_tokens=4000,
-        rag_output_tokens=10,
-        long_output_tokens=20,
-        features={"context_tokens": 4000, "cross_ref_count": 0, "top_score": 0.6},
-        probability=p,
-        task=task,
-        verifier_score=v,
-    )
-
-
-# the verifier ranks the bad cheap answers lowest; P(cheap) is uninformative
-ITEMS = [
-    item(1.0, 1.0, 0.9, 0.9),
-    item(1.0, 0.0, 0.9, 0.8),
-    item(1.0, 1.0, 0.9, 0.7),
-    item(0.0, 1.0, 0.9, 0.2),
-    item(0.0, 1.0, 0.9, 0.1),
-    item(0.5, 0.5, 0.9, 0.6),
-]
+from tests.support.evaluation import PRICES, policy
+from tests.support.evaluation import VERIFIED_ITEMS as ITEMS
+from tests.support.evaluation import verified_item as item
 
 
 def test_the_table_scores_a_setting_as_the_replay_does():
@@ -92,7 +62,7 @@ def test_quantile_grid_covers_both_ends():
 
 
 def test_the_table_prices_a_warm_cache_as_the_replay_does():
-    from tests.evaluation.test_replay import cached
+    from tests.support.evaluation import cached
 
     items = [
         dataclasses.replace(i, doc_id=doc, long_prefix_tokens=4000) for i, doc in zip(ITEMS + ITEMS, "aabbcaaabbcc")
@@ -108,7 +78,7 @@ def test_the_table_prices_a_warm_cache_as_the_replay_does():
 
 
 def test_a_warm_cache_changes_the_threshold_chosen_under_a_cost_cap():
-    from tests.evaluation.test_replay import cached
+    from tests.support.evaluation import cached
 
     # six questions on one document; the verifier doubts the two bad cheap answers most
     items = [dataclasses.replace(i, long_prefix_tokens=4000) for i in ITEMS]

@@ -14,8 +14,9 @@ from gateway.evaluation.transfer import (
     threshold_curve,
     unit_reports,
 )
-from tests.evaluation.test_replay import PRICES, policy
-from tests.evaluation.test_tradeoff import ITEMS, item
+from tests.support.evaluation import PRICES, policy
+from tests.support.evaluation import VERIFIED_ITEMS as ITEMS
+from tests.support.evaluation import verified_item as item
 
 
 def test_verifier_against_random_escalation_at_the_same_share():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from policies.limits import HOSTED, LOCAL_CONTEXT_WINDOW, LimitsError, effective_policy, model_info
-from policies.loader import PolicyError, load_policy, parse_policy
+from policies.loader import PolicyError, load_policy
+from tests.support.policies import bare_policy
 
 
 def test_model_information_comes_from_litellm_and_respects_the_provider():
@@ -56,25 +57,25 @@ def test_a_model_litellm_does_not_know_needs_its_window():
     assert policy.long.context_window == 32_768 and limits.models[1].window_source == "flag"
     assert limits.models[1].price_source == "unpriced"
 
-    text = "cheap: {model: local/smollm2-135m-instruct}\nlong: {model: openai/my-proxy-model}\n"
+    unknown = bare_policy("local/smollm2-135m-instruct", "openai/my-proxy-model")
     with pytest.raises(PolicyError, match=r"give long.context_window in the policy"):
-        effective_policy(parse_policy(text))
+        effective_policy(unknown)
     # policies built in code (tests, benchmarks) keep the window assumed before, and say so
-    policy, limits = effective_policy(parse_policy(text), strict=False)
+    policy, limits = effective_policy(unknown, strict=False)
     assert policy.long.context_window == 128_000 and any("assumed" in w for w in limits.warnings)
     # the local model's window is the context the in-process upstream opens
     assert policy.cheap.context_window == LOCAL_CONTEXT_WINDOW
 
 
 def test_a_policys_own_limits_win_and_alternates_smaller_than_the_window_are_named():
-    text = """
-cheap: {model: openai/gpt-4o-mini, context_window: 64000, timeout: 20}
-long: {model: openai/gpt-4.1, input_cost_per_mtok: 1.0, output_cost_per_mtok: 4.0}
-long_alternates:
-  - {model: openai/gpt-4}
-long_context: {window_tokens: 100000}
-"""
-    policy, limits = effective_policy(parse_policy(text))
+    policy, limits = effective_policy(
+        bare_policy(
+            {"model": "openai/gpt-4o-mini", "context_window": 64000, "timeout": 20},
+            {"model": "openai/gpt-4.1", "input_cost_per_mtok": 1.0, "output_cost_per_mtok": 4.0},
+            long_alternates=[{"model": "openai/gpt-4"}],
+            long_context={"window_tokens": 100000},
+        )
+    )
     assert (policy.cheap.context_window, policy.cheap.timeout) == (64_000, 20)
     assert limits.models[1].price_source == "policy" and limits.long_window_tokens == 100_000
     assert policy.long_alternates[0].context_window == 8192
@@ -84,9 +85,6 @@ long_context: {window_tokens: 100000}
 
 
 def test_an_answer_reserve_larger_than_the_window_is_refused():
-    text = (
-        "cheap: {model: local/smollm2-135m-instruct}\nlong: {model: openai/gpt-4}\n"
-        "long_context: {answer_reserve_tokens: 9000}\n"
-    )
+    policy = bare_policy("local/smollm2-135m-instruct", "openai/gpt-4", long_context={"answer_reserve_tokens": 9000})
     with pytest.raises(LimitsError, match="leaves nothing"):
-        effective_policy(parse_policy(text))
+        effective_policy(policy)

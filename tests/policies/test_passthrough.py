@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from policies.loader import parse_policy
 from policies.passthrough import passthrough_allowed
-
-BASE = """
-name: t
-cheap: {model: openai/gpt-4o-mini}
-long: {model: anthropic/claude-3-5-sonnet-20241022}
-long_alternates: [{model: ollama/llama3-policy}]
-routing: {classifier: null}
-"""
+from tests.support.policies import DROP, Whole, make_policy, model_route
 
 
-def policy(allow: str | None = None):
-    return parse_policy(BASE + (f"passthrough: {{allow: {allow}}}\n" if allow is not None else ""), "p.yaml")
+def policy(allow: list[str] | None = None):
+    """gpt-4o-mini, Claude and an ollama alternate; `passthrough.allow` as given, else the default."""
+    return make_policy(
+        None,
+        name="t",
+        cheap=model_route("openai/gpt-4o-mini"),
+        long=model_route("anthropic/claude-3-5-sonnet-20241022"),
+        long_alternates=[model_route("ollama/llama3-policy")],
+        routing=Whole(classifier=None),
+        passthrough=DROP if allow is None else {"allow": allow},
+    )
 
 
 def test_by_default_only_the_policys_own_models_pass_through():
@@ -50,13 +51,13 @@ def test_by_default_only_the_policys_own_models_pass_through():
     ],
 )
 def test_a_wildcard_never_reaches_a_local_service(model):
-    assert not passthrough_allowed(policy('["*"]'), model)
-    assert not passthrough_allowed(policy('["*/*", "?*"]'), model)
+    assert not passthrough_allowed(policy(["*"]), model)
+    assert not passthrough_allowed(policy(["*/*", "?*"]), model)
 
 
 def test_a_pattern_naming_the_provider_reaches_it():
-    p = policy('["ollama/*", "local/smollm2-135m-instruct", "openai/*"]')
+    p = policy(["ollama/*", "local/smollm2-135m-instruct", "openai/*"])
     assert passthrough_allowed(p, "ollama/llama3") and passthrough_allowed(p, "local/smollm2-135m-instruct")
     assert passthrough_allowed(p, "openai/gpt-4.1") and not passthrough_allowed(p, "llamafile/x")
     assert not passthrough_allowed(p, "gpt-4o")  # a bare name is not openai/...
-    assert passthrough_allowed(policy('["*"]'), "gpt-4o") and passthrough_allowed(policy('["*"]'), "gemini/x")
+    assert passthrough_allowed(policy(["*"]), "gpt-4o") and passthrough_allowed(policy(["*"]), "gemini/x")

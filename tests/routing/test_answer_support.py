@@ -56,7 +56,7 @@ def test_the_check_embeds_only_for_a_verifier_that_reads_support():
     from classifier.estimators import VERIFIER, build_pipeline
     from classifier.verifier import VerifierModel
     from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
-    from tests.routing.test_escalation import verified_policy
+    from tests.support.policies import verified_policy
 
     calls = []
 

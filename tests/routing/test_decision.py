@@ -5,27 +5,8 @@ import pytest
 from gateway.routing.decision import Router
 from gateway.routing.model_files import load_route_model, resolve_model_path
 from policies.loader import PolicyError, parse_policy
-from policies.schema import Policy
-
-MODELS = {"cheap": {"model": "openai/cheap"}, "long": {"model": "openai/long"}}
-
-
-def make_policy(rules=(), classifier=True, threshold=0.5, default="long", **fallback) -> Policy:
-    routing = {"rules": list(rules), "default_route": default, "fallback": fallback}
-    routing["classifier"] = {"threshold": threshold} if classifier else None
-    return Policy.model_validate({**MODELS, "routing": routing})
-
-
-class FixedModel:
-    """A model stand-in that returns a fixed P(cheap), to test the decision logic alone."""
-
-    def __init__(self, p):
-        self.p = p
-        self.seen = []
-
-    def cheap_probability(self, features):
-        self.seen.append(features)
-        return self.p
+from tests.support.policies import decision_policy
+from tests.support.routed import FixedModel
 
 
 @pytest.mark.parametrize(
@@ -40,7 +21,7 @@ class FixedModel:
     ],
 )
 def test_each_operator_fires_as_written(op, value, fires_at, silent_at):
-    policy = make_policy([{"name": "r", "feature": "context_tokens", "op": op, "value": value, "route": "direct"}])
+    policy = decision_policy([{"name": "r", "feature": "context_tokens", "op": op, "value": value, "route": "direct"}])
     router = Router(policy, FixedModel(0.9))
     hit = router.decide({"context_tokens": fires_at})
     assert hit.route == "direct" and hit.rule == "r"
@@ -50,7 +31,7 @@ def test_each_operator_fires_as_written(op, value, fires_at, silent_at):
 
 
 def test_first_matching_rule_wins_and_unnamed_rules_get_an_index_name():
-    policy = make_policy(
+    policy = decision_policy(
         [
             {"feature": "cross_ref_count", "op": ">=", "value": 20, "route": "long"},
             {"name": "second", "feature": "cross_ref_count", "op": ">=", "value": 5, "route": "rag"},
@@ -63,13 +44,13 @@ def test_first_matching_rule_wins_and_unnamed_rules_get_an_index_name():
 
 
 def test_missing_feature_never_matches_even_not_equal():
-    policy = make_policy([{"name": "weak", "feature": "top_score", "op": "!=", "value": 0.5, "route": "long"}])
+    policy = decision_policy([{"name": "weak", "feature": "top_score", "op": "!=", "value": 0.5, "route": "long"}])
     decision = Router(policy, FixedModel(0.8)).decide({"top_score": math.nan})
     assert decision.rule is None and decision.route == "rag"
 
 
 def test_classifier_threshold_both_sides_and_reason():
-    policy = make_policy(threshold=0.6)
+    policy = decision_policy(threshold=0.6)
     above = Router(policy, FixedModel(0.71)).decide({})
     assert above.route == "rag" and above.probability == 0.71
     assert above.reason == "classifier: P(cheap)=0.71 >= threshold 0.60"
@@ -83,15 +64,17 @@ def test_classifier_threshold_both_sides_and_reason():
 
 
 def test_default_route_without_classifier():
-    no_classifier = Router(make_policy(classifier=False, default="rag"), FixedModel(0.9)).decide({})
+    no_classifier = Router(decision_policy(classifier=False, default="rag"), FixedModel(0.9)).decide({})
     assert no_classifier.route == "rag" and no_classifier.probability is None
     assert "no classifier" in no_classifier.reason
-    no_model = Router(make_policy(default="long"), None).decide({})
+    no_model = Router(decision_policy(default="long"), None).decide({})
     assert no_model.route == "long" and "no model" in no_model.reason
 
 
 def test_rule_decision_still_carries_the_probability_and_features():
-    policy = make_policy([{"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"}])
+    policy = decision_policy(
+        [{"name": "short", "feature": "context_tokens", "op": "<", "value": 1500, "route": "direct"}]
+    )
     decision = Router(policy, FixedModel(0.3)).decide({"context_tokens": 812})
     assert decision.reason == "rule short: context_tokens=812 < 1500"
     assert decision.probability == 0.3 and decision.features == {"context_tokens": 812}
@@ -120,4 +103,4 @@ def test_model_paths_resolve_builtin_and_relative_to_the_policy(tmp_path):
     assert resolve_model_path(str(tmp_path / "abs.skops"), None) == tmp_path / "abs.skops"
     with pytest.raises(ValueError):
         resolve_model_path("builtin:other", None)
-    assert load_route_model(make_policy(classifier=False)) is None
+    assert load_route_model(decision_policy(classifier=False)) is None

@@ -1,9 +1,7 @@
 import math
 
-import numpy as np
 import pytest
 
-from classifier.verifier import train_verifier
 from gateway.routing.decision import Router
 from gateway.routing.escalation import (
     ESCALATED,
@@ -13,22 +11,8 @@ from gateway.routing.escalation import (
     keep_refusal,
 )
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
-from policies.schema import Policy
-from tests.routing.test_decision import MODELS, FixedModel, make_policy
-
-
-def toy_verifier():
-    """Trusts answers whose new words are in the passages, and refusals; doubts the rest."""
-    rng = np.random.default_rng(0)
-    rows, labels = [], []
-    for _ in range(400):
-        support, refusal = float(rng.uniform()), float(rng.uniform() < 0.2)
-        rows.append({"ans_support_passages": support, "ans_refusal": refusal})
-        labels.append(int(support > 0.5 or refusal == 1.0))
-    groups = [f"d{i % 10}" for i in range(len(rows))]
-    return train_verifier(
-        rows, labels, groups, feature_names=["ans_support_passages", "ans_refusal"], n_splits=3, escalation_share=0.3
-    ).model
+from tests.support.policies import decision_policy, verified_policy
+from tests.support.routed import FixedModel, toy_verifier
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +20,12 @@ def verifier():
     return toy_verifier()
 
 
-def verified_policy(threshold=0.5, **routing) -> Policy:
-    return Policy.model_validate(
-        {
-            **MODELS,
-            "routing": {
-                "classifier": None,
-                "default_route": "rag",
-                "verifier": {"model_path": "unused.skops", "threshold": threshold},
-                **routing,
-            },
-        }
-    )
-
-
 def test_keep_refusal_needs_the_option_and_both_pieces_of_evidence():
     features_weak = {"top_score": 0.2}
     features_strong = {"top_score": 0.8}
-    off = make_policy()
+    off = decision_policy()
     assert keep_refusal(off.routing.fallback, Router(off, FixedModel(0.9)).decide(features_weak)) is False
-    on = make_policy(keep_refusal_when_absent=True, absent_max_top_score=0.35, absent_min_probability=0.5)
+    on = decision_policy(keep_refusal_when_absent=True, absent_max_top_score=0.35, absent_min_probability=0.5)
     fallback = on.routing.fallback
     router = Router(on, FixedModel(0.9))
     assert keep_refusal(fallback, router.decide(features_weak)) is True
@@ -66,7 +36,7 @@ def test_keep_refusal_needs_the_option_and_both_pieces_of_evidence():
 
 
 def test_literal_rule_only_a_refused_cheap_answer_escalates():
-    policy = make_policy(threshold=0.5)
+    policy = decision_policy(threshold=0.5)
     check = CheapAnswerCheck(policy)
     assert not check.reads_whole_answer
     rag = Router(policy, FixedModel(0.9)).decide({"top_score": 0.8})
@@ -77,7 +47,7 @@ def test_literal_rule_only_a_refused_cheap_answer_escalates():
     assert verdict.reason(rag) == f"{rag.reason}; {ESCALATED}"
     long = Router(policy, FixedModel(0.1)).decide({"top_score": 0.8})
     assert not check.check(long, CheapAnswer("unanswerable")).escalate  # the long answer is never escalated
-    disabled = make_policy(enabled=False)
+    disabled = decision_policy(enabled=False)
     assert (
         not CheapAnswerCheck(disabled)
         .check(Router(disabled, FixedModel(0.9)).decide({}), CheapAnswer("unanswerable"))
@@ -86,7 +56,7 @@ def test_literal_rule_only_a_refused_cheap_answer_escalates():
 
 
 def test_direct_answers_are_checked_too():
-    policy = make_policy(rules=[{"feature": "context_tokens", "op": "<", "value": 100, "route": "direct"}])
+    policy = decision_policy(rules=[{"feature": "context_tokens", "op": "<", "value": 100, "route": "direct"}])
     decision = Router(policy, FixedModel(0.9)).decide({"context_tokens": 50})
     assert decision.route == DIRECT
     check = CheapAnswerCheck(policy)
@@ -95,7 +65,7 @@ def test_direct_answers_are_checked_too():
 
 
 def test_a_kept_refusal_is_not_escalated_and_says_why():
-    policy = make_policy(keep_refusal_when_absent=True, absent_max_top_score=0.35)
+    policy = decision_policy(keep_refusal_when_absent=True, absent_max_top_score=0.35)
     decision = Router(policy, FixedModel(0.9)).decide({"top_score": 0.1})
     verdict = CheapAnswerCheck(policy).check(decision, CheapAnswer("unanswerable"))
     assert not verdict.escalate and verdict.outcome == KEPT_REFUSAL and verdict.note == REFUSAL_KEPT
@@ -119,7 +89,7 @@ def test_verifier_escalates_doubted_answers_and_lets_trusted_refusals_stand(veri
     kept = check.check(decision, refusal)
     assert not kept.escalate and kept.outcome == KEPT_REFUSAL and "refusal kept" in kept.note
     # the same answers under the literal rule: only the refusal escalates
-    literal = CheapAnswerCheck(make_policy(classifier=False, default="rag"))
+    literal = CheapAnswerCheck(decision_policy(classifier=False, default="rag"))
     assert [literal.check(decision, a).escalate for a in (grounded, invented, refusal)] == [False, False, True]
 
 
@@ -128,7 +98,7 @@ def test_threshold_from_the_policy_else_the_card(verifier):
     from_card = CheapAnswerCheck(verified_policy(threshold=None), verifier)
     assert from_card.threshold == pytest.approx(verifier.threshold)
     # a verifier given to a policy without routing.verifier is not used
-    assert CheapAnswerCheck(make_policy(), verifier).verifier is None
+    assert CheapAnswerCheck(decision_policy(), verifier).verifier is None
 
 
 def test_the_verdict_is_a_pure_function_of_refusal_and_score(verifier):

@@ -14,9 +14,9 @@ from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
 from policies.routes import LONG
-from tests.routing.test_warm_cache import Clock, documents
 from tests.support.gateway import ledger_rows
 from tests.support.policies import prompt_cache_policy
+from tests.support.routed import Clock, documents
 from tests.support.servers import serve_app
 
 QUESTION = "Which way do the valves close?"

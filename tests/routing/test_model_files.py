@@ -99,7 +99,7 @@ def test_shipped_verifier_loads_with_its_card_and_threshold():
 def test_verifier_save_load_round_trip_and_a_card_without_threshold(tmp_path):
     from gateway.routing.model_files import load_verifier, load_verifier_model, save_verifier
     from policies.schema import Policy
-    from tests.routing.test_escalation import toy_verifier
+    from tests.support.routed import toy_verifier
 
     model = toy_verifier()
     path = tmp_path / "v.skops"

@@ -9,33 +9,10 @@ import pytest
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
-from pipelines.embedding import Embedder
-from tests.routing.test_escalation import toy_verifier
 from tests.support.gateway import ledger_rows
 from tests.support.policies import routing_policy, rule
+from tests.support.routed import QUESTION, ask, client, manual
 from tests.support.servers import serve_app
-
-PLANTED = "The maintenance password for the Zephyr pump is BLUE-HERON-42."
-FILLER = [
-    "Section {n}. Operating notes {n}\n\nThe pump housing must be inspected every {n} weeks for corrosion. "
-    "Operators record the pressure reading in the log book and compare it with the previous shift. "
-    "Valves are closed clockwise and opened counter-clockwise; never force a valve past its stop.",
-]
-
-
-def manual(sections: int = 30, planted_at: int = 17) -> str:
-    parts = []
-    for n in range(1, sections + 1):
-        text = FILLER[0].format(n=n)
-        if n == planted_at:
-            text += " " + PLANTED
-        parts.append(text)
-    return "\n\n".join(parts)
-
-
-@pytest.fixture(scope="module")
-def embedder():
-    return Embedder()
 
 
 @pytest.fixture()
@@ -55,16 +32,6 @@ def start(upstream, embedder, tmp_path):
     yield _start
     for server in servers:
         server.__exit__(None, None, None)
-
-
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
-def ask(url: str, question: str, **selfroute):
-    return client(url).chat.completions.with_raw_response.create(
-        model="selfroute", messages=[{"role": "user", "content": question}], extra_body={"selfroute": selfroute}
-    )
 
 
 def test_inline_documents_take_the_rag_route_with_provenance(start, upstream):
@@ -281,22 +248,12 @@ def test_a_question_too_long_for_the_window_is_a_400(start):
     assert ledger_rows(app)[0]["status"] == 400
 
 
-QUESTION = "What is the maintenance password for the Zephyr pump?"
 # one shared set of cheap answers: (answer, escalated?, refusal kept?) under the toy verifier
 CHEAP_ANSWERS = [
     ("The maintenance password is BLUE-HERON-42.", False, False),  # grounded in the passages
     ("It is PURPLE-GIRAFFE-99, printed on the lid.", True, False),  # words found nowhere: escalate
     ("unanswerable", False, True),  # the toy verifier trusts refusals: it stands
 ]
-
-
-@pytest.fixture(scope="module")
-def verifier_file(tmp_path_factory):
-    from gateway.routing.model_files import save_verifier
-
-    path = tmp_path_factory.mktemp("verifier") / "toy.skops"
-    save_verifier(toy_verifier(), path)
-    return path
 
 
 def _score(reason: str) -> float:

@@ -17,18 +17,11 @@ from pipelines.tokens import count_tokens
 from policies.schema import ModelConfig
 from tests.support.gateway import ledger_rows
 from tests.support.policies import prompt_cache_policy
+from tests.support.routed import Clock, documents
 from tests.support.servers import serve_app
 
 OPENAI = ModelConfig(model="openai/gpt-4.1", prompt_cache_min_tokens=1024)
 CLAUDE = ModelConfig(model="anthropic/claude-sonnet-4-5")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def leg(model: str, cached: int = 0, written: int = 0, route: str = "long", error: str | None = None) -> UpstreamCall:
@@ -124,13 +117,6 @@ def test_estimates_change_nothing_and_the_record_is_bounded():
 # -- the always-long counterfactual in the ledger ---------------------------------------------------------------
 def warm_policy(base: str, window: int = 16000):
     return prompt_cache_policy(base, name="warm-test", cache_control=True, window=window, min_tokens=100)
-
-
-def documents(topic: str) -> list[dict]:
-    return [
-        {"id": f"{topic}-notes", "text": f"The {topic} valves close clockwise. " * 40},
-        {"id": f"{topic}-manual", "text": f"The {topic} pumps hum at dawn. " * 30},
-    ]
 
 
 @pytest.fixture(scope="module")

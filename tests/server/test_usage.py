@@ -11,9 +11,9 @@ from gateway.server.app import create_app
 from gateway.server.usage import cost_text
 from gateway.settings import Settings
 from pipelines.embedding import Embedder
-from tests.routing.test_service import manual
 from tests.support.gateway import ledger_rows
 from tests.support.policies import routing_policy
+from tests.support.routed import manual
 from tests.support.servers import serve_app
 
 QUESTION = "What is the maintenance password for the Zephyr pump?"

@@ -8,7 +8,12 @@ Overrides merge into the defaults section by section (a dict into a dict, anythi
 default's prices or window stays): `make_policy(base, cheap=fake_route(base, "slow", timeout=0.3))`.
 
 It is not the shipped default (policies/default.yaml): that one runs SmolLM2 in-process with a classifier and a
-verifier; tests that mean the shipped policy load it with `policies.loader.load_policy()`.
+verifier; tests that mean the shipped policy load it with `policies.loader.load_policy()`, or write it with
+overrides merged the same way (`write_shipped_policy`).
+
+Built on these: `routing_policy` (the routed-gateway tests: RAG by default, rules, the toy verifier, alternates),
+`learning_policy`, `prompt_cache_policy` (a long route whose provider caches prompts), `bench_policy` (the
+benchmarks'), and, for the decision logic without any upstream, `bare_policy`, `decision_policy`, `verified_policy`.
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from policies.loader import parse_policy
-from policies.schema import Policy
+from policies.loader import parse_policy, shipped_policy_path
+from policies.schema import LearningSettings, ModelConfig, Policy
 
 DROP: Any = object()  # as an override's value: remove that key from the policy
 
@@ -157,4 +162,84 @@ def prompt_cache_policy(
         cheap={"model": f"openai/{cheap}", "context_window": DROP},
         long=long_route,
         passthrough=DROP,
+    )
+
+
+def shipped_policy_data(**overrides: Any) -> dict[str, Any]:
+    """The shipped default (policies/default.yaml) as a dict, with `overrides` merged in as for the test policy."""
+    return merged(yaml.safe_load(shipped_policy_path().read_text()), overrides)
+
+
+def write_shipped_policy(path: Path, **overrides: Any) -> Path:
+    """The shipped default with `overrides`, as a YAML file at `path` (without the shipped file's comments)."""
+    path.write_text(yaml.safe_dump(shipped_policy_data(**overrides), sort_keys=False))
+    return path
+
+
+def bench_policy(path: Path, upstream_port: int, long_window: int, **overrides: Any) -> Path:
+    """The benchmarks' policy file (bench_replicas, bench_routed): bench-cheap and bench-long on the instant upstream
+    at `upstream_port`, priced as small and large hosted models, the long window `long_window`."""
+    base = f"http://127.0.0.1:{upstream_port}"
+    return write_policy(
+        path,
+        base,
+        cheap=fake_route(base, "bench-cheap", context_window=8192, input_cost_per_mtok=0.15, output_cost_per_mtok=0.6),
+        long=fake_route(
+            base, "bench-long", context_window=long_window, input_cost_per_mtok=2.0, output_cost_per_mtok=8.0
+        ),
+        passthrough=DROP,
+        **overrides,
+    )
+
+
+def bare_policy(cheap: str | dict[str, Any], long: str | dict[str, Any], **sections: Any) -> Policy:
+    """A policy of only what is given, every other field at the schema's default; a route by its model string or
+    as a dict of its fields."""
+    routes = {role: {"model": r} if isinstance(r, str) else r for role, r in (("cheap", cheap), ("long", long))}
+    return parse_policy(yaml.safe_dump({**routes, **_plain(sections)}, sort_keys=False), "test-policy.yaml")
+
+
+BARE_MODELS = {"cheap": {"model": "openai/cheap"}, "long": {"model": "openai/long"}}  # never called
+
+
+def decision_policy(rules=(), classifier=True, threshold=0.5, default="long", **fallback) -> Policy:
+    """A policy for the decision logic alone (gateway.routing.decision): rules, a classifier threshold, fallback."""
+    routing = {"rules": list(rules), "default_route": default, "fallback": fallback}
+    routing["classifier"] = {"threshold": threshold} if classifier else None
+    return Policy.model_validate({**BARE_MODELS, "routing": routing})
+
+
+def learning_policy(
+    base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False, **learning
+) -> Policy:
+    """The routing tests' policy with the toy verifier, the cheap model scripted, and learning on: the judge
+    `judge` on the fake upstream, `learning` settings, the texts kept in the ledger if `store_texts`."""
+    policy = routing_policy(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
+    settings = LearningSettings(
+        judge=True,
+        judge_model=ModelConfig(
+            model=f"openai/{judge}", api_base=f"{base}/v1", input_cost_per_mtok=5.0, output_cost_per_mtok=5.0
+        ),
+        **learning,
+    )
+    return policy.model_copy(
+        update={
+            "routing": policy.routing.model_copy(update={"learning": settings}),
+            "ledger": policy.ledger.model_copy(update={"store_texts": store_texts}),
+        }
+    )
+
+
+def verified_policy(threshold=0.5, **routing) -> Policy:
+    """A policy for the answer check alone (gateway.routing.escalation): RAG by default, a verifier at `threshold`."""
+    return Policy.model_validate(
+        {
+            **BARE_MODELS,
+            "routing": {
+                "classifier": None,
+                "default_route": "rag",
+                "verifier": {"model_path": "unused.skops", "threshold": threshold},
+                **routing,
+            },
+        }
     )

@@ -4,12 +4,12 @@ its own request, never touching the client's answer."""
 from __future__ import annotations
 
 import json
-import sqlite3
 
 import pytest
 
 from gateway.routing.learning.judge import JUDGE_PROMPT, judge_messages, parse_verdict, verdict_good
-from policies.schema import LearningSettings, ModelConfig
+from tests.support.policies import learning_policy
+from tests.support.routed import DOUBTED, QUESTION, ask, manual, rows, settle
 
 
 @pytest.mark.parametrize(
@@ -39,76 +39,6 @@ def test_labels_and_the_fixed_prompt():
 
 
 # through the gateway ---------------------------------------------------------------------------------------------
-from tests.routing.test_service import (  # noqa: E402  (the routed-gateway fixtures: MiniLM, LanceDB, uvicorn)
-    QUESTION,
-    ask,
-    embedder,
-    manual,
-    verifier_file,
-)
-from tests.support.policies import routing_policy  # noqa: E402
-
-__all__ = ["embedder", "verifier_file"]  # fixtures
-DOUBTED = "It is PURPLE-GIRAFFE-99, printed on the lid."  # the toy verifier escalates it
-TRUSTED = "The maintenance password is BLUE-HERON-42."
-
-
-def learning_policy(
-    base: str, verifier_file, judge: str = "judge", long: str = "fake-long", store_texts=False, **learning
-):
-    policy = routing_policy(base, cheap="cheap-scripted", verifier=str(verifier_file), long=long)
-    settings = LearningSettings(
-        judge=True,
-        judge_model=ModelConfig(
-            model=f"openai/{judge}", api_base=f"{base}/v1", input_cost_per_mtok=5.0, output_cost_per_mtok=5.0
-        ),
-        **learning,
-    )
-    return policy.model_copy(
-        update={
-            "routing": policy.routing.model_copy(update={"learning": settings}),
-            "ledger": policy.ledger.model_copy(update={"store_texts": store_texts}),
-        }
-    )
-
-
-@pytest.fixture()
-def gateway(upstream, embedder, tmp_path):
-    """gateway(policy) -> (url, app), stopped (shutdown included) at the end of the test or by stop()."""
-    from gateway.server.app import create_app
-    from gateway.settings import Settings
-    from tests.support.servers import serve_app
-
-    running = []
-    upstream[1].state.received.clear()
-    upstream[1].state.judge_reply = '{"verdict": "worse"}'
-
-    def start(policy, name="g"):
-        app = create_app(Settings(data_dir=tmp_path / name), policy=policy, embedder=embedder)
-        server = serve_app(app)
-        url = server.__enter__()
-        running.append(server)
-        return url, app, server
-
-    yield start
-    for server in running:
-        server.__exit__(None, None, None)
-
-
-def rows(app, table: str) -> list[dict]:
-    conn = sqlite3.connect(app.state.gateway.ledger.path)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY created_at")]
-    finally:
-        conn.close()
-
-
-def settle(app, server) -> None:
-    """Stop the gateway: its shutdown waits for the learning work, then the ledger is flushed and closed."""
-    server.__exit__(None, None, None)
-
-
 def test_every_escalation_is_judged_and_ledgered_as_its_own_request(upstream, verifier_file, gateway):
     upstream[1].state.scripted = DOUBTED
     upstream[1].state.judge_reply = 'Looking at both: {"verdict": "worse"}'
@@ -177,7 +107,7 @@ def test_a_bad_verdict_or_a_failed_judge_is_no_label_and_never_the_clients_probl
 
 
 def test_a_streamed_escalation_is_judged_on_the_text_the_client_got(upstream, verifier_file, gateway):
-    from tests.routing.test_service import client
+    from tests.support.routed import client
 
     upstream[1].state.scripted = DOUBTED
     upstream[1].state.judge_reply = '{"verdict": "as_good"}'

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from gateway.routing.learning.loop import DailyBudget
-from tests.routing.learning.test_judge import TRUSTED, gateway, learning_policy, rows, settle  # noqa: F401
-from tests.routing.test_service import QUESTION, ask, embedder, manual, verifier_file  # noqa: F401
+from tests.support.policies import learning_policy
+from tests.support.routed import QUESTION, TRUSTED, ask, manual, rows, settle
 
 
 def client_latencies(url: str, n: int) -> list[float]:

@@ -32,7 +32,7 @@ from policies.routes import JUDGE, SHADOW
 if TYPE_CHECKING:
     from gateway.ledger.entry import RequestLedgerEntry
     from gateway.upstreams.base import Upstream
-    from policies.schema import Policy
+    from policies.schema import ModelConfig, Policy
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class LearningLoop:
         self.shutdown_grace_s = SHUTDOWN_GRACE_S
 
     @property
-    def judge_model(self):
+    def judge_model(self) -> ModelConfig:
         return self.settings.judge_model or self.policy.long
 
     @property
@@ -163,7 +163,12 @@ class LearningLoop:
         """The client has its (cheap) answer: answer again on the long route in the background, then judge."""
         self._spawn(self._shadow(parent, given, run_long))
 
-    async def _shadow(self, parent, given: JudgeInput, run_long) -> None:
+    async def _shadow(
+        self,
+        parent: RequestLedgerEntry,
+        given: JudgeInput,
+        run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]],
+    ) -> None:
         shadow_id = learning_request_id()
         entry = parent.learning_entry(shadow_id, SHADOW, f"shadow long answer of {parent.record.id}")
         try:
@@ -185,7 +190,7 @@ class LearningLoop:
 
     async def _judge(
         self,
-        parent,
+        parent: RequestLedgerEntry,
         given: JudgeInput,
         long_answer: str | None,
         source: str,

@@ -105,9 +105,16 @@ class Limits:
         return self.budget_usd is not None or self.tpm is not None
 
 
+_owner: tuple[int, str] | None = None  # (pid, owner id): asked once per request, the same until a fork
+
+
 def owner_id() -> str:
     """This process, as an in-flight row names it: host and pid."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    global _owner
+    pid = os.getpid()
+    if _owner is None or _owner[0] != pid:
+        _owner = (pid, f"{socket.gethostname()}:{pid}")
+    return _owner[1]
 
 
 def owner_alive(owner: str) -> bool:
@@ -289,6 +296,12 @@ def reserve(conn: LedgerConnection, row: InFlight, limits: Limits | None = None,
         conn.rollback()
         raise
     conn.commit()
+
+
+def reserve_many(conn: LedgerConnection, rows: list[InFlight]) -> None:
+    """Record rows without limits as in flight, in one transaction (the ledger's group commit of reservations)."""
+    with conn:
+        conn.executemany(_INSERT, [(*row.row(), row.request_id) for row in rows])
 
 
 def release(conn: LedgerConnection, request_id: str) -> None:

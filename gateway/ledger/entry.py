@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gateway.ledger.budget import Estimate, InFlight, Limits
@@ -65,11 +67,18 @@ class RequestLedgerEntry:
         """What the legs recorded so far cost (once finished: the request's cost)."""
         return sum(c.cost_usd for c in self.record.calls)
 
-    def reserve(self, estimate: Estimate, limits: Limits | None = None) -> None:
-        """Record the request as in flight with its reservation, before its first upstream call (blocking: from a
-        worker thread). With `limits`: budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""
-        self.estimate = estimate
-        self._ledger.reserve(InFlight.of(self.record, estimate), limits)
+    def reserve_soon(
+        self, estimate_of: Callable[[], Estimate], limits: Limits | None = None
+    ) -> concurrent.futures.Future[None]:
+        """Record the request as in flight with its reservation (estimate_of(), computed on the ledger's reserver
+        thread); await the future before the first upstream call. With `limits` it fails with
+        budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""
+
+        def prepare() -> tuple[InFlight, Limits | None]:
+            self.estimate = estimate_of()
+            return InFlight.of(self.record, self.estimate), limits
+
+        return self._ledger.reserve_soon(prepare)
 
     def leg_started(self, config: ModelConfig, route: str) -> None:
         """An upstream call is about to start: if the request ends before the call is recorded (the client left,

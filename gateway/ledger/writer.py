@@ -15,6 +15,7 @@ the ledger writes or dead-letters everything submitted; nothing is dropped.
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
 import json
 import logging
@@ -79,7 +80,11 @@ class Ledger:
         self._close_timeout = close_timeout
         self._errors, self._transient = database_error_types()
         self._batch_size = batch_size
-        self._queue: queue.Queue[Any] = queue.Queue()
+        # SimpleQueue: a put on the request path is one C call, no Condition to notify
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # reservations waiting for the reserver thread (reserve_soon): (prepare, future), None to stop
+        self._reservations: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._reserver: threading.Thread | None = None
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -132,6 +137,89 @@ class Ledger:
             if limited and transient:
                 raise Unavailable(UNAVAILABLE_MESSAGE, code="ledger_unavailable") from None
             self._dead_letter([{"error": str(exc), "in_flight": row.to_dict()}])
+
+    def reserve_soon(self, prepare: Callable[[], tuple[InFlight, Limits | None]]) -> concurrent.futures.Future[None]:
+        """reserve(*prepare()) on the ledger's reserver thread; the future is done when reserve() would have
+        returned (the row committed or dead-lettered) or raised. Rows without limits that arrive together go in one
+        transaction (a group commit), so concurrent requests share one commit, one thread hop each and no worker
+        pool; a row with limits keeps its own check-and-insert. A request that awaits the future before its first
+        upstream call has reserve()'s guarantee. `prepare` runs on that thread too (the estimate counts tokens)."""
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        if self._closed:  # shutting down: no thread to hand it to
+            self._reserve_now([(prepare, future)])
+            return future
+        if self._reserver is None:
+            with self._state_lock:
+                if self._reserver is None:
+                    self._reserver = threading.Thread(
+                        target=self._run_reservations, name="selfroute-reserve", daemon=True
+                    )
+                    self._reserver.start()
+        self._reservations.put((prepare, future))
+        return future
+
+    def _run_reservations(self) -> None:
+        while True:
+            item = self._reservations.get()
+            items = []
+            while item is not None:
+                items.append(item)
+                if len(items) >= self._batch_size:
+                    break
+                try:
+                    item = self._reservations.get_nowait()
+                except queue.Empty:
+                    break
+            self._reserve_now(items)
+            if item is None:
+                return
+
+    def _reserve_now(self, items: list) -> None:
+        """A group of reservations: each with limits on its own, those without in one transaction."""
+        plain: list[tuple[InFlight, concurrent.futures.Future[None]]] = []
+        for prepare, future in items:
+            if not future.set_running_or_notify_cancel():  # its request was cancelled meanwhile
+                continue
+            try:
+                row, limits = prepare()
+                if limits is not None and limits.any:
+                    self.reserve(row, limits)
+                    future.set_result(None)
+                else:
+                    plain.append((row, future))
+            except BaseException as exc:  # to the request that asked; this thread goes on
+                future.set_exception(exc)
+        if not plain:
+            return
+        try:
+            self._reserve_plain([row for row, _ in plain])
+        except BaseException as exc:
+            for _, future in plain:
+                future.set_exception(exc)
+        else:
+            for _, future in plain:
+                future.set_result(None)
+
+    def _reserve_plain(self, rows: list[InFlight]) -> None:
+        """reserve() for rows without limits, in one transaction: what the database does not take goes to the
+        dead-letter file, fsynced, and the requests go on."""
+        if self._database_down():
+            self._dead_letter([{"error": "ledger database unavailable", "in_flight": row.to_dict()} for row in rows])
+            return
+        try:
+            with self._request_lock:
+                if self._request_conn is not None and getattr(self._request_conn, "broken", False):
+                    self._drop_request_conn()
+                if self._request_conn is None:
+                    self._request_conn = connect(self.location)
+                budget.reserve_many(self._request_conn, rows)
+        except self._errors as exc:
+            with self._request_lock:
+                self._drop_request_conn()
+            if isinstance(exc, self._transient):
+                self._note_failure()
+            logger.warning("ledger could not record %d requests in flight (%s)", len(rows), exc)
+            self._dead_letter([{"error": str(exc), "in_flight": row.to_dict()} for row in rows])
 
     def submit(self, record: RequestRecord) -> None:
         for callback in self._subscribers:
@@ -190,6 +278,11 @@ class Ledger:
                 self._dead_letter(
                     [{"error": "the ledger writer did not finish before shutdown", "record": asdict(r)} for r in left]
                 )
+        reserver = self._reserver
+        if reserver is not None:  # the reservations already handed over are made (or dead-lettered) first
+            self._reservations.put(None)
+            reserver.join(timeout=self._close_timeout)
+            self._reserver = None
         with self._request_lock:
             self._drop_request_conn()
 

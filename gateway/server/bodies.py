@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
@@ -21,7 +21,9 @@ BODY_READ_TIMEOUT_S = 30.0
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, at most `limit` bytes (413 beyond), read within BODY_READ_TIMEOUT_S (408 after)."""
     try:
-        with anyio.fail_after(BODY_READ_TIMEOUT_S):
+        # asyncio's own timeout: the server runs on asyncio (uvloop); anyio's fail_after (its backend and task
+        # look-ups) was about 3% of the event loop's samples on the pass-through path (py-spy)
+        async with asyncio.timeout(BODY_READ_TIMEOUT_S):
             return await _read(request, limit)
     except TimeoutError:
         raise GatewayError(
@@ -29,19 +31,20 @@ async def read_body(request: Request, limit: int) -> bytes:
         ) from None
 
 
+def _too_large(limit: int) -> GatewayError:
+    return GatewayError(413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large")
+
+
 async def _read(request: Request, limit: int) -> bytes:
-    too_large = GatewayError(
-        413, f"request body is larger than the gateway's limit of {limit} bytes", code="body_too_large"
-    )
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise _too_large(limit)
     body = bytearray()
     try:
         async for part in request.stream():
             body += part
             if len(body) > limit:
-                raise too_large
+                raise _too_large(limit)
     except ClientDisconnect:
         raise GatewayError(400, "client disconnected while sending the body", code="client_disconnected") from None
     return bytes(body)

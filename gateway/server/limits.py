@@ -10,6 +10,7 @@ own databases each enforce the limits on their own share of the traffic.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -236,12 +237,12 @@ async def reserve(
     key = caller.key
     limits = Limits(key.budget_usd, key.tpm, key.period_start()) if key is not None else None
 
-    def work() -> None:
-        estimate = estimate_chat(policy, prices, chat) if chat is not None else Estimate()
-        entry.reserve(estimate, limits)
+    def estimate() -> Estimate:
+        return estimate_chat(policy, prices, chat) if chat is not None else Estimate()
 
     try:
-        await anyio.to_thread.run_sync(work)
+        # the ledger's reserver thread: concurrent requests' rows share a commit (Ledger.reserve_soon)
+        await asyncio.wrap_future(entry.reserve_soon(estimate, limits))
     except BudgetExceeded as exc:
         period = "" if key is None or key.budget_period_s is None else " for this period"
         raise GatewayError(

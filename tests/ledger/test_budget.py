@@ -136,3 +136,59 @@ def test_a_replayed_reservation_whose_request_has_its_row_is_dropped(tmp_path):
         assert budget.in_flight(conn) == []
     finally:
         conn.close()
+
+
+def test_reservations_handed_over_together_share_one_commit_and_keep_their_limits(location, tmp_path, monkeypatch):
+    """Ledger.reserve_soon: rows without limits that wait together go in one transaction, each future is done only
+    once its row is committed, and a row with limits in the same group is still checked on its own."""
+    ledger = Ledger(location, dead_letter_dir=tmp_path)
+    batches: list[int] = []
+    real = budget.reserve_many
+    monkeypatch.setattr(budget, "reserve_many", lambda conn, rows: (batches.append(len(rows)), real(conn, rows)))
+    hold = threading.Event()
+
+    def first():
+        hold.wait(timeout=30)  # the others queue up behind this one
+        return _row("first", key="a"), None
+
+    try:
+        futures = [ledger.reserve_soon(first)]
+        futures += [ledger.reserve_soon(lambda i=i: (_row(f"p{i}", key="a"), None)) for i in range(10)]
+        spent = [_row("s0", key="b", cost=0.06)]
+        limited = ledger.reserve_soon(lambda: (_row("over", key="b"), Limits(budget_usd=0.05)))
+        conn = connect(location)
+        try:
+            budget.reserve(conn, spent[0])  # key b has a reservation over its budget already
+        finally:
+            conn.close()
+        hold.set()
+        for future in futures:
+            future.result(timeout=30)
+        with pytest.raises(BudgetExceeded):
+            limited.result(timeout=30)
+        assert sum(batches) == 11 and max(batches) >= 10  # the ten rows that waited: one transaction
+        conn = connect(location)
+        try:
+            assert {r.request_id for r in budget.in_flight(conn, "a")} == {"first", *(f"p{i}" for i in range(10))}
+            assert [r.request_id for r in budget.in_flight(conn, "b")] == ["s0"]
+        finally:
+            conn.close()
+    finally:
+        ledger.close()
+
+
+def test_a_reservation_the_database_does_not_take_is_dead_lettered_before_its_future_is_done(tmp_path):
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(path)
+    try:
+        conn = connect(path)
+        conn.execute("DROP TABLE requests_in_flight")  # every insert now fails
+        conn.commit()
+        conn.close()
+        ledger.reserve_soon(lambda: (_row("lost?"), None)).result(timeout=30)  # the request goes on
+        assert '"request_id": "lost?"' in ledger.dead_letter_path.read_text()
+    finally:
+        ledger.close()
+    ledger.close()
+    done = Ledger(path).reserve_soon(lambda: (_row("after"), None))  # never started: a closed ledger too
+    assert done.result(timeout=30) is None

@@ -238,6 +238,20 @@ async def load(url: str, requests: int, concurrency: int, stream: bool) -> tuple
     return latencies, elapsed
 
 
+def wait_readiness(url: str, timeout: float = 600.0) -> None:
+    """Until the gateway's readiness probe says 200: on a loaded machine its models take minutes to load."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        time.sleep(1)
+    raise RuntimeError(f"{url} not ready in {timeout:.0f} s")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
@@ -294,6 +308,7 @@ def main() -> int:
             paths.insert(1, ("litellm", f"http://127.0.0.1:{litellm_port}/v1/chat/completions", litellm.pid))
         for _, url, _ in paths:
             asyncio.run(wait_ready(url))
+        wait_readiness(f"http://127.0.0.1:{gateway_port}/health/readiness")  # its models loaded: not measured
         time.sleep(20)  # start-up threads (price warm-up, model build, the gateway's gc.freeze) finish
         idle = {label: rss_mb(pid) for label, _, pid in paths if pid}
         rows = []

@@ -413,7 +413,7 @@ def answer_features(
     return {name: float(out[name]) for name in ANSWER_FEATURE_NAMES}
 
 
-def _value(value) -> float:
+def _value(value: float | None) -> float:
     return MISSING if value is None else float(value)
 
 

@@ -56,7 +56,7 @@ def model_to_bytes(model: RouteModel) -> tuple[bytes, str]:
     return data, json.dumps(_json_safe(model.card), indent=2, sort_keys=True) + "\n"
 
 
-def load_trusted(data: bytes, source: str):
+def load_trusted(data: bytes, source: str) -> Any:
     """The scikit-learn pipeline in skops bytes, refusing any type outside TRUSTED_TYPES (never pickle)."""
     import skops.io as sio
 

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from classifier.estimators import PRE_ROUTE, Estimator, build_pipeline
 from classifier.features import FEATURE_NAMES, feature_vector
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    Values = Sequence[Any] | NDArray[Any]  # labels, groups, scores: a list or an array
+    Splits = list[tuple[NDArray[Any], NDArray[Any]]]  # (train, test) index arrays
 
 DEFAULT_SEED = 0
 DEFAULT_FOLDS = 5
@@ -27,13 +34,13 @@ def label_from_scores(rag_score: float, lc_score: float, margin: float = 0.0) ->
     return int(float(rag_score) >= float(lc_score) - margin)
 
 
-def feature_matrix(rows: list[dict[str, float]]):
+def feature_matrix(rows: list[dict[str, float]]) -> NDArray[Any]:
     import numpy as np
 
     return np.asarray([feature_vector(r) for r in rows], dtype=float)
 
 
-def grouped_folds(labels, groups, n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED):
+def grouped_folds(labels: Values, groups: Values, n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED) -> Splits:
     """(train_index, test_index) pairs: every group (document) lies wholly in one test fold.
     Stratified by label where the groups allow; fewer folds when there are fewer groups."""
     import numpy as np
@@ -52,7 +59,9 @@ def grouped_folds(labels, groups, n_splits: int = DEFAULT_FOLDS, seed: int = DEF
     return list(splitter.split(np.zeros(len(labels)), labels, groups))
 
 
-def _fit_predict(estimator: Estimator, seed: int, x_train, y_train, x_test):
+def _fit_predict(
+    estimator: Estimator, seed: int, x_train: NDArray[Any], y_train: NDArray[Any], x_test: NDArray[Any]
+) -> NDArray[Any]:
     import numpy as np
 
     if len(set(y_train.tolist())) < 2:
@@ -64,13 +73,13 @@ def _fit_predict(estimator: Estimator, seed: int, x_train, y_train, x_test):
 
 def out_of_fold_probabilities(
     rows: list[dict[str, float]],
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     n_splits: int = DEFAULT_FOLDS,
     seed: int = DEFAULT_SEED,
-    splits=None,
-):
+    splits: Splits | None = None,
+) -> NDArray[Any]:
     """P(cheap) for every example from a model that never saw its document (or, with `splits`, from the
     model of the split that holds it out, e.g. leave one task out)."""
     import numpy as np
@@ -83,7 +92,7 @@ def out_of_fold_probabilities(
     return oof
 
 
-def classification_metrics(labels, probabilities) -> dict[str, float | None]:
+def classification_metrics(labels: Values, probabilities: Values) -> dict[str, float | None]:
     import numpy as np
     from sklearn.metrics import accuracy_score, brier_score_loss, log_loss, roc_auc_score
 
@@ -111,8 +120,8 @@ class TrainingResult:
 
 def train(
     rows: list[dict[str, float]],
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     n_splits: int = DEFAULT_FOLDS,
     seed: int = DEFAULT_SEED,

@@ -19,11 +19,17 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
 from classifier.estimators import VERIFIER, Estimator, build_pipeline
 from classifier.model import ModelFileError, _json_safe, load_trusted
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    Values = Sequence[Any] | NDArray[Any]  # labels, groups, scores: a list or an array
+    Splits = list[tuple[NDArray[Any], NDArray[Any]]]  # (train, test) index arrays
 
 # Features that learn a corpus's or a model's style rather than the answer's quality: absolute answer length and
 # shape (a model family's verbosity), and log-probabilities (absent from the paired training data; a model fitted
@@ -57,7 +63,9 @@ def label_good(rag_score: float, lc_score: float, margin: float = 0.0) -> int:
     return int(float(rag_score) >= float(lc_score) - margin)
 
 
-def choice_weights(rag_scores: Sequence[float], lc_scores: Sequence[float], tie_weight: float = DEFAULT_TIE_WEIGHT):
+def choice_weights(
+    rag_scores: Sequence[float], lc_scores: Sequence[float], tie_weight: float = DEFAULT_TIE_WEIGHT
+) -> NDArray[Any]:
     """|rag_score - lc_score| per example, floored at tie_weight: how much the escalation decision
     changes the quality score. Ties still count a little (they teach that cheap is enough)."""
     import numpy as np
@@ -66,7 +74,7 @@ def choice_weights(rag_scores: Sequence[float], lc_scores: Sequence[float], tie_
     return np.maximum(diff, tie_weight)
 
 
-def feature_matrix(rows: list[dict[str, float]], names: Sequence[str]):
+def feature_matrix(rows: list[dict[str, float]], names: Sequence[str]) -> NDArray[Any]:
     import numpy as np
 
     return np.asarray([[float(r.get(n, MISSING)) for n in names] for r in rows], dtype=float)
@@ -87,7 +95,7 @@ class VerifierModel:
         value = self.card.get("threshold")
         return None if value is None else float(value)
 
-    def fit(self, rows: list[dict[str, float]], labels, sample_weight=None) -> VerifierModel:
+    def fit(self, rows: list[dict[str, float]], labels: Values, sample_weight: Values | None = None) -> VerifierModel:
         import numpy as np
 
         x = feature_matrix(rows, self.feature_names)
@@ -116,7 +124,15 @@ class VerifierModel:
 
 
 # -- training and out-of-fold scores ------------------------------------------------------------------
-def _fit_predict(estimator, seed, names, rows_train, y_train, w_train, rows_test):
+def _fit_predict(
+    estimator: Estimator,
+    seed: int,
+    names: Sequence[str],
+    rows_train: list[dict[str, float]],
+    y_train: NDArray[Any],
+    w_train: NDArray[Any] | None,
+    rows_test: list[dict[str, float]],
+) -> NDArray[Any]:
     import numpy as np
 
     if len(set(np.asarray(y_train).tolist())) < 2:
@@ -126,7 +142,15 @@ def _fit_predict(estimator, seed, names, rows_train, y_train, w_train, rows_test
     return np.asarray(model.scores(rows_test))
 
 
-def _oof(rows, labels, splits, estimator, seed, names, sample_weight):
+def _oof(
+    rows: list[dict[str, float]],
+    labels: Values,
+    splits: Sequence[tuple[Any, Any]],
+    estimator: Estimator,
+    seed: int,
+    names: Sequence[str],
+    sample_weight: Values | None,
+) -> NDArray[Any]:
     import numpy as np
 
     y = np.asarray(labels, dtype=int)
@@ -145,14 +169,14 @@ def _oof(rows, labels, splits, estimator, seed, names, sample_weight):
     return oof
 
 
-def grouped_splits(labels, groups, n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED):
+def grouped_splits(labels: Values, groups: Values, n_splits: int = DEFAULT_FOLDS, seed: int = DEFAULT_SEED) -> Splits:
     """(train, test) index pairs with every group wholly in one test fold (classifier.training's folds)."""
     from classifier.training import grouped_folds
 
     return grouped_folds(labels, groups, n_splits, seed)
 
 
-def leave_one_group_out_splits(groups):
+def leave_one_group_out_splits(groups: Values) -> Splits:
     """(train, test) index pairs, one per distinct group (e.g. task): train on the others, test on it."""
     import numpy as np
 
@@ -185,12 +209,12 @@ class Split:
 
 def protocol_splits(
     protocol: str,
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     *,
-    tasks=None,
-    corpora=None,
-    models=None,
+    tasks: Values | None = None,
+    corpora: Values | None = None,
+    models: Values | None = None,
     n_splits: int = DEFAULT_FOLDS,
     seed: int = DEFAULT_SEED,
 ) -> list[Split]:
@@ -250,29 +274,29 @@ def split_units(splits: Sequence[Split], n: int) -> list[str]:
 
 def protocol_scores(
     rows: list[dict[str, float]],
-    labels,
+    labels: Values,
     splits: Sequence[Split],
     *,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     seed: int = DEFAULT_SEED,
     feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
-    sample_weight=None,
-):
+    sample_weight: Values | None = None,
+) -> NDArray[Any]:
     """P(good) for every example from the verifier of the split that holds it out (protocol_splits)."""
     return _oof(rows, labels, [(s.train, s.test) for s in splits], estimator, seed, feature_names, sample_weight)
 
 
 def out_of_fold_scores(
     rows: list[dict[str, float]],
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     *,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     n_splits: int = DEFAULT_FOLDS,
     seed: int = DEFAULT_SEED,
     feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
-    sample_weight=None,
-):
+    sample_weight: Values | None = None,
+) -> NDArray[Any]:
     """P(good) for every example from a verifier that never saw its group (document), grouped k-fold."""
     return _oof(
         rows, labels, grouped_splits(labels, groups, n_splits, seed), estimator, seed, feature_names, sample_weight
@@ -281,19 +305,19 @@ def out_of_fold_scores(
 
 def leave_one_group_out_scores(
     rows: list[dict[str, float]],
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     *,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     seed: int = DEFAULT_SEED,
     feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
-    sample_weight=None,
-):
+    sample_weight: Values | None = None,
+) -> NDArray[Any]:
     """P(good) for every example from a verifier trained on the other groups only (e.g. leave one task out)."""
     return _oof(rows, labels, leave_one_group_out_splits(groups), estimator, seed, feature_names, sample_weight)
 
 
-def threshold_for_escalation_share(scores, share: float) -> float:
+def threshold_for_escalation_share(scores: Values, share: float) -> float:
     """The threshold that escalates (score < threshold) about `share` of these scores: chosen on
     training scores, applied to new ones, it never looks at held-out data."""
     import numpy as np
@@ -308,7 +332,7 @@ def threshold_for_escalation_share(scores, share: float) -> float:
     return float((s[k - 1] + s[k]) / 2)
 
 
-def classification_metrics(labels, scores) -> dict[str, float | None]:
+def classification_metrics(labels: Values, scores: Values) -> dict[str, float | None]:
     from classifier.training import classification_metrics as metrics
 
     return metrics(labels, scores)
@@ -323,12 +347,12 @@ class VerifierTrainingResult:
 
 def train_verifier(
     rows: list[dict[str, float]],
-    labels,
-    groups,
+    labels: Values,
+    groups: Values,
     *,
     estimator: Estimator = DEFAULT_ESTIMATOR,
     feature_names: Sequence[str] = ANSWER_FEATURE_NAMES,
-    sample_weight=None,
+    sample_weight: Values | None = None,
     n_splits: int = DEFAULT_FOLDS,
     seed: int = DEFAULT_SEED,
     escalation_share: float | None = None,
@@ -415,7 +439,7 @@ def _pre_route_names() -> set[str]:
 
 
 # -- what transfers: permutation importance under a protocol -------------------------------------------
-def gain_auc(rag, lc, scores) -> float | None:
+def gain_auc(rag: Values, lc: Values, scores: Values) -> float | None:
     """ROC AUC of P(good) for "the cheap answer is at least as good", over the answers where the routes' scores
     differ, each weighted by |rag - lc| (0.5: no signal)."""
     import numpy as np
@@ -429,7 +453,7 @@ def gain_auc(rag, lc, scores) -> float | None:
     return float(roc_auc_score(y, scores[keep], sample_weight=np.abs(rag - lc)[keep]))
 
 
-def escalation_gain_points(rag, lc, scores, share: float = 0.25) -> float:
+def escalation_gain_points(rag: Values, lc: Values, scores: Values, share: float = 0.25) -> float:
     """Quality (points) of escalating the `share` of answers with the lowest P(good) minus escalating a random
     share of the same size (its exact expectation)."""
     import numpy as np
@@ -442,19 +466,19 @@ def escalation_gain_points(rag, lc, scores, share: float = 0.25) -> float:
 
 
 def permutation_importance(
-    rows,
-    labels,
-    rag,
-    lc,
+    rows: list[dict[str, float]],
+    labels: Values,
+    rag: Values,
+    lc: Values,
     splits: Sequence[Split],
     units: Sequence[str],
     *,
     feature_names: Sequence[str],
     estimator: Estimator = DEFAULT_ESTIMATOR,
     seed: int = DEFAULT_SEED,
-    sample_weight=None,
+    sample_weight: Values | None = None,
     share: float = 0.25,
-):
+) -> list[tuple[str, dict[str, float]]]:
     """Per feature, the loss in gain-weighted AUC and in the escalation gain over random (points at `share`) on the
     held-out units when that feature is shuffled within each split's test part, the split's model fitted once on
     its training part. Mean over units; largest AUC loss first. A feature that helps in the units it was trained
@@ -476,11 +500,11 @@ def permutation_importance(
     unit_array = np.asarray(units)
     unit_names = sorted(set(unit_array.tolist()))
 
-    def proba(model, matrix):
+    def proba(model: VerifierModel, matrix: NDArray[Any]) -> NDArray[Any]:
         classes = list(model.pipeline.classes_)
         return model.pipeline.predict_proba(matrix)[:, classes.index(1)]
 
-    def metrics(column: int | None):
+    def metrics(column: int | None) -> tuple[float, float]:
         scores = np.full(len(y), np.nan)
         for s, model in fitted:
             part = x[s.test].copy()

@@ -14,7 +14,7 @@ import hashlib
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway.evaluation.examples import Example, InputSource
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
@@ -177,6 +177,7 @@ def replay_scores(
     if splits is None and (model is None or (verifier_file is None and policy.routing.verifier is not None)):
         splits = protocol_splits(protocol, labels, groups, n_splits=folds, seed=seed, **protocol_inputs(examples))
     rows = [i.features for i in inputs]
+    probabilities: Any  # a list from the model file, an array out of fold (both index and zip alike)
     if model is not None:
         probabilities = load_model(model).cheap_probabilities(rows)
     else:

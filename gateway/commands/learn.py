@@ -372,10 +372,12 @@ def _refit_classifier(args, policy, found, labelled, labels, weights, blend, sta
     pipeline, _ = _route_fit_predict(args.estimator, args.seed, x, yy, ww, x[:1])
     # the new threshold keeps the share of recorded requests the classifier in force sent long
     decided = [r for r in found.requests if r.features.get("p_cheap") is not None and r.features.get("features")]
-    recorded = [_numbers(r.features["features"]) for r in decided]
-    long_before = sum(1 for r in decided if r.features["p_cheap"] < settings.threshold) / len(decided)
-    new_p = [float(p) for p in pipeline.predict_proba(feature_matrix(recorded))[:, list(pipeline.classes_).index(1)]]
-    new_threshold = float(threshold_for_escalation_share(new_p, long_before))
+    long_before, new_threshold = 0.0, float(settings.threshold)  # nothing it decided recorded: the one in force
+    if decided:
+        recorded = [_numbers(r.features["features"]) for r in decided]
+        long_before = sum(1 for r in decided if r.features["p_cheap"] < settings.threshold) / len(decided)
+        scores = pipeline.predict_proba(feature_matrix(recorded))[:, list(pipeline.classes_).index(1)]
+        new_threshold = float(threshold_for_escalation_share([float(p) for p in scores], long_before))
     blended = f", blended with {len(blend.labels)} lines of {args.blend_shipped.name}" if blend else ""
     target = Path(args.policy).parent / f"classifier-learned-{stamp}.skops"
     card = {

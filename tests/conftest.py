@@ -1,3 +1,4 @@
+import logging
 import os
 
 # imported here, before any gateway starts: the gateway imports litellm (and with it httpx) in a background
@@ -41,3 +42,22 @@ def upstream():
     app = create_fake_upstream()
     with serve_app(app) as url:
         yield url, app
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging():
+    """The root logger as it was before the test. `selfroute serve` run in-process (gateway.cli.main) sets up the
+    process's logging with force=True: a handler on the sys.stderr of that moment (a capture stream that is closed
+    once the test ends) and the level INFO. Left in place, every later test's log lines, the access log's among
+    them, went to the closed stream ("--- Logging error --- ValueError: I/O operation on closed file")."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)

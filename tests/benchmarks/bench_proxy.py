@@ -118,15 +118,16 @@ def run_gateway(port: int, upstream_port: int, data_dir: str, ledger_url: str | 
     os.environ["OPENAI_API_KEY"] = "bench"
     from gateway.server.app import create_app
     from gateway.settings import Settings
-    from policies.loader import parse_policy
+    from tests.support.policies import Whole, fake_route, make_policy
 
-    policy = parse_policy(f"""
-name: bench
-cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
-long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{upstream_port}/v1"}}
-routing: {{classifier: null}}
-passthrough: {{allow: ["*"]}}
-""")
+    base = f"http://127.0.0.1:{upstream_port}"
+    policy = make_policy(
+        base,
+        name="bench",
+        cheap=fake_route(base, "bench-cheap"),
+        long=fake_route(base, "bench-long"),
+        routing=Whole(classifier=None),
+    )
     app = create_app(Settings(data_dir=Path(data_dir), ledger_url=ledger_url), policy=policy)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 

@@ -43,21 +43,12 @@ sys.path.insert(0, str(HERE))
 
 from bench_proxy import cpu_seconds, free_port, percentile, run_gateway, run_upstream, wait_ready  # noqa: E402
 
+from tests.support.policies import bench_policy, rule  # noqa: E402
+from tests.support.servers import ServeProcess  # noqa: E402
+
 SHARED_DOCS = ROOT.parent / "shared" / "data" / "corpus_structured_docs"
 DEFAULT_DOCS = [SHARED_DOCS / "gnu-standards" / "standards.txt", SHARED_DOCS / "gnu-standards" / "maintain.txt"]
 COLLECTION = "bench"
-ROUTED_POLICY = """
-name: bench-replicas-routed
-aliases: [selfroute]
-cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{port}/v1", context_window: 8192,
-         input_cost_per_mtok: 0.15, output_cost_per_mtok: 0.6}}
-long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{port}/v1", context_window: {window},
-        input_cost_per_mtok: 2.0, output_cost_per_mtok: 8.0}}
-routing:
-  rules: [{{name: summaries, feature: cue_summary, op: ">=", value: 1, route: long}}]
-  classifier: {{model_path: "builtin:default", threshold: 0.4428886833129369}}
-  default_route: long
-"""
 TOPICS = [
     "command-line options",
     "the --help option",
@@ -221,56 +212,14 @@ def cli_env(extra: dict[str, str]) -> dict[str, str]:
     }
 
 
-class Replica:
-    """`selfroute serve` in a subprocess (one worker), its ledger and store given by flags."""
-
-    def __init__(self, policy: Path, data_dir: Path, ledger_url: str | None, store_uri: str, env: dict[str, str]):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--policy",
-            str(policy),
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(data_dir),
-            "--store-uri",
-            store_uri,
-            "--log-level",
-            "WARNING",
-        ]
-        if ledger_url:
-            command += ["--ledger-url", ledger_url]
-        self.log = data_dir.parent / f"{data_dir.name}-{self.port}.log"
-        with self.log.open("w") as log:  # the child keeps its own handle
-            self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"a replica exited during start-up:\n{self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health/readiness", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("a replica did not become ready")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+def replica(policy: Path, data_dir: Path, ledger_url: str | None, store_uri: str, env: dict[str, str]) -> ServeProcess:
+    """`selfroute serve` in a subprocess (one worker), its ledger and store given by flags, its log beside its
+    data directory (replicas may share one)."""
+    port = free_port()
+    flags = ["--policy", str(policy), "--data-dir", str(data_dir), "--store-uri", store_uri, "--log-level", "WARNING"]
+    if ledger_url:
+        flags += ["--ledger-url", ledger_url]
+    return ServeProcess(*flags, env=dict(env), log=data_dir.parent / f"{data_dir.name}-{port}.log", port=port)
 
 
 class MotoS3:
@@ -367,11 +316,11 @@ def run_routed(
     ledger_url = server.create_database() if engine == "postgresql" else None
     # SQLite: the replicas share the data directory's ledger file (WAL); PostgreSQL: each has its own directory
     dirs = [root / ("shared" if engine == "sqlite" else f"replica-{i}") for i in range(replicas)]
-    procs = [Replica(policy, d, ledger_url, store_uri, env) for d in dirs]
+    procs = [replica(policy, d, ledger_url, store_uri, env) for d in dirs]
     urls = [f"{p.url}/v1/chat/completions" for p in procs]
     try:
         for proc in procs:
-            proc.wait_ready()
+            proc.wait_ready(timeout=300)
         warm = 4 * args.routed_concurrency
         asyncio.run(
             load_bodies(urls, routed_bodies(warm, f"warm {store} {engine} {replicas}"), args.routed_concurrency)
@@ -395,7 +344,7 @@ def run_routed(
         routes = ledger_routes(location)
     finally:
         for proc in procs:
-            proc.stop()
+            proc.stop(timeout=60)
         shutil.rmtree(root, ignore_errors=True)
     return {
         "store": store,
@@ -415,8 +364,16 @@ def run_routed(
 
 def bench_routed(args, server, upstream_port: int) -> None:
     work = Path(tempfile.mkdtemp(prefix="selfroute-replicas-store-"))
-    policy = work / "policy.yaml"
-    policy.write_text(ROUTED_POLICY.format(port=upstream_port, window=args.long_window))
+    policy = bench_policy(
+        work / "policy.yaml",
+        upstream_port,
+        args.long_window,
+        name="bench-replicas-routed",
+        routing={
+            "rules": [rule("summaries", "cue_summary", ">=", 1, "long")],
+            "classifier": {"model_path": "builtin:default", "threshold": 0.4428886833129369},
+        },
+    )
     from pipelines.tokens import count_tokens
 
     tokens = sum(count_tokens(p.read_text(errors="replace")) for p in args.docs)

@@ -20,11 +20,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,15 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench_proxy import free_port, run_upstream  # noqa: E402
 
-POLICY = """
-name: bench-routed
-aliases: [selfroute]
-cheap: {{model: openai/bench-cheap, api_base: "http://127.0.0.1:{port}/v1", context_window: 8192,
-         input_cost_per_mtok: 0.15, output_cost_per_mtok: 0.6}}
-long: {{model: openai/bench-long, api_base: "http://127.0.0.1:{port}/v1", context_window: {window},
-        input_cost_per_mtok: 2.0, output_cost_per_mtok: 8.0}}
-routing: {{classifier: null, default_route: rag, fallback: {{enabled: false}}}}
-"""
+from tests.support.policies import bench_policy  # noqa: E402
+from tests.support.servers import ServeProcess  # noqa: E402
+
+BENCH_ENV = {"HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "bench"}
+
 TOPICS = [
     "maintainer scripts",
     "package priorities",
@@ -81,57 +74,15 @@ def summary(values: list[float]) -> str:
     return f"p50 {statistics.median(values):8.1f} ms   p99 {percentile(values, 99):8.1f} ms   (n={len(values)})"
 
 
-class Gateway:
-    """`selfroute serve` in a subprocess."""
-
-    def __init__(self, policy: Path, data_dir: Path, workers: int = 1):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "OPENAI_API_KEY": "bench"}
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-        command = [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--policy",
-            str(policy),
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(data_dir),
-            "--log-level",
-            "WARNING",
-        ]
-        if workers > 1:
-            command += ["--workers", str(workers)]
-        self.process = subprocess.Popen(command, env=env)
-        self.wait_ready()
-
-    def wait_ready(self) -> None:
-        import httpx
-
-        deadline = time.monotonic() + 300
-        ready_in_a_row = 0
-        while ready_in_a_row < 20:  # each worker answers its own readiness probe: many in a row
-            if self.process.poll() is not None:
-                raise RuntimeError("the gateway exited during start-up")
-            if time.monotonic() > deadline:
-                raise TimeoutError("gateway did not become ready")
-            try:
-                ok = httpx.get(f"{self.url}/health/readiness", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            ready_in_a_row = ready_in_a_row + 1 if ok else 0
-            if not ok:
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+def start_gateway(policy: Path, data_dir: Path, workers: int = 1) -> ServeProcess:
+    """`selfroute serve` in a subprocess, once ready (each worker's readiness probe: many in a row); its output
+    in data_dir's parent (serve-N.log)."""
+    flags = ["--workers", str(workers)] if workers > 1 else []
+    log = data_dir.parent / f"serve-{workers}.log"
+    served = ServeProcess(
+        "--policy", str(policy), "--data-dir", str(data_dir), "--log-level", "WARNING", *flags, env=BENCH_ENV, log=log
+    )
+    return served.wait_ready(timeout=300, in_a_row=20)
 
 
 def body(question: str, doc_text: str | None, route: str | None, collection: str | None = None) -> bytes:
@@ -225,15 +176,20 @@ def main() -> int:
     upstream_port = free_port()
     upstream = multiprocessing.get_context("spawn").Process(target=run_upstream, args=(upstream_port,), daemon=True)
     upstream.start()
-    policy = work / "policy.yaml"
-    policy.write_text(POLICY.format(port=upstream_port, window=args.long_window))
+    policy = bench_policy(
+        work / "policy.yaml",
+        upstream_port,
+        args.long_window,
+        name="bench-routed",
+        routing={"classifier": None, "default_route": "rag", "fallback": {"enabled": False}},
+    )
     from pipelines.tokens import count_tokens
 
     print(
         f"document: {args.doc} ({len(text):,} characters, {count_tokens(text):,} tokens); "
         f"long window {args.long_window:,}; upstream instant on loopback"
     )
-    gateway = Gateway(policy, work / "data")
+    gateway = start_gateway(policy, work / "data")
     chat = f"{gateway.url}/v1/chat/completions"
     explain = f"{gateway.url}/v1/route/explain"
     try:
@@ -295,11 +251,11 @@ def main() -> int:
                 f"added p99 {percentile(during, 99) - percentile(baseline, 99):+.1f} ms"
             )
     finally:
-        gateway.stop()
+        gateway.stop(timeout=60)
 
     if "throughput" not in args.skip:
         for workers in (1, args.workers):
-            served = Gateway(policy, work / "data", workers=workers)
+            served = start_gateway(policy, work / "data", workers=workers)
             try:
                 chat = f"{served.url}/v1/chat/completions"
                 post(chat, [body(q, text, "rag") for q in questions(8 * workers, f"warm {workers}")], 8)
@@ -311,7 +267,7 @@ def main() -> int:
                     f"{len(latencies) / elapsed:6.1f} req/s   {summary(latencies)}"
                 )
             finally:
-                served.stop()
+                served.stop(timeout=60)
     upstream.terminate()
     shutil.rmtree(work, ignore_errors=True)
     return 0

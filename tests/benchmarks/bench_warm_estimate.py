@@ -38,28 +38,13 @@ from gateway.server.app import create_app  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from pipelines.messages import content_text, count_message_tokens  # noqa: E402
 from pipelines.tokens import count_tokens, encoding  # noqa: E402
-from policies.loader import parse_policy  # noqa: E402
+from tests.support.policies import DROP, fake_route, make_policy  # noqa: E402
 from tests.support.servers import serve_app  # noqa: E402
 
 PROVIDERS = {  # $/M tokens: input, cache read, cache write, output (litellm's cost map, as in BENCHMARKS.md §8)
     "openai": ("fake-long-prefix-cache", False, 2.00, 0.50, 2.00, 8.00),
     "anthropic": ("fake-long", True, 3.00, 0.30, 3.75, 15.00),
 }
-POLICY = """
-name: warm-estimate-bench
-aliases: [selfroute]
-cheap: {{model: openai/fake-cheap, api_base: '{base}/v1', input_cost_per_mtok: 0.15, output_cost_per_mtok: 0.6}}
-long:
-  model: openai/{model}
-  api_base: '{base}/v1'
-  cache_control: {marked}
-  input_cost_per_mtok: {input}
-  cached_input_cost_per_mtok: {read}
-  cache_write_cost_per_mtok: {write}
-  output_cost_per_mtok: {output}
-  context_window: {window}
-routing: {{classifier: null, default_route: long}}
-"""
 MAX_TOKENS = 64
 
 
@@ -129,18 +114,21 @@ def main() -> None:
     upstream = fake.create_fake_upstream()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp, serve_app(upstream) as base:
-        policy = parse_policy(
-            POLICY.format(
-                base=base,
-                model=model,
-                marked=str(marked).lower(),
-                input=price_in,
-                read=price_read,
-                write=price_write,
-                output=price_out,
-                window=args.window,
+        policy = make_policy(
+            base,
+            name="warm-estimate-bench",
+            cheap=fake_route(base, "fake-cheap", input_cost_per_mtok=0.15, output_cost_per_mtok=0.6),
+            long=fake_route(
+                base,
+                model,
+                cache_control=marked,
+                input_cost_per_mtok=price_in,
+                cached_input_cost_per_mtok=price_read,
+                cache_write_cost_per_mtok=price_write,
+                output_cost_per_mtok=price_out,
+                context_window=args.window,
             ),
-            "bench.yaml",
+            passthrough=DROP,
         )
         app = create_app(Settings(data_dir=Path(tmp)), policy=policy)
         with serve_app(app) as url:

@@ -5,82 +5,16 @@ the other, and documents attached to a request are embedded once for both)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import openai
 
-from tests.support.engines import free_port
 from tests.support.policies import write_policy
-
-ROOT = Path(__file__).resolve().parents[2]
-ADMIN_KEY = "sk-admin-replicas"
-USER_KEY = "sk-user-replicas"
-
-
-def start_replica(
-    tmp_path: Path,
-    name: str,
-    policy: Path,
-    ledger_url: str,
-    extra_env: dict[str, str] | None = None,
-    flags: list[str] | None = None,
-) -> tuple[subprocess.Popen, str]:
-    """A `selfroute serve` process on a free port; the ledger URL goes in $SELFROUTE_LEDGER_URL unless the flags
-    name it (--ledger-url)."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "SELFROUTE_ADMIN_KEY": ADMIN_KEY,
-        "SELFROUTE_API_KEYS": USER_KEY,
-        **(extra_env or {}),
-    }
-    env.pop("SELFROUTE_LEDGER_URL", None)
-    flags = flags or []
-    if "--ledger-url" not in flags:
-        env["SELFROUTE_LEDGER_URL"] = ledger_url
-    log = (tmp_path / f"{name}.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--data-dir",
-            str(tmp_path / name),
-            "--policy",
-            str(policy),
-            "--port",
-            str(port),
-            *flags,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-    )
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout: float = 240) -> None:
-    """Until the replica is ready: models load after the port opens, and a request before then is a 503 not_ready."""
-    deadline = time.monotonic() + timeout
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if httpx.get(f"{url}/health/readiness", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, log.read_text()[-3000:]
-        time.sleep(0.2)
+from tests.support.servers import REPLICA_ADMIN_KEY as ADMIN_KEY
+from tests.support.servers import REPLICA_USER_KEY as USER_KEY
+from tests.support.servers import start_replica, wait_ready
 
 
 def admin(url: str, path: str) -> dict:
@@ -97,7 +31,7 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
     replicas = [start_replica(tmp_path, name, policy, postgres_url) for name in ("a", "b")]
     try:
         for (proc, url), name in zip(replicas, ("a", "b")):
-            wait_healthy(proc, url, tmp_path / f"{name}.log")
+            wait_ready(proc, url, tmp_path / f"{name}.log")
         clients = [openai.OpenAI(base_url=f"{url}/v1", api_key=USER_KEY, max_retries=0) for _, url in replicas]
 
         def ask(i: int) -> str:
@@ -239,7 +173,7 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
     ]
     try:
         for (proc, url), name in zip(replicas, ("a", "b")):
-            wait_healthy(proc, url, tmp_path / f"{name}.log")
+            wait_ready(proc, url, tmp_path / f"{name}.log")
         (_, a), (_, b) = replicas
         auth = {"Authorization": f"Bearer {USER_KEY}"}
         posted = httpx.post(
@@ -357,7 +291,7 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
     )
     port = int(url.rsplit(":", 1)[1])
     try:
-        wait_healthy(proc, url, tmp_path / "slow.log")
+        wait_ready(proc, url, tmp_path / "slow.log")
         silent = socket.create_connection(("127.0.0.1", port))
         trickle = socket.create_connection(("127.0.0.1", port))
         trickle.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")

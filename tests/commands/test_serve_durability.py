@@ -14,8 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.commands.test_serve import USER_KEY, start_replica, wait_healthy
 from tests.support.policies import write_policy
+from tests.support.servers import REPLICA_USER_KEY as USER_KEY
+from tests.support.servers import start_replica, wait_ready
 
 
 def _ask(url: str, model: str = "openai/fake-cheap", timeout: float = 30) -> tuple[int, str | None]:
@@ -57,7 +58,7 @@ def _until(condition, timeout: float = 60.0):
 def _serve(tmp_path, postgres_url, upstream):
     policy = write_policy(tmp_path / "policy.yaml", upstream[0])
     proc, url = start_replica(tmp_path, "gw", policy, postgres_url, extra_env={"OPENAI_API_BASE": f"{upstream[0]}/v1"})
-    wait_healthy(proc, url, tmp_path / "gw.log")
+    wait_ready(proc, url, tmp_path / "gw.log")
     return proc, url
 
 

@@ -4,18 +4,15 @@ multiprocess mode), so repeated scrapes never see a counter go back; JSON access
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.commands.test_serve_workers import POLICY, ROOT, ask, free_port
+from tests.support.gateway import ask
+from tests.support.policies import write_policy
+from tests.support.servers import serve_gateway
 
 
 def requests_total(text: str) -> float:
@@ -26,50 +23,16 @@ def requests_total(text: str) -> float:
 
 def test_two_workers_one_metrics_view_and_json_access_lines(upstream, tmp_path):
     base, _ = upstream
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY.format(base=base, long="fake-long"))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--policy",
-            str(policy),
-            "--port",
-            str(port),
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--workers",
-            "2",
-            "--log-format",
-            "json",
-            "--log-level",
-            "INFO",
-        ],
-        env={**env, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    policy = write_policy(
+        tmp_path / "policy.yaml",
+        base,
+        name="serve-test",
+        long={"model": "openai/fake-long", "timeout": 300, "context_window": 128000},
     )
-    output: list[str] = []
-    drain = threading.Thread(target=lambda: output.extend(process.stdout), daemon=True)  # never let the pipe fill
-    drain.start()
-    url = f"http://127.0.0.1:{port}"
+    flags = ("--log-format", "json", "--log-level", "INFO")
+    served = serve_gateway(tmp_path, policy, *flags, workers=2, env={"PROMETHEUS_MULTIPROC_DIR": None})
+    url, output = served.url, served.lines
     try:
-        deadline = time.monotonic() + 240
-        ready_in_a_row = 0
-        while ready_in_a_row < 20:  # each worker loads its models after the port opens: many ready in a row
-            assert process.poll() is None, "".join(output)[-3000:]
-            assert time.monotonic() < deadline, "the gateway did not become ready"
-            try:
-                ok = httpx.get(f"{url}/health/readiness", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            ready_in_a_row = ready_in_a_row + 1 if ok else 0
-            time.sleep(0 if ok else 0.2)
         scrapes: list[str] = []
         with ThreadPoolExecutor(max_workers=6) as pool:
             answers = pool.map(lambda i: ask(url, f"Question {i}?"), range(30))
@@ -79,9 +42,7 @@ def test_two_workers_one_metrics_view_and_json_access_lines(upstream, tmp_path):
         time.sleep(0.5)
         scrapes += [httpx.get(f"{url}/metrics", timeout=30).text for _ in range(8)]
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=90)
-        drain.join(10)
+        served.stop()
     counts = [requests_total(text) for text in scrapes]
     assert counts == sorted(counts), counts  # monotonic: one sum over both workers, whichever answered
     assert counts[-8:] == [30.0] * 8

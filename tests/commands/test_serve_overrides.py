@@ -4,9 +4,7 @@ limits."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,9 +14,7 @@ import openai
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from pipelines.tokens import count_tokens
-from tests.commands.test_serve import wait_healthy
-from tests.support.engines import free_port
-from tests.support.servers import serve_app
+from tests.support.servers import ServeProcess, serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,39 +37,14 @@ def _long_prompt(fake, model: str) -> str:
 
 def test_serve_long_model_packs_the_whole_document_for_that_models_window(upstream, tmp_path):
     base, fake = upstream
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-        "OPENAI_API_BASE": f"{base}/v1",
-        "OPENAI_API_KEY": "sk-fake-upstream",
-    }
-    for name in ("SELFROUTE_LEDGER_URL", "SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_STORE_URI"):
-        env.pop(name, None)
     log_path = tmp_path / "serve.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "serve",
-                "--data-dir",
-                str(tmp_path / "data"),
-                "--port",
-                str(port),
-                "--long-model",
-                "openai/gpt-4.1",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-        )
-    url = f"http://127.0.0.1:{port}"
+    env: dict[str, str | None] = {"OPENAI_API_BASE": f"{base}/v1", "OPENAI_API_KEY": "sk-fake-upstream"}
+    for name in ("SELFROUTE_LEDGER_URL", "SELFROUTE_API_KEYS", "SELFROUTE_ADMIN_KEY", "SELFROUTE_STORE_URI"):
+        env[name] = None
+    served = ServeProcess("--data-dir", str(tmp_path / "data"), "--long-model", "openai/gpt-4.1", env=env, log=log_path)
+    proc, url = served.process, served.url
     try:
-        wait_healthy(proc, url, log_path, timeout=300)
+        served.wait_ready(timeout=300)
         started = log_path.read_text()
         assert "long: openai/gpt-4.1: window 1,047,576 (litellm), output 32,768, $2/$8 per Mtok (litellm)" in started
         assert "long route: packs up to 1,046,552 tokens (window 1,047,576 less 1,024 kept for the answer)" in started

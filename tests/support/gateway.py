@@ -6,6 +6,8 @@ import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.support.servers import serve_app
@@ -29,3 +31,12 @@ def ledger_rows(app, table: str = "requests") -> list[dict]:
         return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY {order}")]
     finally:
         conn.close()
+
+
+def ask(url: str, text: str, timeout: float = 120) -> httpx.Response:
+    """One chat request for the `selfroute` alias, as any client sends it (no key)."""
+    return httpx.post(
+        f"{url}/v1/chat/completions",
+        timeout=timeout,
+        json={"model": "selfroute", "messages": [{"role": "user", "content": text}]},
+    )

@@ -25,6 +25,7 @@ from gateway.errors import GatewayError
 from gateway.ledger.records import LABEL_JUDGE, LABEL_SHADOW, LabelRecord
 from gateway.protocol import completion_text
 from gateway.routing.calls import complete_upstream
+from gateway.routing.errors import RoutingError
 from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
 from gateway.upstreams.errors import UpstreamError
 from policies.routes import JUDGE, SHADOW
@@ -176,7 +177,7 @@ class LearningLoop:
         except asyncio.CancelledError:
             self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR))
             raise
-        except (GatewayError, UpstreamError) as exc:
+        except (GatewayError, RoutingError, UpstreamError) as exc:  # refused or failed: ledgered, not a 500
             self.record(entry, LearningOutcome(None, exc.message, failure=exc))
             self.budget.add(entry.cost_usd)
             return
@@ -207,7 +208,7 @@ class LearningLoop:
         except asyncio.CancelledError:
             self.record(entry, LearningOutcome(503, SHUTDOWN_ERROR, provenance=judged))
             raise
-        except (GatewayError, UpstreamError) as exc:
+        except (GatewayError, RoutingError, UpstreamError) as exc:  # refused or failed: ledgered, not a 500
             self.record(entry, LearningOutcome(None, exc.message, provenance=judged, failure=exc))
             self.budget.add(entry.cost_usd)
             return

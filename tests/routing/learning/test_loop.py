@@ -101,3 +101,24 @@ def test_the_budget_reads_the_days_spend_from_the_ledger_and_resets_each_day():
     budget.add(0.3)
     assert budget.spent(day + 20) == pytest.approx(1.05)  # local spend counts until the next read
     assert budget.spent(day + 86400 + 1) == 0.75 and reads[-1] == day + 86400  # a new day, read again
+
+
+def test_a_shadow_that_routing_refuses_is_ledgered_with_the_refusals_status(upstream, verifier_file, gateway):
+    """A shadow whose long prompt routing refuses (e.g. no longer fits the window) is its row's 4xx, not a 500."""
+    from gateway.routing.errors import RequestTooLarge
+
+    upstream[1].state.scripted = TRUSTED
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, shadow_rate=1.0))
+    loop = app.state.gateway.routing.learning
+    shadow = loop.shadow
+
+    async def refused(entry):
+        raise RequestTooLarge("the long prompt does not fit the long model's window")
+
+    loop.shadow = lambda parent, given, run_long: shadow(parent, given, refused)
+    raw = ask(url, QUESTION, documents=[{"text": manual()}])
+    assert raw.parse().choices[0].message.content == TRUSTED
+    settle(app, server)
+    row = next(r for r in rows(app, "requests") if r["route"] == "shadow")
+    assert row["status"] == 413 and "does not fit" in row["error"]
+    assert rows(app, "labels") == []

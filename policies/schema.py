@@ -116,6 +116,14 @@ class VerifierSettings(_Strict):
         description="escalate the cheap answer when the verifier's P(good) < threshold; null: the model card's threshold",
     )
     threshold_source: str | None = Field(None, description="where the threshold came from (written by calibrate)")
+    refusal_threshold: float | None = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="a cheap answer that says it is unanswerable escalates (Self-Route's rule) unless the "
+        "verifier's P(good) is at least this (or fallback.keep_refusal_when_absent's evidence keeps it); "
+        "1.0: every refusal escalates; null: the verifier's threshold alone decides refusals too",
+    )
     logprobs: bool = Field(
         False,
         description="request token log-probabilities on the cheap leg (non-streamed answers; providers that "

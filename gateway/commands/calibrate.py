@@ -186,7 +186,7 @@ def run_replay_target(args: argparse.Namespace) -> int:
     from gateway.evaluation.verification import replay_scores
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
-    from policies.edit import set_threshold
+    from policies.edit import set_threshold, set_values
     from policies.loader import PolicyError, load_policy
 
     if args.max_cost_share is not None and not 0.0 < args.max_cost_share:
@@ -256,6 +256,7 @@ def run_replay_target(args: argparse.Namespace) -> int:
         ("" if pick.met else "target not met; the closest setting: ")
         + (f"classifier threshold {pick.pre_threshold:.4f}" if pick.pre_threshold is not None else "no classifier")
         + (f", verifier threshold {pick.verifier_threshold:.4f}" if verifier_on else ", no verifier")
+        + (f", refusal threshold {pick.refusal_threshold:.4f}" if verifier_on and pick.refusal_threshold else "")
         + f": {figures} ({protocol} replay)"
     )
     if not pick.met:
@@ -271,6 +272,9 @@ def run_replay_target(args: argparse.Namespace) -> int:
     if verifier_on:
         text, kept = set_threshold(text, pick.verifier_threshold, source, "verifier")
         comments_kept &= kept
+        if pick.refusal_threshold is not None:
+            text, kept = set_values(text, {"refusal_threshold": pick.refusal_threshold}, "verifier")
+            comments_kept &= kept
     return write_policy(policy_file, text, comments_kept, "the thresholds", "a routing block")
 
 

@@ -403,14 +403,17 @@ def run_replay(args: argparse.Namespace) -> int:
             f"\nOne setting for every unit, tokens <= {choice.cap:g} of always-long on each"
             + ("" if choice.met else " (NOT MET: the closest setting)")
             + f": classifier threshold "
-            f"{choice.pre_threshold}, verifier threshold {choice.verifier_threshold:.4f}; worst unit "
-            f"{choice.worst_margin_points:+.2f} points vs the better of always-long and always-RAG"
+            f"{choice.pre_threshold}, verifier threshold {choice.verifier_threshold:.4f}, refusal threshold "
+            + ("none" if choice.refusal_threshold is None else f"{choice.refusal_threshold:.4f}")
+            + f"; worst unit {choice.worst_margin_points:+.2f} points vs the better of always-long and always-RAG"
         )
         for unit, o in sorted(choice.per_unit.items()):
             print(
                 f"  {unit}: quality {o['quality']:.4f} ({o['vs_better_baseline_points']:+.2f} vs the better "
                 f"baseline), tokens {o['tokens_vs_long']:.3f}, cost {o['cost_vs_long']:.3f}, long or escalated "
-                f"{100 * o['long_share']:.1f}%"
+                f"{100 * o['long_share']:.1f}%; Self-Route {o['self_route_quality']:.4f} at "
+                f"{o['self_route_tokens_vs_long']:.3f} tokens: "
+                + ("beaten" if o["beats_self_route"] else "not beaten at no more tokens")
             )
     if importance:
         print(

@@ -364,11 +364,16 @@ def run_verifier(args: argparse.Namespace) -> int:
     units = split_units(splits, len(items))
     verifier_policy = without_pre_route(policy)
     described = PROTOCOL_NAMES[protocol]
+    refusal = policy.routing.verifier.refusal_threshold if policy.routing.verifier is not None else None
     if args.max_token_share is not None:
         across = choose_across_units(
             items, units, verifier_policy, prices, max_share=args.max_token_share, tune_pre_route=False
         )
         threshold, met = across.verifier_threshold, across.met
+        refusal = across.refusal_threshold
+        if verifier_policy.routing.verifier is not None:  # the held-out figures below at the chosen refusal rule
+            verifier_policy = verifier_policy.model_copy(deep=True)
+            verifier_policy.routing.verifier.refusal_threshold = refusal  # type: ignore[union-attr]
         figures = "; ".join(
             f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
             f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
@@ -379,12 +384,13 @@ def run_verifier(args: argparse.Namespace) -> int:
             f"train: the threshold keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
             f"always-long with the best worst-unit margin, on {described} out-of-fold P(good) of "
             f"{len(examples)} answers (every answer checked, no pre-route): {figures}"
+            + (f"; refusal threshold {refusal:.4f}" if refusal is not None else "; refusals left to the threshold")
             + ("" if met else "; no threshold met the cap on every unit, the one closest kept")
         )
         summary = f"worst unit {across.worst_margin_points:+.2f} points vs the better baseline"
     else:
         pick = choose(items, verifier_policy, prices, max_cost_share=args.max_cost_share, tune_pre_route=False)
-        threshold, met = pick.verifier_threshold, pick.met
+        threshold, met, refusal = pick.verifier_threshold, pick.met, pick.refusal_threshold
         source = (
             f"train: best replay quality with cost <= {args.max_cost_share:g} of always-long on {described} "
             f"out-of-fold P(good) of {len(examples)} answers (every answer checked, no pre-route): quality "
@@ -419,6 +425,7 @@ def run_verifier(args: argparse.Namespace) -> int:
     model.card.update(
         {
             "threshold": threshold,
+            "refusal_threshold": refusal,
             "threshold_source": source,
             "threshold_protocol": described,
             "held_out_validation": {"protocol": described, "units": held_out},

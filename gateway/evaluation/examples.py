@@ -211,10 +211,12 @@ class RouteInputBuilder:
         return cache
 
     def _key(self, example: Example, part: str) -> str:
-        # refusal patterns and the question marker do not change retrieval: left out of the key
-        retrieval_settings = self.policy.rag.model_dump(
-            mode="json", exclude={"unanswerable_patterns", "question_marker"}
-        )
+        # refusal patterns and the question marker do not change retrieval: left out of the key; so is the
+        # default (torch) embedding backend, the one caches were written with before the setting existed
+        excluded = {"unanswerable_patterns", "question_marker"}
+        if self.policy.rag.embedding_backend == "torch":
+            excluded.add("embedding_backend")
+        retrieval_settings = self.policy.rag.model_dump(mode="json", exclude=excluded)
         settings = (
             retrieval_settings
             if part in ("retrieval", "passages", "hits")

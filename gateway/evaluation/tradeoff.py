@@ -45,6 +45,7 @@ class Choice:
     long_share: float  # routed long or escalated
     met: bool = True  # False: no setting met the target; this is the closest one
     points: list[dict] = field(default_factory=list)  # every setting tried (the cost-quality cloud)
+    refusal_threshold: float | None = None  # a refusal escalates below this P(good) (None: the threshold alone)
 
 
 class Table:
@@ -73,6 +74,7 @@ class Table:
         self.direct_tokens = np.array([i.direct_prompt_tokens for i in items], float)
         scores = [i.verifier_score for i in items]
         self.scores = np.array([math.nan if s is None else s for s in scores], float)
+        self.refused = np.array([i.rag_refused for i in items], bool)
 
     def routes(self, policy: Policy) -> list[str]:
         router = Router(without_verifier(policy))
@@ -87,8 +89,12 @@ class Table:
         warm = np.array(warm_long_legs([self.items[i] for i in idx], sends_long, self.cache), bool)
         return np.where(warm, self.long_cost_warm[idx], self.long_cost[idx])
 
-    def outcome(self, routes, verifier_threshold: float | None, idx=None) -> dict[str, float]:
-        """Quality and cost share (of always-long) over items idx, with escalation below verifier_threshold."""
+    def outcome(
+        self, routes, verifier_threshold: float | None, idx=None, refusal_threshold: float | None = None
+    ) -> dict[str, float]:
+        """Quality and cost share (of always-long) over items idx, with escalation below verifier_threshold and
+        of refusals below refusal_threshold (gateway.routing.escalation's rule; the keep-refusal option's
+        evidence is not modelled here: it is off in the shipped policy)."""
         import numpy as np
 
         idx = np.arange(len(self.items)) if idx is None else np.asarray(idx)
@@ -96,6 +102,8 @@ class Table:
         long, direct = r == LONG, r == DIRECT
         rag = ~long & ~direct
         escalate = rag & (self.scores[idx] < verifier_threshold) if verifier_threshold is not None else rag & False
+        if refusal_threshold is not None:
+            escalate = escalate | (rag & self.refused[idx] & (self.scores[idx] < refusal_threshold))
         score = np.where(
             long | escalate, self.lc[idx], np.where(direct, np.minimum(self.rag[idx], self.lc[idx]), self.rag[idx])
         )
@@ -145,7 +153,7 @@ def choose(
     steps: int = 40,
     idx=None,
 ) -> Choice:
-    """The setting (classifier threshold, verifier threshold) that meets the target on these items:
+    """The setting (classifier, verifier and refusal thresholds: refusal_grid) that meets the target on these items:
     - max_cost_share X: the best quality whose cost share of always-long is <= X (ties: the cheaper);
     - min_quality_delta D (points): the cheapest whose quality >= always-long + D.
     The classifier threshold is swept only when the policy has a classifier and tune_pre_route is set.
@@ -161,11 +169,20 @@ def choose(
     else:
         pre_grid = [classifier.threshold if classifier is not None else None]
     verifier_grid = quantile_grid([i.verifier_score for i in chosen_items], steps)
+    refusals = refusal_grid(table, policy)
     points: list[dict[str, Any]] = []
     for t1 in pre_grid:
         routes = table.routes(with_threshold(policy, t1) if t1 is not None else policy)
         for t2 in verifier_grid:
-            points.append({"pre_threshold": t1, "verifier_threshold": t2, **table.outcome(routes, t2, idx)})
+            for t3 in refusals:
+                points.append(
+                    {
+                        "pre_threshold": t1,
+                        "verifier_threshold": t2,
+                        "refusal_threshold": t3,
+                        **table.outcome(routes, t2, idx, t3),
+                    }
+                )
     if max_cost_share is not None:
         feasible = [p for p in points if p["cost_vs_long"] <= max_cost_share + 1e-12]
         pick = (
@@ -190,6 +207,7 @@ def choose(
         pick["long_share"],
         bool(feasible),
         points,
+        pick["refusal_threshold"],
     )
 
 
@@ -204,6 +222,35 @@ class UnitChoice:
     worst_margin_points: float  # min over units of quality minus the better of always-long and always-RAG
     per_unit: dict[str, dict[str, float]]
     met: bool = True
+    refusal_threshold: float | None = None  # a refusal escalates below this P(good) (None: the threshold alone)
+
+
+def refusal_grid(table: Table, policy: Policy, steps: int = 8) -> Sequence[float | None]:
+    """The refusal thresholds to try: the policy's rule off (None) stays off; otherwise quantiles of the refused
+    answers' P(good) from the one that escalates the least-trusted 1/steps of refusals up to 1 (every refusal
+    escalates, Self-Route's rule). Never 0: with the rule on, some refusals always escalate."""
+    import numpy as np
+
+    verifier = policy.routing.verifier
+    if verifier is None or verifier.refusal_threshold is None:
+        return [None]
+    refused = np.array([s for s, r in zip(table.scores.tolist(), table.refused.tolist()) if r and not math.isnan(s)])
+    picks = set(np.quantile(refused, np.linspace(0, 1, steps + 1)[1:]).tolist()) if len(refused) else set()
+    return sorted({p for p in picks if p > 0.0} | {1.0})
+
+
+def self_route_outcome(table: Table, idx) -> dict[str, float]:
+    """Self-Route on items idx: every question RAG first, every literal refusal escalated."""
+    import numpy as np
+
+    idx = np.asarray(idx)
+    escalate = table.refused[idx]
+    long_tokens = float(table.long_tokens[idx].sum())
+    tokens = table.rag_tokens[idx] + escalate * table.long_tokens[idx]
+    return {
+        "quality": float(np.where(escalate, table.lc[idx], table.rag[idx]).mean()),
+        "tokens_vs_long": float(tokens.sum()) / long_tokens if long_tokens else math.nan,
+    }
 
 
 def choose_across_units(
@@ -217,9 +264,10 @@ def choose_across_units(
     tune_pre_route: bool = True,
     steps: int = 40,
 ) -> UnitChoice:
-    """The (classifier, verifier) thresholds whose replay keeps every unit's tokens (or cost) within `max_share` of
-    its always-long, with the best worst-unit margin over the better of always-long and always-RAG (ties: the
-    better mean margin). Scores are the items' out-of-fold ones, so each unit is scored by models that never saw
+    """The (classifier, verifier, refusal) thresholds whose replay keeps every unit's tokens (or cost) within
+    `max_share` of its always-long and meets the most of the per-unit targets (within 1 point of the better of
+    always-long and always-RAG; more quality than Self-Route at no more tokens), then with the best worst-unit
+    margin over the better baseline (ties: the better mean margin). Scores are the items' out-of-fold ones, so each unit is scored by models that never saw
     it; the thresholds themselves are shared by all units, as one shipped policy is. When no setting keeps every
     unit within the cap, the one with the smallest worst-unit share comes back with met=False."""
     import numpy as np
@@ -238,17 +286,38 @@ def choose_across_units(
         else [classifier.threshold if classifier else None]
     )
     verifier_grid = quantile_grid([i.verifier_score for i in table.items], steps)
+    refusals = refusal_grid(table, policy)
     candidates = []
     for t1 in pre_grid:
         routes = table.routes(with_threshold(policy, t1) if t1 is not None else policy)
         for t2 in verifier_grid:
-            per = {u: table.outcome(routes, t2, i) for u, i in index.items()}
-            margins = [100 * per[u]["quality"] - best_base[u] for u in names]
-            worst_share = max(per[u][key] for u in names)
-            candidates.append((t1, t2, per, min(margins), float(np.mean(margins)), worst_share))
-    feasible = [c for c in candidates if c[5] <= max_share + 1e-12]
-    pick = max(feasible, key=lambda c: (c[3], c[4], -c[5])) if feasible else min(candidates, key=lambda c: c[5])
-    t1, t2, per, worst, _, _ = pick
+            for t3 in refusals:
+                per = {u: table.outcome(routes, t2, i, t3) for u, i in index.items()}
+                margins = [100 * per[u]["quality"] - best_base[u] for u in names]
+                worst_share = max(per[u][key] for u in names)
+                candidates.append((t1, t2, t3, per, min(margins), float(np.mean(margins)), worst_share))
+    self_route = {u: self_route_outcome(table, i) for u, i in index.items()}
+
+    def targets_met(per: dict[str, dict[str, float]]) -> int:
+        """Units within 1 point of their better baseline, plus units beating Self-Route at no more tokens."""
+        return sum(int(100 * per[u]["quality"] - best_base[u] >= -1.0) + beats(per[u], u) for u in names)
+
+    def beats(o: dict[str, float], u: str) -> int:
+        sr = self_route[u]
+        return int(o["quality"] > sr["quality"] and o["tokens_vs_long"] <= sr["tokens_vs_long"] + 1e-12)
+
+    feasible = [c for c in candidates if c[6] <= max_share + 1e-12]
+    # the issue's targets first (a unit no setting can lift must not cost every other unit its margin), then the
+    # worst unit's margin over the better of always-long and always-RAG, then the mean margin, then fewer tokens
+    pick = (
+        max(feasible, key=lambda c: (targets_met(c[3]), c[4], c[5], -c[6]))
+        if feasible
+        else min(candidates, key=lambda c: c[6])
+    )
+    t1, t2, t3, per, worst, _, _ = pick
     for u in names:
         per[u]["vs_better_baseline_points"] = 100 * per[u]["quality"] - best_base[u]
-    return UnitChoice(t1, t2, max_share, on, worst, per, bool(feasible))
+        sr = self_route[u]
+        per[u]["self_route_quality"], per[u]["self_route_tokens_vs_long"] = sr["quality"], sr["tokens_vs_long"]
+        per[u]["beats_self_route"] = float(beats(per[u], u))  # the issue's target: more quality at no more tokens
+    return UnitChoice(t1, t2, max_share, on, worst, per, bool(feasible), t3)

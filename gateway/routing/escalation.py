@@ -5,8 +5,10 @@ Two rules, chosen by the policy:
   unanswerable goes to the long route (unless the keep-refusal option lets it stand);
 - with a verifier: a learned model (classifier.verifier) scores P(the cheap answer is good enough) from
   the question, the cheap answer, the passages sent, the document and the pre-route P(cheap)
-  (classifier.answer_features); below the threshold the answer is escalated, at or above it the answer
-  stands, a refusal too ("the documents do not say" can be the right answer).
+  (classifier.answer_features); below the threshold the answer is escalated. A refusal still escalates by
+  Self-Route's rule unless its P(good) reaches the refusal threshold (routing.verifier.refusal_threshold:
+  "the documents do not say" can be the right answer, LaRA's hallu task); null leaves refusals to the
+  threshold alone.
 
 The live path (plain and streaming, rag and direct answers) and the offline replay
 (gateway.evaluation.replay) all call `CheapAnswerCheck.verdict`, so the replay measures exactly the rule
@@ -82,6 +84,27 @@ class CheapAnswerCheck:
         if settings.threshold is not None:
             return settings.threshold
         return self.verifier.threshold if self.verifier is not None else None
+
+    @property
+    def refusal_threshold(self) -> float | None:
+        """A refusal escalates when P(good) < this (None: only the threshold applies to refusals)."""
+        settings = self.policy.routing.verifier
+        return settings.refusal_threshold if settings is not None else None
+
+    @property
+    def can_escalate(self) -> bool:
+        """Whether any cheap answer can be escalated under this policy: not with the fallback off, nor with a
+        verifier whose thresholds no P(good) in [0, 1] falls below (0.0 and refusals left to it)."""
+        if not self.policy.routing.fallback.enabled:
+            return False
+        if self.policy.routing.verifier is None or self.verifier is None:
+            return True  # the literal rule escalates refusals
+        return any(t is not None and t > 0.0 for t in (self.threshold, self.refusal_threshold))
+
+    def holds(self, decision: RouteDecision, has_document: bool = True) -> bool:
+        """Whether a streamed cheap answer is held back for the check: only when it applies and could escalate
+        (a check that cannot escalate would only delay the stream)."""
+        return self.can_escalate and self.applies(decision, has_document)
 
     @property
     def needs_embeddings(self) -> bool:
@@ -160,6 +183,16 @@ class CheapAnswerCheck:
             return Verdict(True, FALLBACK, ESCALATED)
         if score < threshold:
             return Verdict(True, FALLBACK, f"verifier: P(good)={score:.2f} < {threshold:.2f}, escalated to long", score)
+        refusal_threshold = self.refusal_threshold
+        if refused and refusal_threshold is not None and score < refusal_threshold:
+            if keep_refusal(self.policy.routing.fallback, decision):
+                return Verdict(False, KEPT_REFUSAL, REFUSAL_KEPT, score)
+            return Verdict(
+                True,
+                FALLBACK,
+                f"verifier: refusal with P(good)={score:.2f} < {refusal_threshold:.2f}, escalated to long",
+                score,
+            )
         if refused:
             return Verdict(
                 False, KEPT_REFUSAL, f"verifier: P(good)={score:.2f} >= {threshold:.2f}, refusal kept", score

@@ -138,7 +138,7 @@ class RoutingService:
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             request = streaming.RoutedRequest(chat, body, plan, entry, outcome)
-            if checked:
+            if self.check.holds(decision, plan.has_document):
                 found = await streaming.checked(self, request, prepared, route)
             elif route == LONG:
                 found = await streaming.long(self, request, prepared)

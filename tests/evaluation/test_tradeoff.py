@@ -95,3 +95,33 @@ def test_a_warm_cache_changes_the_threshold_chosen_under_a_cost_cap():
     two = choose(items, without_pre_route(policy()), cached(write=None), max_cost_share=0.6, tune_pre_route=False)
     assert two.long_share == pytest.approx(2 / 6)
     assert two.cost_vs_long == pytest.approx((6 * 0.00102 + 0.0504 + 0.0144) / (0.0504 + 5 * 0.0144))
+
+
+def test_refusals_escalate_below_the_refusal_threshold_in_the_table_as_in_the_replay():
+    from gateway.evaluation.tradeoff import choose_across_units
+
+    refusals = [
+        dataclasses.replace(item(1.0, 0.0, 0.9, 0.9), rag_refused=True),  # a right refusal the verifier trusts
+        dataclasses.replace(item(0.0, 1.0, 0.9, 0.6), rag_refused=True),  # a wrong one it trusts less
+    ]
+    items = ITEMS + refusals
+    table = Table(items, PRICES)
+    long_tokens, long_cost, long_quality = baseline_totals(items, PRICES)
+    for refusal in (None, 0.0, 0.7, 1.0):
+        pol = with_verifier(without_pre_route(policy()), 0.3)
+        pol.routing.verifier.refusal_threshold = refusal
+        fast = table.outcome(table.routes(pol), 0.3, None, refusal)
+        slow = evaluate("x", router_strategy(Router(pol), True), items, PRICES, long_tokens, long_cost, long_quality)
+        assert fast["quality"] == pytest.approx(slow.quality) and fast["long_share"] == pytest.approx(
+            slow.route_shares.get("rag>long", 0.0)
+        )
+    # across units, the refusal threshold is chosen too: between the two refusals' P(good). The targets come first:
+    # escalating one doubted answer and the doubted refusal beats Self-Route (both refusals) at as many tokens, where
+    # escalating both doubted answers too would have more quality but more tokens than Self-Route
+    pol = with_verifier(without_pre_route(policy()), 0.3)
+    choice = choose_across_units(items, ["u"] * len(items), pol, PRICES, max_share=0.9, tune_pre_route=False)
+    assert 0.6 < choice.refusal_threshold <= 0.9 and 0.1 < choice.verifier_threshold <= 0.2
+    u = choice.per_unit["u"]
+    assert u["self_route_quality"] == pytest.approx(4.5 / 8) and u["self_route_tokens_vs_long"] == pytest.approx(0.45)
+    assert u["quality"] == pytest.approx(6.5 / 8) and u["tokens_vs_long"] == pytest.approx(0.45)
+    assert u["beats_self_route"] == 1.0

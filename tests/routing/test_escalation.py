@@ -1,4 +1,5 @@
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,8 @@ from gateway.routing.escalation import (
     keep_refusal,
 )
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG
-from tests.support.policies import decision_policy, verified_policy
+from policies.schema import Policy
+from tests.support.policies import BARE_MODELS, decision_policy, verified_policy
 from tests.support.routed import FixedModel, toy_verifier
 
 
@@ -110,3 +112,40 @@ def test_the_verdict_is_a_pure_function_of_refusal_and_score(verifier):
     assert check.verdict(decision, True, None).escalate  # no score: the literal rule
     long = Router(verified_policy(default_route="long")).decide({})
     assert long.route == LONG and not check.verdict(long, True, 0.0).escalate
+
+
+def test_a_refusal_escalates_below_the_refusal_threshold_even_when_the_verifier_trusts_it(verifier):
+    check = CheapAnswerCheck(verified_policy(threshold=0.3, refusal_threshold=0.8), verifier)
+    decision = Router(check.policy).decide({})
+    doubted = check.verdict(decision, True, 0.5)  # above the threshold, below the refusal threshold
+    assert doubted.escalate and doubted.outcome == FALLBACK and "refusal with P(good)=0.50 < 0.80" in doubted.note
+    assert check.verdict(decision, True, 0.8).outcome == KEPT_REFUSAL  # trusted enough: the refusal stands
+    assert not check.verdict(decision, False, 0.5).escalate  # the refusal threshold reads refusals only
+    assert check.verdict(decision, False, 0.2).escalate
+    # the schema's default is Self-Route's rule: every refusal escalates, whatever the verifier says
+    default = Policy.model_validate(
+        {**BARE_MODELS, "routing": {"classifier": None, "default_route": "rag", "verifier": {"threshold": 0.0}}}
+    )
+    assert default.routing.verifier.refusal_threshold == 1.0
+    assert CheapAnswerCheck(default, verifier).verdict(decision, True, 0.99).escalate
+    # ...unless the keep-refusal option's evidence says the answer is absent
+    keeping = verified_policy(
+        threshold=0.0, refusal_threshold=1.0, fallback={"keep_refusal_when_absent": True, "absent_max_top_score": 0.35}
+    )
+    weak = replace(Router(keeping).decide({"top_score": 0.1}), probability=0.9)
+    assert CheapAnswerCheck(keeping, verifier).verdict(weak, True, 0.5).outcome == KEPT_REFUSAL
+
+
+def test_a_check_that_cannot_escalate_holds_nothing(verifier):
+    decision = Router(verified_policy()).decide({})
+    never = CheapAnswerCheck(verified_policy(threshold=0.0, refusal_threshold=None), verifier)
+    assert not never.can_escalate and never.applies(decision) and not never.holds(decision)
+    for escalating in (
+        verified_policy(threshold=0.0, refusal_threshold=1.0),
+        verified_policy(threshold=0.2, refusal_threshold=None),
+    ):
+        check = CheapAnswerCheck(escalating, verifier)
+        assert check.can_escalate and check.holds(decision) and not check.holds(decision, has_document=False)
+    literal = CheapAnswerCheck(decision_policy(classifier=False, default="rag"))
+    assert literal.can_escalate and literal.holds(Router(literal.policy).decide({}))
+    assert not CheapAnswerCheck(decision_policy(enabled=False)).can_escalate

@@ -30,6 +30,9 @@ def test_shipped_model_loads_scores_and_has_its_card(shipped):
     assert card["cv_metrics_grouped_by_document"]["roc_auc"] > 0.5
     assert card["training_command"].startswith("selfroute train")
     assert builtin_model_path().stat().st_size < 200_000  # shipped in the wheel: keep it small
+    # trained on both corpora, validated leaving one corpus out (BENCHMARKS.md section 4)
+    assert set(card["training_corpora"]) == {"leval", "lara128k"} and card["training_examples"] == 7937
+    assert card["held_out_validation"]["protocol"] == "leave one corpus out"
 
 
 def test_save_load_round_trip(tmp_path):
@@ -92,6 +95,11 @@ def test_shipped_verifier_loads_with_its_card_and_threshold():
     assert 0.0 <= verifier.score(grounded) <= 1.0
     policy, policy_file = load_policy()  # the default policy checks answers with it
     assert load_verifier_model(policy, policy_file).source == str(path)
+    # ...and can escalate: refusals the verifier doubts go long (Self-Route's rule), so streams are held for it
+    from gateway.routing.escalation import CheapAnswerCheck
+
+    assert 0.0 < policy.routing.verifier.refusal_threshold <= 1.0
+    assert CheapAnswerCheck(policy, verifier).can_escalate
     with pytest.raises(ValueError, match="builtin:verifier"):
         resolve_model_path("builtin:nope", None)
 

@@ -3,6 +3,8 @@ streaming), provenance, explain and the collections API — real MiniLM, LanceDB
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -337,6 +339,32 @@ def test_plain_streaming_direct_and_replay_check_the_cheap_answer_alike(
     outcome, replay_score = _replay_verdict(app.state.gateway.routing.policy, verifier_file, embedder, tmp_path, answer)
     assert round(replay_score, 2) == pytest.approx(score)
     assert outcome.route == ("rag>long" if escalated else "kept-refusal" if kept else "rag")
+
+
+def test_a_stream_the_check_cannot_escalate_is_relayed_as_it_comes(start, verifier_file):
+    """Threshold 0 and refusals left to the verifier: nothing can escalate, so the cheap stream is not held."""
+
+    def content_spread(url: str) -> tuple[float, str]:
+        arrivals = []
+        with client(url).chat.completions.with_streaming_response.create(
+            model="selfroute",
+            messages=[{"role": "user", "content": QUESTION}],
+            stream=True,
+            extra_body={"selfroute": {"documents": [{"text": manual()}]}},
+        ) as response:
+            reason = response.headers["x-selfroute-reason"]
+            for chunk in response.parse():
+                if chunk.choices and chunk.choices[0].delta.content:
+                    arrivals.append(time.monotonic())
+        return arrivals[-1] - arrivals[0], reason
+
+    never_url, _ = start(cheap="cheap-dribble", verifier=str(verifier_file), verifier_threshold=0.0)
+    spread, reason = content_spread(never_url)
+    assert spread > 5  # 40 words 0.25 s apart reach the client as they come
+    assert "verifier" not in reason  # no check held the answer back
+    held_url, _ = start(cheap="cheap-dribble", verifier=str(verifier_file), refusal_threshold=1.0)
+    spread, reason = content_spread(held_url)
+    assert spread < 2 and "verifier: P(good)=" in reason  # the whole answer was held for the check
 
 
 def test_without_a_verifier_a_direct_refusal_escalates(start, upstream):

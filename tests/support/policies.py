@@ -114,16 +114,23 @@ def routing_policy(
     alternates: tuple[str, ...] = (),
     on_long_error: str = "return_cheap",
     long_window: int = 16000,
+    verifier_threshold: float = VERIFIER_THRESHOLD,
+    refusal_threshold: float | None = None,
 ) -> Policy:
     """The routing tests' policy: fake-upstream models by name, the RAG route by default with a small budget,
-    fallback on, the verifier at `verifier` (a model file) if given, only the policy's models passed through."""
+    fallback on, the verifier at `verifier` (a model file) if given (refusals left to its threshold unless
+    `refusal_threshold` is set), only the policy's models passed through."""
     routing: dict[str, Any] = {
         "rules": list(rules),
         "default_route": "rag",
         "fallback": {"enabled": True, "on_long_error": on_long_error},
     }
     if verifier is not None:
-        routing["verifier"] = {"model_path": verifier, "threshold": VERIFIER_THRESHOLD}
+        routing["verifier"] = {
+            "model_path": verifier,
+            "threshold": verifier_threshold,
+            "refusal_threshold": refusal_threshold,
+        }
     return make_policy(
         base,
         name="routing-test",
@@ -230,15 +237,16 @@ def learning_policy(
     )
 
 
-def verified_policy(threshold=0.5, **routing) -> Policy:
-    """A policy for the answer check alone (gateway.routing.escalation): RAG by default, a verifier at `threshold`."""
+def verified_policy(threshold=0.5, refusal_threshold=None, **routing) -> Policy:
+    """A policy for the answer check alone (gateway.routing.escalation): RAG by default, a verifier at `threshold`;
+    refusal_threshold None (the verifier alone decides refusals) unless a test sets it."""
     return Policy.model_validate(
         {
             **BARE_MODELS,
             "routing": {
                 "classifier": None,
                 "default_route": "rag",
-                "verifier": {"model_path": "unused.skops", "threshold": threshold},
+                "verifier": {"model_path": "unused.skops", "threshold": threshold, "refusal_threshold": refusal_threshold},
                 **routing,
             },
         }

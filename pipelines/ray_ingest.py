@@ -111,11 +111,14 @@ class RayIngestEngine:
     ) -> Iterator[Prepared]:
         """Chunk and embed on the workers, yielding each document as its group comes back. At most
         IN_FLIGHT_PER_WORKER groups per worker are out at once, so a large corpus is never all in memory."""
-        pool = self._pool(chunking, embedder)
-        load = dict.fromkeys(range(len(pool)), 0)  # groups out per worker
+        pool: list = []  # started at the first group: a run with nothing changed starts no worker
+        load: dict[int, int] = {}  # groups out per worker
         out: dict[Any, int] = {}  # future -> worker
         try:
             for group in _groups(changed):
+                if not pool:
+                    pool = self._pool(chunking, embedder)
+                    load = dict.fromkeys(range(len(pool)), 0)
                 while len(out) >= IN_FLIGHT_PER_WORKER * len(pool):
                     yield from self._collect(out, load)
                 worker = min(load, key=load.__getitem__)

@@ -89,5 +89,8 @@ def test_ray_ingestion_writes_what_one_process_writes_and_upserts(local_ray, emb
 
         # nothing changed: nothing sent to the workers, nothing written
         assert ingest_paths(there, "docs", [corpus], show_progress=False, engine=engine).chunks_written == 0
+    with RayIngestEngine("local", workers=2) as engine:  # and a fresh engine starts no worker for it
+        assert ingest_paths(there, "docs", [corpus], show_progress=False, engine=engine).chunks_written == 0
+        assert engine._actors is None
     _assert_same(here, there, "docs")
     assert ray.is_initialized()  # a Ray this process had connected stays connected

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -74,6 +75,7 @@ class RayIngestEngine:
         self.workers = workers
         self.cpus_per_worker = cpus_per_worker
         self._connected_here = False
+        self._temp: str | None = None  # the temp directory of a cluster started here
         self._actors: tuple[tuple, list] | None = None  # ((chunking, embedder options), actor handles)
 
     def __enter__(self) -> RayIngestEngine:
@@ -84,8 +86,8 @@ class RayIngestEngine:
             if self.address == LOCAL:
                 cpus = (self.workers or os.cpu_count() or 1) * self.cpus_per_worker
                 # a short temp path: Ray's socket paths must fit in 107 characters
-                temp = tempfile.mkdtemp(prefix="selfroute-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
-                ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp, **quiet)
+                self._temp = tempfile.mkdtemp(prefix="selfroute-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+                ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=self._temp, **quiet)
             else:
                 ray.init(address=self.address, **quiet)
             self._connected_here = True
@@ -98,6 +100,9 @@ class RayIngestEngine:
 
             ray.shutdown()
             self._connected_here = False
+        if self._temp is not None:  # the local cluster's sockets and logs: gone with it
+            shutil.rmtree(self._temp, ignore_errors=True)
+            self._temp = None
 
     def worker_count(self) -> int:
         import ray

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -174,10 +175,12 @@ def test_selfroute_ingest_on_a_local_ray_cluster_it_starts(tmp_path, capsys):
     if ray.is_initialized():
         ray.shutdown()
     args = ["ingest", "--sample", "--data-dir", str(tmp_path), "--no-progress", "--json"]
+    temp_dirs = set(Path("/tmp").glob("selfroute-ray-*"))
     assert main([*args, "--ray", "local", "--ray-workers", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert sorted(report["added"]) == ["berth-lease.md", "pump-station-manual.md", "safety-code.md"]
-    assert not ray.is_initialized()  # the cluster it started is gone
+    assert not ray.is_initialized()  # the cluster it started is gone, and its temp directory
+    assert set(Path("/tmp").glob("selfroute-ray-*")) == temp_dirs
     assert main(args) == 0  # without Ray: the same ids and hashes, so nothing to do
     assert json.loads(capsys.readouterr().out)["unchanged"] == report["added"]
     assert main(["ingest", "--sample", "--data-dir", str(tmp_path), "--ray-workers", "2"]) == 2

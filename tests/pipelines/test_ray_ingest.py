@@ -3,6 +3,7 @@ documents, chunk ids, texts and (to float rounding) vectors, and re-ingesting up
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 
 import numpy as np
@@ -27,6 +28,7 @@ def local_ray():
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False, _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from gateway.cli import main
-from tests.support.routing import write_paired_fixture
+from tests.support.policies import DROP, shipped_policy_data, write_shipped_policy
+from tests.support.routing import two_corpora
 
 STRATEGIES = [
     "always-long",
@@ -91,33 +92,6 @@ def test_prepare_leval_converts_rows_and_documents(tmp_path, capsys):
     assert main(["eval", "prepare-leval", str(tmp_path / "missing"), str(out)]) == 2
 
 
-@pytest.fixture(scope="module")
-def replay_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("replay")
-    paired, docs = write_paired_fixture(folder)
-    data_dir = folder / "data"
-    plot = folder / "curve.png"
-    args = [
-        "eval",
-        "replay",
-        "--data",
-        str(paired),
-        "--docs",
-        str(docs),
-        "--folds",
-        "3",
-        "--prices",
-        "reference",
-        "--estimator",
-        "logistic",
-        "--data-dir",
-        str(data_dir),
-        "--log-level",
-        "WARNING",
-    ]
-    return {"args": args, "plot": plot, "data_dir": data_dir, "folder": folder}
-
-
 @pytest.mark.slow
 def test_replay_json_has_every_strategy_and_sane_accounting(replay_run, capsys):
     assert main([*replay_run["args"], "--json", "--plot", str(replay_run["plot"])]) == 0
@@ -176,7 +150,7 @@ def test_replay_with_the_long_models_prompt_cache(replay_run, capsys):
 
 @pytest.mark.slow
 def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, capsys):
-    from tests.commands.test_train import two_task_fixture
+    from tests.support.routing import two_task_fixture
 
     paired = two_task_fixture(replay_run["folder"])
     verifier = replay_run["folder"] / "verifier.skops"
@@ -211,15 +185,9 @@ def test_replay_trained_models_as_they_are_and_leave_one_task_out(replay_run, ca
     card_threshold = json.loads(verifier.with_suffix(".json").read_text())["threshold"]
     capsys.readouterr()
     model = "classifier/models/default.skops"
-    policy = replay_run["folder"] / "no-threshold.yaml"
-    import re
-
-    from policies.loader import shipped_policy_path
-
-    text = shipped_policy_path().read_text()
-    no_threshold = re.sub(r"(  verifier:\n    model_path: builtin:verifier\n)    threshold: [0-9.]+\n", r"\1", text)
-    assert no_threshold != text
-    policy.write_text(no_threshold)
+    no_threshold = {"routing": {"verifier": {"threshold": DROP}}}  # the verifier's own card threshold then
+    assert "threshold" not in shipped_policy_data(**no_threshold)["routing"]["verifier"]
+    policy = write_shipped_policy(replay_run["folder"] / "no-threshold.yaml", **no_threshold)
     assert (
         main(
             [
@@ -301,19 +269,8 @@ SQUAD = {
 def test_absent_reports_kept_and_escalated_refusals(tmp_path, capsys):
     squad = tmp_path / "squad.json"
     squad.write_text(json.dumps(SQUAD))
-    policy = tmp_path / "policy.yaml"
-    from policies.loader import shipped_policy_path
-
-    text = (
-        shipped_policy_path()
-        .read_text()
-        .replace(
-            "  fallback:\n    enabled: true",
-            "  fallback:\n    enabled: true\n    keep_refusal_when_absent: true\n    absent_max_top_score: 0.99\n"
-            "    absent_min_probability: 0.0",
-        )
-    )
-    policy.write_text(text)
+    absent = {"keep_refusal_when_absent": True, "absent_max_top_score": 0.99, "absent_min_probability": 0.0}
+    policy = write_shipped_policy(tmp_path / "policy.yaml", routing={"fallback": absent})
     rc = main(
         [
             "eval",
@@ -333,21 +290,6 @@ def test_absent_reports_kept_and_escalated_refusals(tmp_path, capsys):
     # thresholds that accept any evidence keep every refusal
     assert report["kept_unanswerable"] == 2 and report["kept_answerable"] == 2
     assert set(report["auc_for_absent"]) == {"-top_score", "-term_coverage", "-top_margin", "P(cheap)"}
-
-
-def two_corpora(folder):
-    """Two paired files (corpora "alpha" and "beta") on different documents, each answered by two model families."""
-    paired, docs = write_paired_fixture(folder)
-    rows = [json.loads(line) for line in paired.read_text().splitlines()]
-    doc_ids = sorted({r["doc_id"] for r in rows})
-    out = []
-    for name, part in (("alpha", doc_ids[:3]), ("beta", doc_ids[3:])):
-        lines = [dict(r, model=("m1" if n % 2 else "m0")) for n, r in enumerate(rows) if r["doc_id"] in part]
-        (folder / name).mkdir(exist_ok=True)
-        path = folder / name / "paired.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-        out += ["--data", str(path), "--docs", str(docs)]
-    return out
 
 
 @pytest.mark.slow

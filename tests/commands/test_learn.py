@@ -4,6 +4,7 @@ requests with their stored features, scores and labels (judge, shadow), written 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,30 +13,31 @@ from gateway.cli import main
 from gateway.routing.model_files import load_route_model, load_verifier_model
 from policies.loader import load_policy
 from tests.support.ledger import recorded_ledger
+from tests.support.policies import DROP, Whole, model_route, write_policy
 from tests.support.routing import write_paired_fixture
 
-POLICY = """name: learned
-cheap: {{model: local/smollm2-135m-instruct, context_window: 8192}}
-long: {{model: local/smollm2-135m-instruct, context_window: 8192}}
-routing:
-  classifier: null
-  default_route: rag
-  verifier:
-    model_path: builtin:verifier
-    threshold: {threshold}
-    threshold_source: shipped
-  learning:
-    judge: true
-    shadow_rate: 0.2
-"""
+
+def learned_policy(path: Path, threshold: float, classifier_threshold: float | None = None) -> Path:
+    """Both routes on the local model, the shipped verifier at `threshold`, the judge on; the shipped pre-route
+    classifier at `classifier_threshold` if given, else none."""
+    local = model_route("local/smollm2-135m-instruct", context_window=8192)
+    classifier = None
+    if classifier_threshold is not None:
+        classifier = {"model_path": "builtin:default", "threshold": classifier_threshold}
+    routing = Whole(
+        classifier=classifier,
+        default_route="rag",
+        verifier={"model_path": "builtin:verifier", "threshold": threshold, "threshold_source": "shipped"},
+        learning={"judge": True, "shadow_rate": 0.2},
+    )
+    return write_policy(path, None, name="learned", cheap=local, long=local, routing=routing, passthrough=DROP)
 
 
 @pytest.fixture()
 def setup(tmp_path):
     ledger = tmp_path / "ledger.sqlite3"
     threshold = recorded_ledger(ledger)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY.format(threshold=threshold), encoding="utf-8")
+    policy = learned_policy(tmp_path / "policy.yaml", threshold)
     return policy, ledger
 
 
@@ -63,17 +65,10 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
 
 
-def with_classifier(policy_text: str, threshold: float = 0.0) -> str:
-    return policy_text.replace(
-        "  classifier: null\n", f"  classifier: {{model_path: 'builtin:default', threshold: {threshold}}}\n"
-    )
-
-
 def test_learn_refits_the_pre_route_classifier_with_enough_labels(tmp_path, capsys):
     ledger = tmp_path / "ledger.sqlite3"
     threshold = recorded_ledger(ledger, n=420, route_signal=True)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(with_classifier(POLICY.format(threshold=threshold)), encoding="utf-8")
+    policy = learned_policy(tmp_path / "policy.yaml", threshold, classifier_threshold=0.0)
     args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
     assert main([*args, "--min-route-labels", "1000"]) == 0  # too few for the classifier: it stays
     report = json.loads(capsys.readouterr().out)
@@ -112,8 +107,7 @@ def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
 
 
 def test_learn_keeps_the_model_without_enough_labels(tmp_path, capsys):
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY.format(threshold=0.5), encoding="utf-8")
+    policy = learned_policy(tmp_path / "policy.yaml", 0.5)
     recorded_ledger(tmp_path / "l.sqlite3", labelled=False)
     assert main(["learn", "--policy", str(policy), "--ledger-url", str(tmp_path / "l.sqlite3")]) == 0
     assert "not refitted: 0 labelled" in capsys.readouterr().out
@@ -122,8 +116,7 @@ def test_learn_keeps_the_model_without_enough_labels(tmp_path, capsys):
 
 def test_whatif_recomputes_recorded_decisions_under_a_candidate(setup, capsys):
     policy, ledger = setup
-    candidate = policy.parent / "never-escalate.yaml"
-    candidate.write_text(POLICY.format(threshold=0.0), encoding="utf-8")
+    candidate = learned_policy(policy.parent / "never-escalate.yaml", 0.0)
     assert main(["whatif", "--policy", str(candidate), "--ledger-url", str(ledger), "--since", "7d", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     now, cand = out["in_force"], out["candidate"]

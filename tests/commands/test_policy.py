@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from gateway.cli import main
 from gateway.routing.model_files import builtin_model_path
+from tests.support.policies import DROP, Whole, model_route, write_policy
 
-POLICY = """\
-cheap: {{model: openai/gpt-4o-mini}}
-long: {{model: {long}}}
-routing:
-  classifier: {{model_path: {model_path}}}
-"""
+
+def write(path: Path, long: str, model_path: str, **overrides) -> Path:
+    """A policy naming gpt-4o-mini, `long` and a classifier file `model_path` (nothing else of the test policy's)."""
+    return write_policy(
+        path,
+        None,
+        name=DROP,
+        cheap=model_route("openai/gpt-4o-mini"),
+        long=model_route(long),
+        routing=Whole(classifier={"model_path": model_path}),
+        passthrough=DROP,
+        **overrides,
+    )
 
 
 def test_a_missing_classifier_file_is_an_error(tmp_path, capsys):
-    policy = tmp_path / "p.yaml"
-    policy.write_text(POLICY.format(long="openai/gpt-4.1", model_path="models/router.skops"))
+    policy = write(tmp_path / "p.yaml", "openai/gpt-4.1", "models/router.skops")
     assert main(["policy", "check", str(policy)]) == 2
     err = capsys.readouterr().err
     assert "routing.classifier.model_path" in err and "router.skops: model file not found" in err
@@ -26,8 +34,7 @@ def test_a_missing_classifier_file_is_an_error(tmp_path, capsys):
 def test_a_classifier_beside_the_policy_is_loaded(tmp_path, capsys):
     (tmp_path / "models").mkdir()
     shutil.copy(builtin_model_path(), tmp_path / "models" / "router.skops")
-    policy = tmp_path / "p.yaml"
-    policy.write_text(POLICY.format(long="openai/gpt-4.1", model_path="models/router.skops"))
+    policy = write(tmp_path / "p.yaml", "openai/gpt-4.1", "models/router.skops")
     assert main(["policy", "check", str(policy)]) == 0
     assert ": valid" in capsys.readouterr().out
     (tmp_path / "models" / "router.skops").write_bytes(b"not a skops file")
@@ -36,10 +43,11 @@ def test_a_classifier_beside_the_policy_is_loaded(tmp_path, capsys):
 
 
 def test_a_missing_local_gguf_and_embedding_folder_are_errors(tmp_path, capsys):
-    policy = tmp_path / "p.yaml"
-    policy.write_text(
-        POLICY.format(long=f"local/{tmp_path}/absent.gguf", model_path="builtin:default")
-        + f"rag: {{embedding_model: {tmp_path}/no-model}}\n"
+    policy = write(
+        tmp_path / "p.yaml",
+        f"local/{tmp_path}/absent.gguf",
+        "builtin:default",
+        rag={"embedding_model": f"{tmp_path}/no-model"},
     )
     assert main(["policy", "check", str(policy)]) == 2
     err = capsys.readouterr().err
@@ -48,8 +56,7 @@ def test_a_missing_local_gguf_and_embedding_folder_are_errors(tmp_path, capsys):
 
 
 def test_serve_with_a_bad_policy_prints_one_line(tmp_path, capsys):
-    policy = tmp_path / "p.yaml"
-    policy.write_text(POLICY.format(long="openai/gpt-4.1", model_path="missing.skops"))
+    policy = write(tmp_path / "p.yaml", "openai/gpt-4.1", "missing.skops")
     assert main(["serve", "--policy", str(policy), "--data-dir", str(tmp_path / "data"), "--port", "0"]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 from gateway.cli import main
-from tests.commands.test_eval import replay_run  # noqa: F401  (the fixture: a paired file, documents, a data dir)
 
 
-def test_simulate_learning_reports_every_strategy_per_window(replay_run, capsys):  # noqa: F811
+def test_simulate_learning_reports_every_strategy_per_window(replay_run, capsys):
     args = [
         *replay_run["args"],
         "--simulate-learning",

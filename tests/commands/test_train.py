@@ -10,20 +10,10 @@ from classifier.features import FEATURE_NAMES
 from gateway.cli import main
 from gateway.routing.model_files import load_model
 from policies.loader import load_policy, shipped_policy_path
-from tests.support.routing import write_paired_fixture
+from tests.support.policies import write_shipped_policy
+from tests.support.routing import two_task_fixture, write_paired_fixture
 
 pytestmark = pytest.mark.slow
-
-
-def two_task_fixture(folder):
-    """The paired fixture with two tasks (even and odd documents), for leave-one-task-out."""
-    paired, _ = write_paired_fixture(folder)
-    rows = [json.loads(line) for line in paired.read_text().splitlines()]
-    for r in rows:
-        r["task"] = "even" if sorted({x["doc_id"] for x in rows}).index(r["doc_id"]) % 2 == 0 else "odd"
-    out = folder / "paired-two-tasks.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +106,9 @@ def test_calibrate_from_out_of_fold_predictions_keeps_comments(trained, tmp_path
 
 
 def test_calibrate_on_examples_skips_the_training_documents(trained, tmp_path, capsys):
-    policy_file = tmp_path / "policy.yaml"
-    text = shipped_policy_path().read_text().replace("builtin:default", str(trained["model"]))
-    policy_file.write_text(text)
+    classifier = {"model_path": str(trained["model"])}
+    policy_file = write_shipped_policy(tmp_path / "policy.yaml", routing={"classifier": classifier})
+    text = policy_file.read_text()
     common = ["--docs", str(trained["docs"]), "--policy", str(policy_file), "--data-dir", str(trained["data_dir"])]
     rc = main(["calibrate", "--data", str(trained["train"]), "--target-long-share", "0.3", *common])
     assert rc == 2 and "training data" in capsys.readouterr().err
@@ -177,7 +167,7 @@ def test_train_verifier_writes_the_verifier_with_its_cost_capped_threshold(verif
     assert card["training_command"].startswith("selfroute train --data ") and "--verifier" in card["training_command"]
     verifier = load_verifier(verifier_trained["model"])
     # the refusals and the wrong summaries are the answers it doubts most
-    from tests.routing.test_escalation import CheapAnswer, CheapAnswerCheck
+    from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck
 
     good = CheapAnswerCheck.features(
         CheapAnswer(
@@ -258,7 +248,7 @@ def test_calibrate_under_a_warm_prompt_cache_says_so_in_the_policy(verifier_trai
 
 
 def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_path):
-    from tests.commands.test_eval import two_corpora
+    from tests.support.routing import two_corpora
 
     pairs = two_corpora(tmp_path)
     out = tmp_path / "verifier.skops"

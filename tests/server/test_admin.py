@@ -9,6 +9,7 @@ from starlette.testclient import TestClient
 from gateway.ledger import reports
 from gateway.server.auth import Authenticator
 from tests.support.ledger import ADMIN_KEY, BASE, CHEAP, LONG, USER_KEY, admin_app, sample_records, write_ledger
+from tests.support.policies import DROP, Whole, write_policy
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
@@ -164,20 +165,16 @@ def test_routes_are_mounted_in_the_real_app(tmp_path):
         assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text
 
 
-RELOAD_POLICY = """name: learned
-aliases: [selfroute]
-cheap: {{model: openai/fake-cheap, api_base: "{base}/v1", context_window: 8192}}
-long: {{model: openai/fake-long, api_base: "{base}/v1", context_window: 16000}}
-routing:
-  classifier: {{model_path: "builtin:default", threshold: 0.0}}
-  default_route: rag
-  verifier:
-    model_path: builtin:verifier
-    threshold: {threshold}
-  learning:
-    judge: true
-    shadow_rate: 0.2
-"""
+def reload_policy(path, base: str, threshold: float):
+    """Both routes on the fake upstream (unpriced), the shipped classifier and verifier, learning on."""
+    unpriced = {"input_cost_per_mtok": DROP, "output_cost_per_mtok": DROP}
+    routing = Whole(
+        classifier={"model_path": "builtin:default", "threshold": 0.0},
+        default_route="rag",
+        verifier={"model_path": "builtin:verifier", "threshold": threshold},
+        learning={"judge": True, "shadow_rate": 0.2},
+    )
+    return write_policy(path, base, name="learned", cheap=unpriced, long=unpriced, routing=routing, passthrough=DROP)
 
 
 def explained(url: str) -> dict:
@@ -208,8 +205,7 @@ def test_the_policy_reload_puts_the_model_learn_wrote_in_force(upstream, tmp_pat
 
     labels = tmp_path / "labels.sqlite3"
     threshold = recorded_ledger(labels, n=420, route_signal=True)
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(RELOAD_POLICY.format(base=upstream[0], threshold=threshold), encoding="utf-8")
+    policy_file = reload_policy(tmp_path / "policy.yaml", upstream[0], threshold)
     admin = {"authorization": f"Bearer {ADMIN_KEY}"}
     auth = Authenticator([USER_KEY], ADMIN_KEY)
     with running_gateway(tmp_path / "data", None, policy_path=policy_file, auth=auth) as (url, app):

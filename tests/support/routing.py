@@ -103,3 +103,29 @@ def write_paired_fixture(folder: Path, n_docs: int = 6) -> tuple[Path, Path]:
     paired = folder / "paired.jsonl"
     paired.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return paired, docs
+
+
+def two_task_fixture(folder):
+    """The paired fixture with two tasks (even and odd documents), for leave-one-task-out."""
+    paired, _ = write_paired_fixture(folder)
+    rows = [json.loads(line) for line in paired.read_text().splitlines()]
+    for r in rows:
+        r["task"] = "even" if sorted({x["doc_id"] for x in rows}).index(r["doc_id"]) % 2 == 0 else "odd"
+    out = folder / "paired-two-tasks.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def two_corpora(folder):
+    """Two paired files (corpora "alpha" and "beta") on different documents, each answered by two model families."""
+    paired, docs = write_paired_fixture(folder)
+    rows = [json.loads(line) for line in paired.read_text().splitlines()]
+    doc_ids = sorted({r["doc_id"] for r in rows})
+    out = []
+    for name, part in (("alpha", doc_ids[:3]), ("beta", doc_ids[3:])):
+        lines = [dict(r, model=("m1" if n % 2 else "m0")) for n, r in enumerate(rows) if r["doc_id"] in part]
+        (folder / name).mkdir(exist_ok=True)
+        path = folder / name / "paired.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+        out += ["--data", str(path), "--docs", str(docs)]
+    return out

@@ -246,7 +246,11 @@ def verified_policy(threshold=0.5, refusal_threshold=None, **routing) -> Policy:
             "routing": {
                 "classifier": None,
                 "default_route": "rag",
-                "verifier": {"model_path": "unused.skops", "threshold": threshold, "refusal_threshold": refusal_threshold},
+                "verifier": {
+                    "model_path": "unused.skops",
+                    "threshold": threshold,
+                    "refusal_threshold": refusal_threshold,
+                },
                 **routing,
             },
         }

@@ -3,7 +3,6 @@ import dataclasses
 import pytest
 
 from gateway.evaluation.replay import (
-    ReplayItem,
     gap_recovery,
     oracle,
     router_strategy,
@@ -13,27 +12,7 @@ from gateway.evaluation.replay import (
     threshold_grid,
 )
 from gateway.routing.decision import Router
-from tests.support.evaluation import PRICES, cached, policy
-
-
-def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t"):
-    return ReplayItem(
-        doc_id="d",
-        group="d",
-        query="q",
-        rag_score=rag,
-        lc_score=lc,
-        rag_refused=refused,
-        rag_prompt_tokens=1000,
-        long_prompt_tokens=5000,
-        direct_prompt_tokens=context,
-        rag_output_tokens=10,
-        long_output_tokens=20,
-        features={"context_tokens": context, "cross_ref_count": cross_refs, "top_score": top},
-        probability=p,
-        task=task,
-    )
-
+from tests.support.evaluation import PRICES, cached, item, policy
 
 ITEMS = [
     item(1.0, 1.0, 0.9),

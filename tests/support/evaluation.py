@@ -30,24 +30,29 @@ def cached(write=12.5, window=None, min_prefix=1024):
     return dataclasses.replace(PRICES, long_cache=LongCache(1.0, write, window, min_prefix, "test"))
 
 
-def verified_item(rag, lc, p, v, task="t"):
+def item(rag, lc, p, refused=False, context=4000, cross_refs=0, top=0.6, task="t", verifier=None):
+    """One replayed question: the two routes' scores and tokens, the router's P(cheap), the verifier's P(good)."""
     return ReplayItem(
         doc_id="d",
         group="d",
         query="q",
         rag_score=rag,
         lc_score=lc,
-        rag_refused=False,
+        rag_refused=refused,
         rag_prompt_tokens=1000,
         long_prompt_tokens=5000,
-        direct_prompt_tokens=4000,
+        direct_prompt_tokens=context,
         rag_output_tokens=10,
         long_output_tokens=20,
-        features={"context_tokens": 4000, "cross_ref_count": 0, "top_score": 0.6},
+        features={"context_tokens": context, "cross_ref_count": cross_refs, "top_score": top},
         probability=p,
         task=task,
-        verifier_score=v,
+        verifier_score=verifier,
     )
+
+
+def verified_item(rag, lc, p, v, task="t"):
+    return item(rag, lc, p, task=task, verifier=v)
 
 
 # the verifier ranks the bad cheap answers lowest; P(cheap) is uninformative

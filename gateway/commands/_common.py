@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
@@ -151,14 +152,19 @@ def _cache_prices(text: str) -> tuple[float, float | None]:
     return values[0], values[1] if len(values) == 2 else None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of questions >= 1, got {text!r}")
-    return value
+def whole_number(what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= 1 of `what` (questions, workers), or a clear usage error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what} >= 1, got {text!r}")
+        return value
+
+    return parse
 
 
 def add_cache_arguments(parser) -> None:
@@ -183,7 +189,7 @@ def add_cache_arguments(parser) -> None:
     )
     parser.add_argument(
         "--cache-window",
-        type=_positive_int,
+        type=whole_number("questions"),
         default=None,
         metavar="N",
         help="a document's cache stays warm for N questions after its last long leg (default: the "

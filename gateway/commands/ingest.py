@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gateway.commands._common import add_store_arguments, open_store
+from gateway.commands._common import add_store_arguments, open_store, whole_number
 
 if TYPE_CHECKING:
     from pipelines.safety.injection import Mode
@@ -54,7 +54,7 @@ def register(subparsers, parents) -> None:
     )
     parser.add_argument(
         "--ray-workers",
-        type=_workers,
+        type=whole_number("workers"),
         default=None,
         metavar="N",
         help="with --ray: how many workers (each one CPU and its own copy of the embedding model; default: the "
@@ -113,16 +113,6 @@ def run(args: argparse.Namespace) -> int:
             + (f"; {len(blocked)} blocked" if blocked else "")
         )
     return 1 if blocked else 0
-
-
-def _workers(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of workers >= 1, got {text!r}")
-    return value
 
 
 def _engine(args: argparse.Namespace):

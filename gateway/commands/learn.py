@@ -251,6 +251,17 @@ def run(args: argparse.Namespace) -> int:
     return _print(args, report)
 
 
+def _against_in_force(model: str, q_now: float, q_new: float) -> dict:
+    """The refit's out-of-fold replay quality beside the model in force's; with a `decision` to keep the model in
+    force when the refit gains less than MIN_GAIN_POINTS."""
+    out: dict = {"quality_in_force": q_now, "quality_refit": q_new, "gain_points": q_new - q_now}
+    if q_new < q_now + MIN_GAIN_POINTS:
+        out["decision"] = (
+            f"kept the {model} in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
+        )
+    return out
+
+
 def _refit_verifier(args, policy, verifier, labelled, labels, weights, blend, stamp) -> dict:
     """The verifier's out-of-fold comparison; `_write` holds the policy values and the model file when it is better."""
     import numpy as np
@@ -281,16 +292,8 @@ def _refit_verifier(args, policy, verifier, labelled, labels, weights, blend, st
     assert threshold is not None  # load_verifier_model refuses a verifier with neither
     share = sum(w for s, w in zip(current, weights) if s < threshold) / sum(weights)
     q_now, q_new = (replay_quality(s, labels, weights, share) for s in (current, oof))
-    out: dict = {
-        "escalated_share": share,
-        "quality_in_force": q_now,
-        "quality_refit": q_new,
-        "gain_points": q_new - q_now,
-    }
-    if q_new < q_now + MIN_GAIN_POINTS:
-        out["decision"] = (
-            f"kept the verifier in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
-        )
+    out: dict = {"escalated_share": share, **_against_in_force("verifier", q_now, q_new)}
+    if "decision" in out:
         return out
     new_threshold = threshold_for_escalation_share(oof, share)
     blended = f", blended with {len(blend.labels)} lines of {args.blend_shipped.name}" if blend else ""
@@ -357,17 +360,8 @@ def _refit_classifier(args, policy, found, labelled, labels, weights, blend, sta
     # the share of these answers the policy in force sent long after they were seen, now sent long up front
     share = sum(wi for i, wi in zip(keep, w) if labelled[i].features.get("escalated")) / sum(w)
     q_now, q_new = (replay_quality(list(s), y, w, share) for s in (current, oof))
-    out: dict = {
-        "labelled": len(keep),
-        "long_share": share,
-        "quality_in_force": q_now,
-        "quality_refit": q_new,
-        "gain_points": q_new - q_now,
-    }
-    if q_new < q_now + MIN_GAIN_POINTS:
-        out["decision"] = (
-            f"kept the classifier in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
-        )
+    out: dict = {"labelled": len(keep), "long_share": share, **_against_in_force("classifier", q_now, q_new)}
+    if "decision" in out:
         return out
     pipeline, _ = _route_fit_predict(args.estimator, args.seed, x, yy, ww, x[:1])
     # the new threshold keeps the share of recorded requests the classifier in force sent long

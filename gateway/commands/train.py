@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
         return run_verifier(args)
     from classifier.model import RouteModel
     from classifier.training import LABEL_RULE, data_hash, document_hash, model_card, train
+    from gateway.evaluation.cards import route_model_limitations
     from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, example_label
     from gateway.routing.model_files import save_model
     from gateway.settings import resolve_data_dir
@@ -172,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
     ]
     uses_scores = any(args.label_field not in e.record for e in examples)
     rule = LABEL_RULE.replace("margin", f"{args.score_margin:g}") if uses_scores else f"field {args.label_field!r}"
+    corpora = _corpora_card(examples, args)
     card = model_card(
         result,
         estimator=args.estimator,
@@ -185,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
             "training_document_hashes": sorted({document_hash(d.text) for e in examples for d in e.documents}),
             "rag_settings": policy.rag.model_dump(mode="json"),
             "policy": str(args.policy) if args.policy else "the shipped default policy",
-            **_corpora_card(examples),
+            **corpora,
             **({"held_out_validation": held_out} if held_out else {}),
+            "limitations": route_model_limitations(result.cv_metrics, held_out, corpora["training_corpora"]),
         },
     )
     save_model(RouteModel(result.pipeline, card), args.out)
@@ -221,8 +224,12 @@ def _load(args: argparse.Namespace):
     return examples, corpus_windows(examples, getattr(args, "window_tokens", None))
 
 
-def _corpora_card(examples) -> dict:
-    """What the model was trained on, per corpus: examples, documents, tasks and model families."""
+def _corpora_card(examples, args: argparse.Namespace) -> dict:
+    """What the model was trained on, per corpus: examples, documents (and the documents in its --docs folder),
+    tasks and model families."""
+    from gateway.evaluation.cards import documents_available
+    from gateway.evaluation.examples import corpus_name
+
     corpora: dict[str, dict] = {}
     for e in examples:
         c = corpora.setdefault(e.corpus, {"examples": 0, "documents": set(), "tasks": set(), "models": set()})
@@ -231,11 +238,21 @@ def _corpora_card(examples) -> dict:
         if e.task:
             c["tasks"].add(e.task)
         c["models"].add(e.model)
+    files = [Path(d) for d in args.data]
+    folders = dict(zip((corpus_name(f, files) for f in files), args.docs or [None] * len(files)))
+    corpora_of: dict[str, set[str]] = {}
+    for e in examples:
+        corpora_of.setdefault(e.source, set()).add(e.corpus)
+    # a folder counts for its corpus only when its file holds that one corpus
+    available = documents_available(
+        (next(iter(names)), folders.get(source)) for source, names in corpora_of.items() if len(names) == 1
+    )
     return {
         "training_corpora": {
             name: {
                 "examples": c["examples"],
                 "documents": len(c["documents"]),
+                **({"documents_available": available[name]} if name in available else {}),
                 "tasks": sorted(c["tasks"]),
                 "models": sorted(c["models"]),
             }
@@ -272,7 +289,13 @@ def run_verifier(args: argparse.Namespace) -> int:
     import numpy as np
 
     from classifier.answer_features import ANSWER_FEATURE_NAMES, SUPPORT_FEATURES
-    from classifier.training import data_hash, document_hash, label_from_scores, library_versions
+    from classifier.training import (
+        data_hash,
+        document_hash,
+        label_from_scores,
+        library_versions,
+        out_of_fold_probabilities,
+    )
     from classifier.verifier import (
         LABEL_RULE,
         PROTOCOL_NAMES,
@@ -285,6 +308,7 @@ def run_verifier(args: argparse.Namespace) -> int:
         split_units,
         train_verifier,
     )
+    from gateway.evaluation.cards import curve_card, verifier_limitations
     from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.replay import without_pre_route
@@ -365,25 +389,61 @@ def run_verifier(args: argparse.Namespace) -> int:
     verifier_policy = without_pre_route(policy)
     described = PROTOCOL_NAMES[protocol]
     refusal = policy.routing.verifier.refusal_threshold if policy.routing.verifier is not None else None
+    router: dict[str, dict[str, float]] | None = None
+    policy_thresholds: dict[str, Any] | None = None
     if args.max_token_share is not None:
-        across = choose_across_units(
-            items, units, verifier_policy, prices, max_share=args.max_token_share, tune_pre_route=False
-        )
+        if policy.routing.classifier is not None:
+            # the three thresholds together, as `eval replay --max-token-share` chooses them: the pre-route's
+            # P(cheap) out of fold under the same protocol, so the card's thresholds are the ones a policy ships
+            p_cheap = out_of_fold_probabilities(
+                [i.features for i in inputs],
+                [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples],
+                groups,
+                args.estimator,
+                args.folds,
+                args.seed,
+                splits=[(s.train, s.test) for s in splits],
+            )
+            routed = build_items(examples, inputs, [float(p) for p in p_cheap], detector, oof)
+            across = choose_across_units(routed, units, policy, prices, max_share=args.max_token_share)
+            router = across.per_unit
+        else:
+            across = choose_across_units(
+                items, units, verifier_policy, prices, max_share=args.max_token_share, tune_pre_route=False
+            )
         threshold, met = across.verifier_threshold, across.met
         refusal = across.refusal_threshold
+        policy_thresholds = {
+            "classifier_threshold": across.pre_threshold,
+            "threshold": threshold,
+            "refusal_threshold": refusal,
+            "chosen_by": (
+                f"selfroute train --verifier --max-token-share {args.max_token_share:g}: every held-out unit "
+                f"({described}) within {args.max_token_share:g} of its always-long's tokens, the most per-unit "
+                "targets met, then the best worst-unit margin"
+                + (" (the classifier's threshold chosen with them)" if router is not None else "")
+                + ("" if met else "; no setting met the cap on every unit, the closest kept")
+            ),
+            "per_unit": router or across.per_unit,
+        }
         if verifier_policy.routing.verifier is not None:  # the held-out figures below at the chosen refusal rule
             verifier_policy = verifier_policy.model_copy(deep=True)
             verifier_policy.routing.verifier.refusal_threshold = refusal  # type: ignore[union-attr]
         figures = "; ".join(
             f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
             f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
-            f"escalated"
+            f"long or escalated"
             for u, o in sorted(across.per_unit.items())
         )
+        with_pre = (
+            f"with the pre-route classifier's threshold {across.pre_threshold:.4f} (out-of-fold P(cheap))"
+            if router is not None
+            else "every answer checked, no pre-route"
+        )
         source = (
-            f"train: the threshold keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
-            f"always-long with the best worst-unit margin, on {described} out-of-fold P(good) of "
-            f"{len(examples)} answers (every answer checked, no pre-route): {figures}"
+            f"train: the thresholds keeping every held-out unit's tokens <= {args.max_token_share:g} of its "
+            f"always-long, the most per-unit targets met, then the best worst-unit margin, on {described} "
+            f"out-of-fold P(good) of {len(examples)} answers ({with_pre}): {figures}"
             + (f"; refusal threshold {refusal:.4f}" if refusal is not None else "; refusals left to the threshold")
             + ("" if met else "; no threshold met the cap on every unit, the one closest kept")
         )
@@ -420,7 +480,11 @@ def run_verifier(args: argparse.Namespace) -> int:
             "always_long": r.strategy_named("always-long").quality,
             "always_rag": r.strategy_named("always-rag").quality,
             "self_route": r.strategy_named("self-route").quality,
+            "oracle": r.strategy_named("oracle").quality,
+            "threshold_curve": curve_card(r.curve),
+            **({"router_at_policy_thresholds": router[r.unit]} if router and r.unit in router else {}),
         }
+    corpora = _corpora_card(examples, args)
     model = result.model
     model.card.update(
         {
@@ -445,7 +509,11 @@ def run_verifier(args: argparse.Namespace) -> int:
             "training_examples": len(examples),
             "training_documents": len(set(groups)),
             "training_tasks": sorted(set(tasks) - {""}),
-            **_corpora_card(examples),
+            **corpora,
+            **({"policy_thresholds": policy_thresholds} if policy_thresholds else {}),
+            "limitations": verifier_limitations(
+                described, held_out, threshold, refusal, router, corpora["training_corpora"]
+            ),
             "prices": prices.__dict__,
             "long_window_tokens": builder.window,
             "library_versions": library_versions(),
@@ -465,6 +533,17 @@ def run_verifier(args: argparse.Namespace) -> int:
         + ("" if met else "; nothing met the cap")
         + ")"
     )
+    if router is not None:
+        print(
+            f"policy thresholds (chosen together): classifier {across.pre_threshold:.4f}, verifier {threshold:.4f}, "
+            "refusal " + ("none" if refusal is None else f"{refusal:.4f}")
+        )
+        for unit, o in sorted(router.items()):
+            print(
+                f"  router on {unit}: {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
+                f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens; Self-Route "
+                + ("beaten" if o["beats_self_route"] else "not beaten at no more tokens")
+            )
     for unit, h in held_out.items():
         print(
             f"  held out {unit} ({h['n']} answers): verifier vs random escalation at 25% "

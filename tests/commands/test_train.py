@@ -73,6 +73,9 @@ def test_train_writes_model_and_card(trained):
     assert metrics["n_splits"] == 5 and metrics["n"] == 25 and "roc_auc" in metrics
     assert card["training_command"].startswith("selfroute train --data ")
     assert card["training_data_hash"].startswith("sha256:")
+    assert card["limitations"].startswith("Not measured on held-out corpora or model families")
+    assert card["training_corpora"]["train"]["documents_available"] == 6  # the sixth document was held out
+    assert card["limitations"].endswith("train on 5 of the 6 documents in its folder.")
 
 
 def test_trained_model_separates_summary_from_factoid_questions(trained, capsys):
@@ -287,6 +290,21 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
     assert "ans_words" not in card["feature_names"]  # the transfer set: no absolute answer length
     assert card["training_command"].count("--data ") == 2 and "--protocol corpus" not in card["training_command"]
     assert "--threshold-protocol corpus" in card["training_command"]
+    # the card's generated parts: the three thresholds chosen together with the pre-route (the shipped policy has a
+    # classifier), each unit's router figures and threshold curve, coverage and limitations from those figures
+    chosen = card["policy_thresholds"]
+    assert chosen["threshold"] == card["threshold"] and chosen["refusal_threshold"] == card["refusal_threshold"]
+    assert chosen["classifier_threshold"] is not None and set(chosen["per_unit"]) == {"alpha", "beta"}
+    assert held["alpha"]["router_at_policy_thresholds"] == chosen["per_unit"]["alpha"]
+    assert set(held["beta"]["threshold_curve"]["tokens_vs_long"]) == {"0.1", "0.2", "0.3", "0.5", "1"}
+    assert card["training_corpora"]["alpha"]["documents"] == 3
+    assert card["training_corpora"]["alpha"]["documents_available"] == 6
+    points = held["alpha"]["verifier_vs_random_points_at_25"]
+    assert card["limitations"].startswith("Measured leave one corpus out: escalating the 25%")
+    assert f"{points:+.2f} points with alpha held out" in card["limitations"]
+    assert card["limitations"].endswith(
+        "alpha on 3 of the 6 documents in its folder; beta on 3 of the 6 documents in its folder."
+    )
     route = tmp_path / "route.skops"
     assert (
         main(
@@ -312,3 +330,7 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
     card = json.loads(route.with_suffix(".json").read_text())
     assert set(card["held_out_validation"]["units"]) == {"m0", "m1"}
     assert set(card["training_corpora"]) == {"alpha", "beta"}
+    auc = card["held_out_validation"]["units"]["m0"]["roc_auc"]
+    assert card["limitations"].startswith(
+        f"Measured leave one model family out (and its documents' fold): ROC AUC {auc:.3f} with m0 held out"
+    )

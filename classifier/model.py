@@ -7,6 +7,7 @@ needing anything else is refused.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ class RouteModel:
     pipeline: Any
     card: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    sha256: str | None = None  # of the skops bytes it was loaded from: the model version the ledger records
 
     def cheap_probability(self, features: dict[str, float]) -> float:
         """P(the cheap route's answer is as good as the long route's)."""
@@ -82,7 +84,7 @@ def model_from_bytes(data: bytes, card: dict[str, Any] | None = None, source: st
     n_in = getattr(pipeline, "n_features_in_", len(FEATURE_NAMES))
     if n_in != len(FEATURE_NAMES):
         raise ModelFileError(f"{source}: model expects {n_in} features, this version computes {len(FEATURE_NAMES)}")
-    return RouteModel(pipeline=pipeline, card=card, source=source)
+    return RouteModel(pipeline=pipeline, card=card, source=source, sha256=hashlib.sha256(data).hexdigest())
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,6 +15,7 @@ Pure: fitting, out-of-fold scoring and (de)serialisation to skops bytes; no file
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Sequence
@@ -88,6 +89,7 @@ class VerifierModel:
     feature_names: list[str] = field(default_factory=lambda: list(ANSWER_FEATURE_NAMES))
     card: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
+    sha256: str | None = None  # of the skops bytes it was loaded from: the model version the ledger records
 
     @property
     def threshold(self) -> float | None:
@@ -429,7 +431,9 @@ def verifier_from_bytes(
     n_in = getattr(pipeline, "n_features_in_", len(names))
     if n_in != len(names):
         raise ModelFileError(f"{source}: verifier expects {n_in} features, its card names {len(names)}")
-    return VerifierModel(pipeline=pipeline, feature_names=names, card=meta, source=source)
+    return VerifierModel(
+        pipeline=pipeline, feature_names=names, card=meta, source=source, sha256=hashlib.sha256(data).hexdigest()
+    )
 
 
 def _pre_route_names() -> set[str]:

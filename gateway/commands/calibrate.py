@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from gateway.commands._common import add_cache_arguments, add_ledger_argument, cache_options, ledger_location
+from gateway.files import write_atomic
 
 
 def register(subparsers, parents) -> None:
@@ -325,7 +326,7 @@ def write_policy(policy_file: Path, text: str, comments_kept: bool, written: str
     except PolicyError as exc:
         print(f"selfroute calibrate: the edited policy would not load: {exc}", file=sys.stderr)
         return 1
-    policy_file.write_text(text, encoding="utf-8")
+    write_atomic(policy_file, text)  # a gateway reloading reads the old policy or the new one, never half
     note = "" if comments_kept else f" (rewritten: {block} was not a block mapping, comments lost)"
     print(f"wrote {written} to {policy_file}{note}")
     return 0

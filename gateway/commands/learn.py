@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.commands._common import add_ledger_argument, ledger_location
+from gateway.files import write_atomic
 
 MIN_GAIN_POINTS = 0.5  # replay quality gain (points) a refit needs before it replaces the model in force
 
@@ -243,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for save, model, target in models:  # the new files first: the old ones stay where they are
         save(model, target)
-    policy_file.write_text(text, encoding="utf-8")
+    write_atomic(policy_file, text)  # a reload reads the old policy or the new one, never half
     if "verifier" in edits:
         report["written"] = str(policy_file.parent / edits["verifier"]["model_path"])
     if "classifier" in edits:

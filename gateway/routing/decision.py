@@ -19,6 +19,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
 }
+VERSION_CHARS = 16  # a model version as requests record it: this many hex digits of its file's sha256
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class Router:
     def threshold(self) -> float | None:
         settings = self.policy.routing.classifier
         return settings.threshold if settings is not None else None
+
+    @property
+    def model_version(self) -> str | None:
+        """The classifier's version as the ledger records it: the first 16 hex of its skops file's sha256."""
+        if self.model is None or self.policy.routing.classifier is None or self.model.sha256 is None:
+            return None
+        return self.model.sha256[:VERSION_CHARS]
 
     def cheap_probability(self, features: dict[str, float]) -> float | None:
         if self.model is None or self.policy.routing.classifier is None:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from gateway.routing.decision import RouteDecision, missing
+from gateway.routing.decision import VERSION_CHARS, RouteDecision, missing
 from pipelines.unanswerable import UnanswerableDetector
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import FallbackSettings, Policy
@@ -84,6 +84,13 @@ class CheapAnswerCheck:
         if settings.threshold is not None:
             return settings.threshold
         return self.verifier.threshold if self.verifier is not None else None
+
+    @property
+    def model_version(self) -> str | None:
+        """The verifier's version as the ledger records it: the first 16 hex of its skops file's sha256."""
+        if self.verifier is None or self.verifier.sha256 is None:
+            return None
+        return self.verifier.sha256[:VERSION_CHARS]
 
     @property
     def refusal_threshold(self) -> float | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from classifier.model import ModelFileError, RouteModel, model_from_bytes, model_to_bytes
+from gateway.files import write_atomic
 from gateway.upstreams.local import is_packaged_local_model
 from policies.schema import Policy
 
@@ -116,9 +117,10 @@ def _write(path: str | Path, data: bytes, card_text: str) -> Path:
     """A skops file and its JSON card beside it; returns the card's path."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    # each file whole or not at all: a gateway reloading (any worker or replica) never reads half a model
+    write_atomic(target, data)
     card = card_path(target)
-    card.write_text(card_text, encoding="utf-8")
+    write_atomic(card, card_text)
     return card
 
 

@@ -71,6 +71,7 @@ class RoutePlan:
     # and the key scope of attached documents or a conversation (scoped_key)
     documents_key: tuple = ()
     verbatim_tokens: int | None = None  # the conversation's tokens, once counted (source "prompt")
+    router: Router | None = None  # the router that decided (a policy reload may replace the planner's meanwhile)
 
     @property
     def has_document(self) -> bool:
@@ -255,7 +256,7 @@ class RoutePlanner:
         raise InvalidRequest("the conversation has no user message with text", param="messages", code="no_user_message")
 
     # -- decision -------------------------------------------------------------------------------
-    def _needs_retrieval(self, features: dict[str, float]) -> bool:
+    def _needs_retrieval(self, features: dict[str, float], router: Router) -> bool:
         """Retrieval is skipped when a rule on query/document features decides before any rule or
         classifier that would read retrieval features."""
         for index, rule in enumerate(self.policy.routing.rules):
@@ -264,7 +265,7 @@ class RoutePlanner:
             if rule_matches(rule, features):
                 logger.debug("rule %s decides without retrieval", rule_label(rule, index))
                 return False
-        return self.router.model is not None and self.policy.routing.classifier is not None
+        return router.model is not None and self.policy.routing.classifier is not None
 
     def retrieve(self, context: ContextRequest) -> Retrieval:
         return self.rag.retrieve_for(context)
@@ -278,18 +279,19 @@ class RoutePlanner:
     ) -> RoutePlan:
         """`scope`: the caller's key scope (pipelines.scope), under which attached documents, the conversation and
         the question's vector are cached."""
+        router = self.router  # one router for the whole decision, whatever a reload swaps in meanwhile
         source, context, stats, key = self.resolve_context(chat, messages, header_collection, scope)
         features = extract_features(context.question, stats, None)
         retrieval = None
         forced = chat.selfroute.route if chat.selfroute else None
-        if forced is None and self._needs_retrieval(features):
+        if forced is None and self._needs_retrieval(features, router):
             retrieval = self.retrieve(context)
             features = extract_features(context.question, stats, retrieval_signals(retrieval))
         if forced is not None:
             decision = RouteDecision(Route(forced), f"forced by selfroute.route={forced}", None, None, features)
         else:
-            decision = self.router.decide(features)
-        return RoutePlan(source, context, stats, decision, retrieval, messages, key)
+            decision = router.decide(features)
+        return RoutePlan(source, context, stats, decision, retrieval, messages, key, router=router)
 
     # -- prompts --------------------------------------------------------------------------------
     def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:

@@ -132,7 +132,10 @@ class RoutingService:
         outcome.route, outcome.reason = decision.route, decision.reason
         outcome.rule, outcome.probability = decision.rule, decision.probability
         if self.policy.routing.learning.record_features:
-            outcome.features = features_record.pre_route(decision, planner.router.threshold, plan.block_key)
+            router = plan.router or planner.router  # the one that decided, even if a reload came meanwhile
+            outcome.features = features_record.pre_route(
+                decision, router.threshold, plan.block_key, model=router.model_version
+            )
         route: str = decision.route  # becomes the escalation's outcome (rag>long) when the answer is not trusted
         prepared = await self.prepare(plan, route)
         checked = self.check.applies(decision, plan.has_document)
@@ -239,18 +242,19 @@ class RoutingService:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
         read go into the request's learning record; the judge's input (question, passages, answer) comes back."""
-        if not self.check.reads_whole_answer:
+        check = self.check  # one check for the verdict and its record, whatever a reload swaps in meanwhile
+        if not check.reads_whole_answer:
             answer = CheapAnswer(text, plan.context.question)
-            verdict = self.check.check(plan.decision, answer)
+            verdict = check.check(plan.decision, answer)
         else:
 
             def verify() -> tuple[Verdict, CheapAnswer]:
                 answer = self.ready_planner().cheap_answer(plan, prepared, route, text, logprobs)
-                return self.check.check(plan.decision, answer), answer
+                return check.check(plan.decision, answer), answer
 
             verdict, answer = await anyio.to_thread.run_sync(verify)
         if outcome.features is not None:
-            features_record.add_verdict(outcome.features, verdict, self.check.threshold)
+            features_record.add_verdict(outcome.features, verdict, check.threshold, model=check.model_version)
             if self.policy.ledger.store_texts:
                 features_record.add_texts(outcome.features, answer.query, list(answer.passages), text)
         return verdict, JudgeInput(answer.query or plan.context.question, list(answer.passages), text or "")

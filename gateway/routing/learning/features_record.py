@@ -1,8 +1,8 @@
 """What the ledger keeps for learning about one routed request (request_features, migration 010).
 
 A versioned JSON object: the pre-route features and P(cheap) the decision was made on, the classifier threshold in
-force, the decision, and, for a checked cheap answer, the verifier's features, P(good), its threshold and the
-outcome. `selfroute learn`, `whatif` and `calibrate --from-ledger` read it back and recompute decisions with the
+force and the classifier's version (`classifier_model`: 16 hex of its file's sha256), the decision, and, for a checked
+cheap answer, the verifier's features, P(good), its threshold, its version (`verifier_model`) and the outcome. `selfroute learn`, `whatif` and `calibrate --from-ledger` read it back and recompute decisions with the
 live decision functions (gateway.routing.decision, gateway.routing.escalation). The question, passages and answers
 are kept only when the policy sets `ledger.store_texts: true`.
 """
@@ -18,27 +18,35 @@ from gateway.routing.escalation import Verdict
 VERSION = 1
 
 
-def pre_route(decision: RouteDecision, threshold: float | None, group: str | None = None) -> dict[str, Any]:
+def pre_route(
+    decision: RouteDecision, threshold: float | None, group: str | None = None, model: str | None = None
+) -> dict[str, Any]:
     """The decision's part, recorded when the route is chosen. `group`: the documents' identity (a hash of
-    content hashes), so refits can fold by document without keeping any text."""
+    content hashes), so refits can fold by document without keeping any text; `model`: the classifier's version
+    (Router.model_version) that scored it."""
     return {
         "version": VERSION,
         "features": dict(decision.features),
         "p_cheap": decision.probability,
         "threshold": threshold,
+        "classifier_model": model,
         "rule": decision.rule,
         "decision": str(decision.route),
         "group": hashlib.sha256(group.encode("utf-8")).hexdigest()[:16] if group else None,
     }
 
 
-def add_verdict(record: dict[str, Any], verdict: Verdict, threshold: float | None) -> dict[str, Any]:
-    """The check's part: what the verifier read, its score and the outcome."""
+def add_verdict(
+    record: dict[str, Any], verdict: Verdict, threshold: float | None, model: str | None = None
+) -> dict[str, Any]:
+    """The check's part: what the verifier read, its score, its version (CheapAnswerCheck.model_version) and the
+    outcome."""
     record.update(
         {
             "verifier_features": verdict.features,
             "p_good": verdict.score,
             "verifier_threshold": threshold,
+            "verifier_model": model,
             "refused": verdict.refused,
             "escalated": verdict.escalate,
             "outcome": verdict.outcome,

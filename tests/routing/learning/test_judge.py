@@ -3,6 +3,7 @@ its own request, never touching the client's answer."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -65,6 +66,9 @@ def test_every_escalation_is_judged_and_ledgered_as_its_own_request(upstream, ve
     assert features["request_id"] == request_id and features["version"] == data["version"] == 1
     assert data["escalated"] is True and data["outcome"] == "rag>long" and data["decision"] == "rag"
     assert data["p_good"] < data["verifier_threshold"] == 0.5
+    # the model version that decided: the verifier file's sha256 (16 hex); this policy routes without a classifier
+    assert data["verifier_model"] == hashlib.sha256(verifier_file.read_bytes()).hexdigest()[:16]
+    assert data["classifier_model"] is None and data["threshold"] is None
     assert set(data["verifier_features"]) >= {"ans_support_passages", "ans_refusal"}
     assert "context_tokens" in data["features"] and "texts" not in data
     assert "PURPLE" not in features["data"] and "Zephyr" not in features["data"]

@@ -6,23 +6,41 @@ embedding a new document, and stops when the client has gone or the gateway is s
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
-_current: ContextVar[threading.Event | None] = ContextVar("selfroute_cancel", default=None)
+from contextvars import ContextVar, Token
 
 
-@contextmanager
-def cancel_scope() -> Iterator[threading.Event]:
-    """An event that, once set, tells the work started inside this block to stop."""
-    event = threading.Event()
-    token = _current.set(event)
-    try:
-        yield event
-    finally:
-        _current.reset(token)
+class StopFlag:
+    """Set once, read from any thread. Nothing waits on it, so no threading.Event (a Condition and a lock built
+    for every request)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+_current: ContextVar[StopFlag | None] = ContextVar("selfroute_cancel", default=None)
+
+
+class cancel_scope:  # noqa: N801 - used as a function: `with cancel_scope() as stop:`
+    """A flag that, once set, tells the work started inside this block to stop. A class rather than a
+    @contextmanager generator: it is entered on every request."""
+
+    __slots__ = ("_flag", "_token")
+
+    def __enter__(self) -> StopFlag:
+        self._flag = StopFlag()
+        self._token: Token[StopFlag | None] = _current.set(self._flag)
+        return self._flag
+
+    def __exit__(self, *exc: object) -> None:
+        _current.reset(self._token)
 
 
 def cancelled() -> bool:

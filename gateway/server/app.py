@@ -8,11 +8,13 @@ import functools
 import gc
 import logging
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 from gateway import tracing
 from gateway.errors import GatewayError
@@ -74,6 +76,32 @@ def _freeze_when_loaded(*loaders: threading.Thread) -> None:
         loader.join()
     gc.collect()
     gc.freeze()
+
+
+# the errors Starlette's exception middleware answers through handle_error; any other exception its server-error
+# middleware answers likewise and re-raises to the server (which logs it)
+HANDLED_ERRORS: tuple[type[Exception], ...] = (
+    GatewayError,
+    RoutingError,
+    UpstreamError,
+    LedgerError,
+    StoreUnavailable,
+    CollectionNotFound,
+    HTTPException,
+)
+CHAT_PATHS = ("/v1/chat/completions", "/chat/completions")  # the second for clients configured without /v1
+
+
+class GatewayApp(Starlette):
+    """Starlette with the request middleware (gateway.server.middleware) outside its whole stack, so that the hot
+    path (the chat endpoints) can go from it straight to its endpoint."""
+
+    def __init__(self, *args, outer: Callable[[ASGIApp], ASGIApp], **kwargs):
+        self._outer = outer
+        super().__init__(*args, **kwargs)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self._outer(super().build_middleware_stack())
 
 
 def create_app(
@@ -147,12 +175,11 @@ def create_app(
             labels.close()
             metrics.close()
 
+    chat = keyed(chat_completions, metered=True)
     routes = [
         *health_routes(),
         *model_routes(),
-        Route("/v1/chat/completions", keyed(chat_completions, metered=True), methods=["POST"]),
-        # clients configured without /v1
-        Route("/chat/completions", keyed(chat_completions, metered=True), methods=["POST"]),
+        *(Route(path, chat, methods=["POST"]) for path in CHAT_PATHS),
         embeddings_route(),
         *collection_routes(),
         Route("/v1/route/explain", keyed(explain_route, metered=True), methods=["POST"]),
@@ -163,28 +190,30 @@ def create_app(
         openapi_route(),
         *docs_routes(),
     ]
-    app = Starlette(
+    traced = tracing.enabled()
+    access_log = AccessLog(settings.access_log)
+
+    def outer(stack: ASGIApp) -> ASGIApp:
+        return RequestMiddleware(
+            stack,
+            metrics=metrics,
+            access_log=access_log,
+            # with tracing on every request goes through the stack, where its span middleware is
+            direct={} if traced else dict.fromkeys(CHAT_PATHS, chat),
+            on_error=handle_error,
+            handled=HANDLED_ERRORS,
+        )
+
+    app = GatewayApp(
         routes=routes,
         lifespan=lifespan,
         # endpoints that take a key answer their errors themselves (gateway.server.context); these are the rest's,
         # through the same table (gateway.server.errors.failure)
-        exception_handlers={
-            kind: handle_error
-            for kind in (
-                GatewayError,
-                RoutingError,
-                UpstreamError,
-                LedgerError,
-                StoreUnavailable,
-                CollectionNotFound,
-                HTTPException,
-                Exception,
-            )
-        },
+        exception_handlers={kind: handle_error for kind in (*HANDLED_ERRORS, Exception)},
+        outer=outer,
     )
     app.state.gateway = gateway
     app.state.limits = limits  # what `serve` prints at start-up (policies.limits.EffectiveLimits)
-    if tracing.enabled():  # installed only while tracing is on: nothing per request otherwise
+    if traced:  # installed only while tracing is on: nothing per request otherwise
         app.add_middleware(TracingMiddleware)  # inside RequestMiddleware: the ids are set when its span starts
-    app.add_middleware(RequestMiddleware, metrics=metrics, access_log=AccessLog(settings.access_log))
     return app

@@ -2,16 +2,24 @@
 access-log line when its response is done; a stream's time to its first event is measured here.
 
 Plain ASGI, not BaseHTTPMiddleware: it runs on every request, pass-through included, so it does only what it
-must (a header scan, two clock reads, a gauge) and builds the access line only when the access log is on."""
+must (a header scan, two clock reads, a gauge) and builds the access line only when the access log is on.
+
+It is the application's outermost layer (gateway.server.app.GatewayApp), and it sends the chat endpoints' POSTs
+(`direct`: the hot path) straight to their endpoint: Starlette's error middlewares, router and request wrapper
+were a fifth of the event loop's time on a pass-through request. Those endpoints answer their own errors
+(gateway.server.context.keyed); anything that still escapes gets what Starlette's stack would give it: `on_error`'s
+envelope when nothing was sent yet, and an unexpected exception re-raised to the server."""
 
 from __future__ import annotations
 
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.ledger.entry import RequestLedgerEntry
@@ -30,6 +38,9 @@ _GATEWAY_HEADER = REQUEST_ID.encode()
 _CONTENT_TYPE = b"content-type"
 _EVENT_STREAM = b"text/event-stream"
 NOT_IN_FLIGHT = frozenset({"/metrics"})  # a scrape does not count itself
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def new_request_id() -> str:
@@ -69,10 +80,22 @@ def start_entry(request: Request, gateway: Gateway) -> RequestLedgerEntry:
 class RequestMiddleware:
     """Ids, the in-flight gauge, a stream's time to first event and the access log, for every HTTP request."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics | None = None, access_log: AccessLog | None = None):
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: GatewayMetrics | None = None,
+        access_log: AccessLog | None = None,
+        *,
+        direct: dict[str, Endpoint] | None = None,
+        on_error: ErrorHandler | None = None,
+        handled: tuple[type[Exception], ...] = (),
+    ):
         self.app = app
         self.metrics = metrics
         self.access_log = access_log
+        self.direct = direct or {}  # path -> endpoint of a POST that skips Starlette's stack
+        self.on_error = on_error  # the envelope for an exception a direct endpoint let escape
+        self.handled = handled  # the exceptions on_error answers for good (others are re-raised, as Starlette does)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -111,8 +134,21 @@ class RequestMiddleware:
         in_flight = metrics is not None and scope["path"] not in NOT_IN_FLIGHT
         if metrics is not None and in_flight:
             metrics.in_flight.inc()
+        endpoint = self.direct.get(scope["path"]) if scope["method"] == "POST" else None
         try:
-            await self.app(scope, receive, send_with_ids)
+            if endpoint is None:
+                await self.app(scope, receive, send_with_ids)
+            else:
+                request = Request(scope, receive, send_with_ids)
+                try:
+                    response = await endpoint(request)
+                    await response(scope, receive, send_with_ids)
+                except Exception as exc:
+                    if status or self.on_error is None:  # the response started: the server ends the connection
+                        raise
+                    await (await self.on_error(request, exc))(scope, receive, send_with_ids)
+                    if not isinstance(exc, self.handled):
+                        raise
         except BaseException:
             status = status or 500  # the server's error handler answers it, outside this middleware
             raise

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 from gateway.ledger.budget import Estimate, InFlight, Limits
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.records import CLIENT_CLOSED, RequestRecord, UpstreamCall
-from gateway.ledger.writer import Ledger
+from gateway.ledger.writer import Ledger, Reservation
 from policies.routes import LEARNING_ROUTES, LONG, PASSTHROUGH
 from policies.schema import ModelConfig
 
@@ -56,6 +56,7 @@ class RequestLedgerEntry:
         )
         self.estimate = Estimate()  # the reservation: an upper bound on what the request may cost
         self._open_legs: list[tuple[ModelConfig, str, float]] = []  # upstream calls started and not yet recorded
+        self._reservation: Reservation | None = None  # its in-flight row, handed to the reserver thread
 
     @property
     def calls(self) -> list[UpstreamCall]:
@@ -67,18 +68,17 @@ class RequestLedgerEntry:
         """What the legs recorded so far cost (once finished: the request's cost)."""
         return sum(c.cost_usd for c in self.record.calls)
 
-    def reserve_soon(
-        self, estimate_of: Callable[[], Estimate], limits: Limits | None = None
-    ) -> concurrent.futures.Future[None]:
+    def reserve_soon(self, estimate_of: Callable[[], Estimate], limits: Limits | None = None) -> asyncio.Future[None]:
         """Record the request as in flight with its reservation (estimate_of(), computed on the ledger's reserver
-        thread); await the future before the first upstream call. With `limits` it fails with
+        thread); await the future, on the event loop, before the first upstream call. With `limits` it fails with
         budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""
 
         def prepare() -> tuple[InFlight, Limits | None]:
             self.estimate = estimate_of()
             return InFlight.of(self.record, self.estimate), limits
 
-        return self._ledger.reserve_soon(prepare)
+        self._reservation = self._ledger.reserve_async(prepare)
+        return self._reservation.future
 
     def leg_started(self, config: ModelConfig, route: str) -> None:
         """An upstream call is about to start: if the request ends before the call is recorded (the client left,
@@ -223,4 +223,4 @@ class RequestLedgerEntry:
             # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd
             record.context_tokens = record.context_tokens or record.prompt_tokens
-        self._ledger.submit(record)
+        self._ledger.submit_after(self._reservation, record)  # never before its in-flight row

@@ -15,6 +15,7 @@ the ledger writes or dead-letters everything submitted; nothing is dropped.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import fcntl
 import json
@@ -85,6 +86,7 @@ class Ledger:
         # reservations waiting for the reserver thread (reserve_soon): (prepare, future), None to stop
         self._reservations: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._reserver: threading.Thread | None = None
+        self._taking = threading.Lock()  # a Reservation's state (taken by the reserver, or skipped)
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -143,11 +145,24 @@ class Ledger:
         returned (the row committed or dead-lettered) or raised. Rows without limits that arrive together go in one
         transaction (a group commit), so concurrent requests share one commit, one thread hop each and no worker
         pool; a row with limits keeps its own check-and-insert. A request that awaits the future before its first
-        upstream call has reserve()'s guarantee. `prepare` runs on that thread too (the estimate counts tokens)."""
+        upstream call has reserve()'s guarantee. `prepare` runs on that thread too (the estimate counts tokens).
+        From the event loop, reserve_async is the cheaper way to the same."""
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._hand_over(Reservation(prepare, future))
+        return future
+
+    def reserve_async(self, prepare: Callable[[], tuple[InFlight, Limits | None]]) -> Reservation:
+        """reserve_soon for a request on the running event loop: `await reservation.future` (an asyncio future, set
+        with the others of its group in one call_soon_threadsafe: no concurrent.futures.Future, Condition and
+        wrap_future per request). Its request's finished row goes through submit_after(reservation, record)."""
+        reservation = Reservation(prepare, asyncio.get_running_loop().create_future(), asyncio.get_running_loop())
+        self._hand_over(reservation)
+        return reservation
+
+    def _hand_over(self, reservation: Reservation) -> None:
         if self._closed:  # shutting down: no thread to hand it to
-            self._reserve_now([(prepare, future)])
-            return future
+            self._reserve_now([reservation])
+            return
         if self._reserver is None:
             with self._state_lock:
                 if self._reserver is None:
@@ -155,8 +170,22 @@ class Ledger:
                         target=self._run_reservations, name="selfroute-reserve", daemon=True
                     )
                     self._reserver.start()
-        self._reservations.put((prepare, future))
-        return future
+        self._reservations.put(reservation)
+
+    def submit_after(self, reservation: Reservation | None, record: RequestRecord) -> None:
+        """submit(record) once its request's reservation is settled. A request cancelled (its client left) while
+        the reserver thread was writing its in-flight row would otherwise hand its finished row to the writer
+        first: on PostgreSQL the writer's delete of the in-flight row does not see the reserver's uncommitted
+        insert, and the row stayed in flight (counted against its key) until its lease ran out. One the reserver
+        has not taken yet is never written."""
+        if reservation is not None and reservation.loop is not None:
+            with self._taking:
+                if reservation.state == _WAITING:
+                    reservation.state = _SKIPPED
+                elif reservation.state == _TAKEN:
+                    reservation.then = record  # the reserver submits it once the row is committed
+                    return
+        self.submit(record)
 
     def _run_reservations(self) -> None:
         while True:
@@ -174,31 +203,66 @@ class Ledger:
             if item is None:
                 return
 
-    def _reserve_now(self, items: list) -> None:
+    def _take(self, reservation: Reservation) -> bool:
+        """Whether the reserver writes this one: not when its request was cancelled (or finished) meanwhile."""
+        if reservation.loop is None:
+            return reservation.future.set_running_or_notify_cancel()
+        with self._taking:
+            if reservation.state != _WAITING or reservation.future.cancelled():
+                reservation.state = _SKIPPED
+                return False
+            reservation.state = _TAKEN
+            return True
+
+    def _reserve_now(self, items: list[Reservation]) -> None:
         """A group of reservations: each with limits on its own, those without in one transaction."""
-        plain: list[tuple[InFlight, concurrent.futures.Future[None]]] = []
-        for prepare, future in items:
-            if not future.set_running_or_notify_cancel():  # its request was cancelled meanwhile
+        plain: list[tuple[InFlight, Reservation]] = []
+        settled: list[tuple[Reservation, BaseException | None]] = []
+        for item in items:
+            if not self._take(item):
                 continue
             try:
-                row, limits = prepare()
+                row, limits = item.prepare()
                 if limits is not None and limits.any:
                     self.reserve(row, limits)
-                    future.set_result(None)
+                    settled.append((item, None))
                 else:
-                    plain.append((row, future))
+                    plain.append((row, item))
             except BaseException as exc:  # to the request that asked; this thread goes on
-                future.set_exception(exc)
-        if not plain:
-            return
-        try:
-            self._reserve_plain([row for row, _ in plain])
-        except BaseException as exc:
-            for _, future in plain:
-                future.set_exception(exc)
-        else:
-            for _, future in plain:
-                future.set_result(None)
+                settled.append((item, exc))
+        if plain:
+            try:
+                self._reserve_plain([row for row, _ in plain])
+            except BaseException as exc:
+                settled += [(item, exc) for _, item in plain]
+            else:
+                settled += [(item, None) for _, item in plain]
+        self._settle(settled)
+
+    def _settle(self, settled: list[tuple[Reservation, BaseException | None]]) -> None:
+        """Each reservation's future; one call into each event loop for all of its own; then the finished rows of
+        requests that ended while their row was being written (submit_after)."""
+        then: list[RequestRecord] = []
+        loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
+        with self._taking:
+            for item, _ in settled:
+                item.state = _SETTLED
+                if item.then is not None:
+                    then.append(item.then)
+                    item.then = None
+        for item, exc in settled:
+            if item.loop is None:
+                if exc is None:
+                    item.future.set_result(None)
+                else:
+                    item.future.set_exception(exc)
+            else:
+                loops.setdefault(item.loop, []).append((item.future, exc))
+        for loop, results in loops.items():
+            with suppress(RuntimeError):  # its loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_resolve, results)
+        for record in then:
+            self.submit(record)
 
     def _reserve_plain(self, rows: list[InFlight]) -> None:
         """reserve() for rows without limits, in one transaction: what the database does not take goes to the
@@ -572,3 +636,37 @@ class Ledger:
 @dataclass
 class _FlushMarker:
     done: threading.Event
+
+
+# a Reservation's state, changed under Ledger._taking: waiting in the queue, being written, not to be written, done
+_WAITING, _TAKEN, _SKIPPED, _SETTLED = range(4)
+
+
+class Reservation:
+    """One in-flight row on its way to the reserver thread: `prepare` gives the row and its limits; `future` is a
+    concurrent.futures.Future (reserve_soon) or, with `loop`, an asyncio future of that loop (reserve_async)."""
+
+    __slots__ = ("prepare", "future", "loop", "state", "then")
+
+    def __init__(
+        self,
+        prepare: Callable[[], tuple[InFlight, Limits | None]],
+        future: Any,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ):
+        self.prepare = prepare
+        self.future = future
+        self.loop = loop
+        self.state = _WAITING
+        self.then: RequestRecord | None = None  # its request's finished row, submitted once this one is settled
+
+
+def _resolve(results: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    """On the event loop: a group's futures (one already cancelled by its request stays so)."""
+    for future, exc in results:
+        if future.done():
+            continue
+        if exc is None:
+            future.set_result(None)
+        else:
+            future.set_exception(exc)

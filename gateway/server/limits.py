@@ -10,7 +10,6 @@ own databases each enforce the limits on their own share of the traffic.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import time
@@ -242,7 +241,7 @@ async def reserve(
 
     try:
         # the ledger's reserver thread: concurrent requests' rows share a commit (Ledger.reserve_soon)
-        await asyncio.wrap_future(entry.reserve_soon(estimate, limits))
+        await entry.reserve_soon(estimate, limits)
     except BudgetExceeded as exc:
         period = "" if key is None or key.budget_period_s is None else " for this period"
         raise GatewayError(

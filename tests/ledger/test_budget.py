@@ -4,15 +4,18 @@ charged at their estimate without being counted twice or as a success."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from gateway.ledger import budget, reports, summary
-from gateway.ledger.budget import BudgetExceeded, InFlight, Limits, TokenLimitExceeded
+from gateway.ledger.budget import BudgetExceeded, Estimate, InFlight, Limits, TokenLimitExceeded
 from gateway.ledger.database import connect, write_records
-from gateway.ledger.records import IN_FLIGHT
+from gateway.ledger.entry import RequestLedgerEntry
+from gateway.ledger.pricing import PriceBook
+from gateway.ledger.records import CLIENT_CLOSED, IN_FLIGHT
 from gateway.ledger.writer import Ledger
 from tests.support.ledger import CHEAP, call, record
 
@@ -192,3 +195,83 @@ def test_a_reservation_the_database_does_not_take_is_dead_lettered_before_its_fu
     ledger.close()
     done = Ledger(path).reserve_soon(lambda: (_row("after"), None))  # never started: a closed ledger too
     assert done.result(timeout=30) is None
+
+
+async def _reserved(entry: RequestLedgerEntry) -> None:
+    """What a request does before its first upstream call (gateway.server.limits.reserve)."""
+    await entry.reserve_soon(Estimate)
+
+
+def _requests_row(location, request_id: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = connect(location)
+        try:
+            found = conn.execute("SELECT status FROM requests WHERE id = ?", (request_id,)).fetchone()
+            flying = [r.request_id for r in budget.in_flight(conn)]
+        finally:
+            conn.close()
+        if found is not None or time.monotonic() > deadline:
+            return (found[0] if found is not None else None), flying
+        time.sleep(0.05)
+
+
+def test_a_request_cancelled_while_its_in_flight_row_is_written_leaves_nothing_in_flight(
+    location, tmp_path, monkeypatch
+):
+    """The client leaves while the reserver thread's group commit holds the request's in-flight row
+    (Ledger.reserve_async): its finished row reaches the writer only after that commit. Handed over at once, the
+    writer's delete of the in-flight row ran beside the uncommitted insert and, on PostgreSQL, did not see it: the
+    row stayed in flight, counted against its key, until its lease ran out."""
+    ledger = Ledger(location, dead_letter_dir=tmp_path)
+    inserted, release = threading.Event(), threading.Event()
+
+    def held_open(conn, rows):  # reserve_many, its transaction held open until the test lets it commit
+        with conn:
+            conn.executemany(budget._INSERT, [(*row.row(), row.request_id) for row in rows])
+            inserted.set()
+            release.wait(timeout=30)
+
+    monkeypatch.setattr(budget, "reserve_many", held_open)
+    entry = RequestLedgerEntry(ledger, PriceBook(), "gone", "default")
+
+    async def request() -> None:
+        task = asyncio.get_running_loop().create_task(_reserved(entry))
+        assert await asyncio.to_thread(inserted.wait, 30)
+        task.cancel()  # the client left
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        entry.finish(CLIENT_CLOSED, "client disconnected before the answer was ready")
+        await asyncio.to_thread(ledger.flush, 3)  # what the writer is given meanwhile, it writes now
+        release.set()
+
+    try:
+        asyncio.run(request())
+        assert _requests_row(location, "gone") == (CLIENT_CLOSED, [])
+    finally:
+        release.set()
+        ledger.close()
+
+
+def test_a_request_cancelled_before_the_reserver_takes_its_row_is_never_in_flight(location, tmp_path):
+    ledger = Ledger(location, dead_letter_dir=tmp_path)
+    hold = threading.Event()
+    first = ledger.reserve_soon(lambda: (hold.wait(timeout=30), (_row("first"), None))[1])  # the reserver is busy
+    entry = RequestLedgerEntry(ledger, PriceBook(), "gone", "default")
+
+    async def request() -> None:
+        task = asyncio.get_running_loop().create_task(_reserved(entry))
+        await asyncio.sleep(0.05)  # queued behind the first
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        entry.finish(CLIENT_CLOSED, "client disconnected before the answer was ready")
+
+    try:
+        asyncio.run(request())
+        hold.set()
+        first.result(timeout=30)
+        assert _requests_row(location, "gone") == (CLIENT_CLOSED, ["first"])
+    finally:
+        hold.set()
+        ledger.close()

@@ -8,6 +8,14 @@ from pipelines.chunking import ScoredChunk
 from pipelines.documents import Document
 from pipelines.scope import SHARED, KeyScope
 
+# What a request's retrieval (rag) or unit scoring (long) read, under the provenance key RETRIEVAL_INDEX (and so in
+# the ledger's provenance): INDEX_FULL, the documents' whole index (every chunk embedded and full-text indexed);
+# INDEX_PARTIAL, attached documents still being embedded in the background (pipelines.store.pending): candidates
+# chosen by BM25 over all their chunks, and only those (and the chunks embedded so far) ranked by vector.
+RETRIEVAL_INDEX = "retrieval_index"
+INDEX_FULL = "full"
+INDEX_PARTIAL = "partial"
+
 
 @dataclass
 class ContextRequest:

@@ -12,25 +12,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
-import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.base import INDEX_FULL, INDEX_PARTIAL, RETRIEVAL_INDEX, ContextRequest, PreparedPrompt
 from pipelines.cache import LockedLRU
 from pipelines.chunking import pack_spans
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
+from pipelines.lexical import BM25Index
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, count_message_tokens
 from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import LongContextSettings
 from pipelines.structure import page_at, page_starts, split_sections
 from pipelines.tokens import count_tokens, truncate_tokens
+
+if TYPE_CHECKING:
+    from pipelines.store.pending import PendingInline
 
 log = logging.getLogger(__name__)
 
@@ -162,28 +164,11 @@ class UnitCache:
 
 
 # -- relevance ---------------------------------------------------------------------------------
-def _terms(text: str) -> list[str]:
-    return [t for t in re.findall(r"\w+", text.lower()) if len(t) > 1]
-
-
-def bm25_scores(question: str, units: list[Unit], k1: float = 1.5, b: float = 0.75) -> list[float]:
+def bm25_scores(question: str, units: list[Unit]) -> list[float]:
     """BM25 of the question's terms against each unit (the units are the corpus)."""
-    counts = [Counter(_terms(u.text)) for u in units]
-    if not counts:
+    if not units:
         return []
-    lengths = [sum(c.values()) for c in counts]
-    avg = (sum(lengths) / len(lengths)) or 1.0
-    scores = [0.0] * len(units)
-    for term in set(_terms(question)):
-        df = sum(1 for c in counts if term in c)
-        if df == 0:
-            continue
-        idf = math.log(1 + (len(units) - df + 0.5) / (df + 0.5))
-        for i, c in enumerate(counts):
-            tf = c.get(term, 0)
-            if tf:
-                scores[i] += idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * lengths[i] / avg))
-    return scores
+    return BM25Index([u.text for u in units]).scores(question).tolist()
 
 
 def embedding_scorer(embedder: Embedder, window_tokens: int = SCORING_WINDOW_TOKENS) -> UnitScorer:
@@ -380,13 +365,15 @@ class LongContextPipeline:
         if self.store is not None:
             store = self.store
             if collection is not None:
-                return store_scorer(store, lambda ids: store.chunk_vectors(collection, ids), scope)
-            # attached documents: scored from the inline collection that caches their chunk vectors,
-            # ingested (once) only when scores are needed at all
-            return store_scorer(
+                return StoreScorer(store, lambda ids: store.chunk_vectors(collection, ids), scope)
+            # attached documents: scored from the inline collection that caches their chunk vectors, ingested
+            # (once) only when scores are needed at all; while it is embedded in the background, from its first
+            # pass (pipelines.store.pending)
+            return StoreScorer(
                 store,
                 lambda ids: store.read_inline(documents, lambda name: store.chunk_vectors(name, ids), scope=scope),
                 scope,
+                pending=lambda: store.inline_pending(documents, scope),
             )
         if self.embedder is not None:
             return embedding_scorer(self.embedder)
@@ -411,12 +398,13 @@ class LongContextPipeline:
         documents, collection = self._documents(request)
         history = carry_history(request.messages, self.history_budget_tokens)
         budget = self._budget(history)
+        scorer = self._scorer(documents, collection, request.scope)
         packed = pack_long_context(
             request.question,
             documents,
             self.settings,
             budget,
-            self._scorer(documents, collection, request.scope),
+            scorer,
             self.unit_cache,
             _units_scope(request, collection),
         )
@@ -432,6 +420,8 @@ class LongContextPipeline:
             "placement": self.settings.placement,
             "units_sent": len(packed.units),
             "units_total": packed.total_units,
+            # what the units were scored from, when they were scored from the store (pipelines.base)
+            **({RETRIEVAL_INDEX: scorer.index} if isinstance(scorer, StoreScorer) and scorer.index else {}),
             "documents": [
                 {
                     "id": d.id,
@@ -463,23 +453,44 @@ def _units_scope(request: ContextRequest, collection: str | None) -> KeyScope:
     return SHARED if collection is not None else request.scope
 
 
-def store_scorer(store, vectors: Callable[[set[str]], dict], scope: KeyScope = SHARED) -> UnitScorer:
-    """Scores a unit by the best cosine similarity of the question to the stored chunks it overlaps:
-    the documents were embedded at ingestion, so only the question is embedded here. `vectors(doc ids)` reads
-    their chunk vectors (DocumentStore.chunk_vectors) when called: attached documents are ingested only then."""
+class StoreScorer:
+    """Scores a unit by the best cosine similarity of the question to the stored chunks it overlaps: the documents
+    were embedded at ingestion, so only the question is embedded here. `vectors(doc ids)` reads their chunk vectors
+    (DocumentStore.chunk_vectors) when called: attached documents are ingested only then. `pending()`, for attached
+    documents, is their first pass while they are embedded in the background (DocumentStore.inline_pending, None
+    once they are stored): units are then scored from the chunks embedded so far (the question's BM25 candidates
+    among them), and a unit holding none of those ranks after every unit that does, by its BM25 score.
+    `index` says afterwards which it was (pipelines.base)."""
 
-    def score(question: str, units: list[Unit]) -> list[float]:
-        query = store.embedder.embed_query(question, scope)
-        stored = vectors({u.doc_id for u in units})
+    def __init__(
+        self,
+        store,
+        vectors: Callable[[set[str]], dict],
+        scope: KeyScope = SHARED,
+        pending: Callable[[], PendingInline | None] | None = None,
+    ):
+        self.store, self.vectors, self.scope, self.pending = store, vectors, scope, pending
+        self.index: str | None = None  # set when scoring
+
+    def __call__(self, question: str, units: list[Unit]) -> list[float]:
+        query = self.store.embedder.embed_query(question, self.scope)
+        doc_ids = {u.doc_id for u in units}
+        first_pass = self.pending() if self.pending is not None else None
+        if first_pass is None:
+            stored = self.vectors(doc_ids)
+            self.index = INDEX_FULL
+        else:
+            stored = first_pass.chunk_vectors(question, doc_ids)
+            self.index = INDEX_PARTIAL
         sims = {doc_id: v.vectors @ query for doc_id, v in stored.items()}
-        scores = []
+        scores: list[float | None] = []
         for u in units:
             found = stored.get(u.doc_id)
-            if found is None:
-                scores.append(-1.0)
-                continue
-            overlap = (found.starts < u.end) & (found.ends > u.start)
-            scores.append(float(sims[u.doc_id][overlap].max()) if overlap.any() else -1.0)
-        return scores
-
-    return score
+            overlap = (found.starts < u.end) & (found.ends > u.start) if found is not None else None
+            scores.append(float(sims[u.doc_id][overlap].max()) if overlap is not None and overlap.any() else None)
+        if first_pass is None:
+            return [-1.0 if s is None else s for s in scores]
+        lexical = bm25_scores(question, units)
+        top = max(lexical, default=0.0) or 1.0
+        # units with no embedded chunk: below every cosine (>= -1), in BM25 order among themselves
+        return [-3.0 + lexical[i] / top if s is None else s for i, s in enumerate(scores)]

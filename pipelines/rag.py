@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipelines.base import ContextRequest, PreparedPrompt
+from pipelines.base import INDEX_FULL, INDEX_PARTIAL, RETRIEVAL_INDEX, ContextRequest, PreparedPrompt
 from pipelines.chunking import Chunk, ScoredChunk
 from pipelines.messages import carry_history, count_message_tokens
 from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import RagSettings
 from pipelines.store import DocumentStore
+from pipelines.store.pending import PendingInline
 from pipelines.tokens import count_tokens
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,7 @@ class Retrieval:
     passages: list[Passage] = field(default_factory=list)
     context_text: str = ""
     context_tokens: int = 0
+    index: str = INDEX_FULL  # what was searched (pipelines.base: INDEX_FULL, or INDEX_PARTIAL for a first pass)
 
     @property
     def top_vector_score(self) -> float:
@@ -115,15 +117,22 @@ class RagPipeline:
         self.history_budget_tokens = history_budget_tokens
 
     # -- retrieval -------------------------------------------------------------------------------
-    def retrieve(self, collection: str, question: str, scope: KeyScope = SHARED) -> Retrieval:
+    def retrieve(
+        self, collection: str, question: str, scope: KeyScope = SHARED, pending: PendingInline | None = None
+    ) -> Retrieval:
+        """`pending`: the collection's first pass while its documents are embedded (pipelines.store.pending), which
+        answers search, neighbours and titles in its stead."""
+        reader: DocumentStore | PendingInline = self.store if pending is None else pending
         query_vector = self.store.embedder.embed_query(question, scope)
-        hits = self.store.search(collection, question, self.settings.top_k, query_vector=query_vector)
-        candidates = self._expand(collection, hits, query_vector)
-        titles = {d: t for d, (t, _) in self.store.titles(collection, {c.chunk.doc_id for c in candidates}).items()}
+        hits = reader.search(collection, question, self.settings.top_k, query_vector=query_vector)
+        candidates = self._expand(reader, collection, hits, query_vector)
+        titles = {d: t for d, (t, _) in reader.titles(collection, {c.chunk.doc_id for c in candidates}).items()}
         selected, passages, text = self._select(candidates, titles)
-        return Retrieval(collection, question, hits, selected, passages, text, count_tokens(text) if text else 0)
+        tokens = count_tokens(text) if text else 0
+        index = INDEX_FULL if pending is None else INDEX_PARTIAL
+        return Retrieval(collection, question, hits, selected, passages, text, tokens, index)
 
-    def _expand(self, collection: str, hits: list[ScoredChunk], query_vector: np.ndarray) -> list[ScoredChunk]:
+    def _expand(self, reader, collection: str, hits: list[ScoredChunk], query_vector: np.ndarray) -> list[ScoredChunk]:
         """Hits plus their neighbours, each as a ScoredChunk whose score is its selection priority."""
         if not hits:
             return []
@@ -134,7 +143,7 @@ class RagPipeline:
             n, p = reach[id(h)], h.chunk.position
             wanted.setdefault(h.chunk.doc_id, set()).update(q for q in range(p - n, p + n + 1) if q >= 0 and q != p)
         priority: dict[tuple[str, int], ScoredChunk] = {(h.chunk.doc_id, h.chunk.position): h for h in hits}
-        for chunk, vector_score in self.store.neighbours(collection, wanted, query_vector):
+        for chunk, vector_score in reader.neighbours(collection, wanted, query_vector):
             key = (chunk.doc_id, chunk.position)
             for h in hits:
                 n, distance = reach[id(h)], abs(h.chunk.position - chunk.position)
@@ -217,6 +226,7 @@ class RagPipeline:
             ],
             "chunks": [dict(c.to_dict(), expanded=c.rank == 0) for c in retrieval.selected],
             "retrieval": retrieval.summary(),
+            RETRIEVAL_INDEX: retrieval.index,
         }
         return PreparedPrompt(out, provenance, count_message_tokens(out), retrieval.hits)
 
@@ -233,8 +243,12 @@ class RagPipeline:
 
     def retrieve_for(self, request: ContextRequest) -> Retrieval:
         """Retrieval from the request's collection, or from its attached documents' inline collection (ingested
-        if need be, and again should it be dropped while being read)."""
+        if need be, and again should it be dropped while being read); while new attached documents are embedded
+        in the background, from their first pass (pipelines.store.pending)."""
         if request.documents:
+            pending = self.store.inline_pending(request.documents, request.scope)
+            if pending is not None:
+                return self.retrieve(pending.name, request.question, request.scope, pending)
             return self.store.read_inline(
                 request.documents,
                 lambda name: self.retrieve(name, request.question, request.scope),

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
@@ -169,6 +170,8 @@ def create_app(
             yield
         finally:
             await routing.learning.aclose()  # shadow and judge work: waited for, or cancelled and ledgered
+            if startup.store is not None:  # attached documents embedded in the background: stopped, waited for
+                await anyio.to_thread.run_sync(startup.store.close)
             await upstream.aclose()
             ledger.close()
             keys.close()

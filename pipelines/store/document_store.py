@@ -37,6 +37,7 @@ from pipelines.store.inline import InlineCollections
 from pipelines.store.lance_errors import MISSING_TABLE, io_as_unavailable
 from pipelines.store.locks import KeyedLocks
 from pipelines.store.names import content_hash, is_inline, validate_collection_name
+from pipelines.store.pending import PendingInline
 from pipelines.store.tables import CHUNKS, DOCS, chunks_schema, compact, docs_schema, upsert
 from pipelines.store.vectors import ChunkVectorCache, ChunkVectors
 from pipelines.structure import find_cross_references, split_sections
@@ -67,7 +68,12 @@ def prepare_document(doc: Document, digest: str, chunking: ChunkingSettings) -> 
     """The document row and the chunks an ingestion writes for `doc` (ids, positions, counts): the one
     definition every ingestion uses, in this process or on a Ray worker."""
     chunks = chunk_document(doc, chunking)
-    row = {
+    return document_row(doc, digest, chunks), chunks
+
+
+def document_row(doc: Document, digest: str, chunks: list[Chunk]) -> dict:
+    """The document's row, for its chunks (prepare_document's, or the same made earlier: pipelines.store.pending)."""
+    return {
         "id": doc.id,
         "title": doc.title,
         "source": doc.source,
@@ -79,7 +85,6 @@ def prepare_document(doc: Document, digest: str, chunking: ChunkingSettings) -> 
         "chunks": len(chunks),
         "metadata": json.dumps(doc.metadata, ensure_ascii=False, default=str),
     }
-    return row, chunks
 
 
 class IngestCancelled(Exception):
@@ -392,6 +397,23 @@ class DocumentStore:
         requests with the same new documents embed them once. Read it through read_inline, which survives
         its being dropped meanwhile. Each key scope has its own (pipelines.scope)."""
         return self.inline.collection(docs, should_stop, scope)
+
+    @io_as_unavailable
+    def inline_pending(self, docs: list[Document], scope: KeyScope = SHARED) -> PendingInline | None:
+        """None when these documents' inline collection holds them (read it through read_inline); else the first
+        pass over them while their background ingestion runs (pipelines.store.pending): started by the first
+        caller, restarted by the next after a failure. None too when the first pass is off
+        (rag.first_pass_candidates 0), after close(), or with too many ingestions under way: read_inline then
+        embeds the documents before answering."""
+        return self.inline.pending(docs, scope)
+
+    def wait_inline(self, timeout: float | None = None) -> None:
+        """Wait for the background ingestions of attached documents under way now (tests, benchmarks)."""
+        self.inline.wait(timeout)
+
+    def close(self) -> None:
+        """Stop and wait for the background ingestions of attached documents (the gateway's shutdown)."""
+        self.inline.close()
 
     def inline_name(self, docs: list[Document], scope: KeyScope = SHARED) -> str:
         """The inline collection of these documents under this key scope (pipelines.scope): an HMAC of the scope,

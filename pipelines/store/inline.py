@@ -6,7 +6,8 @@ Several replicas may share the store, so what is kept is decided from the store 
 settings.inline_cache_idle_seconds are dropped. A reader whose collection was dropped all the same (another
 replica's clock ahead, a read slower than the idle period) embeds the documents again and reads once more (read):
 slower, never an error. Names are an HMAC under a secret kept in the store, so no client can derive the name of
-another key's attached documents.
+another key's attached documents. While new documents are embedded in the background, questions on them are
+answered from a first pass (pending: pipelines.store.pending).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from pipelines.store import filters
 from pipelines.store.lance_errors import dropped, storage_failed
 from pipelines.store.locks import KeyedLocks
 from pipelines.store.names import INLINE_PREFIX, content_hash, is_inline
+from pipelines.store.pending import CLOSE_TIMEOUT_S, MAX_PENDING, PendingInline
 from pipelines.store.tables import DOCS, PRIMARY_KEY, compact, upsert
 
 if TYPE_CHECKING:
-    from pipelines.store.document_store import DocumentStore
+    from pipelines.store.document_store import DocumentStore, IngestEngine
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +64,10 @@ class InlineCollections:
         self._usage_writes = 0
         self._secret: bytes | None = None
         self._secret_lock = threading.Lock()
+        self._pending: dict[str, PendingInline] = {}  # inline collections embedded in the background, by name
+        self._pending_lock = threading.Lock()
+        self._making = KeyedLocks()  # per inline collection: its documents chunked once for the first pass
+        self._closed = False
 
     @property
     def settings(self):
@@ -69,16 +75,21 @@ class InlineCollections:
 
     # -- making and reading ----------------------------------------------------------------------
     def collection(
-        self, docs: list[Document], should_stop: Callable[[], bool] | None = None, scope: KeyScope = SHARED
+        self,
+        docs: list[Document],
+        should_stop: Callable[[], bool] | None = None,
+        scope: KeyScope = SHARED,
+        engine: IngestEngine | None = None,
     ) -> str:
-        """See DocumentStore.inline_collection."""
+        """See DocumentStore.inline_collection. `engine`: a first pass's (pipelines.store.pending), which brings the
+        chunks and vectors it made."""
         name = self.name(docs, scope)
         # recorded before ingesting: from now on no process takes it for idle
         self._record_use(name)
         if not self.holds(name, docs):
             with self._ingesting.hold(name):
                 if not self.holds(name, docs):
-                    self.store.ingest(name, docs, should_stop=should_stop)
+                    self.store.ingest(name, docs, should_stop=should_stop, engine=engine)
                     self._drop_foreign(name, docs)
                     self._drop_idle()  # only a new collection can take the store past the cap
         return name
@@ -107,6 +118,56 @@ class InlineCollections:
         except CollectionNotFound:
             # dropped twice in a moment: a store too busy to keep anything; the client may try again
             raise StoreUnavailable(StoreUnavailable.message) from None
+
+    # -- the first pass while new documents are embedded (pipelines.store.pending) -----------------
+    def pending(self, docs: list[Document], scope: KeyScope = SHARED) -> PendingInline | None:
+        """See DocumentStore.inline_pending."""
+        if self.settings.first_pass_candidates == 0:
+            return None
+        name = self.name(docs, scope)
+        with self._pending_lock:
+            found = self._pending.get(name)
+        if found is not None:
+            return found
+        self._record_use(name)
+        if self.holds(name, docs):
+            return None
+        with self._making.hold(name):  # twenty first questions at once: one chunking, one background ingestion
+            with self._pending_lock:
+                found = self._pending.get(name)
+                if found is not None or self._closed or len(self._pending) >= MAX_PENDING:
+                    return found
+            made = PendingInline(self, name, docs, scope)  # chunking: outside the registry's lock
+            with self._pending_lock:
+                if self._closed:
+                    return None
+                self._pending[name] = made
+            return made
+
+    def finished(self, pending: PendingInline) -> None:
+        """A background ingestion ended (done, failed or stopped): later requests read the collection itself, or,
+        should it not hold the documents (failed), start again."""
+        with self._pending_lock:
+            if self._pending.get(pending.name) is pending:
+                del self._pending[pending.name]
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the background ingestions under way now to end (done, failed or stopped)."""
+        with self._pending_lock:
+            pending = list(self._pending.values())
+        for p in pending:
+            p.join(timeout)
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Stop the background ingestions between embedding slices and wait for them; no new ones start. What
+        they wrote stays (whole documents' chunks at most: never taken for a complete collection)."""
+        with self._pending_lock:
+            self._closed = True
+            pending = list(self._pending.values())
+        for p in pending:
+            p.stop()
+        for p in pending:
+            p.join(timeout)
 
     def holds(self, collection: str, docs: list[Document]) -> bool:
         """Whether the inline collection holds exactly these documents: the same ids with the same content hashes,

@@ -79,9 +79,12 @@ def test_second_long_request_on_attached_documents_embeds_no_document_text(tmp_p
 
     first = ask("What is the part number of the replacement impeller kit?")
     assert first.provenance["all_fitted"] is False  # the documents exceed the window: units were chosen
-    assert "HP-IK-2231" in first.messages[-1]["content"]  # by stored chunk vectors
+    assert "HP-IK-2231" in first.messages[-1]["content"]  # by the first pass (pipelines.store.pending)
+    assert first.provenance["retrieval_index"] == "partial"
+    planner.store.wait_inline()  # the documents, embedded in the background
     calls, queries = embedder.calls, embedder.queries_embedded
     second = ask("Which fuse protects the pump motor?")
+    assert second.provenance["retrieval_index"] == "full"  # by stored chunk vectors
     assert embedder.calls == calls  # no document text embedded again
     assert embedder.queries_embedded - queries == 1  # the new question, once
     assert "15 ampere fuse" in second.messages[-1]["content"]
@@ -101,6 +104,7 @@ def test_edges_placement_when_everything_fits_scores_from_stored_vectors(tmp_pat
     assert "HP-IK-2231" in first_block  # the best unit leads
     scores = [u["score"] for u in prepared.provenance["units"]]
     assert scores[0] == max(scores)
+    planner.store.wait_inline()
     calls, queries = embedder.calls, embedder.queries_embedded
     parsed, body = chat("Where are the dealers?", DOCUMENTS, route=LONG)
     planner.prepare(planner.plan(parsed, body["messages"]), LONG)

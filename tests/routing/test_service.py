@@ -155,21 +155,30 @@ def test_plain_long_prompt_is_routed_with_the_question_after_the_marker(start, u
 
 
 def test_inline_documents_are_embedded_once(start, embedder, monkeypatch):
-    url, _ = start()
-    calls = []
-    original = embedder.embed
+    url, app = start()
+    calls, queries = [], []
+    original, original_queries = embedder.embed, embedder.embed_queries
 
     def counting(texts):
         calls.append(len(texts))
         return original(texts)
 
+    def counting_queries(texts):
+        queries.append(len(texts))
+        return original_queries(texts)
+
     monkeypatch.setattr(embedder, "embed", counting)
+    monkeypatch.setattr(embedder, "embed_queries", counting_queries)
     documents = [{"id": "m", "text": manual(sections=12, planted_at=5)}]
-    ask(url, "What is the password?", documents=documents)
-    first = sum(calls)
-    ask(url, "Which valves close clockwise?", documents=documents)
-    assert first > 1  # the chunks the first time
+    answered = ask(url, "What is the password?", documents=documents).http_response.json()
+    assert answered["selfroute"]["provenance"]["retrieval_index"] == "partial"  # answered from the first pass
+    app.state.gateway.store.wait_inline()  # while the chunks were embedded in the background
+    first, first_queries = sum(calls), sum(queries)
+    again = ask(url, "Which valves close clockwise?", documents=documents).http_response.json()
+    assert first + first_queries > 2  # the chunks the first time (the first pass's candidates, then the rest)
     assert sum(calls) == first  # no document text the second time (questions have their own model copy)
+    assert sum(queries) == first_queries + 1  # the new question, nothing else
+    assert again["selfroute"]["provenance"]["retrieval_index"] == "full"
 
 
 def test_collections_api_and_collection_requests(start, upstream):

@@ -379,16 +379,16 @@ def test_cached_work_is_never_shared_between_keys(upstream, tmp_path, monkeypatc
 def test_attached_documents_dropped_by_another_replica_mid_request_are_embedded_again(upstream, tmp_path, monkeypatch):
     """Two replicas on one store (here a second DocumentStore on the gateway's directory), no idle period: the other
     replica, past the cap, drops the request's inline collection between its ingestion and its retrieval. The
-    request embeds the documents again and answers; it used to be a 500 (KeyError from the search)."""
+    request embeds the documents again and answers; it used to be a 500 (KeyError from the search). (Documents
+    embedded before answering: no first pass, pipelines.store.pending.)"""
     from pipelines.documents import Document
     from pipelines.store import DocumentStore
 
     base, _ = upstream
     monkeypatch.setenv("OPENAI_API_BASE", f"{base}/v1")
     policy = make_policy(base)
-    policy = policy.model_copy(
-        update={"rag": policy.rag.model_copy(update={"inline_cache_collections": 1, "inline_cache_idle_seconds": 0})}
-    )
+    update = {"inline_cache_collections": 1, "inline_cache_idle_seconds": 0, "first_pass_candidates": 0}
+    policy = policy.model_copy(update={"rag": policy.rag.model_copy(update=update)})
     with running_gateway(tmp_path, policy) as (url, app):
         store = app.state.gateway.store
         other = DocumentStore(store.uri, store.embedder, policy.rag)

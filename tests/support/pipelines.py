@@ -58,3 +58,17 @@ class CountingEmbedder(Embedder):
     @property
     def dimension(self) -> int:
         return self._inner.dimension
+
+
+class SlowEmbedder(CountingEmbedder):
+    """Document batches take `delay` seconds more: an ingestion long enough to stop midway."""
+
+    def __init__(self, inner: Embedder, delay: float):
+        super().__init__(inner)
+        self.delay = delay
+
+    def embed(self, texts, progress=None):
+        import time
+
+        time.sleep(self.delay)
+        return super().embed(texts, progress)

@@ -7,6 +7,8 @@ import argparse
 import json
 import sys
 
+from gateway.commands._common import whole_number
+
 
 def add_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
@@ -18,6 +20,13 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument("--shadow-rate", type=float, default=0.05, help="share of accepted cheap answers shadowed")
     replay.add_argument("--judge-noise", type=float, default=0.0, help="probability a judge verdict is flipped")
     replay.add_argument("--refit-every", type=int, default=100, help="refit the verifier every N questions")
+    replay.add_argument(
+        "--sim-seeds",
+        type=whole_number("--sim-seeds"),
+        default=1,
+        help="run each stream with this many order seeds (--seed, --seed + 1, ...; features computed once) and report "
+        "the mean and spread of the trailing figures",
+    )
     replay.add_argument("--sim-window", type=int, default=250, help="questions per window of the learning curve")
     replay.add_argument(
         "--sim-after", type=int, default=1000, help="the trailing figures count the questions after this many"
@@ -30,6 +39,13 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "always-long's, instead of holding the frozen router's spend",
     )
     replay.add_argument(
+        "--sim-share",
+        choices=["frozen-spend", "in-force"],
+        default="frozen-spend",
+        help="the escalation share each refit's thresholds hold: the frozen router's spend (learning legs included; "
+        "default) or learn's default, the share the policy in force escalated",
+    )
+    replay.add_argument(
         "--sim-split",
         default=None,
         metavar="FIELD",
@@ -39,13 +55,14 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "--learn-estimator",
         choices=["logistic", "boosting"],
         default="logistic",
-        help="the refitted verifier's estimator (logistic: steadier on a few hundred labels)",
+        help="the refitted models' estimator, as `selfroute learn --estimator` (logistic: steadier on a few hundred "
+        "labels)",
     )
 
 
 def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
     from gateway.evaluation.examples import CorpusInputs, corpus_windows
-    from gateway.evaluation.learning_sim import SimQuestion, format_simulation, simulate, targets
+    from gateway.evaluation.learning_sim import SimQuestion, format_simulation, seed_summary, simulate, targets
     from gateway.evaluation.report import build_items
     from gateway.evaluation.verification import answer_rows, cheap_answers
     from gateway.routing.model_files import load_route_model, load_verifier_model
@@ -83,34 +100,53 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
         key = str(example.record.get(args.sim_split)) if args.sim_split else ", ".join(str(d) for d in args.data)
         parts.setdefault(key, []).append(SimQuestion(item, row))
     out = []
+    seeds = range(args.seed, args.seed + args.sim_seeds)
     for name, questions in sorted(parts.items()):
-        result = simulate(
-            questions,
-            policy,
-            prices,
-            shadow_rate=args.shadow_rate,
-            judge_noise=args.judge_noise,
-            refit_every=args.refit_every,
-            seed=args.seed,
-            window=args.sim_window,
-            after=args.sim_after,
-            max_token_share=args.sim_max_token_share,
-            estimator=args.learn_estimator,
-            feature_names=verifier.feature_names,
-        )
-        met = targets(result)
-        out.append({"part": name, **result.to_dict(), "targets": met, "questions": len(questions)})
-        if not args.json:
-            print(format_simulation(result, f"{name} ({len(questions)} questions)"))
+        for seed in seeds:
+            result = simulate(
+                questions,
+                policy,
+                prices,
+                shadow_rate=args.shadow_rate,
+                judge_noise=args.judge_noise,
+                refit_every=args.refit_every,
+                seed=seed,
+                window=args.sim_window,
+                after=args.sim_after,
+                max_token_share=args.sim_max_token_share,
+                estimator=args.learn_estimator,
+                feature_names=verifier.feature_names,
+                share_rule=args.sim_share,
+                verifier=verifier,
+                route_model=model,
+            )
+            met = targets(result)
+            out.append({"part": name, **result.to_dict(), "targets": met, "questions": len(questions)})
+            if not args.json:
+                print(format_simulation(result, f"{name} ({len(questions)} questions)"))
+                print(
+                    "targets: "
+                    + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in met.items())
+                    + "\n"
+                )
+    summary = seed_summary(out)
+    if not args.json and args.sim_seeds > 1:
+        print(f"over order seeds {seeds.start}..{seeds.stop - 1}: mean [min, max]")
+        for name, figures in summary.items():
             print(
-                "targets: "
-                + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in met.items())
-                + "\n"
+                f"  {name}: "
+                + ", ".join(f"{k} {v['mean']:.3f} [{v['min']:.3f}, {v['max']:.3f}]" for k, v in figures.items())
             )
     if args.json:
         print(
             json.dumps(
-                {"data": ", ".join(str(d) for d in args.data), "split": args.sim_split, "runs": out},
+                {
+                    "data": ", ".join(str(d) for d in args.data),
+                    "split": args.sim_split,
+                    "runs": out,
+                    "seeds": list(seeds),
+                    "summary": summary,
+                },
                 indent=2,
                 default=float,
             )

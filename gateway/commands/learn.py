@@ -2,16 +2,19 @@
 the answer verifier and, with enough labels, the pre-route classifier on the ledger's labels (optionally blended with
 the shipped training data), compare each out of fold with the model in force on those labels, and only when a refit
 is better write its new model file beside the policy and point the policy at it (the old file is kept; a running
-gateway loads it at its policy reload, `POST /v1/admin/reload`, or a restart).
+gateway loads it at its policy reload, `POST /v1/admin/reload`, or a restart). When no refit is better, the
+verifier's two thresholds (P(good) and the refusal threshold) are re-chosen for the model in force and written when
+they beat what the policy in force did on the labelled answers.
 
-The comparison: folds grouped by document (the features' `group`), each labelled request scored by a model fitted
-without its document (and, with --blend-shipped, on all of the shipped data, which is never scored); the model in
-force scores the same requests as it is. Both escalate the same share of the labelled cheap answers (the verifier:
-the share the policy in force escalates on them; the classifier: the share the policy in force sent long after their
-cheap answer, here sent long up front), least trusted first; the replay quality is the share of labelled requests
-whose answer is as good as the long route's (an escalated answer is; an accepted one is when its label says so).
-Shadow labels stand for all accepted answers (weight 1 / shadow_rate). A new classifier's threshold keeps the share
-of recorded requests the classifier in force sent long.
+The comparison (gateway.evaluation.refit, which the learning simulation runs too): folds grouped by document (the
+features' `group`), each labelled request scored by a model fitted without its document (and, with --blend-shipped,
+on all of the shipped data, which is never scored); the model in force scores the same requests as it is. The
+verifier: both at their best verifier and refusal thresholds for the share of labelled cheap answers the policy in
+force escalated (or --escalation-share), decided by the live escalation rule; the classifier: both sending long up
+front the share the policy in force sent long after their cheap answer, least trusted first. The replay quality is
+the share of labelled requests whose answer is as good as the long route's (an escalated answer is; an accepted one is
+when its label says so). Shadow labels stand for all accepted answers (weight 1 / shadow_rate). A new classifier's
+threshold keeps the share of recorded requests the classifier in force sent long.
 """
 
 from __future__ import annotations
@@ -20,13 +23,11 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.commands._common import add_ledger_argument, ledger_location
+from gateway.evaluation.refit import MIN_LABELS, MIN_ROUTE_LABELS, Blend
 from gateway.files import write_atomic
-
-MIN_GAIN_POINTS = 0.5  # replay quality gain (points) a refit needs before it replaces the model in force
 
 
 def register(subparsers, parents) -> None:
@@ -39,12 +40,25 @@ def register(subparsers, parents) -> None:
     )
     parser.add_argument("--policy", required=True, type=Path, help="the policy in force (updated in place)")
     parser.add_argument("--since", default="30d", help="labels of requests since this age (default 30d)")
-    parser.add_argument("--min-labels", type=int, default=50, help="fewer labelled requests: nothing is refitted")
+    parser.add_argument(
+        "--min-labels",
+        type=int,
+        default=MIN_LABELS,
+        help=f"fewer labelled requests: nothing is refitted ({MIN_LABELS})",
+    )
     parser.add_argument(
         "--min-route-labels",
         type=int,
-        default=200,
-        help="labelled requests with pre-route features the classifier needs before it is refitted (default 200)",
+        default=MIN_ROUTE_LABELS,
+        help="labelled requests with pre-route features the classifier needs before it is refitted "
+        f"(default {MIN_ROUTE_LABELS})",
+    )
+    parser.add_argument(
+        "--escalation-share",
+        type=float,
+        default=None,
+        help="the share of labelled cheap answers the verifier's new thresholds escalate (weighted; default: the share "
+        "the policy in force escalated); given, the thresholds are re-chosen even when no refit is better",
     )
     parser.add_argument("--estimator", choices=["logistic", "boosting"], default="logistic")
     parser.add_argument("--folds", type=int, default=5)
@@ -79,78 +93,25 @@ def _weights(requests, shadow_rate: float) -> list[float]:
     return out
 
 
-def replay_quality(scores, labels, weights, share: float) -> float:
-    """Points: escalate the `share` least-trusted (weighted), the rest stand on their labels."""
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    total = sum(weights)
-    budget, good = share * total, 0.0
-    for i in order:
-        if budget > 0:
-            budget -= weights[i]
-            good += weights[i]  # escalated: as good as long
-        else:
-            good += weights[i] * labels[i]
-    return 100.0 * good / total if total else 0.0
+def _labelled_answers(labelled, labels: list[int], weights: list[float]):
+    """The ledger's labelled requests as the refit reads them (gateway.evaluation.refit.LabelledAnswers)."""
+    from gateway.evaluation.recorded import _numbers
+    from gateway.evaluation.refit import LabelledAnswers
 
-
-@dataclass
-class Labelled:
-    """Training rows: the ledger's labelled requests first, then any blended shipped lines (never scored)."""
-
-    rows: list[dict]
-    labels: list[int]
-    groups: list[str]
-    weights: list[float]
-    n_ledger: int
-
-
-@dataclass
-class Blend:
-    """The shipped lines' features for both models, their labels and choice weights."""
-
-    route_rows: list[dict]
-    answer_rows: list[dict]
-    labels: list[int]
-    weights: list[float]
-    groups: list[str]
-
-
-def _blended(rows, labels, groups, weights, blend: Blend | None, blend_rows, blend_weight: float) -> Labelled:
-    if blend is None:
-        return Labelled(list(rows), list(labels), list(groups), list(weights), len(rows))
-    # the shipped lines together weigh blend_weight times the ledger labels, in their own proportions
-    scale = blend_weight * sum(weights) / (sum(blend.weights) or 1.0)
-    return Labelled(
-        [*rows, *blend_rows],
-        [*labels, *blend.labels],
-        [*groups, *(f"shipped:{g}" for g in blend.groups)],
-        [*weights, *(w * scale for w in blend.weights)],
-        len(rows),
+    return LabelledAnswers(
+        answer_rows=[_numbers(r.features["verifier_features"]) for r in labelled],
+        labels=labels,
+        weights=weights,
+        groups=[r.features.get("group") or r.id for r in labelled],
+        refused=[bool(r.features.get("refused")) for r in labelled],
+        escalated=[bool(r.features.get("escalated")) for r in labelled],
+        # the requests the classifier decided (no rule did)
+        route_rows=[
+            _numbers(r.features["features"]) if r.features.get("features") and r.features.get("rule") is None else None
+            for r in labelled
+        ],
+        p_cheap=[r.features.get("p_cheap") for r in labelled],
     )
-
-
-def _splits(data: Labelled, folds: int, seed: int):
-    """Grouped folds over the ledger's labels; every fold also trains on all of the blended lines."""
-    import numpy as np
-
-    from classifier.training import grouped_folds
-
-    n = data.n_ledger
-    shipped = np.arange(n, len(data.rows))
-    ledger_folds = grouped_folds(data.labels[:n], data.groups[:n], min(folds, len(set(data.groups[:n]))), seed)
-    return [(np.concatenate([train, shipped]), test) for train, test in ledger_folds]
-
-
-def _route_fit_predict(estimator, seed: int, x_train, y_train, w_train, x_test):
-    """A pre-route pipeline (classifier.estimators, the shipped model's settings) fitted with the labels' weights."""
-    import numpy as np
-
-    from classifier.estimators import PRE_ROUTE, build_pipeline
-
-    if len(set(y_train.tolist())) < 2:
-        return None, np.full(len(x_test), float(y_train[0]) if len(y_train) else 0.5)
-    pipeline = build_pipeline(estimator, PRE_ROUTE, seed).fit(x_train, y_train, model__sample_weight=w_train)
-    return pipeline, pipeline.predict_proba(x_test)[:, list(pipeline.classes_).index(1)]
 
 
 def _load_blend(args, policy, route_model) -> Blend:
@@ -219,13 +180,14 @@ def run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     edits: dict[str, dict] = {}  # routing section -> values to write
     models: list = []  # (save function, model, path) to write when the policy edit is good
-    weights = _weights(labelled, policy.routing.learning.shadow_rate)
-    verifier_part = _refit_verifier(args, policy, verifier, labelled, labels, weights, blend, stamp)
+    data = _labelled_answers(labelled, labels, _weights(labelled, policy.routing.learning.shadow_rate))
+    verifier_part = _refit_verifier(args, policy, verifier, data, blend, stamp)
     report.update({k: v for k, v in verifier_part.items() if not k.startswith("_")})
     if "_write" in verifier_part:
         edits["verifier"], saved = verifier_part["_write"]
-        models.append(saved)
-    report["classifier"] = _refit_classifier(args, policy, found, labelled, labels, weights, blend, stamp)
+        if saved is not None:
+            models.append(saved)
+    report["classifier"] = _refit_classifier(args, policy, found, data, blend, stamp)
     if "_write" in report["classifier"]:
         edits["classifier"], saved = report["classifier"].pop("_write")
         models.append(saved)
@@ -245,152 +207,128 @@ def run(args: argparse.Namespace) -> int:
     for save, model, target in models:  # the new files first: the old ones stay where they are
         save(model, target)
     write_atomic(policy_file, text)  # a reload reads the old policy or the new one, never half
-    if "verifier" in edits:
+    if "verifier" in edits and "model_path" in edits["verifier"]:
         report["written"] = str(policy_file.parent / edits["verifier"]["model_path"])
+    elif "verifier" in edits:
+        report["thresholds_written"] = str(policy_file)
     if "classifier" in edits:
         report["classifier"]["written"] = str(policy_file.parent / edits["classifier"]["model_path"])
     return _print(args, report)
 
 
-def _against_in_force(model: str, q_now: float, q_new: float) -> dict:
-    """The refit's out-of-fold replay quality beside the model in force's; with a `decision` to keep the model in
-    force when the refit gains less than MIN_GAIN_POINTS."""
-    out: dict = {"quality_in_force": q_now, "quality_refit": q_new, "gain_points": q_new - q_now}
-    if q_new < q_now + MIN_GAIN_POINTS:
-        out["decision"] = (
-            f"kept the {model} in force: the refit gains {q_new - q_now:+.2f} points (< {MIN_GAIN_POINTS})"
-        )
-    return out
-
-
-def _refit_verifier(args, policy, verifier, labelled, labels, weights, blend, stamp) -> dict:
-    """The verifier's out-of-fold comparison; `_write` holds the policy values and the model file when it is better."""
-    import numpy as np
-
+def _refit_verifier(args, policy, verifier, data, blend, stamp) -> dict:
+    """The verifier's comparison (gateway.evaluation.refit.refit_verifier); `_write` holds the policy values (and the
+    model file) when it changes anything."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.verifier import Split, protocol_scores, threshold_for_escalation_share, train_verifier
-    from gateway.evaluation.recorded import _numbers
+    from gateway.evaluation.refit import refit_verifier
     from gateway.routing.model_files import save_verifier
 
-    rows = [_numbers(r.features["verifier_features"]) for r in labelled]
-    groups = [r.features.get("group") or r.id for r in labelled]
     names = [n for n in verifier.feature_names if n in ANSWER_FEATURE_NAMES] or list(ANSWER_FEATURE_NAMES)
-    data = _blended(rows, labels, groups, weights, blend, blend.answer_rows if blend else None, args.blend_weight)
-    splits = [Split(train, test, "fold") for train, test in _splits(data, args.folds, args.seed)]
-    scored = protocol_scores(
-        data.rows,
-        np.asarray(data.labels),
-        splits,
-        estimator=args.estimator,
-        seed=args.seed,
-        feature_names=names,
-        sample_weight=data.weights,
-    )
-    oof = [float(s) for s in scored[: data.n_ledger]]
-    current = verifier.scores(rows)
-    settings = policy.routing.verifier
-    threshold = settings.threshold if settings is not None and settings.threshold is not None else verifier.threshold
-    assert threshold is not None  # load_verifier_model refuses a verifier with neither
-    share = sum(w for s, w in zip(current, weights) if s < threshold) / sum(weights)
-    q_now, q_new = (replay_quality(s, labels, weights, share) for s in (current, oof))
-    out: dict = {"escalated_share": share, **_against_in_force("verifier", q_now, q_new)}
-    if "decision" in out:
-        return out
-    new_threshold = threshold_for_escalation_share(oof, share)
     blended = f", blended with {len(blend.labels)} lines of {args.blend_shipped.name}" if blend else ""
-    result = train_verifier(
-        data.rows,
-        np.asarray(data.labels),
-        data.groups,
-        estimator=args.estimator,
+    refit = refit_verifier(
+        data,
+        verifier.scores(data.answer_rows),
+        policy,
         feature_names=names,
-        sample_weight=data.weights,
-        n_splits=min(args.folds, len(set(data.groups))),
+        estimator=args.estimator,
+        folds=args.folds,
         seed=args.seed,
-        card={
-            "trained_on": f"{len(labelled)} ledger labels since {args.since}{blended}",
-            "threshold": new_threshold,
-            "threshold_source": f"learn: escalates the in-force share {share:.1%} out of fold",
-        },
+        share=args.escalation_share,
+        blend=blend,
+        blend_weight=args.blend_weight,
+        card={"trained_on": f"{len(data.labels)} ledger labels since {args.since}{blended}"},
     )
-    target = Path(args.policy).parent / f"verifier-learned-{stamp}.skops"
-    out.update(
-        decision=f"refit is better by {q_new - q_now:+.2f} points", new_threshold=new_threshold, model_path=target.name
-    )
-    values = {
-        "model_path": target.name,
-        "threshold": float(new_threshold),
-        "threshold_source": f"learn {stamp}: {len(labelled)} ledger labels{blended}, out-of-fold {q_new:.1f} vs {q_now:.1f}",
+    out: dict = {
+        "escalated_share": refit.share,
+        "quality_recorded": refit.quality_recorded,
+        "quality_in_force": refit.quality_in_force,
+        "quality_refit": refit.quality_refit,
+        "gain_points": refit.gain_points,
+        "decision": refit.decision,
     }
-    out["_write"] = (values, (save_verifier, result.model, target))
+    chosen = refit.thresholds
+    if refit.action == "keep" or chosen is None:
+        return out
+    out.update(new_threshold=chosen.threshold, new_refusal_threshold=chosen.refusal_threshold)
+    values: dict = {"threshold": float(chosen.threshold)}
+    if chosen.refusal_threshold is not None:  # None: the policy's refusal rule is off, and stays off
+        values["refusal_threshold"] = float(chosen.refusal_threshold)
+    what = f"{len(data.labels)} ledger labels{blended}, escalating {refit.share:.1%}"
+    if refit.action == "model":
+        target = Path(args.policy).parent / f"verifier-learned-{stamp}.skops"
+        out["model_path"] = values["model_path"] = target.name
+        values["threshold_source"] = (
+            f"learn {stamp}: {what}, out-of-fold {refit.quality_refit:.1f} vs {refit.quality_in_force:.1f}"
+        )
+        out["_write"] = (values, (save_verifier, refit.model, target))
+    else:
+        values["threshold_source"] = (
+            f"learn {stamp}: {what}, re-chosen for the model in force: {chosen.quality:.1f} vs "
+            f"{refit.quality_recorded:.1f} as recorded"
+        )
+        out["_write"] = (values, None)
     return out
 
 
-def _refit_classifier(args, policy, found, labelled, labels, weights, blend, stamp) -> dict:
-    """The pre-route classifier's refit, when the policy has one and there are enough labels with its features."""
-    import numpy as np
-
+def _refit_classifier(args, policy, found, data, blend, stamp) -> dict:
+    """The pre-route classifier's refit (gateway.evaluation.refit.refit_classifier), when the policy has one."""
     from classifier.features import FEATURE_NAMES
     from classifier.model import RouteModel
-    from classifier.training import feature_matrix
-    from classifier.verifier import threshold_for_escalation_share
     from gateway.evaluation.recorded import _numbers
+    from gateway.evaluation.refit import refit_classifier
     from gateway.routing.model_files import save_model
 
     model, settings = found.route_model, policy.routing.classifier
     if model is None or settings is None:
         return {"decision": "the policy routes without a pre-route classifier: not refitted"}
-    # the requests the classifier decided (no rule did), labelled
-    keep = [i for i, r in enumerate(labelled) if r.features.get("features") and r.features.get("rule") is None]
-    if len(keep) < args.min_route_labels or len({labels[i] for i in keep}) < 2:
-        return {
-            "labelled": len(keep),
-            "decision": f"not refitted: {len(keep)} labelled requests the classifier decided (need "
-            f"{args.min_route_labels}, both good and not)",
-        }
-    rows = [_numbers(labelled[i].features["features"]) for i in keep]
-    y = [labels[i] for i in keep]
-    w = [weights[i] for i in keep]
-    groups = [labelled[i].features.get("group") or labelled[i].id for i in keep]
-    data = _blended(rows, y, groups, w, blend, blend.route_rows if blend else None, args.blend_weight)
-    x, yy, ww = feature_matrix(data.rows), np.asarray(data.labels, dtype=int), np.asarray(data.weights, dtype=float)
-    oof = np.zeros(data.n_ledger)
-    for train, test in _splits(data, args.folds, args.seed):
-        oof[test] = _route_fit_predict(args.estimator, args.seed, x[train], yy[train], ww[train], x[test])[1]
-    current = model.cheap_probabilities(rows)
-    # the share of these answers the policy in force sent long after they were seen, now sent long up front
-    share = sum(wi for i, wi in zip(keep, w) if labelled[i].features.get("escalated")) / sum(w)
-    q_now, q_new = (replay_quality(list(s), y, w, share) for s in (current, oof))
-    out: dict = {"labelled": len(keep), "long_share": share, **_against_in_force("classifier", q_now, q_new)}
-    if "decision" in out:
+    rows = [row for row in data.route_rows if row]
+    in_force = iter(model.cheap_probabilities(rows) if rows else [])
+    p = [next(in_force) if row else None for row in data.route_rows]
+    decided = [
+        (_numbers(r.features["features"]), float(r.features["p_cheap"]))
+        for r in found.requests
+        if r.features.get("p_cheap") is not None and r.features.get("features")
+    ]
+    refit = refit_classifier(
+        data,
+        p,
+        float(settings.threshold),
+        decided,
+        estimator=args.estimator,
+        folds=args.folds,
+        seed=args.seed,
+        min_labels=args.min_route_labels,
+        blend=blend,
+        blend_weight=args.blend_weight,
+    )
+    out: dict = {"labelled": refit.labelled, "decision": refit.decision}
+    if refit.quality_in_force is None or refit.quality_refit is None:
         return out
-    pipeline, _ = _route_fit_predict(args.estimator, args.seed, x, yy, ww, x[:1])
-    # the new threshold keeps the share of recorded requests the classifier in force sent long
-    decided = [r for r in found.requests if r.features.get("p_cheap") is not None and r.features.get("features")]
-    long_before, new_threshold = 0.0, float(settings.threshold)  # nothing it decided recorded: the one in force
-    if decided:
-        recorded = [_numbers(r.features["features"]) for r in decided]
-        long_before = sum(1 for r in decided if r.features["p_cheap"] < settings.threshold) / len(decided)
-        scores = pipeline.predict_proba(feature_matrix(recorded))[:, list(pipeline.classes_).index(1)]
-        new_threshold = float(threshold_for_escalation_share([float(p) for p in scores], long_before))
+    out.update(
+        long_share=refit.long_share,
+        quality_in_force=refit.quality_in_force,
+        quality_refit=refit.quality_refit,
+        gain_points=refit.quality_refit - refit.quality_in_force,
+    )
+    if refit.action != "model" or refit.threshold is None:
+        return out
     blended = f", blended with {len(blend.labels)} lines of {args.blend_shipped.name}" if blend else ""
     target = Path(args.policy).parent / f"classifier-learned-{stamp}.skops"
     card = {
         "feature_names": FEATURE_NAMES,
         "estimator": args.estimator,
-        "trained_on": f"{len(keep)} ledger labels since {args.since}{blended}",
-        "learned_from": f"selfroute learn {stamp}: out-of-fold {q_new:.2f} vs {q_now:.2f} points in force",
-        "threshold": new_threshold,
+        "trained_on": f"{refit.labelled} ledger labels since {args.since}{blended}",
+        "learned_from": f"selfroute learn {stamp}: out-of-fold {refit.quality_refit:.2f} vs "
+        f"{refit.quality_in_force:.2f} points in force",
+        "threshold": refit.threshold,
     }
-    out.update(
-        decision=f"refit is better by {q_new - q_now:+.2f} points", new_threshold=new_threshold, model_path=target.name
-    )
+    out.update(new_threshold=refit.threshold, model_path=target.name)
     values = {
         "model_path": target.name,
-        "threshold": new_threshold,
-        "threshold_source": f"learn {stamp}: keeps the recorded long share {long_before:.1%}",
+        "threshold": refit.threshold,
+        "threshold_source": f"learn {stamp}: keeps the recorded long share {refit.long_before:.1%}",
     }
-    out["_write"] = (values, (save_model, RouteModel(pipeline, card), target))
+    out["_write"] = (values, (save_model, RouteModel(refit.pipeline, card), target))
     return out
 
 
@@ -401,12 +339,18 @@ def _print(args, report: dict) -> int:
     print(f"{report['labelled']} labelled cheap answers in {report['requests']} recorded requests")
     if "quality_in_force" in report:
         print(
-            f"out-of-fold replay at the in-force escalation share {report['escalated_share']:.1%}: "
-            f"refit {report['quality_refit']:.2f} vs in force {report['quality_in_force']:.2f} points"
+            f"out-of-fold replay escalating {report['escalated_share']:.1%} of them: refit "
+            f"{report['quality_refit']:.2f} vs in force {report['quality_in_force']:.2f} points (as recorded "
+            f"{report['quality_recorded']:.2f}), each at its best thresholds"
         )
     print(report["decision"])
     if report["written"]:
         print(f"wrote {report['written']} and pointed the policy's routing.verifier at it (the old model is kept)")
+    if report.get("thresholds_written"):
+        print(
+            f"wrote the verifier's thresholds {report['new_threshold']:.4f} (refusals: "
+            f"{report['new_refusal_threshold']}) to {report['thresholds_written']}"
+        )
     classifier = report.get("classifier")
     if classifier:
         if "quality_in_force" in classifier:

@@ -9,14 +9,17 @@ functions (gateway.evaluation.replay.router_strategy: gateway.routing.decision a
   long answer and the judge. The recorded scores stand in for the judge (the cheap answer is worse when its score
   is below the long one's), each verdict flipped with probability `judge_noise`. Shadow and judge legs are paid:
   a shadow costs a long leg, a judge a long-model call reading the question, passages and both answers.
-  Every `refit_every` questions the verifier is refitted on the labels so far (escalation labels weight 1, shadow
-  labels 1/shadow_rate: they stand for all the accepted answers), and its threshold is set from the scores of the
-  questions seen so far, like `selfroute calibrate --from-ledger`: the escalation share the frozen router showed on
-  them, less the share the learning legs cost and any spend over the frozen router's so far, so the learning router
-  spends about what the frozen one spends; or, with `max_token_share`, the share that keeps the learning router's
-  tokens (its learning legs included) at that share of always-long's, any excess so far caught up over the next
-  refit period (a deployment that budgets against always-long rather than against the shipped router: a shipped
-  router that never escalates leaves the spend-holding rule no room to escalate at all);
+  Every `refit_every` questions it runs what `selfroute learn` runs on the labels so far (gateway.evaluation.refit:
+  escalation labels weight 1, shadow labels 1/shadow_rate; the same minimum label counts): the verifier refitted and
+  kept only when it beats the model in force out of fold, the verifier and refusal thresholds re-chosen for the
+  escalation share below, and with enough labels the classifier refitted the same way (its threshold keeping the
+  long share the classifier in force sent long). The share: by default (`frozen-spend`) the escalation share the
+  frozen router showed on the questions seen, less the share the learning legs cost and any spend over the frozen
+  router's so far, so the learning router spends about what the frozen one spends (`learn --escalation-share`);
+  `in-force`: learn's own default, the share the learning router's policy in force escalated; or, with
+  `max_token_share`, the share that keeps the learning router's tokens (its learning legs included) at that share of
+  always-long's, any excess so far caught up over the next refit period (a deployment that budgets against
+  always-long rather than against the shipped router);
 - the shipped router frozen (the same decisions, never refitted, no learning legs);
 - always-long, always-RAG, and the oracle (the better recorded answer, RAG on ties).
 
@@ -26,12 +29,19 @@ tokens of every leg), plus the totals after the first `after` questions (the tra
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from gateway.evaluation.refit import (
+    MIN_LABELS,
+    MIN_ROUTE_LABELS,
+    LabelledAnswers,
+    refit_classifier,
+    refit_verifier,
+    with_verifier_thresholds,
+)
 from gateway.evaluation.replay import Leg, Outcome, Prices, ReplayItem, leg_cost, oracle, router_strategy
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
@@ -41,9 +51,12 @@ from policies.schema import Policy
 
 if TYPE_CHECKING:
     from classifier.estimators import Estimator
+    from classifier.model import RouteModel
+    from classifier.verifier import VerifierModel
 
 JUDGE_OUTPUT_TOKENS = 12  # {"verdict": "both_wrong"}
-MIN_LABELS = 40  # fewer labels (or only one class) keep the shipped verifier
+FROZEN_SPEND, IN_FORCE = "frozen-spend", "in-force"  # the escalation share each refit holds (share_rule)
+SHARE_RULES = (FROZEN_SPEND, IN_FORCE)
 LEARNING = "learning router"
 FROZEN = "shipped router (frozen)"
 ALWAYS_LONG, ALWAYS_RAG, ORACLE = "always-long", "always-RAG", "oracle"
@@ -150,23 +163,6 @@ def _rag_outcome(item: ReplayItem) -> Outcome:
     return Outcome(RAG, item.rag_score, (Leg("cheap", item.rag_prompt_tokens, item.rag_output_tokens),))
 
 
-def _with_verifier_threshold(policy: Policy, threshold: float) -> Policy:
-    assert policy.routing.verifier is not None  # simulate() refuses a policy without one
-    verifier = policy.routing.verifier.model_copy(update={"threshold": float(threshold)})
-    return policy.model_copy(update={"routing": policy.routing.model_copy(update={"verifier": verifier})})
-
-
-def _quantile_threshold(scores: Sequence[float], share: float) -> float:
-    """The P(good) below which `share` of `scores` fall (escalate when P(good) < threshold)."""
-    ordered = sorted(scores)
-    if not ordered or share <= 0:
-        return 0.0
-    if share >= 1:
-        return 1.0 + 1e-9
-    k = int(math.floor(share * len(ordered)))
-    return ordered[min(k, len(ordered) - 1)]
-
-
 def _token_budget_share(
     cap: float,
     tokens: int,
@@ -188,6 +184,11 @@ def _token_budget_share(
     return min(1.0, max(0.0, share_now + (allowance - tokens / seen) / per_share))
 
 
+def _rows_with_p(questions: Sequence[SimQuestion], p_cheap: Sequence[float]) -> list[dict[str, float]]:
+    """The verifier's inputs with the pre-route P(cheap) the decision was made on (the live check reads it too)."""
+    return [q.answer_row | {"pre_route_probability": float(p)} for q, p in zip(questions, p_cheap)]
+
+
 def simulate(
     questions: Sequence[SimQuestion],
     policy: Policy,
@@ -202,17 +203,27 @@ def simulate(
     estimator: Estimator = "logistic",
     feature_names: Sequence[str] | None = None,
     max_token_share: float | None = None,
+    share_rule: str = FROZEN_SPEND,
+    verifier: VerifierModel | None = None,
+    route_model: RouteModel | None = None,
+    min_labels: int = MIN_LABELS,
+    min_route_labels: int = MIN_ROUTE_LABELS,
+    folds: int = 5,
 ) -> SimulationResult:
-    """Run the stream once. `policy` must have a verifier (its threshold, else the shipped verifier card's, is the
-    frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer."""
-    import numpy as np
-
+    """Run the stream once. `policy` must have a verifier (its thresholds, else the shipped verifier card's, are the
+    frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer and
+    `item.probability` the shipped classifier's P(cheap). `verifier` / `route_model`: the shipped models, so the
+    learning router re-scores answers when its P(cheap) changes and the classifier can be refitted (without
+    `route_model` it is not). Every `refit_every` questions the refit is `selfroute learn`'s
+    (gateway.evaluation.refit) on the labels so far, at the escalation share `share_rule` gives."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.estimators import VERIFIER, build_pipeline
-    from classifier.verifier import VerifierModel, label_good
+    from classifier.model import RouteModel
+    from classifier.verifier import label_good
 
     if policy.routing.verifier is None or policy.routing.verifier.threshold is None:
         raise ValueError("the simulation needs a policy with routing.verifier and its threshold")
+    if share_rule not in SHARE_RULES:
+        raise ValueError(f"share_rule: one of {', '.join(SHARE_RULES)}")
     names = list(feature_names or ANSWER_FEATURE_NAMES)
     rng = random.Random(seed)
     router = Router(policy)
@@ -223,9 +234,17 @@ def simulate(
     windows: list[dict[str, Any]] = []
     current = {name: Tally() for name in STRATEGIES}
 
-    learned: VerifierModel | None = None
+    # the learning router's models and policy in force; None: the shipped ones (the recorded scores)
+    verifier_now: VerifierModel | None = verifier
     learn_policy = policy
-    labelled: list[tuple[int, int, float]] = []  # (question index, label, weight)
+    p_cheap = [q.item.probability for q in questions]  # P(cheap) of the classifier in force
+    scores: list[float] = []
+    for i, q in enumerate(questions):
+        if q.item.verifier_score is None:  # the docstring's precondition: thresholds need every score
+            raise ValueError(f"question {i} has no verifier_score (the shipped verifier's score is needed)")
+        scores.append(q.item.verifier_score)
+    labelled: list[dict[str, Any]] = []  # what the ledger would hold for each labelled cheap answer
+    decided: list[tuple[int, float]] = []  # questions the classifier decided (no rule): index, P(cheap) in force
     seen_cheap: list[int] = []  # questions the pre-route sent to the checked cheap route
     frozen_escalations = 0
     live_escalations = 0  # the learning router's, on the seen cheap-routed questions
@@ -234,16 +253,15 @@ def simulate(
     learning_cost = 0.0
     refits: list[dict[str, Any]] = []
     counts = {"escalation": 0, "shadow": 0, "flipped": 0}
-    learned_scores: list[float] = []
 
-    def score_of(index: int) -> float:
-        if learned is not None:
-            return learned_scores[index]
-        shipped = questions[index].item.verifier_score
-        if shipped is None:  # the docstring's precondition; sorting and comparing scores need every one
-            raise ValueError(f"question {index} has no verifier_score (the shipped verifier's score is needed)")
-        return shipped
+    def rescore() -> None:
+        nonlocal scores
+        if verifier_now is not None:
+            scores = verifier_now.scores(_rows_with_p(questions, p_cheap))
 
+    if verifier is not None:
+        rescore()  # the shipped verifier's own scores (the recorded ones, unless P(cheap) was filled otherwise)
+    learning_router = Router(learn_policy)
     learning_check = CheapAnswerCheck(learn_policy)
 
     for position, index in enumerate(order, start=1):
@@ -255,8 +273,11 @@ def simulate(
             ALWAYS_RAG: _rag_outcome(item),
             ORACLE: oracle(item),
         }
-        decision = router.decide(item.features, item.probability)
-        live = router_strategy(router, True, learning_check)(replace(item, verifier_score=score_of(index)))
+        as_learning = replace(item, probability=p_cheap[index], verifier_score=scores[index])
+        decision = learning_router.decide(item.features, p_cheap[index])
+        if decision.rule is None and decision.probability is not None:
+            decided.append((index, p_cheap[index]))
+        live = router_strategy(learning_router, True, learning_check)(as_learning)
         extra: list[Leg] = []
         checked = learning_check.applies(decision) and decision.route == RAG
         if checked:
@@ -273,13 +294,23 @@ def simulate(
                 counts["escalation"] += 1
             elif live.route in (RAG, KEPT_REFUSAL) and rng.random() < shadow_rate:
                 extra.extend([shadow_leg(item), judge_leg(item)])
-                label, weight = truth, 1.0 / shadow_rate
+                label, weight = truth, 1.0 / shadow_rate  # as learn weighs a shadow label
                 counts["shadow"] += 1
             if label is not None:
                 if rng.random() < judge_noise:
                     label = 1 - label
                     counts["flipped"] += 1
-                labelled.append((index, label, weight))
+                labelled.append(
+                    {
+                        "index": index,
+                        "label": label,
+                        "weight": weight,
+                        "row": question.answer_row | {"pre_route_probability": float(p_cheap[index])},
+                        "escalated": live.route == FALLBACK,
+                        "route_row": dict(item.features) if decision.rule is None else None,
+                        "p_cheap": p_cheap[index],
+                    }
+                )
             learning_cost += sum(leg_cost(leg, prices) for leg in extra)
         outcomes[LEARNING] = live
         for name, outcome in outcomes.items():
@@ -291,49 +322,94 @@ def simulate(
         if position % window == 0 or position == len(order):
             windows.append({"end": position, **{name: t.to_dict() for name, t in current.items()}})
             current = {name: Tally() for name in STRATEGIES}
-        if position % refit_every == 0 and labelled:
-            ys = [label for _, label, _ in labelled]
-            if len(labelled) >= MIN_LABELS and len(set(ys)) == 2:
-                model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), names)
-                model.fit(
-                    [questions[i].answer_row for i, _, _ in labelled], np.asarray(ys), [w for _, _, w in labelled]
+        ys = [entry["label"] for entry in labelled]
+        if position % refit_every or len(labelled) < min_labels or len(set(ys)) < 2:
+            continue
+        n_seen = max(len(seen_cheap), 1)
+        target: float | None = None  # share_rule IN_FORCE: learn's default, the share the policy in force escalated
+        if max_token_share is not None:
+            target = _token_budget_share(
+                max_token_share,
+                tallies[LEARNING].tokens,
+                tallies[ALWAYS_LONG].tokens,
+                position,
+                refit_every,
+                live_escalations / n_seen,
+                n_seen / position,
+                long_tokens_seen / n_seen,
+            )
+        elif share_rule == FROZEN_SPEND:
+            # hold the frozen router's spend: its escalation share on the questions seen, less the learning legs'
+            # running share, less what the learning router spent over the frozen one so far, caught up over the
+            # next refit period (shares of the long legs those questions need)
+            mean_long = long_cost_seen / n_seen
+            overhead = learning_cost / long_cost_seen if long_cost_seen else 0.0
+            overspent = tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd
+            upcoming = max(refit_every * n_seen / position, 1.0)  # cheap-routed questions expected next
+            catch_up = overspent / mean_long / upcoming if mean_long else 0.0
+            target = min(1.0, max(0.0, frozen_escalations / n_seen - overhead - catch_up))
+        data = LabelledAnswers(
+            answer_rows=[entry["row"] for entry in labelled],
+            labels=ys,
+            weights=[entry["weight"] for entry in labelled],
+            groups=[questions[entry["index"]].item.group for entry in labelled],
+            refused=[questions[entry["index"]].item.rag_refused for entry in labelled],
+            escalated=[entry["escalated"] for entry in labelled],
+            route_rows=[entry["route_row"] for entry in labelled],
+            p_cheap=[entry["p_cheap"] for entry in labelled],
+        )
+        in_force = (
+            verifier_now.scores(data.answer_rows)
+            if verifier_now is not None
+            else [scores[entry["index"]] for entry in labelled]
+        )
+        refit = refit_verifier(
+            data, in_force, learn_policy, feature_names=names, estimator=estimator, folds=folds, seed=seed, share=target
+        )
+        if refit.action == "model":
+            verifier_now = refit.model
+        if refit.thresholds is not None:
+            learn_policy = with_verifier_thresholds(
+                learn_policy, refit.thresholds.threshold, refit.thresholds.refusal_threshold
+            )
+        route = None
+        settings = learn_policy.routing.classifier
+        if route_model is not None and settings is not None:
+            route = refit_classifier(
+                data,
+                data.p_cheap,
+                float(settings.threshold),
+                [(dict(questions[i].item.features), p) for i, p in decided],
+                estimator=estimator,
+                folds=folds,
+                seed=seed,
+                min_labels=min_route_labels,
+            )
+            if route.action == "model" and route.threshold is not None:
+                classifier = settings.model_copy(update={"threshold": route.threshold})
+                learn_policy = learn_policy.model_copy(
+                    update={"routing": learn_policy.routing.model_copy(update={"classifier": classifier})}
                 )
-                # every question's score at once (a deployment scores each as it comes; the model is the same)
-                learned, learned_scores = model, model.scores([q.answer_row for q in questions])
-                # hold the frozen router's spend: its escalation share on the questions seen, less the learning legs'
-                # running share, less what the learning router spent over the frozen one so far, caught up over the
-                # next refit period (shares of the long legs those questions need)
-                n_seen = max(len(seen_cheap), 1)
-                mean_long = long_cost_seen / n_seen
-                share = frozen_escalations / n_seen
-                overhead = learning_cost / long_cost_seen if long_cost_seen else 0.0
-                overspent = tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd
-                upcoming = max(refit_every * n_seen / position, 1.0)  # cheap-routed questions expected next
-                catch_up = overspent / mean_long / upcoming if mean_long else 0.0
-                target = min(1.0, max(0.0, share - overhead - catch_up))
-                if max_token_share is not None:
-                    target = _token_budget_share(
-                        max_token_share,
-                        tallies[LEARNING].tokens,
-                        tallies[ALWAYS_LONG].tokens,
-                        position,
-                        refit_every,
-                        live_escalations / n_seen,
-                        n_seen / position,
-                        long_tokens_seen / n_seen,
-                    )
-                threshold = _quantile_threshold([score_of(i) for i in seen_cheap], target)
-                learn_policy = _with_verifier_threshold(policy, threshold)
-                learning_check = CheapAnswerCheck(learn_policy)
-                refits.append(
-                    {
-                        "at": position,
-                        "labels": len(labelled),
-                        "target_share": target,
-                        "past_share": sum(score_of(i) < threshold for i in seen_cheap) / n_seen,
-                        "threshold": threshold,
-                    }
-                )
+                p_cheap = RouteModel(route.pipeline).cheap_probabilities([dict(q.item.features) for q in questions])
+        if refit.action == "model" or (route is not None and route.action == "model"):
+            rescore()
+        learning_router, learning_check = Router(learn_policy), CheapAnswerCheck(learn_policy)
+        verifier_settings = learn_policy.routing.verifier
+        assert verifier_settings is not None  # with_verifier_thresholds keeps it
+        refits.append(
+            {
+                "at": position,
+                "labels": len(labelled),
+                "target_share": refit.share,
+                "verifier": refit.action,
+                "gain_points": refit.gain_points,
+                "threshold": verifier_settings.threshold,
+                "refusal_threshold": verifier_settings.refusal_threshold,
+                "classifier": route.action if route is not None else None,
+                "classifier_labels": route.labelled if route is not None else 0,
+                "classifier_threshold": settings.threshold if settings is not None else None,
+            }
+        )
     return SimulationResult(
         order_seed=seed,
         shadow_rate=shadow_rate,
@@ -389,4 +465,46 @@ def targets(result: SimulationResult) -> dict[str, Any]:
         "vs_always_long_points": t["quality"] - lg["quality"],
         "token_share_of_always_long": token_share,
         "matches_always_long_at_35pct_tokens": t["quality"] >= lg["quality"] and token_share <= 0.35,
+    }
+
+
+SUMMARY_FIGURES = (
+    "learning_quality",
+    "frozen_quality",
+    "vs_frozen_points",
+    "cost_vs_frozen",
+    "vs_always_long_points",
+    "token_share_of_always_long",
+    "learning_escalated_share",
+)
+
+
+def seed_summary(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per part, the trailing figures over its runs (one per order seed): mean, min and max."""
+    import statistics
+
+    by_part: dict[str, list[dict[str, float]]] = {}
+    for run in runs:
+        t = run["targets"]
+        by_part.setdefault(run["part"], []).append(
+            {
+                "learning_quality": run["trailing"][LEARNING]["quality"],
+                "frozen_quality": run["trailing"][FROZEN]["quality"],
+                "vs_frozen_points": t["vs_frozen_points"],
+                "cost_vs_frozen": t["cost_vs_frozen"],
+                "vs_always_long_points": t["vs_always_long_points"],
+                "token_share_of_always_long": t["token_share_of_always_long"],
+                "learning_escalated_share": run["trailing"][LEARNING]["escalated_share"],
+            }
+        )
+    return {
+        part: {
+            k: {
+                "mean": statistics.fmean(r[k] for r in rows),
+                "min": min(r[k] for r in rows),
+                "max": max(r[k] for r in rows),
+            }
+            for k in SUMMARY_FIGURES
+        }
+        for part, rows in by_part.items()
     }

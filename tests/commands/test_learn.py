@@ -17,9 +17,11 @@ from tests.support.policies import DROP, Whole, model_route, write_policy
 from tests.support.routing import write_paired_fixture
 
 
-def learned_policy(path: Path, threshold: float, classifier_threshold: float | None = None) -> Path:
-    """Both routes on the local model, the shipped verifier at `threshold`, the judge on; the shipped pre-route
-    classifier at `classifier_threshold` if given, else none."""
+def learned_policy(
+    path: Path, threshold: float, classifier_threshold: float | None = None, refusal_threshold: float = 1.0
+) -> Path:
+    """Both routes on the local model, the shipped verifier at `threshold` (refusals below `refusal_threshold`
+    escalate), the judge on; the shipped pre-route classifier at `classifier_threshold` if given, else none."""
     local = model_route("local/smollm2-135m-instruct", context_window=8192)
     classifier = None
     if classifier_threshold is not None:
@@ -27,7 +29,12 @@ def learned_policy(path: Path, threshold: float, classifier_threshold: float | N
     routing = Whole(
         classifier=classifier,
         default_route="rag",
-        verifier={"model_path": "builtin:verifier", "threshold": threshold, "threshold_source": "shipped"},
+        verifier={
+            "model_path": "builtin:verifier",
+            "threshold": threshold,
+            "refusal_threshold": refusal_threshold,
+            "threshold_source": "shipped",
+        },
         learning={"judge": True, "shadow_rate": 0.2},
     )
     return write_policy(path, None, name="learned", cheap=local, long=local, routing=routing, passthrough=DROP)
@@ -65,6 +72,25 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
 
 
+def test_learn_rechooses_the_refusal_threshold_for_the_model_in_force(tmp_path, capsys):
+    """Refusals the verifier cannot tell apart but the labels say are usually wrong: no refit is better, but the
+    model in force with a refusal threshold that escalates them is, at the same escalation share."""
+    ledger = tmp_path / "ledger.sqlite3"
+    threshold = recorded_ledger(ledger, wrong_refusals=True)
+    policy = learned_policy(tmp_path / "policy.yaml", threshold, refusal_threshold=0.0)  # as recorded
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gain_points"] < 0.5 and "new thresholds" in report["decision"], report
+    assert report["quality_in_force"] > report["quality_recorded"] + 5
+    assert report["new_refusal_threshold"] > 0.5 and report["written"] is None
+    learned, _ = load_policy(policy)
+    assert learned.routing.verifier.model_path == "builtin:verifier"  # the model in force stays
+    assert learned.routing.verifier.refusal_threshold == pytest.approx(report["new_refusal_threshold"])
+    assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
+    assert report["new_threshold"] < threshold  # the refusals now take part of the share
+
+
 def test_learn_refits_the_pre_route_classifier_with_enough_labels(tmp_path, capsys):
     ledger = tmp_path / "ledger.sqlite3"
     threshold = recorded_ledger(ledger, n=420, route_signal=True)
@@ -97,7 +123,7 @@ def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
     args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
     assert main([*args, "--dry-run"]) == 0
     alone = json.loads(capsys.readouterr().out)
-    assert main([*args, *blend, "--blend-weight", "3"]) == 0
+    assert main([*args, *blend, "--blend-weight", "0.5"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["blended"] == lines and report["quality_refit"] != alone["quality_refit"]
     card = json.loads((policy.parent / report["model_path"]).with_suffix(".json").read_text())

@@ -29,6 +29,14 @@ def test_simulate_learning_reports_every_strategy_per_window(replay_run, capsys)
     assert run["shadow_rate"] == 0.5 and run["questions"] == sum(w["always-long"]["questions"] for w in run["windows"])
     assert run["total"]["shipped router (frozen)"]["learning_cost_usd"] == 0
     assert set(run["targets"]) >= {"vs_frozen_points", "token_share_of_always_long"}
+    assert main([*args, "--sim-seeds", "2", "--json"]) == 0  # two order seeds, features computed once
+    seeded = json.loads(capsys.readouterr().out)
+    assert [r["order_seed"] for r in seeded["runs"]] == seeded["seeds"] == [0, 1]
+    [(part, summary)] = seeded["summary"].items()
+    figures = [r["targets"]["vs_frozen_points"] for r in seeded["runs"]]
+    assert summary["vs_frozen_points"]["mean"] == sum(figures) / 2 and summary["vs_frozen_points"]["max"] == max(
+        figures
+    )
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "after question 5" in out and "targets:" in out

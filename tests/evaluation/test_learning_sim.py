@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from classifier.features import FEATURE_NAMES
 from gateway.evaluation.learning_sim import (
     ALWAYS_LONG,
     FROZEN,
@@ -18,7 +19,7 @@ from gateway.evaluation.learning_sim import (
     targets,
 )
 from gateway.evaluation.replay import Prices, ReplayItem
-from policies.schema import Policy
+from policies.schema import ClassifierSettings, Policy
 
 PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
 POLICY = Policy.model_validate(
@@ -121,3 +122,115 @@ def test_a_token_budget_lets_the_loop_escalate_where_the_shipped_router_never_do
     assert learn["escalated_share"] > 0.1 and learn["quality"] >= frozen["quality"] + 5
     share = budget.total[LEARNING]["tokens"] / budget.total[ALWAYS_LONG]["tokens"]
     assert 0.4 < share <= 0.53, share
+
+
+def route_stream(n: int = 1400, seed: int = 2) -> list[SimQuestion]:
+    """Goodness written in a pre-route feature (the cheap answer is good when top_score is LOW) that the shipped
+    classifier reads the other way; the verifier's score and features carry nothing."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        features = {name: rng.random() for name in FEATURE_NAMES}
+        good = (features["top_score"] < 0.5) if rng.random() < 0.9 else (features["top_score"] >= 0.5)
+        item = ReplayItem(
+            f"d{i // 20}",
+            f"d{i // 20}",
+            f"q{i}",
+            float(good),
+            1.0,
+            False,
+            500,
+            5000,
+            5000,
+            20,
+            30,
+            features,
+            SHIPPED_ROUTE.cheap_probability(features),
+            verifier_score=rng.random(),
+        )
+        out.append(SimQuestion(item, {"ans_support_passages": rng.random(), "ans_refusal": 0.0}))
+    return out
+
+
+def shipped_route_model():
+    """A pre-route model that trusts the cheap route when top_score is HIGH (backwards for route_stream)."""
+    from classifier.estimators import PRE_ROUTE, build_pipeline
+    from classifier.model import RouteModel
+    from classifier.training import feature_matrix
+
+    rng = random.Random(5)
+    rows = [{name: rng.random() for name in FEATURE_NAMES} for _ in range(400)]
+    labels = [int(r["top_score"] >= 0.5) for r in rows]
+    return RouteModel(build_pipeline("logistic", PRE_ROUTE, 0).fit(feature_matrix(rows), labels))
+
+
+SHIPPED_ROUTE = shipped_route_model()
+
+
+def test_the_loop_refits_the_pre_route_classifier_as_learn_does():
+    """With learn's minimum of labelled requests the classifier decided, the classifier is refitted (it is not with a
+    minimum the stream never reaches), and the refit one sends the bad questions long up front."""
+    policy = POLICY.model_copy(deep=True)
+    policy.routing.classifier = ClassifierSettings(model_path="x", threshold=0.05)
+    assert policy.routing.verifier is not None
+    policy.routing.verifier.threshold = 0.2  # escalates a fifth: the share the classifier refit is compared at
+    common = dict(shadow_rate=0.3, judge_noise=0.0, refit_every=100, window=350, after=1000, share_rule="in-force")
+    names = ["ans_support_passages", "ans_refusal"]
+    learned = simulate(route_stream(), policy, PRICES, feature_names=names, route_model=SHIPPED_ROUTE, **common)
+    never = simulate(
+        route_stream(),
+        policy,
+        PRICES,
+        feature_names=names,
+        route_model=SHIPPED_ROUTE,
+        min_route_labels=10**6,
+        **common,
+    )
+    first = next(r for r in learned.refits if r["classifier"] == "model")
+    assert first["classifier_labels"] >= 200 and {r["classifier"] for r in never.refits} == {"keep"}
+    assert learned.refits[-1]["classifier_threshold"] != 0.05  # the new model's threshold, keeping the long share
+    assert learned.trailing[LEARNING]["quality"] >= never.trailing[LEARNING]["quality"] + 3
+
+
+def test_the_loop_learns_to_escalate_refusals_that_are_wrong():
+    """Refusals the shipped policy keeps (refusal threshold 0.3, every refusal's P(good) above it) but that are always
+    worse than the long answer: the refits raise the refusal threshold and escalate them."""
+    rng = random.Random(3)
+    questions = []
+    for i in range(1200):
+        refused = i % 5 == 0
+        item = ReplayItem(
+            f"d{i // 20}",
+            f"d{i // 20}",
+            f"q{i}",
+            0.0 if refused else 1.0,
+            1.0,
+            refused,
+            500,
+            5000,
+            5000,
+            20,
+            30,
+            {"context_tokens": 5000.0},
+            0.5,
+            verifier_score=0.6 + 0.3 * rng.random(),
+        )
+        questions.append(SimQuestion(item, {"ans_support_passages": rng.random(), "ans_refusal": 0.0}))
+    policy = POLICY.model_copy(deep=True)
+    assert policy.routing.verifier is not None
+    policy.routing.verifier.threshold, policy.routing.verifier.refusal_threshold = 0.0, 0.3
+    result = simulate(
+        questions,
+        policy,
+        PRICES,
+        shadow_rate=0.1,
+        judge_noise=0.0,
+        refit_every=100,
+        window=300,
+        after=600,
+        feature_names=["ans_support_passages", "ans_refusal"],
+        max_token_share=0.5,
+    )
+    learn, frozen = result.trailing[LEARNING], result.trailing[FROZEN]
+    assert frozen["escalated_share"] == 0 and learn["escalated_share"] > 0.15
+    assert result.refits[-1]["refusal_threshold"] > 0.9 and learn["quality"] >= frozen["quality"] + 15

@@ -230,11 +230,15 @@ def synthetic_records(
     return out
 
 
-def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True, route_signal: bool = False) -> float:
+def recorded_ledger(
+    path, n: int = 240, seed: int = 0, labelled: bool = True, route_signal: bool = False, wrong_refusals: bool = False
+) -> float:
     """Cheap answers whose goodness the shipped verifier cannot see: good when ans_support_passages is LOW (a
     deployment where the shipped features mean something else), judged on every escalation and some shadows.
     With `route_signal`, goodness is instead written in a pre-route feature (top_score LOW), recorded with every
-    pre-route feature and the shipped classifier's P(cheap)."""
+    pre-route feature and the shipped classifier's P(cheap). With `wrong_refusals`, every fourth answer is a refusal
+    (recorded as refused, escalated only by the threshold) and is worse than the long answer; the others are good
+    (nothing a refit of the verifier's features could learn)."""
     policy, _ = load_policy(None)
     verifier = load_verifier_model(policy, None)
     route_model = load_route_model(policy, None)
@@ -257,6 +261,9 @@ def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True, ro
             support, p_cheap = pre_route["top_score"], route_model.cheap_probability(pre_route)
         escalated = p_good < threshold
         good = (support < 0.5) if rng.random() < 0.9 else (support >= 0.5)
+        refused = wrong_refusals and i % 4 == 0
+        if wrong_refusals:
+            good = not refused
         cheap, long_cost = 0.001, 0.01
         rid = f"req_{i:04d}"
         ledger.submit(
@@ -282,7 +289,7 @@ def recorded_ledger(path, n: int = 240, seed: int = 0, labelled: bool = True, ro
                     "verifier_features": row,
                     "p_good": p_good,
                     "verifier_threshold": threshold,
-                    "refused": False,
+                    "refused": refused,
                     "escalated": escalated,
                     "outcome": "rag>long" if escalated else "rag",
                 },

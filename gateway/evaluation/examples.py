@@ -180,6 +180,10 @@ class RouteInputBuilder:
         from pipelines.rag import RagPipeline
         from pipelines.store import DocumentStore
 
+        if policy.rag.first_pass_candidates:
+            # the replay reads documents once embedded: a first pass answers only a deployment's first questions on
+            # new documents while they are embedded in the background (pipelines.store.pending)
+            policy = policy.model_copy(update={"rag": policy.rag.model_copy(update={"first_pass_candidates": 0})})
         self.policy = policy
         self.window = long_window(policy, window_tokens)
         if embedder is None:
@@ -212,8 +216,9 @@ class RouteInputBuilder:
 
     def _key(self, example: Example, part: str) -> str:
         # refusal patterns and the question marker do not change retrieval: left out of the key; so is the
-        # default (torch) embedding backend, the one caches were written with before the setting existed
-        excluded = {"unanswerable_patterns", "question_marker"}
+        # default (torch) embedding backend, the one caches were written with before the setting existed, and the
+        # first pass, which the replay never takes (0 here: documents embedded before answering, as before it existed)
+        excluded = {"unanswerable_patterns", "question_marker", "first_pass_candidates"}
         if self.policy.rag.embedding_backend == "torch":
             excluded.add("embedding_backend")
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude=excluded)

@@ -85,3 +85,23 @@ def test_several_files_are_corpora_with_their_own_groups_and_windows(tmp_path):
         corpus_windows(single, [1, 2])
     with pytest.raises(ExampleFileError, match="twice"):
         load_corpora([(a, docs), (a, docs)])
+
+
+def test_the_replay_reads_embedded_documents_and_keys_its_cache_without_the_first_pass(tmp_path, embedder):
+    """rag.first_pass_candidates only answers a deployment's first questions while new documents are embedded: the
+    replay embeds them first (0), and its cache key leaves the setting out, so caches written before it existed are
+    read again."""
+    policy, _ = load_policy()
+    assert policy.rag.first_pass_candidates > 0
+    paired, docs = write_paired_fixture(tmp_path)
+    [example] = load_examples(paired, docs)[:1]
+    builders = [
+        RouteInputBuilder(p, tmp_path / "lancedb", window_tokens=16000, embedder=embedder)
+        for p in (policy, policy.model_copy(update={"rag": policy.rag.model_copy(update={"first_pass_candidates": 0})}))
+    ]
+    assert all(b.policy.rag.first_pass_candidates == 0 and b.rag.settings.first_pass_candidates == 0 for b in builders)
+    key = builders[0]._key(example, "retrieval")
+    builders[1].policy = policy  # the setting itself is not part of the key
+    assert builders[1]._key(example, "retrieval") == key
+    builders[1].policy = policy.model_copy(update={"rag": policy.rag.model_copy(update={"top_k": 2})})
+    assert builders[1]._key(example, "retrieval") != key  # a retrieval setting is

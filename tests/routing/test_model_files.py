@@ -31,8 +31,12 @@ def test_shipped_model_loads_scores_and_has_its_card(shipped):
     assert card["training_command"].startswith("selfroute train")
     assert builtin_model_path().stat().st_size < 200_000  # shipped in the wheel: keep it small
     # trained on both corpora, validated leaving one corpus out (BENCHMARKS.md section 4)
-    assert set(card["training_corpora"]) == {"leval", "lara128k"} and card["training_examples"] == 7937
+    assert set(card["training_corpora"]) == {"leval", "lara128k"} and card["training_examples"] == 11267
     assert card["held_out_validation"]["protocol"] == "leave one corpus out"
+    # every LaRA document, and limitations written by `selfroute train` from those held-out figures
+    lara = card["training_corpora"]["lara128k"]
+    assert lara["documents"] == lara["documents_available"] == 67 and lara["examples"] == 9939
+    assert card["limitations"].startswith("Measured leave one corpus out: ROC AUC ")
 
 
 def test_save_load_round_trip(tmp_path):
@@ -88,8 +92,9 @@ def test_shipped_verifier_loads_with_its_card_and_threshold():
     # trained on L-Eval and LaRA-128k (every model family) with the features that transfer, its threshold chosen
     # leaving one corpus out (BENCHMARKS.md section 4)
     assert verifier.feature_names == TRANSFER_FEATURE_NAMES
-    assert 0.0 <= verifier.threshold < 1.0 and verifier.card["training_examples"] == 7937
+    assert 0.0 <= verifier.threshold < 1.0 and verifier.card["training_examples"] == 11267
     assert "leave one corpus out" in verifier.card["threshold_source"]
+    assert verifier.card["limitations"].startswith("Measured leave one corpus out: escalating the 25%")
     passages = ["The maintenance password for the Zephyr pump is BLUE-HERON-42."]
     grounded = answer_features("What is the password?", "BLUE-HERON-42", passages, passages[0])
     assert 0.0 <= verifier.score(grounded) <= 1.0
@@ -99,6 +104,11 @@ def test_shipped_verifier_loads_with_its_card_and_threshold():
     from gateway.routing.escalation import CheapAnswerCheck
 
     assert 0.0 < policy.routing.verifier.refusal_threshold <= 1.0
+    # the default policy ships the thresholds the verifier's training chose together (its card, rounded)
+    chosen = verifier.card["policy_thresholds"]
+    assert policy.routing.classifier.threshold == pytest.approx(chosen["classifier_threshold"], abs=5e-5)
+    assert policy.routing.verifier.threshold == pytest.approx(chosen["threshold"], abs=5e-5)
+    assert policy.routing.verifier.refusal_threshold == pytest.approx(chosen["refusal_threshold"], abs=5e-5)
     assert CheapAnswerCheck(policy, verifier).can_escalate
     with pytest.raises(ValueError, match="builtin:verifier"):
         resolve_model_path("builtin:nope", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -32,19 +33,38 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(content, headers={"cache-control": "no-cache", **(headers or {})})
 
     async def __call__(self, scope, receive, send) -> None:
-        async with anyio.create_task_group() as group:
+        # the stream runs in this task and a plain task listens: the client leaving cancels this one. An anyio task
+        # group (a task for the stream, a cancel scope, its cancel formatting the task's repr) was a tenth of the
+        # event loop's time on a pass-through stream (py-spy). The listener ends by itself: after the last body,
+        # receive() answers http.disconnect (ASGI); cancelling it left a CancelledError and its frames in
+        # reference cycles per stream.
+        task = asyncio.current_task()
+        streaming, left = True, False
 
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:  # the socket went away mid-write
-                    group.cancel_scope.cancel()
-                # else the listener ends by itself: after the last body, receive() answers http.disconnect
-                # (ASGI). Cancelling it left a CancelledError and its frames in reference cycles per stream.
+        async def listen() -> None:
+            nonlocal left
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if streaming and task is not None:
+                left = True
+                task.cancel()
 
-            group.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            group.cancel_scope.cancel()
+        listener = asyncio.get_running_loop().create_task(listen())
+        _listeners.add(listener)
+        listener.add_done_callback(_listeners.discard)
+        try:
+            await self.stream_response(send)
+        except OSError:  # the socket went away mid-write
+            pass
+        except asyncio.CancelledError:
+            if not left or task is None:  # not this listener's doing (a shutdown): go on being cancelled
+                raise
+            task.uncancel()  # the client left: the relay has recorded it (499)
+        finally:
+            streaming = False
+
+
+_listeners: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to its tasks
 
 
 # (the stream's first chunk, its whole text) -> a trailing chunk to send before the usage chunk and [DONE], or None

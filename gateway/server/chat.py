@@ -11,7 +11,7 @@ from gateway.ledger.records import RequestRecord
 from gateway.protocol import parse_chat_request, request_tags
 from gateway.routing.calls import Answer, Completed, Outcome
 from gateway.server import headers, usage
-from gateway.server.bodies import json_response
+from gateway.server.bodies import JSON_HEADERS, json_response
 from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
 from gateway.server.errors import failure
@@ -80,6 +80,9 @@ def render(
         extra_headers = {**extra_headers, headers.FALLBACK_ERROR: f"{failed.status} {failed.code or failed.type}"}
     if isinstance(answer, Completed):
         extra_headers = {**extra_headers, **usage.whole_answer(answer.completion, record, routed)}
+        raw = None if routed else getattr(answer.completion, "raw", None)
+        if raw:  # a pass-through answer, unchanged: the upstream's own bytes (gateway.upstreams.base.RawCompletion)
+            return Response(raw, headers={**JSON_HEADERS, **extra_headers})
         return json_response(answer.completion, headers=extra_headers)
     return stream_response(
         answer, headers=extra_headers, final=lambda data: usage.final_chunk(data, record, routed), after_text=after_text

@@ -26,6 +26,13 @@ from gateway.upstreams.scrub import scrub
 from policies.schema import ModelConfig
 
 
+class RawCompletion(dict):
+    """A chat.completion as an OpenAI-compatible upstream sent it: parsed, and the bytes it was parsed from (`raw`).
+    A pass-through answer, which the gateway does not change, is sent as those bytes: no second json.dumps."""
+
+    raw: bytes = b""
+
+
 class Upstream(Protocol):
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]: ...
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from gateway.upstreams.base import malformed_answer, split_provider, upstream_error
+from gateway.upstreams.base import RawCompletion, malformed_answer, split_provider, upstream_error
 from gateway.upstreams.errors import UpstreamError, UpstreamTimeout
 from policies.schema import ModelConfig
 
@@ -195,9 +195,14 @@ class DirectOpenAIUpstream:
         finally:
             response.release()
         try:
-            return json.loads(content)
+            parsed = json.loads(content)
         except ValueError:
             raise malformed_answer(config.model, "the body is not JSON") from None
+        if not isinstance(parsed, dict):
+            return parsed  # refused as malformed by the caller (check_completion)
+        completion = RawCompletion(parsed)
+        completion.raw = content
+        return completion
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
         response = await self._send(config, {**body, "stream": True})

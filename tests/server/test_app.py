@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -86,3 +88,13 @@ def test_an_error_escaping_a_hot_path_endpoint_gets_starlettes_answer(
     )
     assert response.status_code == status and response.json()["error"]["code"] == code
     assert response.headers["x-selfroute-request-id"].startswith("req_")
+
+
+def test_a_passthrough_answer_is_relayed_as_the_upstreams_bytes(gateway, passthrough):
+    url, _ = gateway
+    response = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert response.status_code == 200 and response.json()["object"] == "chat.completion"
+    # the fake upstream answers through Starlette's JSONResponse (compact separators); json.dumps again would not
+    assert response.content == json.dumps(response.json(), ensure_ascii=False, separators=(",", ":")).encode()

@@ -18,8 +18,8 @@ functions (gateway.evaluation.replay.router_strategy: gateway.routing.decision a
   router's so far, so the learning router spends about what the frozen one spends (`learn --escalation-share`);
   `in-force`: learn's own default, the share the learning router's policy in force escalated; or, with
   `max_token_share`, the share that keeps the learning router's tokens (its learning legs included) at that share of
-  always-long's, any excess so far caught up over the next refit period (a deployment that budgets against
-  always-long rather than against the shipped router);
+  always-long's, any excess so far caught up over the next refit period, a saving never spent later (a deployment
+  that budgets against always-long rather than against the shipped router);
 - the shipped router frozen (the same decisions, never refitted, no learning legs);
 - always-long, always-RAG, and the oracle (the better recorded answer, RAG on ties).
 
@@ -175,9 +175,10 @@ def _token_budget_share(
 ) -> float:
     """The escalation share for the next `period` questions that brings the learning router's tokens to `cap` of
     always-long's: its rate so far, changed linearly by each escalation's long leg (on the cheap-routed fraction),
-    spending (or saving) the difference between the cap and what it used so far over the period."""
+    saving what it spent over the cap so far over the period. What it spent under the cap is not banked: spending it
+    later would put the questions of that period over the cap (the stream before the first refit escalates little)."""
     per_question_cap = cap * long_tokens / seen
-    allowance = per_question_cap + (cap * long_tokens - tokens) / period
+    allowance = per_question_cap - max(0.0, tokens - cap * long_tokens) / period
     per_share = cheap_fraction * long_leg_tokens  # tokens per question of escalating every cheap answer
     if per_share <= 0:
         return share_now
@@ -344,7 +345,7 @@ def simulate(
             # next refit period (shares of the long legs those questions need)
             mean_long = long_cost_seen / n_seen
             overhead = learning_cost / long_cost_seen if long_cost_seen else 0.0
-            overspent = tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd
+            overspent = max(0.0, tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd)  # savings are not banked
             upcoming = max(refit_every * n_seen / position, 1.0)  # cheap-routed questions expected next
             catch_up = overspent / mean_long / upcoming if mean_long else 0.0
             target = min(1.0, max(0.0, frozen_escalations / n_seen - overhead - catch_up))

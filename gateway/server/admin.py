@@ -4,7 +4,9 @@ GET /v1/admin/requests        filters since, until, route, key, policy, status; 
 GET /v1/admin/requests/{id}   one request with its legs and provenance
 GET /v1/admin/costs?by=...    per-group spend, always-long counterfactual and saving
 GET /v1/admin/summary         what the dashboard draws (?window=24h)
-POST /v1/admin/reload         the policy file's classifier and verifier (model files, thresholds) put in force
+POST /v1/admin/reload         the policy file's classifier and verifier (model files, thresholds) put in force, here
+                              and then in every process on the ledger (gateway.server.reloads)
+GET /v1/admin/reload          what is in force in this process and in every process on the ledger
 GET /dashboard                the self-contained dashboard page (its data calls need the admin key)
 
 Queries live in gateway.ledger.reports and run in a worker thread, each on its own read-only connection.
@@ -28,6 +30,7 @@ from gateway.errors import GatewayError, invalid_request
 from gateway.ledger import reports
 from gateway.ledger import summary as dashboard_data
 from gateway.server.context import RequestContext, keyed
+from gateway.server.reloads import PolicyReloads
 from gateway.server.state import gateway_of
 
 logger = logging.getLogger(__name__)
@@ -136,33 +139,49 @@ async def dashboard(request: Request) -> Response:
     return HTMLResponse(_page_cache["page"], headers={"cache-control": "no-cache", "referrer-policy": "no-referrer"})
 
 
+def _reloads(ctx: RequestContext) -> PolicyReloads:
+    reloads = ctx.gateway.reloads
+    if ctx.gateway.startup is None or reloads is None:
+        raise GatewayError(409, "this gateway has no start-up to reload", code="reload_failed")
+    return reloads
+
+
 async def reload_policy(ctx: RequestContext) -> Response:
-    """The policy reload: the models `selfroute learn` (or calibrate's thresholds) wrote, without a restart. Each
-    serving process loads its own models: with `serve --workers N` every worker needs the call (or a restart)."""
+    """The policy reload: the models `selfroute learn` (or calibrate's thresholds) wrote, without a restart. They
+    load in this process first (a file that does not load: 409, nothing else is told); then a new generation in the
+    ledger has every other worker and replica load them within a few seconds."""
     from gateway.server.startup import ReloadError
 
-    startup = ctx.gateway.startup
-    if startup is None:
-        raise GatewayError(409, "this gateway has no start-up to reload", code="reload_failed")
+    reloads = _reloads(ctx)
     try:
-        policy = await run_in_threadpool(startup.reload_models)
-    except ReloadError as exc:
-        logger.warning("policy reload failed, the models in force are kept: %s", exc)
+        policy, generation = await run_in_threadpool(reloads.reload_here)
+    except ReloadError:  # logged with the reason by reload_here; shown to the admin by GET /v1/admin/reload
         raise GatewayError(
             409,
             "the policy reload failed and the models in force are kept; the gateway's log says why",
             code="reload_failed",
         ) from None
-    ctx.gateway.policy = policy
     classifier, verifier = policy.routing.classifier, policy.routing.verifier
-    logger.info("policy reloaded: classifier %s, verifier %s", classifier, verifier)
     return JSONResponse(
         {
             "reloaded": True,
+            "generation": generation,  # None: the ledger could not record it, so only this process reloaded
             "classifier": classifier.model_dump(mode="json") if classifier else None,
             "verifier": verifier.model_dump(mode="json") if verifier else None,
+            "process": reloads.state(),
         }
     )
+
+
+async def reload_status(ctx: RequestContext) -> Response:
+    """What is in force where: this process, the newest generation, and every process on the ledger as it last
+    wrote itself (model files' sha256, thresholds, generation, last reload error; `stale` when it went silent)."""
+    reloads = _reloads(ctx)
+
+    def read() -> dict[str, Any]:
+        return {"generation": reloads.log.latest(), "process": reloads.state(), "processes": reloads.fleet()}
+
+    return JSONResponse(await run_in_threadpool(read))
 
 
 def admin_routes() -> list[Route]:
@@ -172,5 +191,6 @@ def admin_routes() -> list[Route]:
         Route("/v1/admin/costs", keyed(costs, admin=True), methods=["GET"]),
         Route("/v1/admin/summary", keyed(summary, admin=True), methods=["GET"]),
         Route("/v1/admin/reload", keyed(reload_policy, admin=True), methods=["POST"]),
+        Route("/v1/admin/reload", keyed(reload_status, admin=True), methods=["GET"]),
         Route("/dashboard", dashboard, methods=["GET"]),
     ]

@@ -23,6 +23,7 @@ from gateway.ledger.errors import LedgerError
 from gateway.ledger.keys import KeyStore
 from gateway.ledger.labels import LabelStore, learning_spend
 from gateway.ledger.pricing import PriceBook
+from gateway.ledger.reloads import ReloadLog
 from gateway.ledger.writer import Ledger
 from gateway.routing.errors import RoutingError
 from gateway.routing.service import RoutingService
@@ -43,6 +44,7 @@ from gateway.server.metrics import GatewayMetrics, metrics_route
 from gateway.server.middleware import RequestMiddleware
 from gateway.server.models import model_routes
 from gateway.server.openapi import docs_routes, openapi_route
+from gateway.server.reloads import PolicyReloads
 from gateway.server.startup import Startup
 from gateway.server.state import Gateway
 from gateway.server.tracing import TracingMiddleware
@@ -148,6 +150,11 @@ def create_app(
     )
     ledger.subscribe(metrics.observe)
 
+    def use_policy(reloaded: Policy) -> None:  # a reload's policy, for the handlers that read gateway.policy
+        gateway.policy = reloaded
+
+    reloads = gateway.reloads = PolicyReloads(startup, ReloadLog(ledger.location), metrics, use_policy)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         ledger.start()
@@ -160,6 +167,8 @@ def create_app(
         warm.start()
         if auth.open:
             logger.warning("no API keys configured: the gateway is open to anyone who can reach it")
+        # the reload generation is read before the models load (a reload added meanwhile is followed at once)
+        reloads.start()
         # models and stores load after the server listens: liveness answers at once, readiness when they are in
         build = threading.Thread(target=startup.build_in_background, name="selfroute-build", daemon=True)
         build.start()
@@ -170,6 +179,7 @@ def create_app(
             yield
         finally:
             await routing.learning.aclose()  # shadow and judge work: waited for, or cancelled and ledgered
+            reloads.close()
             if startup.store is not None:  # attached documents embedded in the background: stopped, waited for
                 await anyio.to_thread.run_sync(startup.store.close)
             await upstream.aclose()

@@ -1,7 +1,10 @@
 """Health probes. Liveness: the process answers. Readiness: every model the policy needs in-process is loaded (the
 embedding model, both of its copies, the routing classifier and the verifier) and the document store is open (they
 load in the background after the server starts listening), 503 until then. A ready answer names the hosted models
-whose key variable is unset (`missing_credentials`): their calls will fail until it is set."""
+whose key variable is unset (`missing_credentials`): their calls will fail until it is set, the policy reload
+generation this process's routing models came with (`policy_generation`), and `reload_failed: true` while its last
+reload failed (it routes with the models it had); with the admin key, `reload`: what it has in force and why the
+reload failed (gateway.server.reloads)."""
 
 from __future__ import annotations
 
@@ -33,6 +36,13 @@ async def readiness(request: Request) -> Response:
         body = {"status": "ready"}
         if startup.missing_credentials:  # variable names, never values
             body["missing_credentials"] = startup.missing_credentials
+        reloads = gateway.reloads
+        if reloads is not None:
+            body["policy_generation"] = reloads.loaded_generation
+            if reloads.last_error is not None:
+                body["reload_failed"] = True  # still ready: it answers with the models it had
+            if gateway.auth.presents_admin_key(request):  # file paths and errors: the admin's only
+                body["reload"] = reloads.state()
         return json_response(body)
     body = {"status": "failed" if reason == BUILD_FAILED else "starting", "reason": reason}
     if startup.error is not None and gateway.auth.presents_admin_key(request):

@@ -183,6 +183,34 @@ class GatewayMetrics:
             multiprocess_mode="max",
         )
         self.build_info.labels(package_version(), platform.python_version()).set(1)
+        # what this process routes with (gateway.server.reloads): per worker (liveall: labelled pid under --workers)
+        self.policy_generation = Gauge(
+            "selfroute_policy_generation",
+            "The policy reload generation this process's routing models came with (0: none since the ledger began).",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.reload_error = Gauge(
+            "selfroute_policy_reload_error",
+            "1 when this process's last policy reload failed (it kept the models it had), else 0.",
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.routing_threshold = Gauge(
+            "selfroute_routing_threshold",
+            "The threshold in force in this process, by model (classifier, verifier, verifier_refusal).",
+            ["model"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self.routing_model = Gauge(
+            "selfroute_routing_model_info",
+            "The routing model files in force in this process, by model and the file's sha256 (1; 0: replaced).",
+            ["model", "sha256"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self._model_files: dict[str, str] = {}
         self._children: dict[tuple, Any] = {}
 
     def _child(self, metric, *labels: str):
@@ -226,6 +254,31 @@ class GatewayMetrics:
                 self._child(self.upstream_errors, route, model).inc()
             if call.latency_ms is not None:
                 self._child(self.upstream_latency, route, model).observe(call.latency_ms / 1000)
+
+    def models_in_force(self, state: dict[str, Any]) -> None:
+        """This process's reload state (gateway.server.reloads.PolicyReloads.state), off the request path."""
+        loaded = state.get("loaded_generation")
+        if loaded is not None:
+            self.policy_generation.set(loaded)
+        self.reload_error.set(1 if state.get("last_error") else 0)
+        classifier, verifier = state.get("classifier") or {}, state.get("verifier") or {}
+        thresholds = {
+            "classifier": classifier.get("threshold"),
+            "verifier": verifier.get("threshold"),
+            "verifier_refusal": verifier.get("refusal_threshold"),
+        }
+        for name, value in thresholds.items():
+            if value is not None:
+                self.routing_threshold.labels(name).set(value)
+        for name in ("classifier", "verifier"):
+            digest = (state.get(name) or {}).get("sha256")
+            previous = self._model_files.get(name)
+            if digest is None or digest == previous:
+                continue
+            if previous is not None:
+                self.routing_model.labels(name, previous).set(0)
+            self.routing_model.labels(name, digest).set(1)
+            self._model_files[name] = digest
 
     def time_to_first_token(self, route: str | None, seconds: float) -> None:
         self._child(self.ttft, _route(route)).observe(seconds)

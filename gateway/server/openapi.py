@@ -58,6 +58,8 @@ class Readiness(_Open):
 
     status: Literal["ready", "starting", "failed"]
     reason: str | None = None
+    policy_generation: int | None = None  # the policy reload generation this process's models came with
+    reload_failed: bool | None = None  # true while this process's last policy reload failed
 
 
 class Usage(_Open):
@@ -266,10 +268,38 @@ class FeedbackLabel(BaseModel):
     score: float | None
 
 
+class ReloadProcess(_Open):
+    """One serving process: what it routes with and how it followed the policy reloads (gateway.server.reloads)."""
+
+    id: str  # host:pid:start time
+    host: str
+    pid: int
+    ready: bool
+    generation: int  # the newest reload generation it acted on (-1: not read yet)
+    loaded_generation: int | None  # the one its models came with
+    last_error: dict[str, Any] | None  # {generation (null: its own admin call), at, error} of a reload that failed
+    policy_sha256: str | None
+    classifier: dict[str, Any] | None  # model_path, sha256, threshold
+    verifier: dict[str, Any] | None  # model_path, sha256, threshold, refusal_threshold
+
+
+class FleetProcess(ReloadProcess):
+    updated_at: float  # when it last wrote its row
+    stale: bool  # silent for more than three heartbeats (stopped without saying so, or cut off)
+
+
 class PolicyReload(BaseModel):
     reloaded: bool
+    generation: int | None  # null: the ledger could not record it, only this process reloaded
     classifier: dict[str, Any] | None
     verifier: dict[str, Any] | None
+    process: ReloadProcess
+
+
+class ReloadStatus(BaseModel):
+    generation: int  # the newest on the ledger
+    process: ReloadProcess  # the one that answered
+    processes: list[FleetProcess]  # every process on the ledger
 
 
 class OpenApiDocument(_Open):
@@ -292,7 +322,15 @@ class Operation:
 def operations() -> dict[Any, Operation]:
     """Each handler's operation (imported here, when the schema is first built, not with the app)."""
     from gateway.protocol import ChatCompletionRequest
-    from gateway.server.admin import costs, dashboard, get_request, list_requests, reload_policy, summary
+    from gateway.server.admin import (
+        costs,
+        dashboard,
+        get_request,
+        list_requests,
+        reload_policy,
+        reload_status,
+        summary,
+    )
     from gateway.server.chat import chat_completions
     from gateway.server.collections import (
         AddDocumentsRequest,
@@ -389,9 +427,15 @@ def operations() -> dict[Any, Operation]:
         reload_policy: Operation(
             "Reload the routing models",
             "The policy file's routing.classifier and routing.verifier (model files and thresholds, as `selfroute "
-            "learn` writes them) put in force in this process without a restart; 409 reload_failed keeps those "
-            "in force.",
+            "learn` writes them) put in force in this process without a restart, then in every worker and replica "
+            "on the ledger within seconds; 409 reload_failed keeps those in force and tells no other process.",
             response=PolicyReload,
+        ),
+        reload_status: Operation(
+            "What routing models are in force where",
+            "This process and every process on the ledger: model files' sha256, thresholds, the reload generation "
+            "each follows and its last reload error.",
+            response=ReloadStatus,
         ),
         dashboard: Operation(
             "Cost dashboard", "The page; its data comes from /v1/admin/summary with the admin key.", media="text/html"

@@ -5,10 +5,12 @@ of a request that needs them, say whether they are in, still loading, or failed 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from classifier.model import ModelFileError
 from gateway.errors import GatewayError
@@ -18,7 +20,7 @@ from gateway.routing.model_files import load_route_model, load_verifier_model
 from gateway.routing.service import RoutingService
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream
-from policies.loader import PolicyError, load_policy
+from policies.loader import PolicyError, parse_policy
 from policies.schema import Policy
 
 if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported by build(), not with the app
@@ -54,6 +56,8 @@ class Startup:
         self.ready = False
         self.error: str | None = None  # why build() failed: for the log and the admin's readiness view only
         self.missing_credentials: list[dict] = []  # hosted models whose key variable is unset (readiness says so)
+        self.policy_sha256: str | None = None  # of the policy file's text the models in force came from
+        self._reload_lock = threading.Lock()  # the admin call and the reload watcher never load at once
 
     def build(self) -> None:
         """Load the embedding model, open the store, load the route model and verifier, and hand routing its
@@ -65,6 +69,11 @@ class Startup:
 
         policy = self.policy
         rag = policy.rag
+        if self.policy_path is not None:
+            try:
+                self.policy_sha256 = _sha256(self.policy_path.read_bytes())
+            except OSError:  # the file went away after the app read it: the models still come from what it read
+                self.policy_sha256 = None
         embedder = self._embedder or Embedder(
             rag.embedding_model,
             batch_size=rag.embedding_batch_size,
@@ -105,12 +114,19 @@ class Startup:
         learn` and `calibrate` write them) in force without a restart; everything else in the file waits for one.
         Blocking (reads and checks the model files): from a worker thread. Raises ReloadError, keeping the models in
         force, when the file or a model does not load or a model was turned on or off."""
+        with self._reload_lock:
+            return self._reload_models()
+
+    def _reload_models(self) -> Policy:
         if self.policy_path is None:
             raise ReloadError("the gateway was started without a policy file: nothing to reload")
         if not self.ready:
             raise ReloadError("the gateway is still loading its models")
         try:
-            found, _ = load_policy(self.policy_path)
+            data = self.policy_path.read_bytes()  # learn and calibrate replace it whole (gateway.files.write_atomic)
+            found = parse_policy(data.decode("utf-8"), str(self.policy_path))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReloadError(f"{type(exc).__name__}: {exc}") from exc
         except PolicyError as exc:
             raise ReloadError(str(exc)) from exc
         current = self.policy
@@ -128,7 +144,32 @@ class Startup:
             raise ReloadError(f"{type(exc).__name__}: {exc}") from exc
         self.routing.use_models(policy, router, check)
         self.policy = policy
+        self.policy_sha256 = _sha256(data)
         return policy
+
+    def models_in_force(self) -> dict[str, Any]:
+        """What this process routes with now: the policy file's sha256 and, for the classifier and the verifier, the
+        model path, its file's sha256 and the thresholds (None for a model the policy does not use)."""
+        planner, check = self.routing.planner, self.routing.check
+        routing = self.policy.routing
+        classifier: dict[str, Any] | None = None
+        verifier: dict[str, Any] | None = None
+        if routing.classifier is not None:
+            model = planner.router.model if planner is not None else None
+            classifier = {
+                "model_path": routing.classifier.model_path,
+                "sha256": model.sha256 if model is not None else None,
+                "threshold": routing.classifier.threshold,
+            }
+        if routing.verifier is not None:
+            loaded = check.verifier
+            verifier = {
+                "model_path": routing.verifier.model_path,
+                "sha256": loaded.sha256 if loaded is not None else None,
+                "threshold": check.threshold,
+                "refusal_threshold": check.refusal_threshold,
+            }
+        return {"policy_sha256": self.policy_sha256, "classifier": classifier, "verifier": verifier}
 
     @property
     def not_ready_reason(self) -> str | None:
@@ -147,3 +188,7 @@ class Startup:
     def check_ready(self) -> None:
         if not self.ready:
             raise self.not_ready()
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

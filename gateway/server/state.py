@@ -15,6 +15,7 @@ from gateway.ledger.writer import Ledger
 from gateway.routing.service import RoutingService
 from gateway.server.auth import Authenticator
 from gateway.server.metrics import GatewayMetrics
+from gateway.server.reloads import PolicyReloads
 from gateway.server.startup import Startup
 from gateway.settings import Settings
 from gateway.upstreams.base import Upstream
@@ -35,6 +36,7 @@ class Gateway:
     keys: KeyStore  # named keys, their spend and rate windows, and who owns which collection
     labels: LabelStore | None = None  # feedback labels (POST /v1/feedback) and who sent which request
     startup: Startup | None = None  # loads the models and the document store; readiness (None: a bare test holder)
+    reloads: PolicyReloads | None = None  # follows the policy reloads of every process on the ledger
 
     @property
     def store(self):

@@ -64,6 +64,15 @@ EXPECTED_TABLES = {
         ("cache_saving_usd", "REAL", 1, 0),
     ],
     "collection_owners": [("collection", "TEXT", 0, 1), ("owner", "TEXT", 1, 0), ("created_at", "REAL", 1, 0)],
+    "gateway_processes": [
+        ("id", "TEXT", 0, 1),
+        ("host", "TEXT", 1, 0),
+        ("pid", "INTEGER", 1, 0),
+        ("started_at", "REAL", 1, 0),
+        ("updated_at", "REAL", 1, 0),
+        ("generation", "INTEGER", 1, 0),
+        ("state", "TEXT", 1, 0),
+    ],
     "labels": [
         ("id", "INTEGER", 0, 1),
         ("request_id", "TEXT", 1, 0),
@@ -82,6 +91,12 @@ EXPECTED_TABLES = {
         ("route", "TEXT", 1, 2),
         ("bucket", "INTEGER", 1, 3),
         ("requests", "INTEGER", 1, 0),
+    ],
+    "policy_reloads": [
+        ("generation", "INTEGER", 0, 1),
+        ("requested_at", "REAL", 1, 0),
+        ("requested_by", "TEXT", 1, 0),
+        ("policy_sha256", "TEXT", 0, 0),
     ],
     "rate_windows": [("key_id", "TEXT", 1, 1), ("minute", "INTEGER", 1, 2), ("requests", "INTEGER", 1, 0)],
     "request_features": [

@@ -46,7 +46,7 @@ def test_readiness_waits_for_the_models(upstream, tmp_path, monkeypatch):
             ready = httpx.get(f"{url}/health/readiness")
             if ready.status_code == 200:
                 break
-        assert ready.json() == {"status": "ready"}
+        assert ready.json() == {"status": "ready", "policy_generation": 0}  # no policy reload on this ledger yet
 
 
 def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstream, tmp_path, monkeypatch, caplog):
@@ -112,7 +112,7 @@ def test_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path
             ready = httpx.get(f"{url}/health/readiness")
             if ready.status_code == 200:
                 break
-        assert ready.json() == {"status": "ready"}
+        assert ready.json() == {"status": "ready", "policy_generation": 0}  # no policy reload on this ledger yet
         assert embedder.loaded and app.state.gateway.store.embedder is embedder  # one embedder, loaded
 
 

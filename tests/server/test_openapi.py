@@ -133,6 +133,7 @@ def test_real_answers_match_their_declared_schemas(gateway):
         ("get", "/v1/admin/requests/{request_id}", {"request_id": request_id}),
         ("get", "/v1/admin/costs", None),
         ("get", "/v1/admin/summary", None),
+        ("get", "/v1/admin/reload", None),
         ("post", "/v1/admin/keys", {"name": "openapi-team"}),
         ("get", "/v1/admin/keys", None),
         ("patch", "/v1/admin/keys/{name}", {"name": "openapi-team", "rpm": 600}),

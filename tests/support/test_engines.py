@@ -31,6 +31,7 @@ MIGRATIONS = [
     "009_key_admin_periods.sql",
     "010_learning.sql",
     "011_in_flight.sql",
+    "014_policy_reloads.sql",
 ]
 ROLLUPS = [
     "request_rollup_hourly",
@@ -329,6 +330,8 @@ def test_postgres_migrations_match_sqlite_schema(postgres_url):
             "request_features",
             "labels",
             "requests_in_flight",
+            "policy_reloads",
+            "gateway_processes",
         }
         assert (
             pg.execute("SELECT bucket, upper_ms FROM latency_buckets ORDER BY bucket").fetchall()

@@ -6,7 +6,7 @@ must (a header scan, two clock reads, a gauge) and builds the access line only w
 
 It is the application's outermost layer (gateway.server.app.GatewayApp), and it sends the chat endpoints' POSTs
 (`direct`: the hot path) straight to their endpoint: Starlette's error middlewares, router and request wrapper
-were a fifth of the event loop's time on a pass-through request. Those endpoints answer their own errors
+were about 7% of the event loop's time on a pass-through request. Those endpoints answer their own errors
 (gateway.server.context.keyed); anything that still escapes gets what Starlette's stack would give it: `on_error`'s
 envelope when nothing was sent yet, and an unexpected exception re-raised to the server."""
 

@@ -74,12 +74,12 @@ class RagSettings(_Strict):
         "dropped, even past inline_cache_collections: the store may hold more until they go idle",
     )
     first_pass_candidates: int = Field(
-        24,
+        16,
         ge=0,
         le=500,
         description="the first questions on new attached documents are answered while the documents are embedded "
-        "in the background: their chunks ranked by BM25, this many candidates embedded and ranked by vector "
-        "(at least the text ranking's depth, 3 x top_k or 20); 0 = embed all of them before answering",
+        "in the background: their chunks ranked by BM25, the best this many embedded and ranked by vector (and "
+        "fused with the BM25 ranking); 0 = embed all of them before answering",
     )
     question_marker: str | None = Field(
         None, description="in a plain long prompt, the text after the last occurrence of this marker is the question"

@@ -25,6 +25,7 @@ import atexit
 import logging
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,10 +45,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 16  # inline collections embedded in the background at once, per process
-# the background ingestion embeds this many model batches between checks for shutdown
-_SLICE_BATCHES = 1
+# the background ingestion embeds at most this many chunks between checks for shutdown: a stop is prompt even on
+# loaded cores, and smaller batches cost MiniLM on a CPU little
+_SLICE_CHUNKS = 16
 # how long close() waits for each background ingestion to stop
-CLOSE_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 60.0
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 
@@ -90,12 +92,14 @@ class PendingInline:
     # -- the first pass ----------------------------------------------------------------------------
     def search(self, collection: str, query: str, k: int, query_vector: np.ndarray) -> list[ScoredChunk]:
         """DocumentStore.search's answer from the first pass: the k best chunks by reciprocal rank fusion of the
-        BM25 ranking over every chunk and the vector ranking over the candidates and the chunks embedded so far."""
+        BM25 ranking over every chunk and the vector ranking over the chunks embedded so far, the question's best
+        rag.first_pass_candidates by BM25 among them (a hit found by text alone is embedded afterwards, for its
+        cosine: at most k more)."""
         settings = self.inline.settings
         depth = max(3 * k, 20)  # chunk_search.hybrid_search's depth
         try:
             text_ranked = self._lexical(query, max(depth, settings.first_pass_candidates))
-            known = self._embedded(text_ranked)
+            known = self._embedded(text_ranked[: settings.first_pass_candidates])
         finally:
             self.start()
         indices = np.fromiter(known, dtype=np.int64, count=len(known))
@@ -103,9 +107,18 @@ class PendingInline:
         if len(indices):
             sims = np.stack([known[int(i)] for i in indices]) @ query_vector
             vector_ranked = [int(indices[j]) for j in np.argsort(-sims, kind="stable")[:depth]]
-        text_hits = [self._row(i, known[i]) for i in text_ranked[:depth]] if settings.hybrid else []
+        text_hits = [self._row(i, known.get(i)) for i in text_ranked[:depth]] if settings.hybrid else []
         vector_hits = [self._row(i, known[i]) for i in vector_ranked]
-        return fuse_rankings(vector_hits, text_hits, query_vector, k, settings.rrf_k)
+        hits = fuse_rankings(vector_hits, text_hits, query_vector, k, settings.rrf_k)
+        at = [self._at[(h.chunk.doc_id, h.chunk.position)] for h in hits]
+        unscored = [i for i in at if i not in known]
+        if not unscored:
+            return hits
+        known = self._embedded(unscored)
+        return [
+            replace(h, vector_score=float(known[i] @ query_vector)) if i in unscored else h
+            for h, i in zip(hits, at, strict=True)
+        ]
 
     def chunk_vectors(self, question: str, doc_ids: Iterable[str]) -> dict[str, ChunkVectors]:
         """DocumentStore.chunk_vectors from the first pass, for the long route's unit scoring: the question's BM25
@@ -165,10 +178,12 @@ class PendingInline:
         with self._lock:
             return dict(self._vectors)
 
-    def _row(self, i: int, vector: np.ndarray) -> dict:
+    def _row(self, i: int, vector: np.ndarray | None) -> dict:
+        """A chunk as a chunk-table row; a chunk not embedded yet gets a zero vector (its cosine is filled in
+        afterwards, should it be a hit)."""
         chunk = self.chunks[i]
-        row = {name: getattr(chunk, name) for name in CHUNK_COLUMNS}
-        row["vector"] = vector
+        row: dict = {name: getattr(chunk, name) for name in CHUNK_COLUMNS}
+        row["vector"] = vector if vector is not None else np.zeros(self.embedder.dimension, np.float32)
         return row
 
     # -- the background ingestion ----------------------------------------------------------------
@@ -226,7 +241,7 @@ class PendingInline:
         mine = [i for i, c in enumerate(self.chunks) if c.doc_id == doc.id]
         with self._lock:
             missing = [i for i in mine if i not in self._vectors]
-        step = self.embedder.batch_size * _SLICE_BATCHES
+        step = max(1, min(self.embedder.batch_size, _SLICE_CHUNKS))
         for start in range(0, len(missing), step):
             if self._stop.is_set():
                 raise IngestCancelled("ingestion cancelled")

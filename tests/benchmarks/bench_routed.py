@@ -134,9 +134,12 @@ def routed(url: str, data: bytes) -> tuple[float, str | None]:
     return latency, response.json()["selfroute"]["provenance"].get("retrieval_index")
 
 
-def until_full(url: str, doc_text: str, started: float, limit_s: float = 3600) -> tuple[list[float], float]:
-    """Questions one after another (a pause between them) until one is answered from the full index: (the
-    latencies of those answered from the first pass, seconds from `started` to the first full answer)."""
+def until_full(
+    url: str, doc_text: str, started: float, pause_s: float = 5.0, limit_s: float = 3600
+) -> tuple[list[float], float]:
+    """Questions one after another, `pause_s` apart (a user reading the answers), until one is answered from the
+    full index: (the latencies of those answered from the first pass, seconds from `started` to the first full
+    answer)."""
     partial: list[float] = []
     for i in range(100_000):
         latency, index = routed(url, body(f"{questions(i + 1, 'first pass')[-1]}", doc_text, "rag"))
@@ -145,7 +148,7 @@ def until_full(url: str, doc_text: str, started: float, limit_s: float = 3600) -
         partial.append(latency)
         if time.perf_counter() - started > limit_s:
             break
-        time.sleep(1.0)
+        time.sleep(pause_s)
     raise RuntimeError("the document was never answered from its full index")
 
 

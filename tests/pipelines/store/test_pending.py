@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from pipelines.base import INDEX_FULL, INDEX_PARTIAL, ContextRequest
 from pipelines.documents import Document
 from pipelines.rag import RagPipeline
@@ -41,7 +43,7 @@ def test_the_first_question_is_answered_before_the_documents_are_embedded_then_t
     first = ask(store, "What is the part number of the replacement impeller kit?")
     assert first.index == INDEX_PARTIAL
     assert "HP-IK-2231" in first.context_text  # found lexically, ranked with the candidates' vectors
-    assert first.hits and all(h.vector_score > 0 for h in first.hits)
+    assert first.hits and all(h.vector_rank is not None for h in first.hits[:3])  # ranked by vector too
     store.wait_inline()
     name = store.inline_name(DOCS)
     assert store.inline.holds(name, DOCS)  # the background ingestion made the same collection, same name
@@ -172,3 +174,20 @@ def test_a_question_without_terms_gets_the_chunks_embedded_so_far(store):
     found = ask(store, "???")
     assert found.index == INDEX_PARTIAL and found.hits == []
     store.close()
+
+
+def test_few_candidates_hits_found_by_text_alone_are_embedded_for_their_cosine(tmp_path, embedder):
+    settings = STORE_SETTINGS.model_copy(update={"first_pass_candidates": 2})
+    store = DocumentStore(str(tmp_path / "db"), embedder, settings)
+    found = ask(store, "What is the part number of the replacement impeller kit?")
+    assert found.index == INDEX_PARTIAL and "HP-IK-2231" in found.context_text
+    assert len(found.hits) == settings.top_k
+    assert embedder.queries_embedded - 1 <= 2 + settings.top_k  # the candidates, then only hits without a vector
+    assert any(h.vector_rank is None for h in found.hits)  # hits found by text alone
+    store.wait_inline()
+    stored = {(c.doc_id, c.position): v for c, v in store.chunks(store.inline_name(DOCS))}
+    question = embedder.embed_query("What is the part number of the replacement impeller kit?")
+    for hit in found.hits:  # every hit's cosine, the text-only ones' too
+        assert hit.vector_score == pytest.approx(
+            float(stored[(hit.chunk.doc_id, hit.chunk.position)] @ question), abs=1e-4
+        )

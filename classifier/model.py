@@ -8,8 +8,10 @@ needing anything else is refused.
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,42 @@ TRUSTED_TYPES = [
     "numpy.dtype",
     "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
 ]
+
+
+class _SkipSklearnExtras(importlib.abc.MetaPathFinder):
+    """Refuses scikit-learn's array-API adapters for other libraries and its test packages. Importing skops.io lists
+    scikit-learn's estimators (sklearn.utils.all_estimators), and that walk imports every package under sklearn:
+    sklearn.externals.array_api_compat.torch imports torch (~180 MB resident, seconds), sklearn.utils._testing and the
+    tests packages pytest, in a gateway that has no other use for them. pkgutil.walk_packages skips a package whose
+    import raises ImportError and _testing's pytest is optional, so the estimator list, and with it skops' default
+    trusted types, is the same (a process that already imported one of them is not affected)."""
+
+    EXTRAS = ("torch", "cupy", "dask", "jax")
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        parts = name.split(".")
+        if parts[0] == "pytest":  # sklearn.utils._testing's optional import (test decorators)
+            raise ImportError(f"{name}: not needed to read a model file")
+        if parts[0] == "sklearn" and (
+            "tests" in parts
+            or parts[1:3] == ["externals", "array_api_compat"]
+            and len(parts) > 3
+            and parts[3] in self.EXTRAS
+        ):
+            raise ImportError(f"{name}: not needed to read a model file")
+        return None
+
+
+def skops_io() -> Any:
+    """skops.io, imported without what its estimator walk would pull in (_SkipSklearnExtras)."""
+    if "skops.io" not in sys.modules:
+        finder = _SkipSklearnExtras()
+        sys.meta_path.insert(0, finder)
+        try:
+            import skops.io  # noqa: F401
+        finally:
+            sys.meta_path.remove(finder)
+    return sys.modules["skops.io"]
 
 
 class ModelFileError(ValueError):
@@ -52,15 +90,14 @@ def model_to_bytes(model: RouteModel) -> tuple[bytes, str]:
     """The skops bytes of the pipeline and the JSON text of its card (writing them is the caller's job)."""
     import zipfile
 
-    import skops.io as sio
-
+    sio = skops_io()
     data = sio.dumps(model.pipeline, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
     return data, json.dumps(_json_safe(model.card), indent=2, sort_keys=True) + "\n"
 
 
 def load_trusted(data: bytes, source: str) -> Any:
     """The scikit-learn pipeline in skops bytes, refusing any type outside TRUSTED_TYPES (never pickle)."""
-    import skops.io as sio
+    sio = skops_io()
 
     try:
         untrusted = set(sio.get_untrusted_types(data=data)) - set(TRUSTED_TYPES)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
 from classifier.estimators import VERIFIER, Estimator, build_pipeline
-from classifier.model import ModelFileError, _json_safe, load_trusted
+from classifier.model import ModelFileError, _json_safe, load_trusted, skops_io
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -407,8 +407,7 @@ def verifier_to_bytes(model: VerifierModel) -> tuple[bytes, str]:
     """The skops bytes of the pipeline and the JSON text of its card (feature names included)."""
     import zipfile
 
-    import skops.io as sio
-
+    sio = skops_io()
     data = sio.dumps(model.pipeline, compression=zipfile.ZIP_DEFLATED, compresslevel=9)
     card = dict(model.card)
     card["feature_names"] = list(model.feature_names)

@@ -1,20 +1,26 @@
-"""Sentence embeddings with sentence-transformers, loaded lazily and shared across threads.
+"""Sentence embeddings, loaded once per process and shared across threads.
 
-Documents and queries are encoded by two copies of the model: a request's question never waits behind
-another document's ingestion (hundreds of chunks, seconds to minutes of encoding)."""
+Backends: "onnx" (the default: the model exported to ONNX once, run by onnxruntime with the model's own fast
+tokenizer; the serving process never imports torch), "onnx-int8" (its weights quantised) and "torch"
+(sentence-transformers). One onnxruntime session serves documents and questions: its runs are thread-safe, so a
+question never waits on a lock behind another document's ingestion, and one copy of the weights is held instead of
+two (BENCHMARKS.md §2, round five). With torch, documents and queries are encoded by two copies of the model (a torch
+module and its tokenizer are not safe to call from several threads at once)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
-import tempfile
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,13 +29,12 @@ from pipelines.scope import SHARED, KeyScope
 
 if TYPE_CHECKING:
     import onnxruntime
-    import torch
     from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
 QUERY_CACHE_SIZE = 1024
-# A question is a few dozen word pieces: one thread encodes it as fast as several on an idle machine,
+# torch: a question is a few dozen word pieces: one thread encodes it as fast as several on an idle machine,
 # and many times faster on a busy one (measured on 2 loaded cores: 63 ms with one thread, 450 ms with two,
 # whose threads wait on each other). Document batches use every core the process may run on.
 QUERY_THREADS = 1
@@ -72,72 +77,84 @@ class _Model:
 
 
 BACKENDS = ("torch", "onnx", "onnx-int8")
+DEFAULT_BACKEND = "onnx"  # rag.embedding_backend's default too (pipelines.settings)
+
+
+# the ONNX graph's inputs and outputs and how pipelines.onnx_export makes it: part of an export's key, so a change to
+# the export gives a new file instead of reusing an old one
+EXPORT_FORMAT = "st-mean-pooled-opset17-v1"
+MODEL_CACHE_ENV = "SELFROUTE_MODEL_CACHE"
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("SELFROUTE_DATA_DIR") or Path.home() / ".selfroute") / "models"
+    """Where ONNX exports live: $SELFROUTE_MODEL_CACHE, else the user cache ($XDG_CACHE_HOME or ~/.cache)/selfroute/
+    models. One directory for every data directory of the user, so a new gateway (each test's among them) reuses the
+    export made once per packaged model version instead of exporting again (tens of seconds with torch)."""
+    if os.environ.get(MODEL_CACHE_ENV):
+        return Path(os.environ[MODEL_CACHE_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfroute" / "models"
+
+
+@functools.lru_cache(maxsize=8)
+def _model_digest(path: str, stamp: tuple) -> str:
+    # the model's own bytes (weights and configuration, ~0.3 s for MiniLM), once per process and model version
+    digest = hashlib.sha256(EXPORT_FORMAT.encode())
+    for name in stamp:
+        with open(Path(path) / name[0], "rb") as f:
+            digest.update(name[0].encode() + hashlib.file_digest(f, "sha256").digest())
+    return digest.hexdigest()[:16]
+
+
+def model_key(model_path: str | None) -> str:
+    """A model's export key: a hash of its weights and configuration files (not of where they are)."""
+    path = model_path or default_model_path()
+    names = sorted(
+        p.name
+        for pattern in ("*.safetensors", "*.bin", "config.json", "tokenizer.json")
+        for p in Path(path).glob(pattern)
+    )
+    stamp = tuple((n, (Path(path) / n).stat().st_size, (Path(path) / n).stat().st_mtime_ns) for n in names)
+    return _model_digest(str(Path(path).resolve()), stamp)
 
 
 def onnx_model_file(model_path: str | None, quantized: bool, cache_dir: Path | None = None) -> Path:
     """The ONNX export of a sentence-transformers model (mean-pooled BERT-style encoders such as the packaged
-    all-MiniLM-L6-v2), made from the local model files the first time it is needed and cached: no download.
-    onnx-int8 is the same graph with its weights dynamically quantised (onnxruntime.quantization)."""
+    all-MiniLM-L6-v2), made from the local model files the first time any process needs it and cached by the
+    model's hash: no download. The export runs in a child process (pipelines.onnx_export), so torch is never
+    imported here; a lock file makes a second process wait for the first one's export instead of repeating it."""
+    import fcntl
+
     path = model_path or default_model_path()
-    weights = max(Path(path).glob("*.safetensors"), default=None) or max(Path(path).glob("*.bin"), default=None)
-    stamp = (
-        f"{Path(path).resolve()}:{weights.stat().st_size if weights else 0}:{weights.stat().st_mtime if weights else 0}"
-    )
-    key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
-    target = (cache_dir or default_cache_dir()) / f"{Path(path).name}-{key}{'-int8' if quantized else ''}.onnx"
+    folder = cache_dir or default_cache_dir()
+    stem = f"{Path(path).name}-{model_key(path)}"
+    target = folder / f"{stem}{'-int8' if quantized else ''}.onnx"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    plain = target if not quantized else onnx_model_file(model_path, False, cache_dir)
-    if not quantized:
-        _export_onnx(path, target)
-    else:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            out = Path(scratch) / target.name
-            quantize_dynamic(str(plain), str(out), weight_type=QuantType.QInt8)
-            os.replace(out, target)  # atomic: another process exporting at once finds a whole file or none
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(folder / f"{stem}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another process exported it while this one waited
+            return target
+        if quantized:
+            plain = folder / f"{stem}.onnx"
+            if not plain.exists():
+                _run_export(path, plain)
+            _run_export(path, target, int8_from=plain)
+        else:
+            _run_export(path, target)
     return target
 
 
-def _export_onnx(path: str, target: Path) -> None:
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    log.info("exporting embedding model %s to ONNX (once): %s", path, target)
-    # its Transformer module; Any: torch types a module's attributes (tokenizer, auto_model) as Tensor | Module
-    transformer: Any = SentenceTransformer(path, device="cpu")[0]
-
-    class Encoder(torch.nn.Module):  # the word-piece vectors; pooling and normalising run on numpy
-        def __init__(self, model: torch.nn.Module):
-            super().__init__()
-            self.model: torch.nn.Module = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            return self.model(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            ).last_hidden_state
-
-    sample = transformer.tokenizer(["an example", "a second, longer example"], padding=True, return_tensors="pt")
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        out = Path(scratch) / target.name
-        torch.onnx.export(
-            Encoder(transformer.auto_model.eval()),
-            tuple(sample[n] for n in names),
-            str(out),
-            input_names=names,
-            output_names=["last_hidden_state"],
-            opset_version=17,
-            dynamo=False,
-            dynamic_axes={n: {0: "batch", 1: "tokens"} for n in [*names, "last_hidden_state"]},
-        )
-        os.replace(out, target)
+def _run_export(path: str, target: Path, int8_from: Path | None = None) -> None:
+    log.info("exporting embedding model %s to ONNX (once, in a child process): %s", path, target)
+    root = str(Path(__file__).resolve().parents[1])  # this checkout's packages, first on the child's path
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    command = [sys.executable, "-m", "pipelines.onnx_export", path, str(target)]
+    if int8_from is not None:
+        command += ["--int8", str(int8_from)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not target.exists():
+        raise RuntimeError(f"exporting {path} to ONNX failed (exit {done.returncode}): {done.stderr[-2000:]}")
 
 
 class _OnnxModel:
@@ -154,7 +171,7 @@ class _OnnxModel:
         return self._session is not None
 
     def get(self) -> _OnnxModel:
-        # callers hold self.lock
+        # callers hold self.lock while it loads; a loaded session's runs are thread-safe and need no lock
         if self._session is None:
             import onnxruntime
             from tokenizers import Tokenizer
@@ -171,6 +188,11 @@ class _OnnxModel:
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = self.threads()
             options.inter_op_num_threads = 1
+            # measured on 2 loaded cores (BENCHMARKS.md §2, round five): threads that wait instead of spinning
+            # answer a question during an ingestion in 33 ms instead of 59; without the memory arena the process
+            # goes back to ~180 MB after a document batch instead of keeping its peak (~1 GB for 64 x 200 tokens)
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.enable_cpu_mem_arena = False
             model = onnx_model_file(self.path, self.quantized, self.cache_dir)
             log.info("loading embedding model %s (onnxruntime)", model)
             self._session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
@@ -205,7 +227,7 @@ class EmbedderOptions:
 
     model_path: str | None = None
     batch_size: int = 64
-    backend: str = "torch"
+    backend: str = DEFAULT_BACKEND
     cache_dir: str | None = None
     threads: int | None = None
     device: str | None = None
@@ -224,15 +246,15 @@ class EmbedderOptions:
 class Embedder:
     """Encodes texts to float32, L2-normalised vectors (so a dot product is the cosine similarity).
 
-    backend: "torch" (sentence-transformers), "onnx" (the same model exported to ONNX, run by onnxruntime:
-    the same vectors) or "onnx-int8" (its weights quantised to int8: faster, slightly different vectors)."""
+    backend: "onnx" (the default: the model exported to ONNX, run by onnxruntime: torch's vectors to 2e-4),
+    "torch" (sentence-transformers) or "onnx-int8" (its weights quantised to int8: faster, slightly different vectors)."""
 
     def __init__(
         self,
         model_path: str | None = None,
         batch_size: int = 64,
         device: str | None = None,
-        backend: str = "torch",
+        backend: str = DEFAULT_BACKEND,
         cache_dir: Path | str | None = None,
         threads: int | None = None,
     ):
@@ -255,8 +277,8 @@ class Embedder:
         else:
             cache = Path(cache_dir) if cache_dir is not None else None
             quantized = backend == "onnx-int8"
-            self._documents = _OnnxModel(model_path, quantized, cache, self._document_threads)
-            self._queries_model = _OnnxModel(model_path, quantized, cache, lambda: QUERY_THREADS)
+            # one session for both (see the module docstring)
+            self._documents = self._queries_model = _OnnxModel(model_path, quantized, cache, self._document_threads)
         # a request's question is embedded by retrieval, by long-context scoring and again by explain
         self._queries: LockedLRU[tuple[KeyScope, str], np.ndarray] = LockedLRU(QUERY_CACHE_SIZE)
 
@@ -268,7 +290,7 @@ class Embedder:
         )
 
     def load(self) -> None:
-        """Load both copies now (start-up, before readiness), not on the first document and the first question."""
+        """Load the model now (start-up, before readiness), not on the first document and the first question."""
         for copy in (self._documents, self._queries_model):
             with copy.lock:
                 copy.get()
@@ -295,11 +317,22 @@ class Embedder:
     def max_seq_length(self) -> int:
         return int(self.model.max_seq_length)
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """The word pieces the model reads of each text (its own tokenizer, special tokens included, truncated where
+        the model truncates): the usage /v1/embeddings reports."""
+        model = self.model
+        if isinstance(model, _OnnxModel):
+            return [len(e.ids) for e in model.tokenizer.encode_batch(list(texts))]
+        ids = model.tokenizer(list(texts), truncation=True, max_length=model.max_seq_length)["input_ids"]
+        return [len(i) for i in ids]
+
     @staticmethod
     def _encode(copy: _Model | _OnnxModel, texts: list[str], batch_size: int, threads: int) -> np.ndarray:
         if isinstance(copy, _OnnxModel):
-            with copy.lock:
-                return copy.get().encode(list(texts), batch_size)
+            if not copy.loaded:
+                with copy.lock:
+                    copy.get()
+            return copy.encode(list(texts), batch_size)
         import torch
 
         with copy.lock:
@@ -332,7 +365,7 @@ class Embedder:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def embed_queries(self, texts: list[str]) -> np.ndarray:
-        """Questions, on the model copy that document ingestion does not hold."""
+        """Questions: on the shared onnxruntime session, or (torch) the model copy that ingestion does not hold."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         return self._encode(self._queries_model, texts, self.batch_size, QUERY_THREADS)

@@ -131,6 +131,11 @@ def _cost_map() -> dict:
         return {}
 
 
+def cost_map() -> dict:
+    """litellm's bundled cost map (model -> prices and limits), read once as a file; {} without litellm."""
+    return _cost_map()
+
+
 def model_info(model: str) -> dict | None:
     """litellm's entry for a model string (`openai/gpt-4.1` is the map's `gpt-4.1`), or None. A provider's name
     without its prefix matches only an entry of that provider, so `hosted_vllm/gpt-4.1` is not OpenAI's."""

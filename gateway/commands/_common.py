@@ -135,7 +135,6 @@ def open_store(args: argparse.Namespace, policy):
             rag.embedding_model,
             batch_size=rag.embedding_batch_size,
             backend=rag.embedding_backend,
-            cache_dir=settings.data_dir / "models",
         ),
         rag,
     )

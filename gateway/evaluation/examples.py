@@ -216,10 +216,11 @@ class RouteInputBuilder:
 
     def _key(self, example: Example, part: str) -> str:
         # refusal patterns and the question marker do not change retrieval: left out of the key; so is the
-        # default (torch) embedding backend, the one caches were written with before the setting existed, and the
-        # first pass, which the replay never takes (0 here: documents embedded before answering, as before it existed)
+        # torch embedding backend, the one caches were written with before the setting existed, and onnx (its vectors
+        # to 2e-4, the default since round five), and the first pass, which the replay never takes (0 here: documents
+        # embedded before answering, as before it existed)
         excluded = {"unanswerable_patterns", "question_marker", "first_pass_candidates"}
-        if self.policy.rag.embedding_backend == "torch":
+        if self.policy.rag.embedding_backend in ("torch", "onnx"):
             excluded.add("embedding_backend")
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude=excluded)
         settings = (

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from policies.limits import cost_map
 from policies.schema import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,11 @@ def _per_token(per_mtok: float | None) -> float | None:
 
 def _cost_map() -> dict:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    import litellm
+    if os.environ["LITELLM_LOCAL_MODEL_COST_MAP"].lower() == "true":
+        # the map litellm itself would load, read as a file: importing litellm costs ~160 MB and seconds, and a
+        # gateway whose models all take the direct path has no other use for it
+        return cost_map()
+    import litellm  # LITELLM_LOCAL_MODEL_COST_MAP=False: litellm's remote map
 
     return litellm.model_cost
 
@@ -72,8 +77,9 @@ class PriceBook:
         self._cache: dict[tuple, Price] = {}
 
     def warm(self, configs: list[ModelConfig] | None = None) -> None:
-        """Import litellm and its cost map now (seconds of CPU), off the event loop, so that the first
-        request for a model without policy prices does not stall every other request; warn about each of
+        """Read litellm's cost map now (its bundled file: a second of CPU; litellm itself is imported only where
+        LITELLM_LOCAL_MODEL_COST_MAP=False asks for its remote map), off the event loop, so that the first request for
+        a model without policy prices does not stall every other request; warn about each of
         `configs` (the policy's models) that has no price, since its calls will be recorded at $0."""
         self._lookup_map("")
         for config in configs or []:

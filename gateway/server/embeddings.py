@@ -98,10 +98,8 @@ def _texts(request: EmbeddingsRequest) -> list[str]:
 
 def _embed_local(embedder, texts: list[str]) -> tuple[np.ndarray, int]:
     vectors = embedder.embed(texts)
-    model = embedder.model
     # the tokens the model actually read: its own tokenizer, truncated where the model truncates
-    ids = model.tokenizer(texts, truncation=True, max_length=model.max_seq_length)["input_ids"]
-    return vectors, sum(len(i) for i in ids)
+    return vectors, sum(embedder.token_counts(texts))
 
 
 def _encode(vector: np.ndarray, encoding_format: str | None) -> list[float] | str:

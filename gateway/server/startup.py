@@ -1,6 +1,6 @@
 """Start-up of what routed requests and collections need, owned by the gateway holder (gateway.server.state), not by
-routing: the embedding model (both copies), the document store, the route model and the verifier, and in-process
-chat models. They load in a worker thread after the server listens (liveness answers at once); readiness, and the 503
+routing: the embedding model (one onnxruntime session, or torch's two copies), the document store, the route model and
+the verifier, and what the policy's chat models need in-process (the local model, litellm), nothing more. They load in a worker thread after the server listens (liveness answers at once); readiness, and the 503
 of a request that needs them, say whether they are in, still loading, or failed to load."""
 
 from __future__ import annotations
@@ -77,8 +77,7 @@ class Startup:
         embedder = self._embedder or Embedder(
             rag.embedding_model,
             batch_size=rag.embedding_batch_size,
-            backend=rag.embedding_backend,
-            cache_dir=self.settings.data_dir / "models",
+            backend=rag.embedding_backend,  # ONNX exports: one shared cache (pipelines.embedding)
         )
         # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
         # first routed request does not load it (seconds) and a ready gateway has every model it needs
@@ -87,10 +86,13 @@ class Startup:
         router = Router(policy, load_route_model(policy, self.policy_path))
         check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path))
         self.missing_credentials = missing_credentials(policy)  # logged as warnings
-        local = getattr(self.upstream, "local", None)  # the in-process models load before readiness too
-        for config in (policy.cheap, policy.long):
-            if config.model.startswith("local/") and local is not None and hasattr(local, "load"):
-                local.load(config)
+        # what the policy's models need in-process loads before readiness too, and only that: the local model's
+        # weights (llama-cpp), litellm for a provider it translates; nothing for an OpenAI-compatible upstream
+        load = getattr(self.upstream, "load", None)
+        judge = [policy.routing.learning.judge_model] if policy.routing.learning.judge else []
+        for config in (policy.cheap, policy.long, *policy.long_alternates, *judge):
+            if load is not None and config is not None:
+                load(config)
         self.store = store
         self.routing.attach(RoutePlanner(policy, store, router), check)
         self.ready = True

@@ -40,6 +40,14 @@ class ProviderUpstream:
             raise UpstreamUnavailable(f"no upstream for provider {provider!r}", model=config.model)
         return self.litellm
 
+    def load(self, config: ModelConfig) -> None:
+        """Load what calls to this model need in-process (blocking: start-up's thread): the local model's weights, or
+        litellm (~160 MB, seconds to import) for a provider it translates; nothing for the direct path."""
+        part = self._pick(config)
+        load = getattr(part, "load", None)
+        if load is not None:
+            load(config)
+
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         return await self._pick(config).complete(config, body)
 

@@ -11,8 +11,11 @@ import json
 import logging
 import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
+
+import anyio
 
 from gateway.protocol import OPENAI_PARAMS
 from gateway.upstreams.base import upstream_error
@@ -29,6 +32,14 @@ def _litellm():
     litellm.telemetry = False
     litellm.suppress_debug_info = True  # else it prints help banners (and the failing call) to stdout
     return litellm
+
+
+async def _imported():
+    """litellm, imported off the event loop the first time (a pass-through model the policy does not name: the
+    gateway imports litellm only once something needs it, and that import takes seconds)."""
+    if "litellm" not in sys.modules:
+        await anyio.to_thread.run_sync(_litellm)
+    return _litellm()
 
 
 def _map_exception(exc: Exception, model: str, secret_env: tuple[str, ...] = ()) -> UpstreamError:
@@ -84,8 +95,12 @@ class LiteLLMUpstream:
             kwargs["api_key"] = os.environ.get(config.api_key_env)
         return kwargs
 
+    def load(self, config: ModelConfig | None = None) -> None:
+        """Import litellm now (start-up, for a policy model it serves), not in the first request."""
+        _litellm()
+
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
-        litellm = _litellm()
+        litellm = await _imported()
         try:
             response = await litellm.acompletion(**self._kwargs(config, {**body, "stream": False}))
         except UpstreamError:
@@ -95,7 +110,7 @@ class LiteLLMUpstream:
         return response.model_dump(exclude_none=True)
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
-        litellm = _litellm()
+        litellm = await _imported()
         try:
             response = await litellm.acompletion(**self._kwargs(config, {**body, "stream": True}))
             async for chunk in response:

@@ -48,6 +48,7 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 8])
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
+    parser.add_argument("--cache-dir", help="where ONNX exports are kept (default: the shared model cache)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     docs, questions = load_squad(args.squad)
@@ -62,7 +63,7 @@ def main() -> int:
         + " ".join(f"{'recall@' + str(k):>9}" for k in args.k)
     )
     for backend in args.backends:
-        embedder = Embedder(backend=backend, cache_dir=work / "models")
+        embedder = Embedder(backend=backend, cache_dir=args.cache_dir)
         store = DocumentStore(str(work / f"lancedb-{backend}"), embedder, RagSettings())
         embedder.embed(["warm-up"])  # loads (and for onnx, exports once) outside the timings
         started = time.perf_counter()

@@ -167,6 +167,9 @@ def bare_encode_seconds(text: str) -> tuple[float, int]:
     embedder = Embedder()
     embedder.embed(["warm-up"])
     started = time.perf_counter()
+    if embedder.backend != "torch":  # the onnxruntime session's own encode (pipelines.embedding._OnnxModel)
+        embedder.model.encode([c.text for c in chunks], settings.embedding_batch_size)
+        return time.perf_counter() - started, len(chunks)
     embedder.model.encode(
         [c.text for c in chunks],
         batch_size=settings.embedding_batch_size,

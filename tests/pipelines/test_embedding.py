@@ -9,12 +9,14 @@ from pipelines.embedding import Embedder
 
 @pytest.fixture(scope="module")
 def embedder():
-    return Embedder(batch_size=4)
+    """The torch backend: the reference the ONNX backends are compared with."""
+    return Embedder(batch_size=4, backend="torch")
 
 
 def test_lazy_until_first_use():
-    e = Embedder()
+    e = Embedder(backend="torch")
     assert e._documents._model is None and e._queries_model._model is None
+    assert not Embedder().loaded  # the default (onnx) backend too
 
 
 def test_vectors_are_normalised_float32_and_meaningful(embedder):
@@ -77,6 +79,13 @@ def onnx_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 
 
+def test_onnx_is_the_default_backend():
+    assert Embedder().backend == "onnx"
+    from pipelines.settings import RagSettings
+
+    assert RagSettings().embedding_backend == "onnx"
+
+
 def test_onnx_backend_gives_the_torch_vectors_from_a_cached_local_export(embedder, onnx_cache):
     reference = embedder.embed(TEXTS)
     onnx = Embedder(batch_size=3, backend="onnx", cache_dir=onnx_cache)
@@ -92,6 +101,13 @@ def test_onnx_backend_gives_the_torch_vectors_from_a_cached_local_export(embedde
     assert exported[0].stat().st_mtime_ns == stamp  # the cached export is reused, not made again
 
 
+def test_onnx_counts_the_word_pieces_torch_reads(embedder, onnx_cache):
+    onnx = Embedder(backend="onnx", cache_dir=onnx_cache)
+    counts = onnx.token_counts(TEXTS)
+    assert counts == embedder.token_counts(TEXTS)
+    assert counts[0] == 9 and counts[-1] == 256  # [CLS] ... [SEP]; the long one truncated at the model's 256
+
+
 def test_onnx_int8_backend_stays_close_and_keeps_the_ranking(embedder, onnx_cache):
     reference = embedder.embed(TEXTS)
     vectors = Embedder(backend="onnx-int8", cache_dir=onnx_cache).embed(TEXTS)
@@ -104,3 +120,60 @@ def test_onnx_int8_backend_stays_close_and_keeps_the_ranking(embedder, onnx_cach
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="onnx-int8"):
         Embedder(backend="openvino")
+
+
+def test_onnx_serves_documents_and_questions_from_one_session_without_torch(onnx_cache):
+    """A process on the onnx backend imports neither torch nor sentence-transformers (the export, made once per
+    model version into the shared cache, runs in a child process), and holds one session for both kinds of text."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from pipelines.embedding import Embedder\n"
+        f"e = Embedder(backend='onnx', cache_dir={str(onnx_cache)!r})\n"
+        "e.load()\n"
+        "assert e._documents is e._queries_model\n"
+        "v = e.embed(['a document about harbours']); q = e.embed_query('which harbour?')\n"
+        "assert v.shape == (1, 384) and q.shape == (384,)\n"
+        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert any(not p.name.endswith("-int8.onnx") for p in onnx_cache.glob("*.onnx"))  # the cache it was given
+
+
+def test_onnx_export_is_keyed_by_the_model_files_not_their_place(tmp_path):
+    import shutil
+
+    from pipelines.embedding import default_model_path, model_key
+
+    copy = tmp_path / "model"
+    shutil.copytree(default_model_path(), copy)
+    assert model_key(str(copy)) == model_key(None)  # the same weights elsewhere: the same export
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace("}", ', "changed": true}', 1))
+    assert model_key(str(copy)) != model_key(None)  # another version of the model: another export
+
+
+def test_a_failed_export_says_why(tmp_path):
+    from pipelines.embedding import onnx_model_file
+
+    broken = tmp_path / "not-a-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="exporting .* to ONNX failed"):
+        onnx_model_file(str(broken), quantized=False, cache_dir=tmp_path / "cache")
+
+
+def test_the_default_export_cache_is_shared_by_data_directories(monkeypatch, tmp_path):
+    from pipelines.embedding import default_cache_dir
+
+    monkeypatch.delenv("SELFROUTE_MODEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for data_dir in ("a", "b"):
+        monkeypatch.setenv("SELFROUTE_DATA_DIR", str(tmp_path / data_dir))
+        assert default_cache_dir() == tmp_path / "selfroute" / "models"
+    monkeypatch.setenv("SELFROUTE_MODEL_CACHE", str(tmp_path / "elsewhere"))
+    assert default_cache_dir() == tmp_path / "elsewhere"

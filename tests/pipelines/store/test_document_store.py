@@ -121,7 +121,8 @@ def test_ingest_paths_and_concurrent_search(store, tmp_path):
 
 def test_ingest_progress_counts_chunks_as_they_are_embedded(tmp_path, base_embedder):
     small_batches = Embedder(base_embedder.model_path, batch_size=2)
-    small_batches._documents._model = base_embedder.model  # the same loaded model, smaller batches
+    # the same loaded model (whichever backend), smaller batches
+    small_batches._documents = small_batches._queries_model = base_embedder._documents
     store = DocumentStore(str(tmp_path / "db"), small_batches, SETTINGS)
     docs = [manual_document(), *distractor_documents()]
     planned, done = [], []

@@ -25,6 +25,7 @@ import atexit
 import logging
 import threading
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,8 @@ MAX_PENDING = 16  # inline collections embedded in the background at once, per p
 _SLICE_CHUNKS = 16
 # how long close() waits for each background ingestion to stop
 CLOSE_TIMEOUT_S = 60.0
+# a background ingestion waits at most this long, between two slices, for the first passes under way to finish
+YIELD_S = 5.0
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 
@@ -58,6 +61,38 @@ RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
 _running: set[PendingInline] = set()
 _running_lock = threading.Lock()
 _at_exit: list[bool] = []  # the exit hook, registered with the first ingestion
+
+
+class _Questions:
+    """First passes embedding their candidates in this process. Background ingestions wait for them between two
+    slices (YIELD_S at most each time, so a stream of questions slows an ingestion, never stops it): on two
+    cores a question's candidates embedded beside an ingestion took twice as long."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = 0
+        self._idle = threading.Event()
+        self._idle.set()
+
+    @contextmanager
+    def embedding(self) -> Iterator[None]:
+        with self._lock:
+            self._count += 1
+            self._idle.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._count -= 1
+                if self._count == 0:
+                    self._idle.set()
+
+    def wait(self, timeout: float) -> bool:
+        """True when no first pass is embedding (now, or within `timeout`)."""
+        return self._idle.wait(timeout)
+
+
+QUESTIONS = _Questions()
 
 
 def _stop_all() -> None:
@@ -171,7 +206,8 @@ class PendingInline:
         with self._lock:
             missing = [i for i in candidates if i not in self._vectors]
         if missing:
-            vectors = self.embedder.embed_queries([self.chunks[i].text for i in missing])
+            with QUESTIONS.embedding():
+                vectors = self.embedder.embed_queries([self.chunks[i].text for i in missing])
             with self._lock:
                 for i, vector in zip(missing, vectors, strict=True):
                     self._vectors.setdefault(i, vector)
@@ -243,6 +279,7 @@ class PendingInline:
             missing = [i for i in mine if i not in self._vectors]
         step = max(1, min(self.embedder.batch_size, _SLICE_CHUNKS))
         for start in range(0, len(missing), step):
+            QUESTIONS.wait(YIELD_S)  # questions first
             if self._stop.is_set():
                 raise IngestCancelled("ingestion cancelled")
             piece = missing[start : start + step]

@@ -191,3 +191,15 @@ def test_few_candidates_hits_found_by_text_alone_are_embedded_for_their_cosine(t
         assert hit.vector_score == pytest.approx(
             float(stored[(hit.chunk.doc_id, hit.chunk.position)] @ question), abs=1e-4
         )
+
+
+def test_a_background_ingestion_waits_between_slices_while_a_first_pass_embeds(tmp_path, base_embedder, monkeypatch):
+    monkeypatch.setattr(pending_module, "YIELD_S", 30.0)
+    embedder = SlowEmbedder(base_embedder, 0.2)
+    store = DocumentStore(str(tmp_path / "db"), embedder, STORE_SETTINGS)
+    with pending_module.QUESTIONS.embedding():  # a first pass of other documents, under way
+        ask(store, "What is the part number of the replacement impeller kit?")
+        time.sleep(2.0)
+        assert embedder.texts_embedded == 0  # the ingestion waits
+    store.wait_inline()
+    assert store.inline.holds(store.inline_name(DOCS), DOCS) and embedder.texts_embedded > 0

@@ -12,6 +12,8 @@ values with no I/O and no gateway or pipelines imports, so training, replay and 
 - grounding: the share of the answer's content words, numbers and word pairs found in the passages
   the cheap model saw, and in the whole document (terms in the document but not in the passages
   are evidence the answer needed more of the document);
+- portable signals (PORTABLE_SIGNALS): a question about order, counts or the whole document, and the question's
+  terms in the document and in the passages, read with the refusal;
 - optional extras, NaN when absent: token log-probabilities of the answer, the pre-route P(cheap).
 
 Every value is a float; missing values are NaN (the model's imputer fills them).
@@ -233,6 +235,16 @@ ANSWER_FEATURE_NAMES: list[str] = [
     "ans_sentence_support_mean",
     "ans_sentence_support_min",
     "query_passage_similarity",
+    # signals measured to keep their direction on both corpora and every model family (BENCHMARKS.md section 4,
+    # "What transfers, round five"): questions retrieval cannot answer from a few passages, and the question's
+    # terms the document has against those the passages sent have, read with the refusal
+    "query_global_cue",
+    "query_doc_absent_terms",
+    "query_retrieved_share",
+    "answer_x_query_absent",
+    "answer_x_bigrams_absent",
+    "answer_x_unretrieved",
+    "refusal_x_unretrieved",
 ]
 # classifier.features' retrieval signals copied into the verifier's inputs under these names
 RETRIEVAL_INPUTS = {
@@ -246,6 +258,26 @@ SUPPORT_FEATURES = (
     "ans_sentence_support_mean",
     "ans_sentence_support_min",
     "query_passage_similarity",
+)
+# the round-five signals (above); kept out of classifier.verifier.TRANSFER_FEATURE_NAMES, which the shipped verifier
+# was trained on, and read by its PORTABLE_FEATURE_NAMES
+PORTABLE_SIGNALS = (
+    "query_global_cue",
+    "query_doc_absent_terms",
+    "query_retrieved_share",
+    "answer_x_query_absent",
+    "answer_x_bigrams_absent",
+    "answer_x_unretrieved",
+    "refusal_x_unretrieved",
+)
+# Cues of a question about the document as a whole or its order (which topic came first, how many times, the main
+# theme, how two parts compare): top-k passages cannot show order, counts or wholes, so a cheap answer to such a
+# question is more often worse than the long one, on every corpus and model measured.
+GLOBAL_CUE_PATTERN = re.compile(
+    r"\b(?:first|second|third|fourth|fifth|last|final|beginning|end|earlier|later|previous|next|order|sequence|"
+    r"before|after|how many|number of|count|times|every|all|each|overall|whole|entire|throughout|main|theme|"
+    r"summar\w*|topic|compare|comparison|differ\w*|both|between)\b",
+    re.IGNORECASE,
 )
 
 
@@ -402,6 +434,7 @@ def answer_features(
     out["query_bigrams_absent_document"] = (
         1.0 - _share(q_bigrams, document_bigrams) if has_doc and q_bigrams and document_bigrams is not None else MISSING
     )
+    out.update(_portable_signals(stem, refusal, q_terms, p_terms, doc_terms if has_doc else None, out))
     retrieval = retrieval or {}
     for name, key in RETRIEVAL_INPUTS.items():
         out[name] = _value(retrieval.get(key))
@@ -411,6 +444,38 @@ def answer_features(
     out["ans_logprob_mean"], out["ans_logprob_min"] = _logprob_features(logprobs)
     out["pre_route_probability"] = MISSING if pre_route_probability is None else float(pre_route_probability)
     return {name: float(out[name]) for name in ANSWER_FEATURE_NAMES}
+
+
+def _portable_signals(
+    stem: str,
+    refusal: bool,
+    q_terms: set[str],
+    p_terms: set[str],
+    doc_terms: set[str] | None,
+    computed: dict[str, float],
+) -> dict[str, float]:
+    """PORTABLE_SIGNALS: a question the passages cannot answer (GLOBAL_CUE_PATTERN), and the question's terms in the
+    document and in the passages sent, read with the refusal. An answer (not a refusal) to a question whose terms are
+    not in the document, or are in it but not in the passages, is more often worse than the long one; a refusal is
+    wrong when the document has the terms the passages lack. A question without content terms counts as absent from
+    the document; one with none of its terms in the document as wholly retrieved (there was nothing to find)."""
+    out = {"query_global_cue": float(len(GLOBAL_CUE_PATTERN.findall(stem)))}
+    if doc_terms is None:
+        return out | {n: MISSING for n in PORTABLE_SIGNALS if n != "query_global_cue"}
+    in_doc = q_terms & doc_terms
+    retrieved = len(in_doc & p_terms) / len(in_doc) if in_doc else MISSING
+    unretrieved = 0.0 if math.isnan(retrieved) else 1.0 - retrieved
+    support = computed["query_support_document"]
+    absent = 1.0 - (0.0 if math.isnan(support) else support)
+    answered = 0.0 if refusal else 1.0
+    return out | {
+        "query_doc_absent_terms": float(len(q_terms - doc_terms)),
+        "query_retrieved_share": retrieved,
+        "answer_x_query_absent": answered * absent,
+        "answer_x_bigrams_absent": answered * computed["query_bigrams_absent_document"],
+        "answer_x_unretrieved": answered * unretrieved,
+        "refusal_x_unretrieved": (1.0 - answered) * unretrieved,
+    }
 
 
 def _value(value: float | None) -> float:

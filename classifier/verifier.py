@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, SUPPORT_FEATURES
+from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, PORTABLE_SIGNALS, SUPPORT_FEATURES
 from classifier.estimators import VERIFIER, Estimator, build_pipeline
 from classifier.model import ModelFileError, _json_safe, load_trusted, skops_io
 
@@ -45,11 +45,30 @@ STYLE_FEATURES = (
     "pre_route_probability",
 )
 TRANSFER_FEATURE_NAMES: list[str] = [
-    n for n in ANSWER_FEATURE_NAMES if n not in STYLE_FEATURES and n not in SUPPORT_FEATURES
+    n
+    for n in ANSWER_FEATURE_NAMES
+    if n not in STYLE_FEATURES and n not in SUPPORT_FEATURES and n not in PORTABLE_SIGNALS
 ]
 # ... with the answer's support in the passages in embedding space (an embedding pass over every answer and its
 # passages: live a few milliseconds per answer, offline hours on two loaded cores for LaRA's 9,939 answers)
 TRANSFER_SUPPORT_FEATURE_NAMES: list[str] = TRANSFER_FEATURE_NAMES + list(SUPPORT_FEATURES)
+# Features whose effect on P(good) reverses between L-Eval and LaRA-128k (gain-weighted AUC of the feature alone on
+# each corpus, BENCHMARKS.md section 4 "What transfers, round five"): the answer restating the question (0.30 on
+# L-Eval, 0.61 on LaRA) and the top retrieval score (0.58, 0.47). They learn a corpus's question and answer style.
+SIGN_FLIP_FEATURES = ("ans_query_overlap", "ret_top_score")
+# The features that transfer across corpora and model families: TRANSFER_FEATURE_NAMES without the sign-flipping
+# ones, with classifier.answer_features.PORTABLE_SIGNALS. Measured with the linear estimator (--estimator logistic):
+# boosted trees over the same features transfer worse leaving one model family out.
+PORTABLE_FEATURE_NAMES: list[str] = [n for n in TRANSFER_FEATURE_NAMES if n not in SIGN_FLIP_FEATURES] + list(
+    PORTABLE_SIGNALS
+)
+# --features of selfroute train --verifier and eval replay: name -> feature names (None: the policy's verifier's)
+FEATURE_SETS: dict[str, list[str]] = {
+    "transfer": TRANSFER_FEATURE_NAMES,
+    "transfer+support": TRANSFER_SUPPORT_FEATURE_NAMES,
+    "portable": PORTABLE_FEATURE_NAMES,
+    "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
+}
 
 DEFAULT_ESTIMATOR: Estimator = "boosting"
 DEFAULT_SEED = 0

@@ -110,6 +110,13 @@ def register(subparsers, parents) -> None:
         default="boosting",
         help="boosting: gradient-boosted trees (the shipped model); logistic: a linear model",
     )
+    replay.add_argument(
+        "--verifier-estimator",
+        choices=["logistic", "boosting"],
+        default=None,
+        help="the refitted verifier's estimator (default: --estimator's); --features portable was measured "
+        "with logistic",
+    )
     replay.add_argument("--folds", type=int, default=5)
     replay.add_argument(
         "--protocol",
@@ -131,11 +138,13 @@ def register(subparsers, parents) -> None:
     )
     replay.add_argument(
         "--features",
-        choices=["card", "transfer", "transfer+support", "all"],
+        choices=["card", "transfer", "transfer+support", "portable", "all"],
         default="card",
         help="the features a refitted verifier reads: card (default) = the policy's verifier's; "
         "transfer = classifier.verifier.TRANSFER_FEATURE_NAMES; transfer+support = with the "
-        "answer's support in embedding space; all = every answer feature",
+        "answer's support in embedding space; portable = PORTABLE_FEATURE_NAMES (without the features "
+        "whose effect reverses between corpora, with the signals that hold on every corpus and model "
+        "measured; with --verifier-estimator logistic); all = every answer feature",
     )
     replay.add_argument(
         "--importance",
@@ -285,6 +294,7 @@ def run_replay(args: argparse.Namespace) -> int:
             splits=splits,
             rows_out=rows,
             feature_names=refit_features(args.features),
+            verifier_estimator=args.verifier_estimator,
         )
     except (ValueError, ModelFileError, OSError) as exc:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
@@ -432,15 +442,9 @@ def run_replay(args: argparse.Namespace) -> int:
 
 def refit_features(choice: str) -> list[str] | None:
     """--features: the refitted verifier's feature names (None: the policy's verifier's)."""
-    from classifier.answer_features import ANSWER_FEATURE_NAMES
-    from classifier.verifier import TRANSFER_FEATURE_NAMES, TRANSFER_SUPPORT_FEATURE_NAMES
+    from classifier.verifier import FEATURE_SETS
 
-    return {
-        "card": None,
-        "transfer": list(TRANSFER_FEATURE_NAMES),
-        "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
-        "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
-    }[choice]
+    return None if choice == "card" else list(FEATURE_SETS[choice])
 
 
 def builder_features(policy, policy_file) -> list[str]:
@@ -465,7 +469,7 @@ def _importance(rows, examples, splits, units, args, names):
         splits,
         units,
         feature_names=names,
-        estimator=args.estimator,
+        estimator=args.verifier_estimator or args.estimator,
         seed=args.seed,
         sample_weight=choice_weights(rag, lc),
     )

@@ -104,12 +104,14 @@ def register(subparsers, parents) -> None:
     )
     verifier.add_argument(
         "--features",
-        choices=["transfer", "transfer+support", "all"],
+        choices=["transfer", "transfer+support", "portable", "all"],
         default="transfer",
         help="transfer (default): classifier.verifier.TRANSFER_FEATURE_NAMES, without the features "
         "that learn a corpus's or model's style; transfer+support: with the answer's support in "
         "the passages in embedding space (embeds every answer and its passages once, cached); "
-        "all: every answer feature",
+        "portable: PORTABLE_FEATURE_NAMES, without the features whose effect reverses between "
+        "corpora and with the signals that hold on every corpus and model measured (measured with "
+        "--estimator logistic); all: every answer feature",
     )
     verifier.add_argument(
         "--window-tokens",
@@ -288,7 +290,7 @@ def _route_model_units(rows, labels, examples, args) -> dict:
 def run_verifier(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from classifier.answer_features import ANSWER_FEATURE_NAMES, SUPPORT_FEATURES
+    from classifier.answer_features import SUPPORT_FEATURES
     from classifier.training import (
         data_hash,
         document_hash,
@@ -297,10 +299,9 @@ def run_verifier(args: argparse.Namespace) -> int:
         out_of_fold_probabilities,
     )
     from classifier.verifier import (
+        FEATURE_SETS,
         LABEL_RULE,
         PROTOCOL_NAMES,
-        TRANSFER_FEATURE_NAMES,
-        TRANSFER_SUPPORT_FEATURE_NAMES,
         choice_weights,
         label_good,
         protocol_scores,
@@ -345,11 +346,7 @@ def run_verifier(args: argparse.Namespace) -> int:
     data_dir = resolve_data_dir(args.data_dir)
     builder = CorpusInputs(policy, data_dir / "lancedb", windows, cache_dir=data_dir / "cache")
     inputs = builder.all_inputs(examples)
-    names = {
-        "transfer": list(TRANSFER_FEATURE_NAMES),
-        "transfer+support": list(TRANSFER_SUPPORT_FEATURE_NAMES),
-        "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
-    }[args.features]
+    names = list(FEATURE_SETS[args.features])
     embed = CachedEmbed(builder.embedder, data_dir / "cache") if set(names) & set(SUPPORT_FEATURES) else None
     rows = answer_rows(cheap_answers(builder, examples, progress=True, embed=embed))
     rag = [float(e.record["rag_score"]) for e in examples]

@@ -155,6 +155,7 @@ def replay_scores(
     feature_names: Sequence[str] | None = None,
     splits=None,
     rows_out: list | None = None,
+    verifier_estimator: Estimator | None = None,
 ):
     """(P(cheap), verifier P(good) or None, verifier threshold or None) per example, for the replay and calibrate.
 
@@ -164,7 +165,8 @@ def replay_scores(
     it is, else, when the policy has routing.verifier, out of fold with the same splits over `feature_names`
     (default: the policy's verifier's), with choice-weighted labels; None when neither. The threshold:
     `verifier_threshold`, else the policy's, else the verifier card's. `rows_out`, when given, receives the
-    verifier's feature rows (for permutation importance)."""
+    verifier's feature rows (for permutation importance). `verifier_estimator`: the refitted verifier's estimator
+    (default: `estimator`, the pre-route model's)."""
     import numpy as np
 
     from classifier.answer_features import SUPPORT_FEATURES
@@ -217,7 +219,13 @@ def replay_scores(
     lc = [float(e.record["lc_score"]) for e in examples]
     y = np.array([label_good(r, c) for r, c in zip(rag, lc)])
     scores = protocol_scores(
-        rows_v, y, splits, estimator=estimator, seed=seed, feature_names=names, sample_weight=choice_weights(rag, lc)
+        rows_v,
+        y,
+        splits,
+        estimator=verifier_estimator or estimator,
+        seed=seed,
+        feature_names=names,
+        sample_weight=choice_weights(rag, lc),
     )
     return probabilities, [float(s) for s in scores], threshold
 

@@ -200,3 +200,41 @@ def test_retrieval_and_support_inputs_pass_through_or_are_missing():
     assert math.isnan(f["ret_score_spread"]) and math.isnan(f["ans_sentence_support_min"])
     bare = answer_features("q?", "a", ["p"], None)
     assert math.isnan(bare["ret_top_score"]) and math.isnan(bare["query_passage_similarity"])
+
+
+def test_a_question_about_order_counts_or_the_whole_has_global_cues():
+    asks_order = answer_features("What is the first topic we discussed?", "Art in society.", PASSAGES, DOCUMENT)
+    asks_fact = answer_features("Which firm employed the analysts?", "Acme Corp.", PASSAGES, DOCUMENT)
+    assert asks_order["query_global_cue"] == 2.0  # "first", "topic"
+    assert asks_fact["query_global_cue"] == 0.0
+    compares = answer_features("How do both chapters differ?", "They differ in scope.", PASSAGES, None)
+    assert compares["query_global_cue"] == 2.0  # no document needed
+
+
+def test_question_terms_the_document_has_but_the_passages_lack():
+    # "statisticians" and "revenue" are in the document, not in the passages sent; "analysts" is in both
+    query = "What revenue did the statisticians and analysts report?"
+    answered = answer_features(query, "They reported 4,500 dollars.", PASSAGES, DOCUMENT)
+    assert answered["query_retrieved_share"] == pytest.approx(1 / 3)
+    assert answered["answer_x_unretrieved"] == pytest.approx(2 / 3)
+    assert answered["refusal_x_unretrieved"] == 0.0
+    refused = answer_features(query, "The passages do not mention it.", PASSAGES, DOCUMENT)
+    assert refused["refusal_x_unretrieved"] == pytest.approx(2 / 3)
+    assert refused["answer_x_unretrieved"] == 0.0
+    # every term the document has was sent: nothing left unretrieved
+    sent = answer_features("How many analysts did Acme employ?", "4,500.", PASSAGES, DOCUMENT)
+    assert sent["query_retrieved_share"] == 1.0 and sent["answer_x_unretrieved"] == 0.0
+
+
+def test_question_terms_absent_from_the_document():
+    query = "What colour was the bathrobe of the analysts?"
+    answered = answer_features(query, "It was blue.", PASSAGES, DOCUMENT)
+    assert answered["query_doc_absent_terms"] == 2.0  # "colour", "bathrobe"
+    assert answered["answer_x_query_absent"] == pytest.approx(2 / 3)
+    assert answered["answer_x_bigrams_absent"] == pytest.approx(answered["query_bigrams_absent_document"])
+    refused = answer_features(query, "unanswerable", PASSAGES, DOCUMENT)
+    assert refused["answer_x_query_absent"] == 0.0 and refused["answer_x_bigrams_absent"] == 0.0
+    # without the document these are unknown, not zero
+    blind = answer_features(query, "It was blue.", PASSAGES, None)
+    for name in ("query_doc_absent_terms", "query_retrieved_share", "answer_x_query_absent", "answer_x_unretrieved"):
+        assert math.isnan(blind[name])

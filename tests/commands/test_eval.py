@@ -332,3 +332,33 @@ def test_replay_leaves_one_corpus_or_one_model_out(replay_run, capsys):
     assert "at least two corpora" in capsys.readouterr().err
     assert main(["eval", "replay", *pairs, "--docs", pairs[3], *common[len(pairs) :]]) == 2
     assert "one --docs per --data" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_replay_refits_the_verifier_on_the_portable_features_with_its_own_estimator(replay_run, capsys):
+    from classifier.verifier import PORTABLE_FEATURE_NAMES
+
+    common = [
+        *two_corpora(replay_run["folder"] / "corpora"),
+        "--prices",
+        "reference",
+        "--data-dir",
+        str(replay_run["data_dir"]),
+        "--log-level",
+        "WARNING",
+        "--json",
+        "--protocol",
+        "corpus",
+        "--features",
+        "portable",
+        "--importance",
+    ]
+    transfer = {}
+    for estimator in ("logistic", "boosting"):
+        assert main(["eval", "replay", *common, "--verifier-estimator", estimator]) == 0
+        result = json.loads(capsys.readouterr().out)
+        # the importance is over the portable set, the first row the unshuffled scores
+        assert sorted(name for name, _ in result["importance"][1:]) == sorted(PORTABLE_FEATURE_NAMES)
+        transfer[estimator] = [(u["unit"], u["gain_auc"], u["transfer_points_at_25"]) for u in result["units"]]
+    # the verifier's estimator is its own (the pre-route model stays boosting, the default --estimator)
+    assert transfer["logistic"] != transfer["boosting"]

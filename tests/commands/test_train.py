@@ -187,6 +187,22 @@ def test_train_verifier_writes_the_verifier_with_its_cost_capped_threshold(verif
     assert verifier.score(good) > verifier.score(refusal)
 
 
+def test_train_verifier_with_the_portable_features(verifier_trained, tmp_path):
+    from classifier.verifier import PORTABLE_FEATURE_NAMES, SIGN_FLIP_FEATURES
+    from gateway.routing.model_files import load_verifier
+
+    out = tmp_path / "portable.skops"
+    args = ["train", "--verifier", "--data", str(verifier_trained["paired"]), "--out", str(out), "--folds", "3"]
+    rc = main([*args, "--estimator", "logistic", "--features", "portable", *verifier_trained["common"]])
+    assert rc == 0
+    card = json.loads(out.with_suffix(".json").read_text())
+    assert card["feature_names"] == PORTABLE_FEATURE_NAMES and card["estimator"] == "logistic"
+    assert "--features portable" in card["training_command"]
+    verifier = load_verifier(out)
+    assert "query_global_cue" in verifier.feature_names
+    assert not set(SIGN_FLIP_FEATURES) & set(verifier.feature_names)
+
+
 def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained, tmp_path, capsys):
     policy_file = tmp_path / "policy.yaml"
     shutil.copy(shipped_policy_path(), policy_file)

@@ -324,7 +324,7 @@ def run_verifier(args: argparse.Namespace) -> int:
 
     protocol = args.threshold_protocol or args.protocol or "loto"
     try:
-        policy, _ = load_policy(args.policy)
+        policy, policy_file = load_policy(args.policy)
         examples, windows = _load(args)
         for e in examples:
             if not all(k in e.record for k in ("rag_pred", "rag_score", "lc_score")):
@@ -391,12 +391,13 @@ def run_verifier(args: argparse.Namespace) -> int:
     if args.max_token_share is not None:
         if policy.routing.classifier is not None:
             # the three thresholds together, as `eval replay --max-token-share` chooses them: the pre-route's
-            # P(cheap) out of fold under the same protocol, so the card's thresholds are the ones a policy ships
+            # P(cheap) out of fold under the same protocol, so the card's thresholds are the ones a policy ships;
+            # fitted with the policy's classifier's estimator (its card's), not the verifier's --estimator
             p_cheap = out_of_fold_probabilities(
                 [i.features for i in inputs],
                 [label_from_scores(e.record["rag_score"], e.record["lc_score"]) for e in examples],
                 groups,
-                args.estimator,
+                _pre_route_estimator(policy, policy_file, args.estimator),
                 args.folds,
                 args.seed,
                 splits=[(s.train, s.test) for s in splits],
@@ -549,6 +550,18 @@ def run_verifier(args: argparse.Namespace) -> int:
             f"{h['at_threshold']['tokens_vs_long']:.3f}, {h['at_threshold']['escalated']:.1%} escalated"
         )
     return 0
+
+
+def _pre_route_estimator(policy, policy_file, default: str):
+    """The estimator of the policy's pre-route classifier (its card's), for refitting it out of fold."""
+    from classifier.model import ModelFileError
+    from gateway.routing.model_files import load_model, resolve_model_path
+
+    try:
+        card = load_model(resolve_model_path(policy.routing.classifier.model_path, policy_file)).card
+    except (ModelFileError, ValueError, OSError):
+        return default
+    return card.get("estimator", default) if card.get("estimator") in ("logistic", "boosting") else default
 
 
 def _pts(value) -> str:

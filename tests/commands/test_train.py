@@ -350,3 +350,14 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
     assert card["limitations"].startswith(
         f"Measured leave one model family out (and its documents' fold): ROC AUC {auc:.3f} with m0 held out"
     )
+
+
+def test_the_verifiers_threshold_choice_refits_the_pre_route_with_its_own_estimator(tmp_path):
+    from gateway.commands.train import _pre_route_estimator
+    from tests.support.policies import write_shipped_policy
+
+    policy, policy_file = load_policy()  # the shipped classifier: boosted trees, whatever the verifier's --estimator
+    assert _pre_route_estimator(policy, policy_file, "logistic") == "boosting"
+    missing = write_shipped_policy(tmp_path / "p.yaml", routing={"classifier": {"model_path": "absent.skops"}})
+    policy, policy_file = load_policy(missing)
+    assert _pre_route_estimator(policy, policy_file, "logistic") == "logistic"

@@ -7,8 +7,8 @@ until its readiness probe would say ready (every model the policy needs loaded, 
 warm), then a full collection, and /proc/self/status's VmRSS read. Policies: `default` (the shipped
 policies/default.yaml: both routes on the in-process SmolLM2, the classifier and the verifier) and `hosted` (the
 pass-through benchmark's: both routes on an OpenAI-compatible upstream, no classifier, the default verifier).
-The embedding model's export (onnx, onnx-int8) is made before the cell into a cache directory shared by every
-cell, as a gateway finds it after the first start.
+The ONNX exports come from the shared model cache (pipelines.embedding.default_cache_dir), as a gateway finds them
+after its first start: a cell that has to export first shows it in its ready time, not in its RSS (a child process).
 """
 
 from __future__ import annotations

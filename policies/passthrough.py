@@ -58,13 +58,24 @@ def policy_models(policy: Policy) -> set[str]:
     return {c.model for c in (policy.cheap, policy.long, *policy.long_alternates)}
 
 
+def is_policy_model(policy: Policy, model: str) -> bool:
+    """Whether the policy itself configures `model` (policy_models without building the set: this runs on every
+    pass-through request)."""
+    return (
+        model == policy.cheap.model
+        or model == policy.long.model
+        or any(c.model == model for c in policy.long_alternates)
+    )
+
+
 def passthrough_allowed(policy: Policy, model: str, gateway_models: tuple[str, ...] = ()) -> bool:
     """Whether any caller may use `model` by pass-through under this policy. gateway_models: models the gateway
     serves itself (its embedding model), which count as the policy's."""
-    if model in policy.aliases or model in policy_models(policy) or model in gateway_models:
+    if model in policy.aliases or is_policy_model(policy, model) or model in gateway_models:
         return True
     patterns = policy.passthrough.allow
     provider = provider_of(model)
     if provider in LOCAL_SERVICE_PROVIDERS:
         patterns = [p for p in patterns if provider_of(p) == provider]
-    return any(fnmatchcase(model, pattern) for pattern in patterns)
+    # "*" matches every name (fnmatchcase's own answer), without its pattern-cache look-up and regex match
+    return any(pattern == "*" or fnmatchcase(model, pattern) for pattern in patterns)

@@ -51,10 +51,12 @@ def _not_allowed(model: str) -> GatewayError:
 def model_usable(policy: Policy, caller: Caller, model: str) -> bool:
     """A routed alias, or a pass-through model the policy allows (policies.passthrough); and one the caller's key
     may use."""
-    from gateway.server.embeddings import local_embedding_model  # it admits through this module
+    if not passthrough_allowed(policy, model):
+        # the gateway's own embedding model counts as the policy's; named only here, off the common path
+        from gateway.server.embeddings import local_embedding_model  # it admits through this module
 
-    if not passthrough_allowed(policy, model, (local_embedding_model(policy),)):
-        return False
+        if model != local_embedding_model(policy):
+            return False
     return caller.key is None or model_allowed(caller.key.models, model)
 
 

@@ -229,6 +229,11 @@ def _no_constant(text: str) -> float:
     raise _NonFinite(text)
 
 
+# one decoder with the hooks, made once: json.loads with hooks builds a JSONDecoder (and its scanner) per call,
+# 1.5 of the 4 us it took to parse a small chat body
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """A request body that must be one JSON object; anything else is a 400 saying what is wrong.
 
@@ -237,11 +242,11 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     """
     if not raw.strip():
         raise GatewayError(400, "request body is empty; expected a JSON object", code="invalid_json")
-    too_deep = GatewayError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
     try:
-        body = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
+        # what json.loads does with bytes (the encoding found from the first bytes), then the shared decoder
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:
-        raise too_deep from None
+        raise _too_deep_error() from None
     except _NonFinite as exc:
         raise GatewayError(
             400,
@@ -254,7 +259,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise GatewayError(400, "the request body must be a JSON object", code="invalid_type")
     if _too_deep(body):
-        raise too_deep
+        raise _too_deep_error()
     if _may_hold_surrogates(raw):
         for path, text in _strings(body, ""):
             try:
@@ -267,6 +272,10 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
                     code="invalid_unicode",
                 ) from None
     return body
+
+
+def _too_deep_error() -> GatewayError:
+    return GatewayError(400, f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
 
 
 def _too_deep(body: Any) -> bool:

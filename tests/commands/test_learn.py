@@ -72,23 +72,23 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
 
 
-def test_learn_rechooses_the_refusal_threshold_for_the_model_in_force(tmp_path, capsys):
-    """Refusals the verifier cannot tell apart but the labels say are usually wrong: no refit is better, but the
-    model in force with a refusal threshold that escalates them is, at the same escalation share."""
+def test_learn_rechooses_the_refusal_threshold(tmp_path, capsys):
+    """Refusals the labels say are usually wrong, which the policy in force lets stand: learn's thresholds escalate
+    them at the same escalation share (with the model in force or a refit, whichever wins; the thresholds-only path
+    is tested in tests/evaluation/test_refit.py)."""
     ledger = tmp_path / "ledger.sqlite3"
     threshold = recorded_ledger(ledger, wrong_refusals=True)
     policy = learned_policy(tmp_path / "policy.yaml", threshold, refusal_threshold=0.0)  # as recorded
     args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["gain_points"] < 0.5 and "new thresholds" in report["decision"], report
-    assert report["quality_in_force"] > report["quality_recorded"] + 5
-    assert report["new_refusal_threshold"] > 0.5 and report["written"] is None
+    assert report["quality_in_force"] > report["quality_recorded"] + 5, report
+    assert report["new_refusal_threshold"] > 0.5
     learned, _ = load_policy(policy)
-    assert learned.routing.verifier.model_path == "builtin:verifier"  # the model in force stays
     assert learned.routing.verifier.refusal_threshold == pytest.approx(report["new_refusal_threshold"])
     assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
-    assert report["new_threshold"] < threshold  # the refusals now take part of the share
+    if report["written"] is None:  # no refit won: the model in force stays, with new thresholds
+        assert learned.routing.verifier.model_path == "builtin:verifier" and "new thresholds" in report["decision"]
 
 
 def test_learn_refits_the_pre_route_classifier_with_enough_labels(tmp_path, capsys):

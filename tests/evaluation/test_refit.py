@@ -1,0 +1,53 @@
+"""The refit learn and the learning simulation share (gateway.evaluation.refit): thresholds chosen by the live rule."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.evaluation.refit import LabelledAnswers, choose_thresholds, refit_verifier
+from policies.schema import Policy
+
+POLICY = Policy.model_validate(
+    {
+        "cheap": {"model": "c"},
+        "long": {"model": "l"},
+        "routing": {
+            "classifier": None,
+            "default_route": "rag",
+            "verifier": {"model_path": "x", "threshold": 0.3, "refusal_threshold": 0.0},
+        },
+    }
+)
+
+
+def answers(n: int = 200) -> tuple[LabelledAnswers, list[float]]:
+    """Every fourth answer a refusal, always worse than the long answer; the others good. The verifier's features
+    are all the same (a refit can learn nothing); the scores in force are random."""
+    rng = random.Random(0)
+    refused = [i % 4 == 0 for i in range(n)]
+    scores = [rng.random() for _ in range(n)]
+    data = LabelledAnswers(
+        answer_rows=[{"ans_support_passages": 0.5} for _ in range(n)],
+        labels=[0 if r else 1 for r in refused],
+        weights=[1.0] * n,
+        groups=[f"g{i % 10}" for i in range(n)],
+        refused=refused,
+        escalated=[s < 0.3 for s in scores],  # what the policy in force did: its threshold alone
+        route_rows=[None] * n,
+    )
+    return data, scores
+
+
+def test_the_thresholds_move_the_escalations_to_the_wrong_refusals():
+    data, scores = answers()
+    pick = choose_thresholds(POLICY, scores, data, 0.3)
+    assert pick.refusal_threshold is not None and pick.refusal_threshold >= 1.0  # every refusal escalates
+    assert pick.share <= 0.3 + 1e-9 and pick.quality == 100.0
+
+
+def test_without_a_better_refit_learn_writes_new_thresholds_for_the_model_in_force():
+    data, scores = answers()
+    refit = refit_verifier(data, scores, POLICY, feature_names=["ans_support_passages"])
+    assert refit.action == "thresholds" and refit.model is None and refit.gain_points < 0.5
+    assert refit.thresholds is not None and refit.thresholds.refusal_threshold == 1.0
+    assert refit.quality_in_force == 100.0 and refit.quality_recorded < 85

@@ -35,6 +35,17 @@ def main() -> int:
     parser.add_argument("--policy", type=Path, default=None)
     parser.add_argument("--protocol", choices=["corpus", "model"], default="corpus")
     parser.add_argument("--cap", type=float, default=0.3, help="every unit's tokens within this share of always-long")
+    parser.add_argument("--features", default="transfer", help="the refitted verifier's feature set (as eval replay)")
+    parser.add_argument("--verifier-estimator", choices=["logistic", "boosting"], default=None)
+    parser.add_argument("--no-sweep", action="store_true", help="score (and cache) the items, print --at, stop")
+    parser.add_argument(
+        "--at",
+        type=float,
+        nargs=3,
+        default=None,
+        metavar=("CLASSIFIER", "VERIFIER", "REFUSAL"),
+        help="also print every unit's figures at these thresholds",
+    )
     parser.add_argument(
         "--items-cache", type=Path, default=None, help="pickle of the scored items: read when present, else written"
     )
@@ -82,7 +93,8 @@ def _scored(args, policy, policy_file):
         protocol=args.protocol,
         splits=splits,
         embed=CachedEmbed(builder.embedder, args.data_dir / "cache"),
-        feature_names=refit_features("transfer"),
+        feature_names=refit_features(args.features),
+        verifier_estimator=args.verifier_estimator,
     )
     items = build_items(examples, inputs, p_cheap, UnanswerableDetector(policy.rag.unanswerable_patterns), p_good)
     return items, split_units(splits, len(items))
@@ -100,6 +112,21 @@ def _report(args, policy, prices, items, units) -> None:
     index = {u: np.flatnonzero(np.asarray(units) == u) for u in names}
     best = {u: 100 * max(float(table.lc[i].mean()), float(table.rag[i].mean())) for u, i in index.items()}
     self_route = {u: self_route_outcome(table, i) for u, i in index.items()}
+    if args.at is not None:
+        t1, t2, t3 = args.at
+        routes = table.routes(with_threshold(policy, t1))
+        print(f"at classifier {t1:g}, verifier {t2:g}, refusal {t3:g}:")
+        for u in names:
+            o = table.outcome(routes, t2, index[u], t3)
+            i = index[u]
+            print(
+                f"  {u}: n {len(i)}, always-long {table.lc[i].mean():.4f}, always-RAG {table.rag[i].mean():.4f}, "
+                f"Self-Route {self_route[u]['quality']:.4f} ({self_route[u]['tokens_vs_long']:.3f}), router "
+                f"{o['quality']:.4f} ({o['tokens_vs_long']:.3f} / {o['cost_vs_long']:.3f}), long or escalated "
+                f"{100 * o['long_share']:.1f}%, vs better baseline {100 * o['quality'] - best[u]:+.2f}"
+            )
+    if args.no_sweep:
+        return
     settings = []
     for t1 in quantile_grid([i.probability for i in table.items], 30):
         routes = table.routes(with_threshold(policy, t1))

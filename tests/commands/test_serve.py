@@ -221,6 +221,12 @@ def test_two_replicas_share_collections_on_s3(upstream, postgres_url, s3_bucket,
 
         assert not stored("inline-")
         assert ask_attached(a, "Which valve is opened first?").selfroute["route"] == "rag"
+        # A answered from its first pass; the rest of the documents are embedded in the background, and the
+        # collection is whole once A logs the ingestion (after its full-text index)
+        deadline = time.monotonic() + 300
+        while "ingested inline-" not in (tmp_path / "a.log").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "a.log").read_text()[-3000:]
+            time.sleep(0.2)
         after_a, usage_after_a = inline_files(), stored("selfroute-inline-usage")
         assert any(key.endswith(".lance") for key in after_a), after_a  # A's inline collection, in the bucket
         assert usage_after_a  # and when it was used, for every replica's cap

@@ -82,21 +82,22 @@ def test_refuses_another_feature_set_and_missing_files(tmp_path):
 
 def test_shipped_verifier_loads_with_its_card_and_threshold():
     from classifier.answer_features import answer_features
-    from classifier.verifier import TRANSFER_FEATURE_NAMES
+    from classifier.verifier import PORTABLE_FEATURE_NAMES
     from gateway.routing.model_files import load_verifier, load_verifier_model, resolve_model_path
     from policies.loader import load_policy
 
     path = resolve_model_path("builtin:verifier", None)
     assert path == builtin_model_path("verifier") and path.stat().st_size < 200_000
     verifier = load_verifier(path)
-    # trained on L-Eval and LaRA-128k (every model family) with the features that transfer, its threshold chosen
-    # leaving one corpus out (BENCHMARKS.md section 4)
-    assert verifier.feature_names == TRANSFER_FEATURE_NAMES
+    # trained on L-Eval and LaRA-128k (every model family) with the portable features (their direction holds across
+    # corpora and model families), its threshold chosen leaving one corpus out (BENCHMARKS.md section 4)
+    assert verifier.feature_names == PORTABLE_FEATURE_NAMES
     assert 0.0 <= verifier.threshold < 1.0 and verifier.card["training_examples"] == 11267
     assert "leave one corpus out" in verifier.card["threshold_source"]
     assert verifier.card["limitations"].startswith("Measured leave one corpus out: escalating the 25%")
     passages = ["The maintenance password for the Zephyr pump is BLUE-HERON-42."]
     grounded = answer_features("What is the password?", "BLUE-HERON-42", passages, passages[0])
+    assert set(verifier.feature_names) <= set(grounded)  # the live check computes every feature it reads
     assert 0.0 <= verifier.score(grounded) <= 1.0
     policy, policy_file = load_policy()  # the default policy checks answers with it
     assert load_verifier_model(policy, policy_file).source == str(path)

@@ -252,6 +252,7 @@ def test_inline_collections_of_attached_documents_are_not_reachable_by_name(tena
         == 200
     )
     store = app.state.gateway.store
+    store.wait_inline(timeout=120)  # answered from the first pass: the collection is written in the background
     [name] = [c.name for c in store.collections() if store.is_inline(c.name)]
     for who in ("alice", "bob"):
         assert _chat(url, keys[who], "rag", name).status_code == 404
@@ -273,6 +274,7 @@ def test_attached_documents_are_cached_per_key(tenants):
     for who, expected in (("alice", 1), ("alice", 1), ("bob", 2)):
         response = httpx.post(f"{url}/v1/chat/completions", json=body, headers=_auth(keys[who]), timeout=120)
         assert response.status_code == 200
+        store.wait_inline(timeout=120)  # a first question's collection is written in the background
         assert len(inline()) == expected, who  # alice's second request reuses hers; bob gets his own
 
 

@@ -182,6 +182,19 @@ def _option_support(option_terms: set[str], passage_terms: set[str]) -> float:
 
 
 # -- the feature set ------------------------------------------------------------------------------------
+# signals measured to keep their direction on both corpora and every model family (BENCHMARKS.md section 4,
+# "What transfers, round five"): questions retrieval cannot answer from a few passages, and the question's terms the
+# document has against those the passages sent have, read with the refusal; kept out of
+# classifier.verifier.TRANSFER_FEATURE_NAMES and read by its PORTABLE_FEATURE_NAMES
+PORTABLE_SIGNALS = (
+    "query_global_cue",
+    "query_doc_absent_terms",
+    "query_retrieved_share",
+    "answer_x_query_absent",
+    "answer_x_bigrams_absent",
+    "answer_x_unretrieved",
+    "refusal_x_unretrieved",
+)
 ANSWER_FEATURE_NAMES: list[str] = [
     # refusals and hedges
     "ans_missing",
@@ -235,16 +248,7 @@ ANSWER_FEATURE_NAMES: list[str] = [
     "ans_sentence_support_mean",
     "ans_sentence_support_min",
     "query_passage_similarity",
-    # signals measured to keep their direction on both corpora and every model family (BENCHMARKS.md section 4,
-    # "What transfers, round five"): questions retrieval cannot answer from a few passages, and the question's
-    # terms the document has against those the passages sent have, read with the refusal
-    "query_global_cue",
-    "query_doc_absent_terms",
-    "query_retrieved_share",
-    "answer_x_query_absent",
-    "answer_x_bigrams_absent",
-    "answer_x_unretrieved",
-    "refusal_x_unretrieved",
+    *PORTABLE_SIGNALS,
 ]
 # classifier.features' retrieval signals copied into the verifier's inputs under these names
 RETRIEVAL_INPUTS = {
@@ -258,17 +262,6 @@ SUPPORT_FEATURES = (
     "ans_sentence_support_mean",
     "ans_sentence_support_min",
     "query_passage_similarity",
-)
-# the round-five signals (above); kept out of classifier.verifier.TRANSFER_FEATURE_NAMES, which the shipped verifier
-# was trained on, and read by its PORTABLE_FEATURE_NAMES
-PORTABLE_SIGNALS = (
-    "query_global_cue",
-    "query_doc_absent_terms",
-    "query_retrieved_share",
-    "answer_x_query_absent",
-    "answer_x_bigrams_absent",
-    "answer_x_unretrieved",
-    "refusal_x_unretrieved",
 )
 # Cues of a question about the document as a whole or its order (which topic came first, how many times, the main
 # theme, how two parts compare): top-k passages cannot show order, counts or wholes, so a cheap answer to such a

@@ -31,6 +31,26 @@ POLICY = Policy.model_validate(
 )
 
 
+def question(i: int, good: bool, features: dict, p_cheap: float, verifier_score: float) -> ReplayItem:
+    """Question i of a stream, 20 to a document: the cheap answer scores 1 or 0 against the long answer's 1."""
+    return ReplayItem(
+        f"d{i // 20}",
+        f"d{i // 20}",
+        f"q{i}",
+        float(good),
+        1.0,
+        False,
+        500,
+        5000,
+        5000,
+        20,
+        30,
+        features,
+        p_cheap,
+        verifier_score=verifier_score,
+    )
+
+
 def stream(n: int = 1200, seed: int = 1) -> list[SimQuestion]:
     """The cheap answer is good when its support is high; the 'shipped' verifier scores the opposite."""
     rng = random.Random(seed)
@@ -38,22 +58,7 @@ def stream(n: int = 1200, seed: int = 1) -> list[SimQuestion]:
     for i in range(n):
         support = rng.random()
         good = rng.random() < (0.9 if support > 0.4 else 0.2)
-        item = ReplayItem(
-            f"d{i // 20}",
-            f"d{i // 20}",
-            f"q{i}",
-            float(good),
-            1.0,
-            False,
-            500,
-            5000,
-            5000,
-            20,
-            30,
-            {"context_tokens": 5000.0},
-            0.5,
-            verifier_score=1.0 - support,
-        )
+        item = question(i, good, {"context_tokens": 5000.0}, 0.5, verifier_score=1.0 - support)
         out.append(SimQuestion(item, {"ans_support_passages": support, "ans_refusal": 0.0}))
     return out
 
@@ -134,22 +139,7 @@ def route_stream(n: int = 1400, seed: int = 2) -> list[SimQuestion]:
     for i in range(n):
         features = {name: rng.random() for name in FEATURE_NAMES}
         good = (features["top_score"] < 0.5) if rng.random() < 0.9 else (features["top_score"] >= 0.5)
-        item = ReplayItem(
-            f"d{i // 20}",
-            f"d{i // 20}",
-            f"q{i}",
-            float(good),
-            1.0,
-            False,
-            500,
-            5000,
-            5000,
-            20,
-            30,
-            features,
-            SHIPPED_ROUTE.cheap_probability(features),
-            verifier_score=rng.random(),
-        )
+        item = question(i, good, features, SHIPPED_ROUTE.cheap_probability(features), verifier_score=rng.random())
         out.append(SimQuestion(item, {"ans_support_passages": rng.random(), "ans_refusal": 0.0}))
     return out
 

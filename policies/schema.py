@@ -153,6 +153,14 @@ class LearningSettings(_Strict):
         description="share of accepted cheap answers for which the long route also runs, "
         "in the background after the client has its answer, then the judge (needs judge: true)",
     )
+    shadow_reference_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="tie the shadow rate to the long leg's cost: a request whose context (its context_tokens "
+        "feature, what always-long would send) is longer than this is shadowed with probability shadow_rate x this / "
+        "its tokens, so the shadows' expected long-leg tokens per accepted answer stay at most shadow_rate x this "
+        "(learn weighs each shadow label by 1 / its probability); null: shadow_rate for every request",
+    )
     daily_budget_usd: float = Field(
         1.0,
         ge=0.0,

@@ -46,6 +46,19 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "default) or learn's default, the share the policy in force escalated",
     )
     replay.add_argument(
+        "--sim-control",
+        action="store_true",
+        help="report beside the learning router a budget control: the shipped models under the same share rule "
+        "(--sim-max-token-share or the frozen spend) with no labels, its threshold set from the scores alone",
+    )
+    replay.add_argument(
+        "--shadow-reference-tokens",
+        type=whole_number("--shadow-reference-tokens"),
+        default=None,
+        help="as routing.learning.shadow_reference_tokens: a context longer than this is shadowed with probability "
+        "shadow-rate x this / its tokens (default: the policy's, else every context at --shadow-rate)",
+    )
+    replay.add_argument(
         "--sim-split",
         default=None,
         metavar="FIELD",
@@ -117,6 +130,12 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
                 estimator=args.learn_estimator,
                 feature_names=verifier.feature_names,
                 share_rule=args.sim_share,
+                shadow_reference_tokens=(
+                    args.shadow_reference_tokens
+                    if args.shadow_reference_tokens is not None
+                    else policy.routing.learning.shadow_reference_tokens
+                ),
+                control=args.sim_control,
                 verifier=verifier,
                 route_model=model,
             )

@@ -13,8 +13,9 @@ verifier: both at their best verifier and refusal thresholds for the share of la
 force escalated (or --escalation-share), decided by the live escalation rule; the classifier: both sending long up
 front the share the policy in force sent long after their cheap answer, least trusted first. The replay quality is
 the share of labelled requests whose answer is as good as the long route's (an escalated answer is; an accepted one is
-when its label says so). Shadow labels stand for all accepted answers (weight 1 / shadow_rate). A new classifier's
-threshold keeps the share of recorded requests the classifier in force sent long.
+when its label says so). Shadow labels stand for all accepted answers (weight 1 / the chance it was shadowed:
+shadow_rate, less for a context over shadow_reference_tokens). A new classifier's threshold keeps the share of
+recorded requests the classifier in force sent long.
 """
 
 from __future__ import annotations
@@ -84,12 +85,18 @@ def register(subparsers, parents) -> None:
     parser.set_defaults(func=run)
 
 
-def _weights(requests, shadow_rate: float) -> list[float]:
+def _weights(requests, settings) -> list[float]:
+    """A shadow label stands for 1 / the chance its request was shadowed (the live rule, from its recorded context
+    tokens: gateway.routing.learning.loop.shadow_probability); any other label for itself."""
+    from gateway.routing.learning.loop import shadow_probability
+
     out = []
     for r in requests:
         judged = [lab for lab in r.labels if lab["source"] != "feedback"]
         shadow = bool(judged) and judged[-1]["source"] == "shadow"
-        out.append(1.0 / shadow_rate if shadow and shadow_rate > 0 else 1.0)
+        tokens = (r.features.get("features") or {}).get("context_tokens")
+        p = shadow_probability(settings, tokens if isinstance(tokens, int | float) else None) if shadow else 0.0
+        out.append(1.0 / p if p > 0 else 1.0)
     return out
 
 
@@ -180,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     edits: dict[str, dict] = {}  # routing section -> values to write
     models: list = []  # (save function, model, path) to write when the policy edit is good
-    data = _labelled_answers(labelled, labels, _weights(labelled, policy.routing.learning.shadow_rate))
+    data = _labelled_answers(labelled, labels, _weights(labelled, policy.routing.learning))
     verifier_part = _refit_verifier(args, policy, verifier, data, blend, stamp)
     report.update({k: v for k, v in verifier_part.items() if not k.startswith("_")})
     if "_write" in verifier_part:

@@ -40,14 +40,16 @@ from gateway.evaluation.refit import (
     LabelledAnswers,
     refit_classifier,
     refit_verifier,
+    threshold_for_share,
     with_verifier_thresholds,
 )
 from gateway.evaluation.replay import Leg, Outcome, Prices, ReplayItem, leg_cost, oracle, router_strategy
-from gateway.routing.decision import Router
+from gateway.routing.decision import RouteDecision, Router
 from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.learning.judge import ANSWER_CHARS, JUDGE_PROMPT, PASSAGE_CHARS
+from gateway.routing.learning.loop import shadow_probability
 from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
-from policies.schema import Policy
+from policies.schema import LearningSettings, Policy
 
 if TYPE_CHECKING:
     from classifier.estimators import Estimator
@@ -60,6 +62,7 @@ SHARE_RULES = (FROZEN_SPEND, IN_FORCE)
 LEARNING = "learning router"
 FROZEN = "shipped router (frozen)"
 ALWAYS_LONG, ALWAYS_RAG, ORACLE = "always-long", "always-RAG", "oracle"
+CONTROL = "budget control (no labels)"
 STRATEGIES = (LEARNING, FROZEN, ALWAYS_LONG, ALWAYS_RAG, ORACLE)
 
 
@@ -121,6 +124,12 @@ class SimulationResult:
     total: dict[str, dict[str, Any]]
     labels: dict[str, int] = field(default_factory=dict)
     refits: list[dict[str, Any]] = field(default_factory=list)
+    shadow_reference_tokens: int | None = None
+    control_thresholds: list[dict[str, Any]] = field(default_factory=list)  # with control: "at", "share", "threshold"
+
+    @property
+    def strategies(self) -> tuple[str, ...]:
+        return tuple(self.trailing)
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -205,6 +214,8 @@ def simulate(
     feature_names: Sequence[str] | None = None,
     max_token_share: float | None = None,
     share_rule: str = FROZEN_SPEND,
+    shadow_reference_tokens: int | None = None,
+    control: bool = False,
     verifier: VerifierModel | None = None,
     route_model: RouteModel | None = None,
     min_labels: int = MIN_LABELS,
@@ -216,7 +227,13 @@ def simulate(
     `item.probability` the shipped classifier's P(cheap). `verifier` / `route_model`: the shipped models, so the
     learning router re-scores answers when its P(cheap) changes and the classifier can be refitted (without
     `route_model` it is not). Every `refit_every` questions the refit is `selfroute learn`'s
-    (gateway.evaluation.refit) on the labels so far, at the escalation share `share_rule` gives."""
+    (gateway.evaluation.refit) on the labels so far, at the escalation share `share_rule` gives. Shadows are drawn
+    with the live rule (gateway.routing.learning.loop.shadow_probability: `shadow_rate`, scaled down for a context
+    over `shadow_reference_tokens`), each shadow label weighted 1 / its probability as `learn` weighs it.
+    `control`: a budget control beside it, the shipped models with the same share rule applied every `refit_every`
+    questions but no labels (no learning legs, no refits): its verifier threshold is set from the score
+    distribution alone (refit.threshold_for_share), so what the learning router gains over it is the labels' and
+    what it gains over the frozen router is the spend's and the labels' together."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -226,14 +243,23 @@ def simulate(
     if share_rule not in SHARE_RULES:
         raise ValueError(f"share_rule: one of {', '.join(SHARE_RULES)}")
     names = list(feature_names or ANSWER_FEATURE_NAMES)
+    shipped_refusal = policy.routing.verifier.refusal_threshold
     rng = random.Random(seed)
+    shadows = LearningSettings(judge=True, shadow_rate=shadow_rate, shadow_reference_tokens=shadow_reference_tokens)
     router = Router(policy)
-    frozen = router_strategy(router, True, CheapAnswerCheck(policy))
+    shipped_check = CheapAnswerCheck(policy)
+    frozen = router_strategy(router, True, shipped_check)
     order = stream_order([q.item for q in questions], seed)
-    tallies = {name: Tally() for name in STRATEGIES}
-    trailing = {name: Tally() for name in STRATEGIES}
+    strategies = (*STRATEGIES, CONTROL) if control else STRATEGIES
+    tallies = {name: Tally() for name in strategies}
+    trailing = {name: Tally() for name in strategies}
     windows: list[dict[str, Any]] = []
-    current = {name: Tally() for name in STRATEGIES}
+    current = {name: Tally() for name in strategies}
+    # the budget control: the shipped models (the recorded scores), its verifier threshold re-set from them alone
+    control_run = frozen
+    control_seen: list[tuple[float, bool, RouteDecision]] = []  # its checked cheap answers: score, refused, decision
+    control_escalations = 0
+    control_thresholds: list[dict[str, Any]] = []
 
     # the learning router's models and policy in force; None: the shipped ones (the recorded scores)
     verifier_now: VerifierModel | None = verifier
@@ -274,6 +300,12 @@ def simulate(
             ALWAYS_RAG: _rag_outcome(item),
             ORACLE: oracle(item),
         }
+        if control:
+            outcomes[CONTROL] = control_run(item)
+            shipped_decision = router.decide(item.features, item.probability)
+            if shipped_check.applies(shipped_decision) and shipped_decision.route == RAG:
+                control_seen.append((float(item.verifier_score or 0.0), item.rag_refused, shipped_decision))
+                control_escalations += outcomes[CONTROL].route == FALLBACK
         as_learning = replace(item, probability=p_cheap[index], verifier_score=scores[index])
         decision = learning_router.decide(item.features, p_cheap[index])
         if decision.rule is None and decision.probability is not None:
@@ -293,9 +325,11 @@ def simulate(
                 extra.append(judge_leg(item))
                 label = truth
                 counts["escalation"] += 1
-            elif live.route in (RAG, KEPT_REFUSAL) and rng.random() < shadow_rate:
+            elif live.route in (RAG, KEPT_REFUSAL) and rng.random() < (
+                chance := shadow_probability(shadows, item.features.get("context_tokens"))
+            ):
                 extra.extend([shadow_leg(item), judge_leg(item)])
-                label, weight = truth, 1.0 / shadow_rate  # as learn weighs a shadow label
+                label, weight = truth, 1.0 / chance  # as learn weighs a shadow label
                 counts["shadow"] += 1
             if label is not None:
                 if rng.random() < judge_noise:
@@ -322,7 +356,33 @@ def simulate(
                 trailing[name].add(outcome, prices, legs)
         if position % window == 0 or position == len(order):
             windows.append({"end": position, **{name: t.to_dict() for name, t in current.items()}})
-            current = {name: Tally() for name in STRATEGIES}
+            current = {name: Tally() for name in strategies}
+        if control and position % refit_every == 0 and control_seen and share_rule != IN_FORCE:
+            # the learning router's share rule on the control's own spend (it has no learning legs)
+            n_control, n_seen = len(control_seen), max(len(seen_cheap), 1)
+            if max_token_share is not None:
+                share = _token_budget_share(
+                    max_token_share,
+                    tallies[CONTROL].tokens,
+                    tallies[ALWAYS_LONG].tokens,
+                    position,
+                    refit_every,
+                    control_escalations / n_control,
+                    n_control / position,
+                    long_tokens_seen / n_seen,
+                )
+            else:
+                mean_long = long_cost_seen / n_seen
+                overspent = max(0.0, tallies[CONTROL].cost_usd - tallies[FROZEN].cost_usd)
+                upcoming = max(refit_every * n_control / position, 1.0)
+                catch_up = overspent / mean_long / upcoming if mean_long else 0.0
+                share = min(1.0, max(0.0, frozen_escalations / n_seen - catch_up))
+            threshold = threshold_for_share(
+                policy, [c[0] for c in control_seen], [c[1] for c in control_seen], [c[2] for c in control_seen], share
+            )
+            control_policy = with_verifier_thresholds(policy, threshold, shipped_refusal)
+            control_run = router_strategy(Router(control_policy), True, CheapAnswerCheck(control_policy))
+            control_thresholds.append({"at": position, "share": share, "threshold": threshold})
         ys = [entry["label"] for entry in labelled]
         if position % refit_every or len(labelled) < min_labels or len(set(ys)) < 2:
             continue
@@ -423,6 +483,8 @@ def simulate(
         total={n: t.to_dict() for n, t in tallies.items()},
         labels={**counts, "total": len(labelled)},
         refits=refits,
+        shadow_reference_tokens=shadow_reference_tokens,
+        control_thresholds=control_thresholds,
     )
 
 
@@ -432,17 +494,18 @@ def format_simulation(result: SimulationResult, title: str) -> str:
         f"{title}: shadow {result.shadow_rate:.0%}, judge noise {result.judge_noise:.0%}, refit every "
         f"{result.refit_every}, order seed {result.order_seed}; labels {result.labels}"
     ]
-    header = f"{'window end':>10} " + " ".join(f"{name[:22]:>24}" for name in STRATEGIES)
+    names = result.strategies
+    header = f"{'window end':>10} " + " ".join(f"{name[:22]:>24}" for name in names)
     lines.append("quality (points) / cost (USD) per window")
     lines.append(header)
     for w in result.windows:
         lines.append(
             f"{w['end']:>10} "
-            + " ".join(f"{w[name]['quality']:>10.1f} / {w[name]['cost_usd']:>10.4f}" for name in STRATEGIES)
+            + " ".join(f"{w[name]['quality']:>10.1f} / {w[name]['cost_usd']:>10.4f}" for name in names)
         )
     trailing_n = long_total["questions"]
     lines.append(f"after question {result.after} ({trailing_n} questions):")
-    for name in STRATEGIES:
+    for name in names:
         t = result.trailing[name]
         share = t["tokens"] / long_total["tokens"] if long_total["tokens"] else float("nan")
         cost_share = t["cost_usd"] / long_total["cost_usd"] if long_total["cost_usd"] else float("nan")
@@ -454,10 +517,7 @@ def format_simulation(result: SimulationResult, title: str) -> str:
     return "\n".join(lines)
 
 
-def targets(result: SimulationResult) -> dict[str, Any]:
-    """The issue's targets on the trailing part: learning >= frozen + 1 point at no more cost, and >= always-long
-    at <= 35% of its tokens (shadow and judge legs included)."""
-    t, f, lg = result.trailing[LEARNING], result.trailing[FROZEN], result.trailing[ALWAYS_LONG]
+def _against(t: dict[str, Any], f: dict[str, Any], lg: dict[str, Any]) -> dict[str, Any]:
     token_share = t["tokens"] / lg["tokens"] if lg["tokens"] else float("nan")
     return {
         "vs_frozen_points": t["quality"] - f["quality"],
@@ -469,6 +529,20 @@ def targets(result: SimulationResult) -> dict[str, Any]:
     }
 
 
+def targets(result: SimulationResult) -> dict[str, Any]:
+    """The issue's targets on the trailing part: learning >= frozen + 1 point at no more cost, and >= always-long
+    at <= 35% of its tokens (shadow and judge legs included); with the budget control, the same for it
+    (`control_...`) and the learning router's points over it."""
+    t, f, lg = result.trailing[LEARNING], result.trailing[FROZEN], result.trailing[ALWAYS_LONG]
+    out = _against(t, f, lg)
+    if CONTROL in result.trailing:
+        c = result.trailing[CONTROL]
+        out |= {f"control_{k}": v for k, v in _against(c, f, lg).items()}
+        out["vs_control_points"] = t["quality"] - c["quality"]
+        out["cost_vs_control"] = t["cost_usd"] / c["cost_usd"] if c["cost_usd"] else float("nan")
+    return out
+
+
 SUMMARY_FIGURES = (
     "learning_quality",
     "frozen_quality",
@@ -477,6 +551,14 @@ SUMMARY_FIGURES = (
     "vs_always_long_points",
     "token_share_of_always_long",
     "learning_escalated_share",
+)
+CONTROL_FIGURES = (
+    "control_quality",
+    "control_vs_frozen_points",
+    "control_cost_vs_frozen",
+    "control_token_share_of_always_long",
+    "vs_control_points",
+    "cost_vs_control",
 )
 
 
@@ -487,8 +569,14 @@ def seed_summary(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str
     by_part: dict[str, list[dict[str, float]]] = {}
     for run in runs:
         t = run["targets"]
+        control = {}
+        if CONTROL in run["trailing"]:
+            control = {k: t[k] for k in CONTROL_FIGURES if k in t} | {
+                "control_quality": run["trailing"][CONTROL]["quality"]
+            }
         by_part.setdefault(run["part"], []).append(
-            {
+            control
+            | {
                 "learning_quality": run["trailing"][LEARNING]["quality"],
                 "frozen_quality": run["trailing"][FROZEN]["quality"],
                 "vs_frozen_points": t["vs_frozen_points"],
@@ -505,7 +593,8 @@ def seed_summary(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, dict[str
                 "min": min(r[k] for r in rows),
                 "max": max(r[k] for r in rows),
             }
-            for k in SUMMARY_FIGURES
+            for k in (*SUMMARY_FIGURES, *CONTROL_FIGURES)
+            if all(k in r for r in rows)
         }
         for part, rows in by_part.items()
     }

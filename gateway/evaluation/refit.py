@@ -182,6 +182,27 @@ def _threshold_for_weighted_share(scores, weights, budget: float) -> float:
     return 0.0
 
 
+def threshold_for_share(
+    policy: Policy, scores: Sequence[float], refused: Sequence[bool], decisions: Sequence[RouteDecision], share: float
+) -> float:
+    """No labels: the verifier threshold that escalates `share` of these answers under the policy's refusal rule (the
+    refusals it escalates spend first), by the live rule; 0 when the refusals alone spend it. The simulation's
+    budget control (the learning router's budget rule without its labels) sets its threshold so."""
+    by_refusal = escalations(
+        with_verifier_thresholds(policy, 0.0, _refusal_in_force(policy)), scores, refused, decisions
+    )
+    rest = [i for i, e in enumerate(by_refusal) if not e]
+    budget = share * len(scores) - sum(by_refusal)
+    if budget <= 0 or not rest:
+        return 0.0
+    return _threshold_for_weighted_share([scores[i] for i in rest], [1.0] * len(rest), budget)
+
+
+def _refusal_in_force(policy: Policy) -> float | None:
+    settings = policy.routing.verifier
+    return None if settings is None or settings.refusal_threshold is None else float(settings.refusal_threshold)
+
+
 def choose_thresholds(policy: Policy, scores: Sequence[float], data: LabelledAnswers, share: float) -> Thresholds:
     """The verifier and refusal thresholds that give the best replay quality on the labelled answers while escalating
     at most `share` of them (weighted): for each refusal threshold, the verifier threshold spends what the refusals

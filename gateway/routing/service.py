@@ -191,7 +191,7 @@ class RoutingService:
     ) -> None:
         """For routing.learning.shadow_rate of the accepted cheap answers, once the client has its answer: the long
         model answers too (its own ledgered request, route shadow), then the judge compares the two."""
-        if not self.learning.wants_shadow():
+        if not self.learning.wants_shadow(plan.decision.features.get("context_tokens")):
             return
         planner = self.ready_planner()
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}

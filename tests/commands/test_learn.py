@@ -183,3 +183,20 @@ def test_calibrate_from_the_ledger_holds_a_cost_share(setup, capsys):
     share = json.loads(capsys.readouterr().out)["candidate"]["cost_share"]
     assert 0.3 < share <= 0.4 + 1e-9 and threshold > 0  # as many escalations as the share allows
     assert main(["calibrate", "--from-ledger", "--policy", str(policy), "--target-long-share", "0.2"]) == 2
+
+
+def test_a_shadow_label_weighs_one_over_the_chance_its_request_was_shadowed():
+    """learn weighs each shadow label by the live rule's chance from the request's recorded context tokens
+    (gateway.routing.learning.loop.shadow_probability); judge labels of escalations and feedback weigh 1."""
+    from types import SimpleNamespace
+
+    from gateway.commands.learn import _weights
+    from policies.schema import LearningSettings
+
+    def request(source, tokens):
+        return SimpleNamespace(labels=[{"source": source}], features={"features": {"context_tokens": tokens}})
+
+    requests = [request("shadow", 4_000), request("shadow", 64_000), request("judge", 64_000), request("feedback", 1)]
+    tied = LearningSettings(judge=True, shadow_rate=0.05, shadow_reference_tokens=16_000)
+    assert _weights(requests, tied) == pytest.approx([20.0, 80.0, 1.0, 1.0])
+    assert _weights(requests, LearningSettings(judge=True, shadow_rate=0.05)) == pytest.approx([20.0, 20.0, 1.0, 1.0])

@@ -10,10 +10,12 @@ import pytest
 from classifier.features import FEATURE_NAMES
 from gateway.evaluation.learning_sim import (
     ALWAYS_LONG,
+    CONTROL,
     FROZEN,
     LEARNING,
     ORACLE,
     SimQuestion,
+    seed_summary,
     simulate,
     stream_order,
     targets,
@@ -226,3 +228,43 @@ def test_the_loop_learns_to_escalate_refusals_that_are_wrong():
     learn, frozen = result.trailing[LEARNING], result.trailing[FROZEN]
     assert frozen["escalated_share"] == 0 and learn["escalated_share"] > 0.15
     assert result.refits[-1]["refusal_threshold"] > 0.9 and learn["quality"] >= frozen["quality"] + 15
+
+
+def test_the_budget_control_spends_as_the_learning_router_may_but_without_labels():
+    """Under the same token budget the control (the shipped verifier, its threshold set from the scores alone)
+    escalates as much but, the verifier ranking backwards, the wrong answers: the labels are what the learning router
+    gains over it. It has no learning legs; holding the frozen spend, it is the frozen router."""
+    never = POLICY.model_copy(deep=True)
+    assert never.routing.verifier is not None
+    never.routing.verifier.threshold = 0.0
+    common = dict(shadow_rate=0.05, judge_noise=0.0, refit_every=100, window=300, after=600, control=True)
+    names = ["ans_support_passages", "ans_refusal"]
+    budget = simulate(stream(), never, PRICES, feature_names=names, max_token_share=0.5, **common)
+    learn, control, frozen, long = (budget.trailing[n] for n in (LEARNING, CONTROL, FROZEN, ALWAYS_LONG))
+    assert control["learning_cost_usd"] == 0 and control["escalated_share"] > 0.3
+    assert 0.4 < control["tokens"] / long["tokens"] <= 0.53  # the same cap, all of it spent on escalations
+    assert control["quality"] > frozen["quality"] and learn["quality"] >= control["quality"] + 5
+    assert budget.control_thresholds and budget.control_thresholds[-1]["threshold"] > 0
+    met = budget.to_dict() | {"part": "s", "targets": targets(budget)}
+    assert met["targets"]["vs_control_points"] == pytest.approx(learn["quality"] - control["quality"])
+    summary = seed_summary([met])["s"]
+    assert summary["control_quality"]["mean"] == pytest.approx(control["quality"])
+    held = simulate(stream(), POLICY, PRICES, feature_names=names, **common)  # POLICY escalates about half
+    control, frozen = held.total[CONTROL], held.total[FROZEN]
+    assert abs(control["escalated_share"] - frozen["escalated_share"]) < 0.05
+    assert control["cost_usd"] <= 1.05 * frozen["cost_usd"]
+    without = simulate(stream(), POLICY, PRICES, feature_names=names, **(common | {"control": False}))
+    assert CONTROL not in without.trailing and without.trailing[LEARNING] == held.trailing[LEARNING]
+
+
+def test_a_reference_token_count_shadows_long_contexts_less_as_the_live_loop_does():
+    """Every context here is 5,000 tokens: a reference of 1,000 shadows a fifth as often (live rule:
+    gateway.routing.learning.loop.shadow_probability)."""
+    names = ["ans_support_passages", "ans_refusal"]
+    common = dict(shadow_rate=0.2, judge_noise=0.0, refit_every=100, window=300, after=600)
+    flat = simulate(stream(), POLICY, PRICES, feature_names=names, **common)
+    tied = simulate(stream(), POLICY, PRICES, feature_names=names, shadow_reference_tokens=1000, **common)
+    assert 0 < tied.labels["shadow"] < flat.labels["shadow"] / 3 and tied.shadow_reference_tokens == 1000
+    assert tied.total[LEARNING]["learning_cost_usd"] < flat.total[LEARNING]["learning_cost_usd"]
+    same = simulate(stream(), POLICY, PRICES, feature_names=names, shadow_reference_tokens=5000, **common)
+    assert same.labels == flat.labels  # at or under the reference: shadow_rate itself

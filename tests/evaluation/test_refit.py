@@ -51,3 +51,21 @@ def test_without_a_better_refit_learn_writes_new_thresholds_for_the_model_in_for
     assert refit.action == "thresholds" and refit.model is None and refit.gain_points < 0.5
     assert refit.thresholds is not None and refit.thresholds.refusal_threshold == 1.0
     assert refit.quality_in_force == 100.0 and refit.quality_recorded < 85
+
+
+def test_without_labels_the_threshold_holds_a_share_refusals_spending_first():
+    from gateway.evaluation.refit import escalations, threshold_for_share, with_verifier_thresholds
+
+    data, scores = answers()
+    decisions = data.decisions()
+    with_refusals = with_verifier_thresholds(POLICY, 0.3, 1.0)  # every refusal escalates: a quarter
+    for share in (0.1, 0.4, 0.6):
+        threshold = threshold_for_share(with_refusals, scores, data.refused, decisions, share)
+        escalated = escalations(
+            with_verifier_thresholds(with_refusals, threshold, 1.0), scores, data.refused, decisions
+        )
+        assert sum(escalated) == (50 if share < 0.25 else round(share * len(scores)))  # the refusals alone: 50
+        assert all(e for e, r in zip(escalated, data.refused) if r)
+    # the policy's own refusal rule off (0): the threshold alone spends the share
+    threshold = threshold_for_share(POLICY, scores, data.refused, decisions, 0.3)
+    assert sum(escalations(with_verifier_thresholds(POLICY, threshold, 0.0), scores, data.refused, decisions)) == 60

@@ -33,13 +33,24 @@ from policies.routes import JUDGE, SHADOW
 if TYPE_CHECKING:
     from gateway.ledger.entry import RequestLedgerEntry
     from gateway.upstreams.base import Upstream
-    from policies.schema import ModelConfig, Policy
+    from policies.schema import LearningSettings, ModelConfig, Policy
 
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = 10.0  # how long a shutdown waits for shadow and judge work before cancelling it
 BUDGET_REFRESH_S = 60.0  # how often the day's learning spend is read again from the (maybe shared) ledger
 SHUTDOWN_ERROR = "the gateway shut down before this learning request finished"
+
+
+def shadow_probability(settings: LearningSettings, context_tokens: float | None) -> float:
+    """The chance an accepted cheap answer is shadowed: shadow_rate, scaled down by shadow_reference_tokens / the
+    request's context tokens when it is longer, so a 128k-token document is shadowed 1/8 as often as a 16k one and
+    the expected shadow spend per request stays bounded. The live draw, `learn`'s label weights (1 / this, from the
+    recorded features) and the simulation all use this."""
+    rate, reference = settings.shadow_rate, settings.shadow_reference_tokens
+    if reference is None or context_tokens is None or context_tokens <= reference:
+        return rate
+    return rate * reference / float(context_tokens)
 
 
 def learning_request_id() -> str:
@@ -144,9 +155,10 @@ class LearningLoop:
     def wants_judge(self) -> bool:
         return self.settings.judge and not self._closing and self.budget.allows()
 
-    def wants_shadow(self) -> bool:
-        """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate."""
-        rate = self.settings.shadow_rate
+    def wants_shadow(self, context_tokens: float | None = None) -> bool:
+        """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate (less for a
+        context over shadow_reference_tokens: shadow_probability)."""
+        rate = shadow_probability(self.settings, context_tokens)
         return rate > 0 and not self._closing and self._rng.random() < rate and self.wants_judge()
 
     def judge_escalation(self, parent: RequestLedgerEntry, given: JudgeInput, long_answer: str | None) -> None:

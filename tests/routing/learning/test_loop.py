@@ -122,3 +122,35 @@ def test_a_shadow_that_routing_refuses_is_ledgered_with_the_refusals_status(upst
     row = next(r for r in rows(app, "requests") if r["route"] == "shadow")
     assert row["status"] == 413 and "does not fit" in row["error"]
     assert rows(app, "labels") == []
+
+
+def test_the_shadow_rate_falls_with_the_context_over_the_reference():
+    from gateway.routing.learning.loop import shadow_probability
+    from policies.schema import LearningSettings
+
+    flat = LearningSettings(judge=True, shadow_rate=0.05)
+    tied = LearningSettings(judge=True, shadow_rate=0.05, shadow_reference_tokens=16_000)
+    assert (
+        shadow_probability(flat, 128_000) == shadow_probability(tied, 8_000) == shadow_probability(tied, None) == 0.05
+    )
+    assert shadow_probability(tied, 128_000) == pytest.approx(0.05 / 8)  # 8x the tokens: an eighth of the shadows
+    # the expected shadow tokens per accepted answer stay at most rate x reference
+    assert max(shadow_probability(tied, t) * t for t in (1e3, 16e3, 64e3, 1e6)) == pytest.approx(0.05 * 16_000)
+
+
+@pytest.mark.parametrize(("reference", "shadows"), [(10**7, 3), (1, 0)])
+def test_the_live_draw_reads_the_requests_context_tokens(upstream, verifier_file, gateway, reference, shadows):
+    """shadow_rate 1.0: every answer shadowed while its context is under the reference; with a reference of one token
+    the chance is 1 / the context's tokens (seeded draws: none of three here)."""
+    import random
+
+    upstream[1].state.scripted = TRUSTED
+    upstream[1].state.judge_reply = '{"verdict": "as_good"}'
+    policy = learning_policy(upstream[0], verifier_file, shadow_rate=1.0, shadow_reference_tokens=reference)
+    url, app, server = gateway(policy)
+    app.state.gateway.routing.learning._rng = random.Random(0)
+    for i in range(3):
+        ask(url, f"{QUESTION} {i}", documents=[{"text": manual()}])
+    settle(app, server)
+    routes = [r["route"] for r in rows(app, "requests")]
+    assert routes.count("rag") == 3 and routes.count("shadow") == shadows

@@ -52,6 +52,13 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "(--sim-max-token-share or the frozen spend) with no labels, its threshold set from the scores alone",
     )
     replay.add_argument(
+        "--sim-thresholds",
+        choices=["labels", "scores"],
+        default="labels",
+        help="when a refit keeps the verifier in force, its thresholds for the share: chosen on the labels (learn's "
+        "way, default) or set from the scores of every checked answer seen, the refusal rule in force kept",
+    )
+    replay.add_argument(
         "--shadow-reference-tokens",
         type=whole_number("--shadow-reference-tokens"),
         default=None,
@@ -136,6 +143,7 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
                     else policy.routing.learning.shadow_reference_tokens
                 ),
                 control=args.sim_control,
+                thresholds_from=args.sim_thresholds,
                 verifier=verifier,
                 route_model=model,
             )

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.evaluation.refit import (
     MIN_LABELS,
     MIN_ROUTE_LABELS,
+    Checked,
     LabelledAnswers,
     refit_classifier,
     refit_verifier,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 JUDGE_OUTPUT_TOKENS = 12  # {"verdict": "both_wrong"}
 FROZEN_SPEND, IN_FORCE = "frozen-spend", "in-force"  # the escalation share each refit holds (share_rule)
 SHARE_RULES = (FROZEN_SPEND, IN_FORCE)
+LABELS, SCORES = "labels", "scores"  # what sets a kept verifier's thresholds for the share (thresholds_from)
 LEARNING = "learning router"
 FROZEN = "shipped router (frozen)"
 ALWAYS_LONG, ALWAYS_RAG, ORACLE = "always-long", "always-RAG", "oracle"
@@ -216,6 +218,7 @@ def simulate(
     share_rule: str = FROZEN_SPEND,
     shadow_reference_tokens: int | None = None,
     control: bool = False,
+    thresholds_from: str = LABELS,
     verifier: VerifierModel | None = None,
     route_model: RouteModel | None = None,
     min_labels: int = MIN_LABELS,
@@ -233,7 +236,9 @@ def simulate(
     `control`: a budget control beside it, the shipped models with the same share rule applied every `refit_every`
     questions but no labels (no learning legs, no refits): its verifier threshold is set from the score
     distribution alone (refit.threshold_for_share), so what the learning router gains over it is the labels' and
-    what it gains over the frozen router is the spend's and the labels' together."""
+    what it gains over the frozen router is the spend's and the labels' together. `thresholds_from`: when a refit
+    keeps the verifier in force, its thresholds for the share are chosen on the labels (`labels`, learn's way) or set
+    from the scores of every checked answer seen (`scores`: refit.Checked, the refusal rule in force kept)."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -242,6 +247,8 @@ def simulate(
         raise ValueError("the simulation needs a policy with routing.verifier and its threshold")
     if share_rule not in SHARE_RULES:
         raise ValueError(f"share_rule: one of {', '.join(SHARE_RULES)}")
+    if thresholds_from not in (LABELS, SCORES):
+        raise ValueError(f"thresholds_from: {LABELS} or {SCORES}")
     names = list(feature_names or ANSWER_FEATURE_NAMES)
     shipped_refusal = policy.routing.verifier.refusal_threshold
     rng = random.Random(seed)
@@ -273,6 +280,7 @@ def simulate(
     labelled: list[dict[str, Any]] = []  # what the ledger would hold for each labelled cheap answer
     decided: list[tuple[int, float]] = []  # questions the classifier decided (no rule): index, P(cheap) in force
     seen_cheap: list[int] = []  # questions the pre-route sent to the checked cheap route
+    seen_decisions: list[RouteDecision] = []  # the learning router's decision of each
     frozen_escalations = 0
     live_escalations = 0  # the learning router's, on the seen cheap-routed questions
     long_tokens_seen = 0  # of the long legs those questions would need
@@ -315,6 +323,7 @@ def simulate(
         checked = learning_check.applies(decision) and decision.route == RAG
         if checked:
             seen_cheap.append(index)
+            seen_decisions.append(decision)
             frozen_escalations += outcomes[FROZEN].route == FALLBACK
             long_cost_seen += leg_cost(shadow_leg(item), prices)
             long_tokens_seen += shadow_leg(item).prompt_tokens + shadow_leg(item).output_tokens
@@ -424,8 +433,21 @@ def simulate(
             if verifier_now is not None
             else [scores[entry["index"]] for entry in labelled]
         )
+        every_checked = None
+        if thresholds_from == SCORES:
+            every_checked = Checked(
+                [scores[i] for i in seen_cheap], [questions[i].item.rag_refused for i in seen_cheap], seen_decisions
+            )
         refit = refit_verifier(
-            data, in_force, learn_policy, feature_names=names, estimator=estimator, folds=folds, seed=seed, share=target
+            data,
+            in_force,
+            learn_policy,
+            feature_names=names,
+            estimator=estimator,
+            folds=folds,
+            seed=seed,
+            share=target,
+            checked=every_checked,
         )
         if refit.action == "model":
             verifier_now = refit.model

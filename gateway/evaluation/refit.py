@@ -66,6 +66,17 @@ class LabelledAnswers:
 
 
 @dataclass
+class Checked:
+    """Every checked cheap answer of the period, labelled or not (the ledger records them all): the model in force's
+    P(good), whether it refused, its decision. With it a refit that keeps the model in force sets the thresholds for
+    the share from the score distribution (threshold_for_share) instead of choosing them on the labels."""
+
+    scores: list[float]
+    refused: list[bool]
+    decisions: list[RouteDecision]
+
+
+@dataclass
 class Blend:
     """Shipped paired lines added to every refit's training data (never scored): features for both models."""
 
@@ -277,6 +288,7 @@ def refit_verifier(
     blend: Blend | None = None,
     blend_weight: float = 1.0,
     card: dict[str, Any] | None = None,
+    checked: Checked | None = None,
 ) -> VerifierRefit:
     """The verifier's refit against the model in force (`in_force_scores`: its P(good) of the labelled answers)."""
     import numpy as np
@@ -325,6 +337,24 @@ def refit_verifier(
         }
         out.action, out.thresholds, out.model = "model", new, model
         out.decision = f"refit is better by {new.quality - now.quality:+.2f} points"
+    elif share is not None and checked is not None:
+        # no better model: the labels choose no thresholds either (chosen on the same few labels they would fit their
+        # noise); the share is held on every checked answer's P(good), the refusal rule in force kept
+        refusal = _refusal_in_force(policy)
+        threshold = threshold_for_share(policy, checked.scores, checked.refused, checked.decisions, target)
+        pick = with_verifier_thresholds(policy, threshold, refusal)
+        escalated = escalations(pick, in_force_scores, data.refused, data.decisions())
+        out.action = "thresholds"
+        out.thresholds = Thresholds(
+            threshold,
+            refusal,
+            weighted_quality(escalated, data.labels, data.weights),
+            sum(w for e, w in zip(escalated, data.weights) if e) / total,
+        )
+        out.decision = (
+            f"kept the verifier in force (the refit gains {out.gain_points:+.2f} points, < {MIN_GAIN_POINTS}); "
+            f"its threshold for {target:.1%} of the checked answers from their scores"
+        )
     elif share is not None or now.quality >= recorded + MIN_GAIN_POINTS:
         out.action, out.thresholds = "thresholds", now
         out.decision = (

@@ -4,6 +4,7 @@ escalations and shadows, refits, learning legs paid, the live decision functions
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -268,3 +269,37 @@ def test_a_reference_token_count_shadows_long_contexts_less_as_the_live_loop_doe
     assert tied.total[LEARNING]["learning_cost_usd"] < flat.total[LEARNING]["learning_cost_usd"]
     same = simulate(stream(), POLICY, PRICES, feature_names=names, shadow_reference_tokens=5000, **common)
     assert same.labels == flat.labels  # at or under the reference: shadow_rate itself
+
+
+def test_scores_set_a_kept_verifiers_thresholds_when_asked():
+    """thresholds_from="scores": a refit that keeps the verifier sets its threshold from every checked answer's score
+    for the share (refit.Checked), never from the labels, and keeps the refusal rule in force (only a refit model that
+    wins out of fold brings its own); learn's way re-chooses the refusal threshold on the labels at once."""
+    rng = random.Random(3)
+    questions = []
+    for i in range(1200):
+        refused = i % 5 == 0
+        item = question(i, not refused, {"context_tokens": 5000.0}, 0.5, verifier_score=0.6 + 0.3 * rng.random())
+        item = replace(item, rag_refused=refused)
+        questions.append(SimQuestion(item, {"ans_support_passages": rng.random(), "ans_refusal": 0.0}))
+    policy = POLICY.model_copy(deep=True)
+    assert policy.routing.verifier is not None
+    policy.routing.verifier.threshold, policy.routing.verifier.refusal_threshold = 0.0, 0.3
+    common = dict(shadow_rate=0.1, judge_noise=0.0, refit_every=100, window=300, after=600, max_token_share=0.5)
+    names = ["ans_support_passages", "ans_refusal"]
+    labels = simulate(questions, policy, PRICES, feature_names=names, **common)
+    scores = simulate(questions, policy, PRICES, feature_names=names, thresholds_from="scores", **common)
+    assert labels.refits[0]["verifier"] == "thresholds" and labels.refits[0]["refusal_threshold"] > 0.9
+    refusal, before_a_model = 0.3, []
+    for refit in scores.refits:
+        if refit["verifier"] == "thresholds":
+            assert refit["refusal_threshold"] == refusal  # the rule in force
+            if refusal == 0.3:
+                before_a_model.append(refit)
+        refusal = refit["refusal_threshold"]
+    assert before_a_model
+    for refit in before_a_model:  # the shipped scores: the threshold escalates the share asked of every answer
+        below = sum(q.item.verifier_score < refit["threshold"] for q in questions) / len(questions)  # type: ignore[operator]
+        assert abs(below - refit["target_share"]) < 0.05 and refit["target_share"] > 0.1
+    with pytest.raises(ValueError, match="thresholds_from"):
+        simulate(questions, policy, PRICES, feature_names=names, thresholds_from="x", **common)

@@ -69,3 +69,20 @@ def test_without_labels_the_threshold_holds_a_share_refusals_spending_first():
     # the policy's own refusal rule off (0): the threshold alone spends the share
     threshold = threshold_for_share(POLICY, scores, data.refused, decisions, 0.3)
     assert sum(escalations(with_verifier_thresholds(POLICY, threshold, 0.0), scores, data.refused, decisions)) == 60
+
+
+def test_with_every_checked_answer_a_kept_verifier_takes_the_scores_threshold_for_the_share():
+    from gateway.evaluation.refit import Checked, threshold_for_share
+
+    data, scores = answers()
+    policy = POLICY.model_copy(deep=True)
+    assert policy.routing.verifier is not None
+    policy.routing.verifier.refusal_threshold = 0.2
+    rng = random.Random(1)
+    every = Checked([rng.random() for _ in range(1000)], [i % 4 == 0 for i in range(1000)], data.decisions() * 5)
+    refit = refit_verifier(data, scores, policy, feature_names=["ans_support_passages"], share=0.3, checked=every)
+    assert refit.action == "thresholds" and refit.thresholds is not None
+    assert refit.thresholds.refusal_threshold == 0.2  # the labels would escalate every refusal (1.0): not asked
+    assert refit.thresholds.threshold == threshold_for_share(policy, every.scores, every.refused, every.decisions, 0.3)
+    labels = refit_verifier(data, scores, policy, feature_names=["ans_support_passages"], share=0.3)
+    assert labels.thresholds is not None and labels.thresholds.refusal_threshold == 1.0

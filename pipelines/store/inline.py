@@ -31,7 +31,7 @@ from pipelines.store import filters
 from pipelines.store.lance_errors import dropped, storage_failed
 from pipelines.store.locks import KeyedLocks
 from pipelines.store.names import INLINE_PREFIX, content_hash, is_inline
-from pipelines.store.pending import CLOSE_TIMEOUT_S, MAX_PENDING, PendingInline
+from pipelines.store.pending import CLOSE_TIMEOUT_S, MAX_PENDING, MAX_PENDING_PER_KEY, PendingInline
 from pipelines.store.tables import DOCS, PRIMARY_KEY, compact, upsert
 
 if TYPE_CHECKING:
@@ -65,6 +65,8 @@ class InlineCollections:
         self._secret: bytes | None = None
         self._secret_lock = threading.Lock()
         self._pending: dict[str, PendingInline] = {}  # inline collections embedded in the background, by name
+        # first passes being made (their documents chunked) right now, by name: they hold a slot under the caps
+        self._reserved: dict[str, KeyScope] = {}
         self._pending_lock = threading.Lock()
         self._making = KeyedLocks()  # per inline collection: its documents chunked once for the first pass
         self._closed = False
@@ -135,14 +137,27 @@ class InlineCollections:
         with self._making.hold(name):  # twenty first questions at once: one chunking, one background ingestion
             with self._pending_lock:
                 found = self._pending.get(name)
-                if found is not None or self._closed or len(self._pending) >= MAX_PENDING:
+                if found is not None or self._closed or not self._room(scope):
                     return found
-            made = PendingInline(self, name, docs, scope)  # chunking: outside the registry's lock
+                # the slot is taken now, not once chunked: twenty new document sets at once must not all pass
+                self._reserved[name] = scope
+            try:
+                made = PendingInline(self, name, docs, scope)  # chunking: outside the registry's lock
+            finally:
+                with self._pending_lock:
+                    del self._reserved[name]
             with self._pending_lock:
                 if self._closed:
                     return None
                 self._pending[name] = made
             return made
+
+    def _room(self, scope: KeyScope) -> bool:
+        """Whether another background ingestion may start for this key (under self._pending_lock): MAX_PENDING in
+        the process, MAX_PENDING_PER_KEY of them for one key, so that one key's many new documents leave the first
+        pass to the others."""
+        scopes = [p.scope for p in self._pending.values()] + list(self._reserved.values())
+        return len(scopes) < MAX_PENDING and scopes.count(scope) < MAX_PENDING_PER_KEY
 
     def finished(self, pending: PendingInline) -> None:
         """A background ingestion ended (done, failed or stopped): later requests read the collection itself, or,

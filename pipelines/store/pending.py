@@ -15,8 +15,9 @@ take the same first pass over the candidates and every chunk embedded so far, af
   documents' chunks, is never taken for complete: the next request starts a new one (upserts: no duplicates).
 - A failed ingestion is logged and forgotten; the request that needs the documents next starts it again.
 - Shutdown (InlineCollections.close) stops them between embedding slices and waits for them.
-- At most MAX_PENDING document sets are embedded in the background per process; past that, a request embeds its
-  documents itself before answering, as before (back-pressure instead of an unbounded queue of documents).
+- At most MAX_PENDING document sets are embedded in the background per process, and MAX_PENDING_PER_KEY of them
+  for one key; past that, a request embeds its documents itself before answering, as before (back-pressure instead
+  of an unbounded queue of documents, and one key's many new documents leave the first pass to other keys).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 16  # inline collections embedded in the background at once, per process
+MAX_PENDING_PER_KEY = 4  # of which one key's (KeyScope): the others keep at least 12 slots
 # the background ingestion embeds at most this many chunks between checks for shutdown: a stop is prompt even on
 # loaded cores, and smaller batches cost MiniLM on a CPU little
 _SLICE_CHUNKS = 16

@@ -170,6 +170,32 @@ def test_first_pass_off_or_too_many_under_way_embeds_before_answering(tmp_path, 
     busy.close()
 
 
+def test_many_new_document_sets_at_once_keep_to_the_caps_and_one_key_leaves_room_for_others(
+    tmp_path, embedder, monkeypatch
+):
+    real_chunking = pending_module.chunk_document
+
+    def slow_chunking(*args, **kwargs):  # every caller is past the cap check before the first one registers
+        time.sleep(0.3)
+        return real_chunking(*args, **kwargs)
+
+    monkeypatch.setattr(pending_module, "chunk_document", slow_chunking)
+    store = DocumentStore(str(tmp_path / "db"), embedder, STORE_SETTINGS)
+    one, two = KeyScope("key-one"), KeyScope("key-two")
+    sets = [[Document(f"note-{i}", f"Harbour note {i}: the crane {i} was serviced.")] for i in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        made = list(pool.map(lambda docs: store.inline_pending(docs, one), sets))
+    assert sum(p is not None for p in made) == pending_module.MAX_PENDING_PER_KEY == len(store.inline._pending)
+    assert store.inline_pending(sets[0], one) is made[0] or made[0] is None  # the same set: the same first pass
+    assert store.inline_pending(sets[0], two) is not None  # another key still gets a first pass
+    # the process's cap holds under a burst of keys too
+    keys = [KeyScope(f"key-{i}") for i in range(3, 23)]
+    with ThreadPoolExecutor(20) as pool:
+        list(pool.map(lambda scope: store.inline_pending(sets[1], scope), keys))
+    assert len(store.inline._pending) == pending_module.MAX_PENDING and not store.inline._reserved
+    store.close()
+
+
 def test_a_question_without_terms_gets_the_chunks_embedded_so_far(store):
     found = ask(store, "???")
     assert found.index == INDEX_PARTIAL and found.hits == []

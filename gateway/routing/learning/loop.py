@@ -83,7 +83,9 @@ class JudgeInput:
 
 class DailyBudget:
     """The learning spend of the current UTC day: the ledger's figure (all replicas), re-read every minute, plus
-    what this process spent since. The check is made before a job starts, so a day can end one job over."""
+    what this process spent since, plus the jobs in flight (begin..end) at the dearest job's cost so far: a job's
+    cost is known only when it ends, and answers arriving meanwhile must not each start one on the same spend. Until
+    a job has ended, one at a time. The check is made before a job starts, so a day can end about one job over."""
 
     def __init__(self, limit_usd: float, read_spend: Callable[[float], float] | None):
         self.limit = limit_usd
@@ -93,6 +95,8 @@ class DailyBudget:
         self._ledger = 0.0
         self._local = 0.0
         self._read_at = 0.0
+        self._in_flight = 0
+        self._dearest: float | None = None  # the most one job (a judge, or a shadow and its judge) cost here
 
     def _refresh(self, now: float) -> None:
         day = int(now // 86400)
@@ -113,7 +117,22 @@ class DailyBudget:
             return self._ledger + self._local
 
     def allows(self) -> bool:
-        return self.spent() < self.limit
+        spent = self.spent()
+        with self._lock:
+            if self._in_flight and self._dearest is None:
+                return False
+            return spent + self._in_flight * (self._dearest or 0.0) < self.limit
+
+    def begin(self) -> None:
+        """A job starts (after `allows`): it counts as in flight until `end`."""
+        with self._lock:
+            self._in_flight += 1
+
+    def end(self, cost_usd: float) -> None:
+        """A job ended, having cost `cost_usd` (which it added itself)."""
+        with self._lock:
+            self._in_flight -= 1
+            self._dearest = max(self._dearest or 0.0, cost_usd)
 
     def add(self, usd: float) -> None:
         with self._lock:
@@ -147,10 +166,18 @@ class LearningLoop:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+    def _spawn(self, work: Coroutine[Any, Any, float]) -> None:
+        self.budget.begin()  # right after the check, with no await between: no other answer checks meanwhile
+        task = asyncio.get_running_loop().create_task(self._job(work))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _job(self, work: Coroutine[Any, Any, float]) -> None:
+        cost = 0.0
+        try:
+            cost = await work
+        finally:
+            self.budget.end(cost)
 
     def wants_judge(self) -> bool:
         return self.settings.judge and not self._closing and self.budget.allows()
@@ -181,7 +208,8 @@ class LearningLoop:
         parent: RequestLedgerEntry,
         given: JudgeInput,
         run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]],
-    ) -> None:
+    ) -> float:
+        """What it cost (its judge's included)."""
         shadow_id = learning_request_id()
         entry = parent.learning_entry(shadow_id, SHADOW, f"shadow long answer of {parent.record.id}")
         try:
@@ -192,14 +220,16 @@ class LearningLoop:
         except (GatewayError, RoutingError, UpstreamError) as exc:  # refused or failed: ledgered, not a 500
             self.record(entry, LearningOutcome(None, exc.message, failure=exc))
             self.budget.add(entry.cost_usd)
-            return
+            return entry.cost_usd
         except Exception as exc:  # never the client's problem: logged and ledgered
             logger.exception("shadow answer of %s failed", parent.record.id)
             self.record(entry, LearningOutcome(500, f"internal error: {type(exc).__name__}: {exc}"))
-            return
+            return 0.0
         self.record(entry, LearningOutcome(200))
         self.budget.add(entry.cost_usd)
-        await self._judge(parent, given, completion_text(completion), LABEL_SHADOW, entry.cost_usd, shadow_id=shadow_id)
+        return entry.cost_usd + await self._judge(
+            parent, given, completion_text(completion), LABEL_SHADOW, entry.cost_usd, shadow_id=shadow_id
+        )
 
     async def _judge(
         self,
@@ -209,7 +239,8 @@ class LearningLoop:
         source: str,
         extra_cost: float,
         shadow_id: str | None = None,
-    ) -> None:
+    ) -> float:
+        """What it cost."""
         judge_id = learning_request_id()
         entry = parent.learning_entry(judge_id, JUDGE, f"judge of {parent.record.id} ({source})")
         judged = {"shadow": shadow_id} if shadow_id is not None else {}  # the shadow answer it judged
@@ -223,11 +254,11 @@ class LearningLoop:
         except (GatewayError, RoutingError, UpstreamError) as exc:  # refused or failed: ledgered, not a 500
             self.record(entry, LearningOutcome(None, exc.message, provenance=judged, failure=exc))
             self.budget.add(entry.cost_usd)
-            return
+            return entry.cost_usd
         except Exception as exc:
             logger.exception("judge of %s failed", parent.record.id)
             self.record(entry, LearningOutcome(500, f"internal error: {type(exc).__name__}: {exc}", provenance=judged))
-            return
+            return 0.0
         verdict = parse_verdict(completion_text(completion))
         cost = entry.calls[-1].cost_usd if entry.calls else 0.0
         if verdict is None:
@@ -244,6 +275,7 @@ class LearningLoop:
             )
             self.record(entry, LearningOutcome(200, note=verdict, provenance=judged, label=label))
         self.budget.add(cost)
+        return cost
 
     async def aclose(self, grace_s: float | None = None) -> None:
         """Start nothing new; wait up to `grace_s` (default shutdown_grace_s) for the work in flight, then cancel the

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -86,6 +87,37 @@ def test_the_daily_budget_stops_shadows(upstream, verifier_file, gateway):
     settle(app, server)
     routes = [r["route"] for r in rows(app, "requests")]
     assert routes.count("shadow") == 1 and routes.count("rag") == 3
+
+
+def test_answers_while_a_shadow_is_in_flight_keep_to_the_daily_budget(upstream, verifier_file, gateway):
+    """Every check used to come before any shadow in flight had its cost counted: six answers while the first
+    shadow waited for the long model started six more shadows, with a budget that allows one."""
+    upstream[1].state.scripted = TRUSTED
+    url, app, server = gateway(
+        learning_policy(upstream[0], verifier_file, long="sleep-30", shadow_rate=1.0, daily_budget_usd=1e-9)
+    )
+    app.state.gateway.routing.learning.shutdown_grace_s = 0.5
+    ask(url, QUESTION, documents=[{"text": manual()}])  # its shadow waits 30 s for the long model
+    with ThreadPoolExecutor(3) as pool:
+        list(pool.map(lambda i: ask(url, f"{QUESTION} {i}", documents=[{"text": manual()}]), range(6)))
+    settle(app, server)
+    routes = [r["route"] for r in rows(app, "requests")]
+    assert routes.count("rag") == 7 and routes.count("shadow") == 1  # cancelled at shutdown, ledgered (503)
+
+
+def test_shadows_in_flight_count_against_the_daily_budget_at_the_dearest_jobs_cost():
+    budget = DailyBudget(1.0, None)
+    assert budget.allows()
+    budget.begin()
+    assert not budget.allows()  # no job's cost known yet: one at a time
+    budget.end(0.3)
+    assert budget.spent() == 0.0 and budget.allows()  # what a job spent is added by the job itself
+    budget.add(0.3)
+    for _ in range(3):
+        budget.begin()
+    assert not budget.allows()  # 0.3 spent + three jobs in flight at 0.3 each: a fourth could end the day over
+    budget.end(0.2)
+    assert budget.allows()  # two in flight: 0.9 at most
 
 
 def test_the_budget_reads_the_days_spend_from_the_ledger_and_resets_each_day():

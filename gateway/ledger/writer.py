@@ -48,6 +48,11 @@ DEAD_LETTER_FILE = "ledger.failed.jsonl"  # where a PostgreSQL ledger's unwritab
 REPLAY_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)  # after a failure: how long until the database is tried again
 SWEEP_INTERVAL_S = 30.0  # how often abandoned in-flight rows are looked for
 CLOSE_TIMEOUT_S = 30.0
+# how long the writer lets finished rows gather before it writes a batch: one SQLite transaction costs ~190 us of CPU
+# a row when it holds one row and ~80 us when it holds 16 or more (the in-process figures in BENCHMARKS.md section 1,
+# round six). Nobody waits on it: a request's spend is held by its in-flight row until its finished row replaces it,
+# and flush() and close() cut the wait short
+WRITE_WINDOW_S = 0.01
 _RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
 
 
@@ -67,6 +72,7 @@ class Ledger:
         retry_delays: tuple[float, ...] = RETRY_DELAYS,
         replay_backoff: tuple[float, ...] = REPLAY_BACKOFF_S,
         close_timeout: float = CLOSE_TIMEOUT_S,
+        write_window: float = WRITE_WINDOW_S,
     ):
         self.location: str | Path = location if is_postgres(location) else Path(location)
         self.path: Path | None = None if is_postgres(location) else Path(location)
@@ -81,6 +87,8 @@ class Ledger:
         self._close_timeout = close_timeout
         self._errors, self._transient = database_error_types()
         self._batch_size = batch_size
+        self._write_window = write_window
+        self._wake = threading.Event()  # set by flush() and close(): the writer stops gathering and writes now
         # SimpleQueue: a put on the request path is one C call, no Condition to notify
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # reservations waiting for the reserver thread (reserve_soon): (prepare, future), None to stop
@@ -313,6 +321,7 @@ class Ledger:
         if self._thread is None:  # nobody started the writer yet: the marker would wait out the timeout
             self.start()
         self._queue.put(_FlushMarker(done))
+        self._wake.set()
         done.wait(timeout)
 
     def close(self) -> None:
@@ -322,6 +331,7 @@ class Ledger:
         thread = self._thread
         if thread is not None:
             self._queue.put(None)
+            self._wake.set()
             thread.join(timeout=self._close_timeout)
             self._thread = None
             if thread.is_alive():
@@ -596,6 +606,7 @@ class Ledger:
 
     def _run(self) -> None:
         conn = None
+        backlog = False  # the last batch was full: more are waiting, no reason to gather
         try:
             while True:
                 try:
@@ -603,6 +614,10 @@ class Ledger:
                 except queue.Empty:
                     conn = self._maintain(conn)
                     continue
+                if self._write_window > 0 and not backlog and not self._wake.is_set():
+                    # let the rows of the next few milliseconds join this one's transaction (WRITE_WINDOW_S)
+                    self._wake.wait(self._write_window)
+                self._wake.clear()
                 batch: list[RequestRecord] = []
                 markers: list[_FlushMarker] = []
                 stop = False
@@ -619,6 +634,7 @@ class Ledger:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
+                backlog = len(batch) >= self._batch_size
                 if batch:
                     self._current = batch
                     conn = self._write(conn, batch)

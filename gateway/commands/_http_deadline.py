@@ -1,16 +1,67 @@
-"""uvicorn's httptools protocol with a deadline on the request head, for `selfroute serve`.
+"""uvicorn's httptools protocol with a deadline on the request head and one socket write per response, for
+`selfroute serve`.
 
 uvicorn times out only idle kept-alive connections (after a response): a client that opens connections and sends
 nothing, or sends its headers a byte at a time, holds each for ever. Here the request line and headers must all
 arrive within HEADER_TIMEOUT_S of the connection opening, or of the previous response on a kept-alive connection;
 else the connection is closed. Module-level (not built per call) so worker processes can unpickle uvicorn's config.
+
+uvicorn writes a response's status line and headers, then its body, in two transport writes: two send() calls and
+two TCP segments for every answer (on loopback the kernel's receive work for both is charged to the sender too). The
+connection's transport here holds what one event-loop iteration writes and sends it in one write at the iteration's
+end (`HeldWrites`): a whole answer leaves in one segment, a stream's events of one iteration together.
 """
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 HEADER_TIMEOUT_S = 10.0  # set by `selfroute serve --header-timeout` in each process
+
+
+class HeldWrites:
+    """A connection's transport that sends what is written during one loop iteration in one write when it ends (or
+    when the connection is closed: nothing written is dropped before close)."""
+
+    __slots__ = ("_transport", "_loop", "_held")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop):
+        self._transport = transport
+        self._loop = loop
+        self._held: list[bytes] | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is None:
+            self._held = [data]
+            self._loop.call_soon(self._send)
+        else:
+            held.append(data)
+
+    def writelines(self, chunks: Any) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def _send(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():  # a client that left gets nothing (uvicorn's writes check too)
+            self._transport.write(held[0] if len(held) == 1 else b"".join(held))
+
+    def close(self) -> None:
+        self._send()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(len(chunk) for chunk in self._held or ())
+
+    def __getattr__(self, name: str) -> Any:  # the rest (pause_reading, get_extra_info, set_protocol, ...) as is
+        return getattr(self._transport, name)
 
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
@@ -31,7 +82,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        super().connection_made(HeldWrites(transport, self.loop))  # type: ignore[arg-type]
         self._arm()
 
     def on_headers_complete(self) -> None:

@@ -128,8 +128,11 @@ def run_gateway(port: int, upstream_port: int, data_dir: str, ledger_url: str | 
         long=fake_route(base, "bench-long"),
         routing=Whole(classifier=None),
     )
+    from gateway.commands._http_deadline import HeaderDeadlineProtocol
+
     app = create_app(Settings(data_dir=Path(data_dir), ledger_url=ledger_url), policy=policy)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    # serve's HTTP protocol (its head deadline, one socket write per answer), as `selfroute serve` runs the gateway
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=HeaderDeadlineProtocol)
 
 
 def cpu_seconds(pid: int) -> float:

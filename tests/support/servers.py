@@ -31,10 +31,12 @@ def _wait_until_ready(app, deadline: float) -> None:
 
 
 @contextmanager
-def serve_app(app, *, startup_timeout: float = 180.0, wait_ready: bool = True):
+def serve_app(app, *, startup_timeout: float = 180.0, wait_ready: bool = True, **options):
     """Yield the base URL (http://127.0.0.1:PORT) of a running server, for a gateway once it is ready (unless
-    wait_ready is false); stop it afterwards."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on")
+    wait_ready is false); stop it afterwards. `options` go to uvicorn.Config (`http=`: a protocol class)."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on", **options
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -105,6 +105,40 @@ class FallbackSettings(_Strict):
     )
 
 
+class RelativeThreshold(_Strict):
+    """The verifier's threshold relative to this deployment's own traffic (gateway.routing.score_window), label-free:
+    a verifier's P(good) ranks cheap answers on a corpus or model it never saw, but its scale moves, so no fixed
+    threshold travels. Per policy and per key, over the key's last `window` checked cheap answers: the candidates are
+    the answers whose P(good) falls in the lowest `pool` x (the window's share of refusals) of the window's scores,
+    and a candidate escalates only while the long tokens escalated in the window stay within `refusal_spend` x the
+    long tokens Self-Route's rule (escalate every refusal) would have spent on the window's refusals. Until the
+    window holds `warm_up` answers the fixed threshold and refusal threshold decide."""
+
+    refusal_spend: float = Field(
+        0.9,
+        gt=0.0,
+        le=10.0,
+        description="escalations' long tokens in the window at most this x the long tokens of the window's refusals "
+        "(1.0: what Self-Route's rule would spend)",
+    )
+    pool: float = Field(
+        1.5,
+        gt=0.0,
+        le=100.0,
+        description="candidates: the answers in the lowest (this x the window's refusal share) of its P(good)",
+    )
+    window: int = Field(1000, ge=10, le=100_000, description="checked cheap answers of the key remembered")
+    warm_up: int = Field(
+        50, ge=1, description="answers in the window before the rule applies (before: the fixed thresholds)"
+    )
+
+    @model_validator(mode="after")
+    def _warm_up_within_window(self) -> RelativeThreshold:
+        if self.warm_up > self.window:
+            raise ValueError(f"warm_up ({self.warm_up}) must not exceed window ({self.window})")
+        return self
+
+
 class VerifierSettings(_Strict):
     model_path: str = Field(
         "builtin:verifier", description="'builtin:verifier' or a verifier .skops path, relative to the policy file"
@@ -129,6 +163,11 @@ class VerifierSettings(_Strict):
         description="request token log-probabilities on the cheap leg (non-streamed answers; providers that "
         "return them) for a verifier that reads ans_logprob_mean/min; the client sees them only "
         "if it asked for them",
+    )
+    relative: RelativeThreshold | None = Field(
+        None,
+        description="a threshold relative to the key's own recent traffic (escalate about what Self-Route would, "
+        "the least-trusted answers first); null: the fixed threshold alone",
     )
 
 

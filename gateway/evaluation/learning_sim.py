@@ -44,7 +44,16 @@ from gateway.evaluation.refit import (
     threshold_for_share,
     with_verifier_thresholds,
 )
-from gateway.evaluation.replay import Leg, Outcome, Prices, ReplayItem, leg_cost, oracle, router_strategy
+from gateway.evaluation.replay import (
+    Leg,
+    Outcome,
+    Prices,
+    ReplayItem,
+    leg_cost,
+    oracle,
+    router_strategy,
+    stream_order,
+)
 from gateway.routing.decision import RouteDecision, Router
 from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.learning.judge import ANSWER_CHARS, JUDGE_PROMPT, PASSAGE_CHARS
@@ -135,22 +144,6 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return self.__dict__.copy()
-
-
-def stream_order(items: Sequence[ReplayItem], seed: int) -> list[int]:
-    """Documents in a seeded random order; each document's questions together, in a seeded order too."""
-    rng = random.Random(seed)
-    by_group: dict[str, list[int]] = {}
-    for index, item in enumerate(items):
-        by_group.setdefault(item.group, []).append(index)
-    groups = sorted(by_group)
-    rng.shuffle(groups)
-    order = []
-    for group in groups:
-        members = by_group[group][:]
-        rng.shuffle(members)
-        order.extend(members)
-    return order
 
 
 def judge_leg(item: ReplayItem) -> Leg:
@@ -263,7 +256,9 @@ def simulate(
     windows: list[dict[str, Any]] = []
     current = {name: Tally() for name in strategies}
     # the budget control: the shipped models (the recorded scores), its verifier threshold re-set from them alone
-    control_run = frozen
+    # its own check: a relative threshold's window (routing.verifier.relative) sees each answer once per strategy
+    control_check = CheapAnswerCheck(policy)
+    control_run = router_strategy(router, True, control_check)
     control_seen: list[tuple[float, bool, RouteDecision]] = []  # its checked cheap answers: score, refused, decision
     control_escalations = 0
     control_thresholds: list[dict[str, Any]] = []
@@ -390,7 +385,8 @@ def simulate(
                 policy, [c[0] for c in control_seen], [c[1] for c in control_seen], [c[2] for c in control_seen], share
             )
             control_policy = with_verifier_thresholds(policy, threshold, shipped_refusal)
-            control_run = router_strategy(Router(control_policy), True, CheapAnswerCheck(control_policy))
+            control_check = CheapAnswerCheck(control_policy, windows=control_check.windows)
+            control_run = router_strategy(Router(control_policy), True, control_check)
             control_thresholds.append({"at": position, "share": share, "threshold": threshold})
         ys = [entry["label"] for entry in labelled]
         if position % refit_every or len(labelled) < min_labels or len(set(ys)) < 2:
@@ -476,7 +472,9 @@ def simulate(
                 p_cheap = RouteModel(route.pipeline).cheap_probabilities([dict(q.item.features) for q in questions])
         if refit.action == "model" or (route is not None and route.action == "model"):
             rescore()
-        learning_router, learning_check = Router(learn_policy), CheapAnswerCheck(learn_policy)
+        # a relative threshold's window goes on across refits, as across a live reload
+        learning_router = Router(learn_policy)
+        learning_check = CheapAnswerCheck(learn_policy, windows=learning_check.windows)
         verifier_settings = learn_policy.routing.verifier
         assert verifier_settings is not None  # with_verifier_thresholds keeps it
         refits.append(

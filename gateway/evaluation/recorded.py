@@ -164,7 +164,9 @@ def replay(requests: Sequence[RecordedRequest], policy: Policy, model=None, veri
         score = scores.get(i)
         if check.verifier is None and policy.routing.verifier is not None:
             score = request.features.get("p_good")  # no model given: the recorded score
-        verdict = check.verdict(decision, bool(request.features.get("refused")), score)
+        # in recorded order, per key: a relative threshold (routing.verifier.relative) reads each key's answers before
+        long_tokens = request.features.get("long_tokens")
+        verdict = check.verdict(decision, bool(request.features.get("refused")), score, request.key_id, long_tokens)
         cost = cheap + (long_cost if verdict.escalate else 0.0)
         out.append(Replayed(request, verdict.outcome, cost, False, decision.probability, score))
     return out

@@ -32,6 +32,7 @@ Choices (documented in `selfroute eval replay --help` too):
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -183,7 +184,9 @@ def router_strategy(
 ) -> Callable[[ReplayItem], Outcome]:
     """The policy's rules and classifier (with the out-of-fold probability); with `fallback`, the cheap
     answer is checked by gateway.routing.escalation exactly as the live gateway checks it (with the
-    policy's verifier when it has one: the item's verifier_score is its P(good))."""
+    policy's verifier when it has one: the item's verifier_score is its P(good)). With a relative threshold
+    (routing.verifier.relative) the check remembers the answers it saw: feed it items in arrival order
+    (`in_stream_order`), one strategy per stream."""
     check = check or CheapAnswerCheck(router.policy)
 
     def choose(item: ReplayItem) -> Outcome:
@@ -194,7 +197,8 @@ def router_strategy(
             return _direct(item)  # no recorded direct answer: nothing to check
         if not fallback:
             return _rag(item)
-        verdict = check.verdict(decision, item.rag_refused, item.verifier_score)
+        # one replay stream is one deployment (one key); the long leg's tokens are what the relative rule charges
+        verdict = check.verdict(decision, item.rag_refused, item.verifier_score, None, item.long_prompt_tokens)
         if verdict.escalate:
             return _fallback(item)
         if verdict.outcome == KEPT_REFUSAL:
@@ -263,6 +267,31 @@ class StrategyResult:
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
+
+
+def stream_order(items: Sequence[ReplayItem], seed: int) -> list[int]:
+    """Documents in a seeded random order; each document's questions together, in a seeded order too."""
+    rng = random.Random(seed)
+    by_group: dict[str, list[int]] = {}
+    for index, item in enumerate(items):
+        by_group.setdefault(item.group, []).append(index)
+    groups = sorted(by_group)
+    rng.shuffle(groups)
+    order = []
+    for group in groups:
+        members = by_group[group][:]
+        rng.shuffle(members)
+        order.extend(members)
+    return order
+
+
+def in_stream_order(items: list[ReplayItem], policy: Policy, seed: int = 0) -> list[ReplayItem]:
+    """The items as one deployment would see them (stream_order) when the policy's check depends on the answers
+    before (routing.verifier.relative); otherwise as given (every other strategy is order-free)."""
+    verifier = policy.routing.verifier
+    if verifier is None or verifier.relative is None:
+        return items
+    return [items[i] for i in stream_order(items, seed)]
 
 
 def evaluate(
@@ -336,6 +365,7 @@ def strategies(
 def run_strategies(
     items: list[ReplayItem], policy: Policy, prices: Prices, verifier_threshold: float | None = None
 ) -> list[StrategyResult]:
+    items = in_stream_order(items, policy)  # a relative threshold reads the answers before each one
     long_tokens, long_cost, long_quality = baseline_totals(items, prices)
     return [
         evaluate(name, fn, items, prices, long_tokens, long_cost, long_quality)

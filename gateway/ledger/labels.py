@@ -88,6 +88,38 @@ def recorded_requests(
     ]
 
 
+def recent_answers(
+    location: str | Path, key_id: str | None, policy: str | None, limit: int
+) -> list[tuple[float, bool, float, bool]]:
+    """The key's last `limit` cheap answers under `policy` that a relative verifier threshold decided, oldest
+    first: (P(good), refused, long tokens charged, escalated), as request_features recorded them (what
+    gateway.routing.score_window starts a key's window from)."""
+    conn = connect(location)
+    try:
+        where = [
+            "r.key_id IS NULL" if key_id is None else "r.key_id = ?",
+            "r.policy IS NULL" if policy is None else "r.policy = ?",
+        ]
+        params: list[Any] = [v for v in (key_id, policy) if v is not None]
+        rows = conn.execute(
+            "SELECT f.data FROM request_features f JOIN requests r ON r.id = f.request_id"
+            f" WHERE {' AND '.join(where)} ORDER BY f.created_at DESC, f.request_id DESC LIMIT ?",
+            (*params, 2 * limit),  # rows that went long or were decided otherwise are skipped below
+        ).fetchall()
+    finally:
+        conn.close()
+    out = []
+    for (data,) in rows:
+        found = json.loads(data)
+        score, tokens = found.get("p_good"), found.get("long_tokens")
+        if score is None or tokens is None:
+            continue
+        out.append((float(score), bool(found.get("refused")), float(tokens), bool(found.get("escalated"))))
+        if len(out) == limit:
+            break
+    return out[::-1]
+
+
 def learning_spend(location: str | Path, since: float) -> float:
     """USD spent on shadow and judge requests since `since`."""
     conn = connect(location)

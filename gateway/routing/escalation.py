@@ -9,6 +9,10 @@ Two rules, chosen by the policy:
   Self-Route's rule unless its P(good) reaches the refusal threshold (routing.verifier.refusal_threshold:
   "the documents do not say" can be the right answer, LaRA's hallu task); null leaves refusals to the
   threshold alone.
+  With routing.verifier.relative, the threshold is relative to the key's own recent traffic
+  (gateway.routing.score_window): once the key's window is warm, a cheap answer escalates when its P(good) is among
+  the window's lowest (pool x the window's refusal share) and its long leg fits in refusal_spend x the long tokens
+  Self-Route's rule would have spent on the window's refusals; the fixed thresholds decide until then.
 
 The live path (plain and streaming, rag and direct answers) and the offline replay
 (gateway.evaluation.replay) all call `CheapAnswerCheck.verdict`, so the replay measures exactly the rule
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.routing.decision import VERSION_CHARS, RouteDecision, missing
+from gateway.routing.score_window import History, InForce, ScoreWindows, Seen
 from pipelines.unanswerable import UnanswerableDetector
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import FallbackSettings, Policy
@@ -47,6 +52,8 @@ class Verdict:
     # what the live check read (kept with the request for learning: gateway.routing.learning.features_record)
     features: dict[str, float] | None = field(default=None, compare=False)
     refused: bool | None = None  # the answer said the passages lack the answer
+    threshold: float | None = None  # the verifier threshold this answer was decided with (relative: the key's own)
+    long_tokens: float | None = None  # the long leg's tokens the relative rule charged (None: it did not apply)
 
     def reason(self, decision: RouteDecision) -> str:
         return f"{decision.reason}; {self.note}" if self.note else decision.reason
@@ -70,10 +77,28 @@ class CheapAnswer:
 class CheapAnswerCheck:
     """The policy's check of cheap answers, with its verifier loaded once (gateway.routing.model_files)."""
 
-    def __init__(self, policy: Policy, verifier: VerifierModel | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        verifier: VerifierModel | None = None,
+        history: History | None = None,
+        windows: ScoreWindows | None = None,
+    ):
+        """`history`: a key's recorded answers (the ledger), for a relative threshold's first window of a key;
+        `windows`: the windows of the check this one replaces (a reload, a refit), kept when the relative settings
+        are the same."""
         self.policy = policy
         self.verifier = verifier if policy.routing.verifier is not None else None
         self.detector = UnanswerableDetector(policy.rag.unanswerable_patterns)
+        relative = policy.routing.verifier.relative if policy.routing.verifier is not None else None
+        # per key: one key's traffic never moves another's threshold
+        self.windows = (
+            None
+            if relative is None
+            else windows
+            if windows is not None and windows.settings == relative
+            else ScoreWindows(relative, history)
+        )
 
     @property
     def threshold(self) -> float | None:
@@ -167,18 +192,30 @@ class CheapAnswerCheck:
             return None
         return self.verifier.score(self.features(answer, pre_route_probability, self.needs_embeddings))
 
-    def check(self, decision: RouteDecision, answer: CheapAnswer) -> Verdict:
+    def check(
+        self, decision: RouteDecision, answer: CheapAnswer, key: str | None = None, long_tokens: float | None = None
+    ) -> Verdict:
         """The live path: refusal cue and verifier score of this answer, then `verdict`."""
         if not self.applies(decision):
             return Verdict(False, decision.route)
         features = self.features(answer, decision.probability) if self.verifier is not None else None
         score = self.verifier.score(features) if self.verifier is not None and features is not None else None
         refused = self.detector.is_unanswerable(answer.text)
-        return replace(self.verdict(decision, refused, score), features=features, refused=refused)
+        return replace(self.verdict(decision, refused, score, key, long_tokens), features=features, refused=refused)
 
-    def verdict(self, decision: RouteDecision, refused: bool, score: float | None) -> Verdict:
+    def verdict(
+        self,
+        decision: RouteDecision,
+        refused: bool,
+        score: float | None,
+        key: str | None = None,
+        long_tokens: float | None = None,
+    ) -> Verdict:
         """The rule itself. `refused`: the answer says the passages lack the answer; `score`: the verifier's
-        P(good), or None for the literal rule. The replay calls this with recorded answers' values."""
+        P(good), or None for the literal rule. The replay calls this with recorded answers' values.
+        With the relative rule (routing.verifier.relative), `key` picks the deployment's window and `long_tokens`
+        is what this answer's long leg sends; the answer joins the window once decided, so answers must come in
+        the order they arrived. Without long_tokens the fixed thresholds decide and the window is left alone."""
         if not self.applies(decision):
             return Verdict(False, decision.route)
         threshold = self.threshold
@@ -188,6 +225,49 @@ class CheapAnswerCheck:
             if keep_refusal(self.policy.routing.fallback, decision):
                 return Verdict(False, KEPT_REFUSAL, REFUSAL_KEPT)
             return Verdict(True, FALLBACK, ESCALATED)
+        if self.windows is None or long_tokens is None:
+            return self._fixed(decision, refused, score, threshold)
+        window = self.windows.window(key)
+        with window.lock:  # decide and remember atomically: concurrent answers of a key see each other in order
+            rule = window.in_force()
+            found = (
+                self._fixed(decision, refused, score, threshold)
+                if rule is None
+                else self._relative(decision, refused, score, rule, long_tokens)
+            )
+            window.add(Seen(float(score), bool(refused), float(long_tokens), found.escalate))
+        return replace(found, long_tokens=float(long_tokens))
+
+    def _relative(
+        self, decision: RouteDecision, refused: bool, score: float, rule: InForce, long_tokens: float
+    ) -> Verdict:
+        t = rule.threshold
+        if score < t and long_tokens <= rule.budget_tokens:
+            return Verdict(
+                True,
+                FALLBACK,
+                f"verifier: P(good)={score:.2f} < {t:.2f} (this key's recent answers), escalated to long",
+                score,
+                threshold=t,
+            )
+        if refused:
+            return Verdict(
+                False,
+                KEPT_REFUSAL,
+                f"verifier: refusal kept (P(good)={score:.2f}, relative {t:.2f})",
+                score,
+                threshold=t,
+            )
+        return Verdict(
+            False, decision.route, f"verifier: P(good)={score:.2f}, relative threshold {t:.2f}", score, threshold=t
+        )
+
+    def _fixed(self, decision: RouteDecision, refused: bool, score: float, threshold: float) -> Verdict:
+        """The policy's fixed thresholds (and the relative rule's warm-up)."""
+        found = self._fixed_verdict(decision, refused, score, threshold)
+        return replace(found, threshold=threshold)
+
+    def _fixed_verdict(self, decision: RouteDecision, refused: bool, score: float, threshold: float) -> Verdict:
         if score < threshold:
             return Verdict(True, FALLBACK, f"verifier: P(good)={score:.2f} < {threshold:.2f}, escalated to long", score)
         refusal_threshold = self.refusal_threshold

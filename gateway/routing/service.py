@@ -160,7 +160,7 @@ class RoutingService:
         if checked:
             cheap_text = completion_text(completion)
             verdict, judged = await self.verdict(
-                plan, prepared, route, cheap_text, outcome, take_logprobs(completion, body)
+                plan, prepared, route, cheap_text, outcome, take_logprobs(completion, body), entry.record.key_id
             )
             outcome.reason = verdict.reason(decision)
             if verdict.escalate:
@@ -224,9 +224,10 @@ class RoutingService:
         text: str | None,
         outcome: Outcome,
         logprobs: list[float] | None = None,
+        key: str | None = None,
     ) -> tuple[Verdict, JudgeInput]:
         with tracing.span("selfroute.verify", **{"selfroute.route": route}) as span:
-            found = await self._check_answer(plan, prepared, route, text, outcome, logprobs)
+            found = await self._check_answer(plan, prepared, route, text, outcome, logprobs, key)
             tracing.set_attributes(span, **{"selfroute.escalate": found[0].escalate})
             return found
 
@@ -238,6 +239,7 @@ class RoutingService:
         text: str | None,
         outcome: Outcome,
         logprobs: list[float] | None = None,
+        key: str | None = None,
     ) -> tuple[Verdict, JudgeInput]:
         """The cheap answer's check (gateway.routing.escalation); the verifier's features read the document,
         so they are computed in a worker thread, the literal rule needs no thread hop. The verdict and what it
@@ -245,12 +247,15 @@ class RoutingService:
         check = self.check  # one check for the verdict and its record, whatever a reload swaps in meanwhile
         if not check.reads_whole_answer:
             answer = CheapAnswer(text, plan.context.question)
-            verdict = check.check(plan.decision, answer)
+            verdict = check.check(plan.decision, answer, key)
         else:
 
             def verify() -> tuple[Verdict, CheapAnswer]:
-                answer = self.ready_planner().cheap_answer(plan, prepared, route, text, logprobs)
-                return check.check(plan.decision, answer), answer
+                planner = self.ready_planner()
+                answer = planner.cheap_answer(plan, prepared, route, text, logprobs)
+                # what the long leg would send (a relative threshold charges it against its key's refusal spend)
+                long_tokens = min(plan.context_tokens, planner.long.budget_tokens)
+                return check.check(plan.decision, answer, key, long_tokens), answer
 
             verdict, answer = await anyio.to_thread.run_sync(verify)
         if outcome.features is not None:

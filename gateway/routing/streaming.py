@@ -138,7 +138,9 @@ async def checked(
 ) -> RoutedStream:
     """HOLD the cheap stream, check it, then RELAY it, or ESCALATE to the long stream (or KEEP it when that fails)."""
     held = await _hold(service, request, prepared, route)
-    verdict, judged = await service.verdict(request.plan, prepared, route, held.text, request.outcome)
+    verdict, judged = await service.verdict(
+        request.plan, prepared, route, held.text, request.outcome, key=request.entry.record.key_id
+    )
     request.outcome.reason = verdict.reason(request.plan.decision)
     if not verdict.escalate:
         return _relayed(service, request, prepared, route, held, judged)

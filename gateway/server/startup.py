@@ -24,6 +24,7 @@ from policies.loader import PolicyError, parse_policy
 from policies.schema import Policy
 
 if TYPE_CHECKING:  # both load pyarrow/lancedb/torch: imported by build(), not with the app
+    from gateway.routing.score_window import History
     from pipelines.embedding import Embedder
     from pipelines.store import DocumentStore
 
@@ -84,7 +85,7 @@ class Startup:
         getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
         store = DocumentStore(self.settings.store_uri, embedder, rag)
         router = Router(policy, load_route_model(policy, self.policy_path))
-        check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path))
+        check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path), self.answer_history(policy))
         self.missing_credentials = missing_credentials(policy)  # logged as warnings
         # what the policy's models need in-process loads before readiness too, and only that: the local model's
         # weights (llama-cpp), litellm for a provider it translates; nothing for an OpenAI-compatible upstream
@@ -96,6 +97,26 @@ class Startup:
         self.store = store
         self.routing.attach(RoutePlanner(policy, store, router), check)
         self.ready = True
+
+    def answer_history(self, policy: Policy) -> History:
+        """A key's recorded answers under this policy from the ledger, for a relative verifier threshold's window
+        (gateway.routing.score_window): a restart, a reload or a second worker continues the key's window. A ledger
+        that cannot be read starts the window empty (the fixed thresholds decide until it warms up)."""
+        from gateway.ledger.labels import recent_answers
+        from gateway.routing.score_window import Seen
+
+        location = self.settings.ledger_location
+
+        def history(key: str | None, limit: int) -> list[Seen]:
+            try:
+                return [Seen(*row) for row in recent_answers(location, key, policy.name, limit)]
+            except Exception:  # the window is an optimisation of the threshold, never a reason to fail a request
+                logger.warning(
+                    "reading the ledger's recent answers of a key failed; its window starts empty", exc_info=True
+                )
+                return []
+
+        return history
 
     def build_in_background(self) -> None:
         """build(), for the start-up thread: a failure keeps the process up to say so (503 build_failed)."""
@@ -141,7 +162,12 @@ class Startup:
         policy = current.model_copy(update={"routing": routing})
         try:
             router = Router(policy, load_route_model(policy, self.policy_path))
-            check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path))
+            check = CheapAnswerCheck(
+                policy,
+                load_verifier_model(policy, self.policy_path),
+                self.answer_history(policy),
+                self.routing.check.windows,  # the keys' windows go on
+            )
         except (ModelFileError, OSError, ValueError) as exc:
             raise ReloadError(f"{type(exc).__name__}: {exc}") from exc
         self.routing.use_models(policy, router, check)

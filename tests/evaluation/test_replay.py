@@ -142,3 +142,42 @@ def test_without_a_cache_the_costs_are_the_independent_legs():
     for name, r in with_blocks.items():
         assert r.cost_usd == pytest.approx(without[name].cost_usd)
     assert with_blocks["always-long"].cost_usd == pytest.approx(4 * COLD_NO_CACHE)
+
+
+def test_a_relative_threshold_is_replayed_in_stream_order_by_the_live_check():
+    """routing.verifier.relative: run_strategies feeds each strategy the items in stream_order (one deployment),
+    and the router's figures are the live CheckAnswerCheck's verdicts over that stream."""
+    import random
+
+    from gateway.evaluation.replay import baseline_totals, evaluate, in_stream_order, stream_order
+    from policies.routes import FALLBACK
+    from policies.schema import RelativeThreshold, VerifierSettings
+
+    rng = random.Random(5)
+    items = [
+        dataclasses.replace(
+            item(rng.random(), rng.random(), 0.9, refused=rng.random() < 0.3, verifier=rng.random()),
+            group=f"doc{i // 10}",
+        )
+        for i in range(120)
+    ]
+    relative = policy()
+    relative.routing.verifier = VerifierSettings(
+        threshold=0.0, refusal_threshold=None, relative=RelativeThreshold(window=40, warm_up=10)
+    )
+    fixed = relative.model_copy(deep=True)
+    fixed.routing.verifier.relative = None
+    assert in_stream_order(items, fixed) is items
+    ordered = in_stream_order(items, relative)
+    assert ordered == [items[i] for i in stream_order(items, 0)] != items
+    results = by_name(run_strategies(items, relative, PRICES, verifier_threshold=0.0))
+    strategy = router_strategy(Router(relative), True)
+    manual = iter([strategy(i) for i in ordered])
+    expected = evaluate("x", lambda _: next(manual), ordered, PRICES, *baseline_totals(ordered, PRICES))
+    got = results["rules+classifier+verifier"]
+    assert got.quality == pytest.approx(expected.quality) and got.route_shares == expected.route_shares
+    # warm, the window escalated about its refusal share (0.3) x refusal_spend (0.9) of least-trusted answers
+    assert 0.15 < got.route_shares.get(FALLBACK, 0) < 0.3
+    # at the fixed threshold 0.0 (refusal rule off) nothing escalates
+    fixed_router = by_name(run_strategies(items, fixed, PRICES, 0.0))["rules+classifier+verifier"]
+    assert fixed_router.route_shares.get(FALLBACK, 0) == 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import time
 
-from gateway.ledger.labels import LabelStore, learning_spend, recorded_requests
+from gateway.ledger.labels import LabelStore, learning_spend, recent_answers, recorded_requests
 from gateway.ledger.records import LabelRecord, RequestRecord
 from gateway.ledger.writer import Ledger
 
@@ -79,3 +79,39 @@ def test_feedback_on_a_long_answer_is_no_label_for_the_cheap_one(tmp_path):
     store.close()
     [r1] = recorded_requests(location)
     assert r1.label() is None
+
+
+def test_recent_answers_are_the_keys_own_under_the_policy_oldest_first(ledger_location, tmp_path):
+    """What a relative verifier threshold's window starts from (gateway.routing.score_window): only rows that rule
+    decided (p_good and long_tokens recorded), of this key and policy, the last `limit` of them."""
+    ledger = Ledger(ledger_location, dead_letter_dir=tmp_path)
+    now = time.time()
+
+    def answer(i, escalated=False, refused=False, **extra):
+        return {
+            "version": 1,
+            "p_good": i / 10,
+            "refused": refused,
+            "escalated": escalated,
+            "long_tokens": 100.0 + i,
+            **extra,
+        }
+
+    for i in range(5):
+        ledger.submit(_record(f"a{i}", "rag", 0.001, now + i, answer(i, escalated=i == 3, refused=i == 1)))
+    ledger.submit(_record("b0", "rag", 0.001, now + 5, answer(9), key="k_b"))  # another key
+    ledger.submit(_record("n0", "rag", 0.001, now + 6, {"version": 1, "p_good": 0.5}))  # no long_tokens: fixed rule
+    other = _record("o0", "rag", 0.001, now + 7, answer(8))
+    other.policy = "other"
+    ledger.submit(other)
+    ledger.flush()
+    ledger.close()
+    assert recent_answers(ledger_location, "k_a", "p", 3) == [
+        (0.2, False, 102.0, False),
+        (0.3, False, 103.0, True),
+        (0.4, False, 104.0, False),
+    ]
+    assert recent_answers(ledger_location, "k_a", "p", 10)[1] == (0.1, True, 101.0, False)
+    assert recent_answers(ledger_location, "k_b", "p", 10) == [(0.9, False, 109.0, False)]
+    assert recent_answers(ledger_location, None, "p", 10) == []
+    assert recent_answers(ledger_location, "k_a", "other", 10) == [(0.8, False, 108.0, False)]

@@ -40,18 +40,22 @@ def add_verdict(
     record: dict[str, Any], verdict: Verdict, threshold: float | None, model: str | None = None
 ) -> dict[str, Any]:
     """The check's part: what the verifier read, its score, its version (CheapAnswerCheck.model_version) and the
-    outcome."""
+    outcome. The threshold is the one the answer was decided with (a relative threshold's value for this key, else
+    the policy's); `long_tokens`, what a relative threshold charged the answer's long leg (its key's window reads it
+    back at start-up: gateway.ledger.labels.recent_answers)."""
     record.update(
         {
             "verifier_features": verdict.features,
             "p_good": verdict.score,
-            "verifier_threshold": threshold,
+            "verifier_threshold": verdict.threshold if verdict.threshold is not None else threshold,
             "verifier_model": model,
             "refused": verdict.refused,
             "escalated": verdict.escalate,
             "outcome": verdict.outcome,
         }
     )
+    if verdict.long_tokens is not None:
+        record["long_tokens"] = verdict.long_tokens
     return record
 
 

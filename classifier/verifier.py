@@ -49,8 +49,8 @@ TRANSFER_FEATURE_NAMES: list[str] = [
     for n in ANSWER_FEATURE_NAMES
     if n not in STYLE_FEATURES and n not in SUPPORT_FEATURES and n not in PORTABLE_SIGNALS
 ]
-# ... with the answer's support in the passages in embedding space (an embedding pass over every answer and its
-# passages: live a few milliseconds per answer, offline hours on two loaded cores for LaRA's 9,939 answers)
+# ... with the answer's support in the passages in embedding space (the answer and its sentences embedded, the chunks
+# sent read from the store as ingestion embedded them: gateway.routing.answer_support)
 TRANSFER_SUPPORT_FEATURE_NAMES: list[str] = TRANSFER_FEATURE_NAMES + list(SUPPORT_FEATURES)
 # Features whose effect on P(good) reverses between L-Eval and LaRA-128k (gain-weighted AUC of the feature alone on
 # each corpus, BENCHMARKS.md section 4 "What transfers, round five"): the answer restating the question (0.30 on
@@ -62,11 +62,14 @@ SIGN_FLIP_FEATURES = ("ans_query_overlap", "ret_top_score")
 PORTABLE_FEATURE_NAMES: list[str] = [n for n in TRANSFER_FEATURE_NAMES if n not in SIGN_FLIP_FEATURES] + list(
     PORTABLE_SIGNALS
 )
+# PORTABLE_FEATURE_NAMES with the answer's support in embedding space (BENCHMARKS.md section 4, "Round six")
+PORTABLE_SUPPORT_FEATURE_NAMES: list[str] = PORTABLE_FEATURE_NAMES + list(SUPPORT_FEATURES)
 # --features of selfroute train --verifier and eval replay: name -> feature names (None: the policy's verifier's)
 FEATURE_SETS: dict[str, list[str]] = {
     "transfer": TRANSFER_FEATURE_NAMES,
     "transfer+support": TRANSFER_SUPPORT_FEATURE_NAMES,
     "portable": PORTABLE_FEATURE_NAMES,
+    "portable+support": PORTABLE_SUPPORT_FEATURE_NAMES,
     "all": [n for n in ANSWER_FEATURE_NAMES if n != "pre_route_probability"],
 }
 

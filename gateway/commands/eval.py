@@ -138,13 +138,14 @@ def register(subparsers, parents) -> None:
     )
     replay.add_argument(
         "--features",
-        choices=["card", "transfer", "transfer+support", "portable", "all"],
+        choices=["card", "transfer", "transfer+support", "portable", "portable+support", "all"],
         default="card",
         help="the features a refitted verifier reads: card (default) = the policy's verifier's; "
         "transfer = classifier.verifier.TRANSFER_FEATURE_NAMES; transfer+support = with the "
         "answer's support in embedding space; portable = PORTABLE_FEATURE_NAMES (without the features "
         "whose effect reverses between corpora, with the signals that hold on every corpus and model "
-        "measured; with --verifier-estimator logistic); all = every answer feature",
+        "measured; with --verifier-estimator logistic); portable+support = it with the answer's support "
+        "in embedding space; all = every answer feature",
     )
     replay.add_argument(
         "--importance",

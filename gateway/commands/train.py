@@ -104,14 +104,16 @@ def register(subparsers, parents) -> None:
     )
     verifier.add_argument(
         "--features",
-        choices=["transfer", "transfer+support", "portable", "all"],
+        choices=["transfer", "transfer+support", "portable", "portable+support", "all"],
         default="transfer",
         help="transfer (default): classifier.verifier.TRANSFER_FEATURE_NAMES, without the features "
         "that learn a corpus's or model's style; transfer+support: with the answer's support in "
-        "the passages in embedding space (embeds every answer and its passages once, cached); "
+        "the passages in embedding space (embeds every answer and its sentences once, cached; the "
+        "chunks sent are read from the store as ingestion embedded them); "
         "portable: PORTABLE_FEATURE_NAMES, without the features whose effect reverses between "
         "corpora and with the signals that hold on every corpus and model measured (measured with "
-        "--estimator logistic); all: every answer feature",
+        "--estimator logistic); portable+support: it with the answer's support in embedding space; "
+        "all: every answer feature",
     )
     verifier.add_argument(
         "--window-tokens",

@@ -225,7 +225,7 @@ class RouteInputBuilder:
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude=excluded)
         settings = (
             retrieval_settings
-            if part in ("retrieval", "passages", "hits")
+            if part in ("retrieval", "passages", "hits", "sent")
             else [self.policy.long_context.model_dump(mode="json"), self.window]
         )
         payload = [CACHE_VERSION, part, example.query, [(d.id, self._hash(d)) for d in example.documents], settings]
@@ -299,6 +299,27 @@ class RouteInputBuilder:
             return [p.text for p in retrieval.passages]
 
         return self._cached(self._key(example, "passages"), compute)
+
+    def sent_vectors(self, example: Example):
+        """The store's vectors of the chunks the RAG route places in the cheap prompt, one row each (what the live
+        check reads: gateway.routing.answer_support.sent_chunk_vectors); which chunks is cached like the passages,
+        the vectors are read from the store. None when no chunk was sent."""
+        import numpy as np
+
+        from gateway.routing.answer_support import stored_chunk_vectors
+
+        def compute() -> dict:
+            retrieval = self.rag.retrieve_for(self._request(example))
+            chunks = [[c.chunk.doc_id, int(c.chunk.position)] for c in retrieval.selected]
+            return {"collection": retrieval.collection, "chunks": chunks}
+
+        sent = self._cached(self._key(example, "sent"), compute)
+        if not sent["chunks"]:
+            return None
+        vectors = stored_chunk_vectors(self.store, sent["collection"], [(d, p) for d, p in sent["chunks"]])
+        if any(v is None for v in vectors):
+            raise ValueError(f"the store under --data-dir lacks chunks sent for {example.query[:60]!r}: re-run it")
+        return np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
 
     def retrieval_inputs(self, example: Example) -> dict[str, float] | None:
         """The retrieval signals of the pass that chose the passages (gateway.routing.answer_support.retrieval_inputs,
@@ -389,6 +410,9 @@ class CorpusInputs:
 
     def retrieval_inputs(self, example: Example):
         return self.builder(example).retrieval_inputs(example)
+
+    def sent_vectors(self, example: Example):
+        return self.builder(example).sent_vectors(example)
 
     def document_index(self, example: Example):
         return self.builder(example).document_index(example)

@@ -61,6 +61,8 @@ class CachedEmbed:
                 ).fetchall()
                 self._memory.update(rows)
             missing = [k for k in missing if k not in self._memory]
+        # short texts together: a batch pads to its longest text (answers' sentences are a few words, passages hundreds)
+        missing.sort(key=lambda k: len(keys[k]))
         for start in tqdm(
             range(0, len(missing), batch), desc="embedding answers and passages", unit="batch", disable=not progress
         ):
@@ -79,13 +81,19 @@ class CachedEmbed:
         return np.stack([np.frombuffer(self._memory[self._key(t)], dtype=np.float32) for t in texts])
 
 
-def _collect(texts: list[str]):
-    """An embedding function that only records what it is asked (to prefetch it in batches first)."""
+def _given(vectors):
+    """The vectors already read, as CheapAnswer.passage_vectors gives them (a function, read when needed live)."""
+    return lambda: vectors
+
+
+def _collect(texts: list[str], dimension: int = 1):
+    """An embedding function that only records what it is asked (to prefetch it in batches first); its zero rows
+    have the passage vectors' width, when given, so the similarities can be computed."""
     import numpy as np
 
     def embed(batch: list[str]):
         texts.extend(batch)
-        return np.zeros((len(batch), 1), dtype=np.float32)
+        return np.zeros((len(batch), dimension), dtype=np.float32)
 
     return embed
 
@@ -101,6 +109,8 @@ def cheap_answers(
 
     out = []
     for e in tqdm(examples, desc="verifier inputs", disable=not progress, unit="q"):
+        # the support reads the chunks sent as the store holds them (as live), read here once per answer
+        vectors = builder.sent_vectors(e) if embed is not None else None
         out.append(
             CheapAnswer(
                 e.record.get("rag_pred"),
@@ -109,12 +119,15 @@ def cheap_answers(
                 builder.document_index(e),
                 retrieval=builder.retrieval_inputs(e),
                 embed=embed,
+                passage_vectors=_given(vectors) if embed is not None else None,
             )
         )
     if embed is not None:
         texts: list[str] = []
         for a in out:
-            answer_support(a.query, a.text, a.passages, _collect(texts))
+            vectors = a.passage_vectors() if a.passage_vectors is not None else None
+            width = vectors.shape[1] if vectors is not None and vectors.ndim == 2 else 1
+            answer_support(a.query, a.text, a.passages, _collect(texts, width), vectors)
         embed.prefetch(texts, progress=progress)
     return out
 

@@ -14,8 +14,11 @@ import numpy as np
 
 if TYPE_CHECKING:
     from pipelines.rag import Retrieval
+    from pipelines.store import DocumentStore
 
 EmbedFn = Callable[[list[str]], np.ndarray]  # texts -> L2-normalised rows (pipelines.embedding.Embedder.embed_queries)
+# -> the vectors of the passages sent, one row per chunk (sent_chunk_vectors), or None: then the passages' texts are embedded
+VectorsFn = Callable[[], "np.ndarray | None"]
 
 # hits within this many chunks of each other count as one place in the document
 HIT_CLUSTER_CHUNKS = 2
@@ -61,21 +64,66 @@ def retrieval_inputs(question: str, retrieval: Retrieval | None) -> dict[str, fl
     return values
 
 
+def stored_chunk_vectors(
+    store: DocumentStore, collection: str, chunks: Sequence[tuple[str, int]]
+) -> list[np.ndarray | None]:
+    """The vectors the store holds for these chunks ((document id, position) each), read through its in-memory
+    cache of document vectors (pipelines.store.DocumentStore.chunk_vectors); None for a chunk it does not hold
+    (a document still being embedded)."""
+    from pipelines.errors import CollectionNotFound, StoreUnavailable
+
+    ids = sorted({doc for doc, _ in chunks})
+    try:
+        held = store.chunk_vectors(collection, ids) if ids else {}
+    except (CollectionNotFound, StoreUnavailable):  # dropped or unreadable meanwhile: the caller embeds the texts
+        held = {}
+    out: list[np.ndarray | None] = []
+    for doc, position in chunks:
+        found = held.get(doc)
+        out.append(found.vectors[int(position)] if found is not None and 0 <= int(position) < len(found) else None)
+    return out
+
+
+def sent_chunk_vectors(store: DocumentStore, retrieval: Retrieval | None) -> np.ndarray | None:
+    """One row per chunk placed in the cheap prompt (retrieval.selected): the store's vector of that chunk, as
+    ingestion embedded it (no passage is embedded again per answer); a chunk the store does not hold yet is embedded
+    here with the store's model (its vectors equal the stored ones within float tolerance). None without chunks."""
+    if retrieval is None or not retrieval.selected:
+        return None
+    chunks = [c.chunk for c in retrieval.selected]
+    vectors = stored_chunk_vectors(store, retrieval.collection, [(c.doc_id, c.position) for c in chunks])
+    missing = [i for i, v in enumerate(vectors) if v is None]
+    if missing:
+        fresh = store.embedder.embed([chunks[i].text for i in missing])
+        for i, v in zip(missing, fresh):
+            vectors[i] = v
+    return np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
+
+
 def answer_support(
-    question: str, answer: str | None, passages: Sequence[str], embed: EmbedFn | None
+    question: str,
+    answer: str | None,
+    passages: Sequence[str],
+    embed: EmbedFn | None,
+    passage_vectors: np.ndarray | None = None,
 ) -> dict[str, float] | None:
     """Cosine similarities in the embedding model's space: the whole answer against its best passage, each of the
     answer's sentences (pipelines.safety.grounding's splitter) against its best passage (mean and min over the
-    sentences), and the question against its best passage. None without an embedding model, passages or answer."""
+    sentences), and the question against its best passage. The passages: `passage_vectors` when given (the chunks
+    sent, as the store holds them: sent_chunk_vectors), else the texts embedded. None without an embedding model,
+    passages or answer."""
     from pipelines.safety.grounding import split_sentences
 
     passages = [p for p in passages if p and p.strip()]
-    if embed is None or not passages or not answer or not answer.strip():
+    has_vectors = passage_vectors is not None and len(passage_vectors) > 0
+    if embed is None or not (has_vectors or passages) or not answer or not answer.strip():
         return None
     sentences = [answer[a:b] for a, b in split_sentences(answer)][:MAX_SENTENCES] or [answer]
-    vectors = np.asarray(embed([answer, question or answer, *sentences, *passages]), dtype=np.float32)
+    texts = [answer, question or answer, *sentences]
+    vectors = np.asarray(embed(texts if has_vectors else [*texts, *passages]), dtype=np.float32)
     whole, asked = vectors[0], vectors[1]
-    claims, sent = vectors[2 : 2 + len(sentences)], vectors[2 + len(sentences) :]
+    claims = vectors[2 : 2 + len(sentences)]
+    sent = np.asarray(passage_vectors, dtype=np.float32) if has_vectors else vectors[len(texts) :]
     per_sentence = (claims @ sent.T).max(axis=1)
     return {
         "ans_passage_similarity": float((sent @ whole).max()),

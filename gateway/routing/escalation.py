@@ -72,6 +72,9 @@ class CheapAnswer:
     retrieval: dict[str, float] | None = None
     # texts -> normalised vectors (the gateway's embedding model), for the answer's support in the passages
     embed: Callable[[list[str]], Any] | None = None
+    # -> the vectors of the chunks sent, as the store holds them (gateway.routing.answer_support.sent_chunk_vectors),
+    # read only when the verifier needs the support; None: the passages' texts are embedded
+    passage_vectors: Callable[[], Any] | None = None
 
 
 class CheapAnswerCheck:
@@ -168,7 +171,13 @@ class CheapAnswerCheck:
 
         terms, bigrams, numbers = answer.document if answer.document is not None else (None, None, None)
         support = (
-            answer_support(answer.query, answer.text, answer.passages, answer.embed)
+            answer_support(
+                answer.query,
+                answer.text,
+                answer.passages,
+                answer.embed,
+                answer.passage_vectors() if answer.passage_vectors is not None else None,
+            )
             if with_support and answer.embed is not None
             else None
         )

@@ -345,9 +345,10 @@ class RoutePlanner:
             index = self._document_index(documents, plan.documents_key)
         else:
             index = self._collection_index(plan.context.collection) if plan.context.collection else None
-        from gateway.routing.answer_support import retrieval_inputs
+        from gateway.routing.answer_support import retrieval_inputs, sent_chunk_vectors
 
         retrieval = retrieval_inputs(plan.context.question, plan.retrieval) if route == RAG else None
+        sent = plan.retrieval if route == RAG else None
         return CheapAnswer(
             text,
             plan.context.question,
@@ -356,6 +357,7 @@ class RoutePlanner:
             logprobs,
             retrieval=retrieval,
             embed=self.store.embedder.embed_queries,
+            passage_vectors=(lambda: sent_chunk_vectors(self.store, sent)) if sent is not None else None,
         )
 
     def estimate_tokens(self, plan: RoutePlan, route: str) -> tuple[int, bool]:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from classifier.answer_features import ANSWER_FEATURE_NAMES, PORTABLE_SIGNALS  # noqa: E402
+from classifier.answer_features import ANSWER_FEATURE_NAMES, PORTABLE_SIGNALS, SUPPORT_FEATURES  # noqa: E402
 from classifier.training import label_from_scores  # noqa: E402
 from classifier.verifier import (  # noqa: E402
     FEATURE_SETS,
@@ -41,7 +41,7 @@ from classifier.verifier import (  # noqa: E402
     split_units,
 )
 from gateway.evaluation.examples import CorpusInputs, corpus_windows, load_corpora  # noqa: E402
-from gateway.evaluation.verification import answer_rows, cheap_answers, protocol_inputs  # noqa: E402
+from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers, protocol_inputs  # noqa: E402
 from policies.loader import load_policy  # noqa: E402
 
 # the sets compared: the shipped one, it without the reversing features, and the portable one
@@ -49,6 +49,11 @@ SETS = {
     "transfer": list(TRANSFER_FEATURE_NAMES),
     "transfer-reversing": [n for n in TRANSFER_FEATURE_NAMES if n not in SIGN_FLIP_FEATURES],
     "portable": list(FEATURE_SETS["portable"]),
+    # with the answer's support in embedding space (an embedding pass over the answers and their sentences, cached
+    # under --data-dir; the chunks sent read from the store): BENCHMARKS.md section 4, "Round six"
+    "portable+support": list(FEATURE_SETS["portable+support"]),
+    "transfer+support": list(FEATURE_SETS["transfer+support"]),
+    "support": list(SUPPORT_FEATURES),
 }
 
 
@@ -89,6 +94,23 @@ def held_out(rows, y, w, rag, lc, splits, names, estimator) -> dict[str, tuple[f
     }
 
 
+def held(builder: CorpusInputs, examples: list) -> list:
+    """The examples whose document set the store holds as an inline collection with its chunks."""
+    store = next(iter(builder.builders.values())).store
+    known: dict[tuple, bool] = {}
+    for e in examples:
+        key = tuple(e.doc_ids)
+        if key not in known:
+            info = store.collection(store.inline_name(e.documents))
+            known[key] = info is not None and info.chunk_count > 0
+    kept = [e for e in examples if known[tuple(e.doc_ids)]]
+    print(
+        f"held only: {len(kept)} of {len(examples)} answers, {sum(known.values())} of {len(known)} document sets",
+        flush=True,
+    )
+    return kept
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, action="append", required=True)
@@ -99,6 +121,13 @@ def main() -> int:
     parser.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     parser.add_argument("--estimators", default="boosting,logistic")
     parser.add_argument("--protocols", default="corpus,model")
+    parser.add_argument("--progress", action="store_true", help="progress bars on stderr")
+    parser.add_argument(
+        "--held-only",
+        action="store_true",
+        help="only the answers whose documents the store under --data-dir holds embedded (no document is embedded "
+        "again: the support reads the chunks sent from the store)",
+    )
     args = parser.parse_args()
     started = time.time()
     policy, _ = load_policy(args.policy)
@@ -109,7 +138,14 @@ def main() -> int:
         corpus_windows(examples, args.window_tokens),
         cache_dir=args.data_dir / "cache",
     )
-    rows = answer_rows(cheap_answers(builder, examples), None, with_support=False)
+    if args.held_only:
+        examples = held(builder, examples)
+    support = any(set(SETS[name]) & set(SUPPORT_FEATURES) for name in args.sets.split(","))
+    embed = CachedEmbed(builder.embedder, args.data_dir / "cache") if support else None
+    answers = cheap_answers(builder, examples, progress=args.progress, embed=embed)
+    if support:
+        print(f"inputs and the support's embedding pass: {time.time() - started:.0f} s", flush=True)
+    rows = answer_rows(answers, None, with_support=support)
     rag = np.asarray([float(e.record["rag_score"]) for e in examples])
     lc = np.asarray([float(e.record["lc_score"]) for e in examples])
     y = np.asarray([label_good(r, c) for r, c in zip(rag, lc)])

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -361,3 +362,30 @@ def test_the_verifiers_threshold_choice_refits_the_pre_route_with_its_own_estima
     missing = write_shipped_policy(tmp_path / "p.yaml", routing={"classifier": {"model_path": "absent.skops"}})
     policy, policy_file = load_policy(missing)
     assert _pre_route_estimator(policy, policy_file, "logistic") == "logistic"
+
+
+def test_train_verifier_with_the_portable_features_and_the_support(verifier_trained, tmp_path):
+    """--features portable+support: the answers and their sentences embedded once and cached by text under the data
+    directory, the chunks sent read from its store; the support is in the rows the verifier was fitted on."""
+    import sqlite3
+
+    from classifier.answer_features import SUPPORT_FEATURES
+    from classifier.verifier import PORTABLE_SUPPORT_FEATURE_NAMES
+    from gateway.evaluation.verification import EMBEDDINGS_FILE
+    from gateway.routing.model_files import load_verifier
+
+    assert PORTABLE_SUPPORT_FEATURE_NAMES[-len(SUPPORT_FEATURES) :] == list(SUPPORT_FEATURES)
+    out = tmp_path / "portable-support.skops"
+    args = ["train", "--verifier", "--data", str(verifier_trained["paired"]), "--out", str(out), "--folds", "3"]
+    rc = main([*args, "--estimator", "logistic", "--features", "portable+support", *verifier_trained["common"]])
+    assert rc == 0
+    verifier = load_verifier(out)
+    assert verifier.feature_names == PORTABLE_SUPPORT_FEATURE_NAMES
+    cache = verifier_trained["common"][verifier_trained["common"].index("--data-dir") + 1]
+    with sqlite3.connect(Path(cache) / "cache" / EMBEDDINGS_FILE) as conn:
+        assert conn.execute("SELECT count(*) FROM vectors").fetchone()[0] > 0
+    # the support was computed for the training rows: a column missing throughout would be dropped by the imputer,
+    # and the score would not move with it
+    base = {n: 0.0 for n in PORTABLE_SUPPORT_FEATURE_NAMES}
+    low, high = ({**base, **{n: v for n in SUPPORT_FEATURES}} for v in (0.1, 0.9))
+    assert verifier.score(low) != verifier.score(high)

@@ -104,3 +104,66 @@ def test_logprobs_are_asked_for_taken_and_hidden_from_a_client_that_did_not_ask(
     kept = {"choices": [{"logprobs": {"content": [{"logprob": -1.0}]}}]}
     assert take_logprobs(kept, {"logprobs": True}) == [-1.0] and kept["choices"][0]["logprobs"] is not None
     assert take_logprobs({"choices": [{"logprobs": None}]}, {}) is None and take_logprobs({}, {}) is None
+
+
+def test_answer_support_reads_the_passage_vectors_given_instead_of_embedding_the_passages():
+    asked = []
+
+    def counting_embed(texts):
+        asked.extend(texts)
+        return fake_embed(texts)
+
+    answer = "The harbour master. A dragon ate them."
+    from_vectors = answer_support(
+        "Who?", answer, ["ignored text"], counting_embed, passage_vectors=np.asarray([[1.0, 0.0]], np.float32)
+    )
+    assert "ignored text" not in asked and len(asked) == 2 + 2  # answer, question, its two sentences
+    assert from_vectors == answer_support("Who?", answer, ["The harbour master keeps the keys."], fake_embed)
+    # vectors alone are enough (no passage texts), an empty array is no passages
+    assert answer_support("Who?", answer, [], fake_embed, np.asarray([[1.0, 0.0]], np.float32)) == from_vectors
+    assert answer_support("Who?", answer, [], fake_embed, np.zeros((0, 2), np.float32)) is None
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from pipelines.embedding import Embedder
+
+    return Embedder()
+
+
+def _example(text: str):
+    from gateway.evaluation.examples import Example
+    from pipelines.documents import Document
+
+    question = "What is the maintenance password for the Zephyr pump?"
+    return Example(
+        question, [Document(id="doc-1", text=text)], "doc-1", {"rag_pred": "x", "rag_score": 1, "lc_score": 0}
+    )
+
+
+def test_the_chunks_sent_are_read_from_the_store_live_and_offline_alike(embedder, tmp_path):
+    """The live check (sent_chunk_vectors over the request's retrieval) and the replay (RouteInputBuilder.sent_vectors,
+    its chunk list cached) read the same stored vectors; they equal the chunks' texts embedded now within float
+    tolerance, and a chunk the store does not hold is embedded."""
+    from gateway.evaluation.examples import RouteInputBuilder
+    from gateway.routing.answer_support import sent_chunk_vectors, stored_chunk_vectors
+    from policies.loader import load_policy
+    from tests.support.routed import manual
+
+    policy, _ = load_policy(None)
+    example = _example(manual())
+    builder = RouteInputBuilder(policy, tmp_path / "lancedb", cache_dir=tmp_path / "cache", embedder=embedder)
+    retrieval = builder.rag.retrieve_for(builder._request(example))
+    chunks = [c.chunk for c in retrieval.selected]
+    assert len(chunks) > 1
+    live = sent_chunk_vectors(builder.store, retrieval)
+    assert live.shape == (len(chunks), embedder.dimension)
+    np.testing.assert_allclose(live, embedder.embed([c.text for c in chunks]), atol=1e-5)
+    np.testing.assert_array_equal(builder.sent_vectors(example), live)
+    again = RouteInputBuilder(policy, tmp_path / "lancedb", cache_dir=tmp_path / "cache", embedder=embedder)
+    np.testing.assert_array_equal(again.sent_vectors(example), live)  # the chunk list from the cache file
+    # a chunk not in the store (a position past the document's end, a collection gone) is embedded
+    assert stored_chunk_vectors(builder.store, retrieval.collection, [(chunks[0].doc_id, 10_000)]) == [None]
+    gone = SimpleNamespace(collection="no-such-collection", selected=retrieval.selected)
+    np.testing.assert_allclose(sent_chunk_vectors(builder.store, gone), live, atol=1e-5)
+    assert sent_chunk_vectors(builder.store, None) is None

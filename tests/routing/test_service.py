@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -603,3 +604,56 @@ def test_cheap_leg_logprobs_behind_the_policy_switch_reach_the_verifier(start, u
     kept = ask(url, QUESTION, documents=documents)
     assert kept.headers["x-selfroute-route"] == "rag"
     assert kept.http_response.json()["choices"][0].get("logprobs") is None  # the client did not ask
+
+
+def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(start, upstream, embedder, tmp_path):
+    """The answer's support in embedding space (SUPPORT_FEATURES) as the live check read it (the ledger's learning
+    record) equals the replay's, whose chunks sent are read from its own store and whose answer embeddings are cached
+    (gateway.evaluation.verification.CachedEmbed), within float tolerance."""
+    import json
+    import sqlite3
+
+    from classifier.answer_features import SUPPORT_FEATURES
+    from classifier.verifier import train_verifier
+    from gateway.evaluation.examples import Example, RouteInputBuilder
+    from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers
+    from gateway.routing.model_files import save_verifier
+    from pipelines.documents import Document
+
+    rng = np.random.default_rng(0)
+    rows = [{n: float(v) for n, v in zip(SUPPORT_FEATURES, rng.random(4))} for _ in range(60)]
+    toy = train_verifier(
+        rows,
+        [int(r["ans_passage_similarity"] > 0.5) for r in rows],
+        [f"d{i % 6}" for i in range(60)],
+        estimator="logistic",
+        feature_names=list(SUPPORT_FEATURES),
+        n_splits=3,
+    ).model
+    path = tmp_path / "support-verifier.skops"
+    save_verifier(toy, path)
+    answer = "The maintenance password is BLUE-HERON-42. It is printed on the pump's lid."
+    upstream[1].state.scripted = answer
+    url, app = start(cheap="cheap-scripted", verifier=str(path))
+    ask(url, QUESTION, documents=[{"text": manual()}])
+    live = None
+    deadline = time.monotonic() + 30
+    while live is None:  # the learning record is written off the request path
+        app.state.gateway.ledger.flush()
+        with sqlite3.connect(app.state.gateway.ledger.path) as conn:
+            found = conn.execute("SELECT data FROM request_features").fetchall()
+        live = json.loads(found[0][0])["verifier_features"] if found else None
+        assert live is not None or time.monotonic() < deadline
+        time.sleep(0.1)
+    example = Example(
+        QUESTION, [Document(id="doc-1", text=manual())], "doc-1", {"rag_pred": answer, "rag_score": 1, "lc_score": 0}
+    )
+    policy = app.state.gateway.routing.policy
+    builder = RouteInputBuilder(policy, tmp_path / "replay-lancedb", window_tokens=16000, embedder=embedder)
+    embed = CachedEmbed(embedder, tmp_path / "vectors")
+    [offline] = answer_rows(cheap_answers(builder, [example], embed=embed))
+    for name in SUPPORT_FEATURES:
+        # float tolerance: the two stores embedded the chunks in batches of other shapes (the gateway's first pass),
+        # and onnxruntime's sums differ in the last digits (measured 7e-5)
+        assert live[name] == pytest.approx(offline[name], abs=5e-4), name
+    assert 0.0 < live["ans_sentence_support_min"] <= live["ans_sentence_support_mean"] <= 1.0

@@ -47,6 +47,8 @@ def parse_policy(text: str, path: str = "<string>") -> Policy:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark else ""
         raise PolicyError(f"{path}{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise PolicyError(f"{path}: invalid YAML: nested too deeply") from None
     if not isinstance(data, dict):
         raise PolicyError(f"{path}:1: a policy must be a YAML mapping")
     try:

@@ -38,6 +38,8 @@ def test_default_policy_runs_locally():
         ("cheap: {model: a, api_key_env: 'sk-abc123 secret'}\nlong: {model: b}\n", "p.yaml:1: cheap.api_key_env"),
         ("cheap: {model: a}\nlong: {model: b}\n  bad indent: [\n", "p.yaml:3: invalid YAML"),
         ("- just\n- a list\n", "p.yaml:1: a policy must be a YAML mapping"),
+        # nested past Python's recursion limit: was a RecursionError (a 500 from POST /v1/admin/reload)
+        ("cheap: " + "[" * 10_000 + "]" * 10_000 + "\n", "p.yaml: invalid YAML: nested too deeply"),
     ],
 )
 def test_errors_name_file_line_and_field(text, expected):

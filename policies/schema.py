@@ -131,6 +131,7 @@ class RelativeThreshold(_Strict):
     warm_up: int = Field(
         50, ge=1, description="answers in the window before the rule applies (before: the fixed thresholds)"
     )
+    source: str | None = Field(None, description="where these settings came from (a benchmark, a calibration)")
 
     @model_validator(mode="after")
     def _warm_up_within_window(self) -> RelativeThreshold:

@@ -5,7 +5,7 @@ each decided by the live check (gateway.evaluation.replay.router_strategy -> Che
 answers before it.
 
     .venv/bin/python tests/benchmarks/bench_relative_threshold.py --items corpus=F1 --items model=F2 \\
-        [--policy policies/default.yaml] [--seeds 0 1 2 3 4] [--grid]
+        [--policy policies/default.yaml] [--seeds 0 1 2 3 4] [--grid] [--unshipped]
 
 F1, F2: the scored items `tests/benchmarks/bench_threshold_frontier.py --items-cache F --protocol corpus|model
 --features portable --verifier-estimator logistic --no-sweep` writes. Printed per rule and unit: quality against the
@@ -33,6 +33,12 @@ def main() -> int:
     parser.add_argument("--policy", type=Path, default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--grid", action="store_true", help="also every relative setting of the exploration")
+    parser.add_argument(
+        "--unshipped",
+        action="store_true",
+        help="also the rules explored but not built: a running P(good) quantile, and a share of refusals without "
+        "the token budget (simulated here, not the live check)",
+    )
     args = parser.parse_args()
     policy, _ = load_policy(args.policy)
     units = {}
@@ -54,7 +60,75 @@ def main() -> int:
                     )
     for name, candidate in rules:
         _report(name, candidate, units, args.seeds)
+    if args.unshipped:
+        verifier = policy.routing.verifier
+        for window in (200, 500, 1000):
+            for q in (0.02, 0.05, 0.1, 0.15):
+                _report_unshipped(f"quantile {q}, window {window}", units, args.seeds, verifier, window, quantile=q)
+            for k in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+                _report_unshipped(f"refusal share x {k}, window {window}", units, args.seeds, verifier, window, k=k)
     return 0
+
+
+def _unshipped(items, order, verifier, window, quantile=None, k=None, warm_up=50):
+    """Escalations of a rule not built into the gateway, in stream order: below the running `quantile` of the last
+    `window` P(good), or below the running (k x refusal share) quantile, no token budget; the fixed thresholds
+    (the policy's) until warm."""
+    import bisect
+    from collections import deque
+
+    seen, ranked, refused, escalate = deque(), [], 0, [False] * len(items)
+    for index in order:
+        item = items[index]
+        s, r = item.verifier_score, item.rag_refused
+        n = len(ranked)
+        if n >= warm_up:
+            share = quantile if quantile is not None else min(1.0, k * refused / n)
+            rank = int(share * n)
+            threshold = (ranked[rank] if rank < n else 2.0) if rank > 0 else 0.0
+            escalate[index] = s < threshold
+        else:
+            escalate[index] = s < verifier.threshold or (
+                r and verifier.refusal_threshold is not None and s < verifier.refusal_threshold
+            )
+        seen.append((s, r))
+        bisect.insort(ranked, s)
+        refused += r
+        if len(seen) > window:
+            old_s, old_r = seen.popleft()
+            del ranked[bisect.bisect_left(ranked, old_s)]
+            refused -= old_r
+    return escalate
+
+
+def _report_unshipped(name, units, seeds, verifier, window, **rule) -> None:
+    from gateway.evaluation.replay import self_route, stream_order
+
+    print(f"== unshipped: {name}")
+    met = [0, 0]
+    for unit, items in units.items():
+        long_tokens = sum(i.long_prompt_tokens for i in items)
+        best = max(sum(i.lc_score for i in items), sum(i.rag_score for i in items)) / len(items)
+        sr = [self_route(i) for i in items]
+        sr_q = sum(o.score for o in sr) / len(items)
+        sr_t = sum(leg.prompt_tokens for o in sr for leg in o.legs) / long_tokens
+        runs = []
+        for seed in seeds:
+            esc = _unshipped(items, stream_order(items, seed), verifier, window, **rule)
+            q = sum(i.lc_score if e else i.rag_score for i, e in zip(items, esc)) / len(items)
+            t = sum(i.rag_prompt_tokens + e * i.long_prompt_tokens for i, e in zip(items, esc)) / long_tokens
+            runs.append((q, t))
+        t1 = all(100 * (q - best) >= -1.0 and t <= 0.3 for q, t in runs)
+        t2 = all(q > sr_q and t <= sr_t for q, t in runs)
+        met[0] += t1
+        met[1] += t2
+        print(
+            f"  {unit}: vs better baseline {min(100 * (q - best) for q, _ in runs):+.2f}..{max(100 * (q - best) for q, _ in runs):+.2f}"
+            f" at tokens {min(t for _, t in runs):.3f}..{max(t for _, t in runs):.3f}; vs Self-Route "
+            f"{min(100 * (q - sr_q) for q, _ in runs):+.2f}..{max(100 * (q - sr_q) for q, _ in runs):+.2f} points, tokens "
+            f"{min(t - sr_t for _, t in runs):+.3f}..{max(t - sr_t for _, t in runs):+.3f}: {int(t1)}{int(t2)}"
+        )
+    print(f"  targets met in every seed: {met[0]} + {met[1]} = {sum(met)} of {2 * len(units)}", flush=True)
 
 
 def _with_relative(policy, settings):

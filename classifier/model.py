@@ -108,9 +108,24 @@ def load_trusted(data: bytes, source: str) -> Any:
     return sio.loads(data, trusted=TRUSTED_TYPES)
 
 
-def model_from_bytes(data: bytes, card: dict[str, Any] | None = None, source: str = "<memory>") -> RouteModel:
-    """A model from skops bytes; refuses types outside TRUSTED_TYPES and models of another feature set."""
-    pipeline = load_trusted(data, source)
+def load_pipeline(data: bytes, source: str, lean: bool = False) -> Any:
+    """The pipeline in skops bytes. `lean` (a serving gateway): the shipped shapes as classifier.lean reads them,
+    scored without importing scikit-learn (the same probabilities); any other pipeline through skops."""
+    if lean:
+        from classifier.lean import read_lean
+
+        pipeline = read_lean(data)
+        if pipeline is not None:
+            return pipeline
+    return load_trusted(data, source)
+
+
+def model_from_bytes(
+    data: bytes, card: dict[str, Any] | None = None, source: str = "<memory>", lean: bool = False
+) -> RouteModel:
+    """A model from skops bytes; refuses types outside TRUSTED_TYPES and models of another feature set. `lean`: see
+    load_pipeline (the model then scores, and cannot be refitted or saved)."""
+    pipeline = load_pipeline(data, source, lean)
     card = card or {}
     names = card.get("feature_names")
     if names is not None and list(names) != FEATURE_NAMES:

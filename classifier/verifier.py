@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from classifier.answer_features import ANSWER_FEATURE_NAMES, MISSING, PORTABLE_SIGNALS, SUPPORT_FEATURES
 from classifier.estimators import VERIFIER, Estimator, build_pipeline
-from classifier.model import ModelFileError, _json_safe, load_trusted, skops_io
+from classifier.model import ModelFileError, _json_safe, load_pipeline, skops_io
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -437,13 +437,14 @@ def verifier_to_bytes(model: VerifierModel) -> tuple[bytes, str]:
 
 
 def verifier_from_bytes(
-    data: bytes, card: dict[str, Any] | str | None = None, source: str = "<memory>"
+    data: bytes, card: dict[str, Any] | str | None = None, source: str = "<memory>", lean: bool = False
 ) -> VerifierModel:
     """A verifier from skops bytes and its card (dict or JSON text). Refuses types outside
-    classifier.model.TRUSTED_TYPES, and a card whose features this version does not compute."""
+    classifier.model.TRUSTED_TYPES, and a card whose features this version does not compute. `lean`: see
+    classifier.model.load_pipeline."""
     parsed: dict[str, Any] | None = json.loads(card) if isinstance(card, str) else card
     meta = dict(parsed or {})
-    pipeline = load_trusted(data, source)
+    pipeline = load_pipeline(data, source, lean)
     names = list(meta.get("feature_names") or ANSWER_FEATURE_NAMES)
     known = set(ANSWER_FEATURE_NAMES) | _pre_route_names()
     unknown = [n for n in names if n not in known]

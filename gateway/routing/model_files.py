@@ -35,10 +35,11 @@ def save_model(model: RouteModel, path: str | Path) -> Path:
     return _write(path, *model_to_bytes(model))
 
 
-def load_model(path: str | Path) -> RouteModel:
-    """Load a model saved by save_model (see classifier.model.model_from_bytes for what is refused)."""
+def load_model(path: str | Path, lean: bool = False) -> RouteModel:
+    """Load a model saved by save_model (see classifier.model.model_from_bytes for what is refused). `lean`: for
+    scoring only, without scikit-learn where the pipeline allows (classifier.model.load_pipeline)."""
     data, card = _read(path, "model")
-    return model_from_bytes(data, card, source=str(path))
+    return model_from_bytes(data, card, source=str(path), lean=lean)
 
 
 def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
@@ -55,12 +56,12 @@ def resolve_model_path(model_path: str, policy_file: Path | None) -> Path:
     return path
 
 
-def load_route_model(policy: Policy, policy_file: Path | None = None) -> RouteModel | None:
-    """The policy's classifier, or None when the policy routes without one."""
+def load_route_model(policy: Policy, policy_file: Path | None = None, lean: bool = False) -> RouteModel | None:
+    """The policy's classifier, or None when the policy routes without one (`lean`: see load_model)."""
     settings = policy.routing.classifier
     if settings is None:
         return None
-    return load_model(resolve_model_path(settings.model_path, policy_file))
+    return load_model(resolve_model_path(settings.model_path, policy_file), lean)
 
 
 def check_policy_files(policy: Policy, policy_file: Path | None = None) -> list[str]:
@@ -69,11 +70,11 @@ def check_policy_files(policy: Policy, policy_file: Path | None = None) -> list[
     Returns one line per problem; empty when the gateway can start with this policy."""
     problems = []
     try:
-        load_route_model(policy, policy_file)
+        load_route_model(policy, policy_file, lean=True)  # as the gateway loads it (no scikit-learn in `serve`)
     except (ModelFileError, ValueError, OSError) as exc:
         problems.append(f"routing.classifier.model_path: {exc}")
     try:
-        load_verifier_model(policy, policy_file)
+        load_verifier_model(policy, policy_file, lean=True)
     except (ModelFileError, ValueError, OSError) as exc:
         problems.append(f"routing.verifier.model_path: {exc}")
     embedding = policy.rag.embedding_model
@@ -94,20 +95,22 @@ def save_verifier(model: VerifierModel, path: str | Path) -> Path:
     return _write(path, *verifier_to_bytes(model))
 
 
-def load_verifier(path: str | Path) -> VerifierModel:
-    """Load a verifier saved by save_verifier (classifier.verifier.verifier_from_bytes says what is refused)."""
+def load_verifier(path: str | Path, lean: bool = False) -> VerifierModel:
+    """Load a verifier saved by save_verifier (classifier.verifier.verifier_from_bytes says what is refused;
+    `lean`: see load_model)."""
     from classifier.verifier import verifier_from_bytes
 
     data, card = _read(path, "verifier")
-    return verifier_from_bytes(data, card, source=str(path))
+    return verifier_from_bytes(data, card, source=str(path), lean=lean)
 
 
-def load_verifier_model(policy: Policy, policy_file: Path | None = None) -> VerifierModel | None:
-    """The policy's answer verifier, or None when the policy keeps the literal-refusal rule."""
+def load_verifier_model(policy: Policy, policy_file: Path | None = None, lean: bool = False) -> VerifierModel | None:
+    """The policy's answer verifier, or None when the policy keeps the literal-refusal rule (`lean`: see
+    load_model)."""
     settings = policy.routing.verifier
     if settings is None:
         return None
-    model = load_verifier(resolve_model_path(settings.model_path, policy_file))
+    model = load_verifier(resolve_model_path(settings.model_path, policy_file), lean)
     if settings.threshold is None and model.threshold is None:
         raise ModelFileError(f"{model.source}: the verifier's card has no threshold; set routing.verifier.threshold")
     return model

@@ -84,8 +84,10 @@ class Startup:
         # first routed request does not load it (seconds) and a ready gateway has every model it needs
         getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
         store = DocumentStore(self.settings.store_uri, embedder, rag)
-        router = Router(policy, load_route_model(policy, self.policy_path))
-        check = CheapAnswerCheck(policy, load_verifier_model(policy, self.policy_path), self.answer_history(policy))
+        router = Router(policy, load_route_model(policy, self.policy_path, lean=True))
+        check = CheapAnswerCheck(
+            policy, load_verifier_model(policy, self.policy_path, lean=True), self.answer_history(policy)
+        )
         self.missing_credentials = missing_credentials(policy)  # logged as warnings
         # what the policy's models need in-process loads before readiness too, and only that: the local model's
         # weights (llama-cpp), litellm for a provider it translates; nothing for an OpenAI-compatible upstream
@@ -161,10 +163,10 @@ class Startup:
         )
         policy = current.model_copy(update={"routing": routing})
         try:
-            router = Router(policy, load_route_model(policy, self.policy_path))
+            router = Router(policy, load_route_model(policy, self.policy_path, lean=True))
             check = CheapAnswerCheck(
                 policy,
-                load_verifier_model(policy, self.policy_path),
+                load_verifier_model(policy, self.policy_path, lean=True),
                 self.answer_history(policy),
                 self.routing.check.windows,  # the keys' windows go on
             )

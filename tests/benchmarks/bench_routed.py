@@ -14,7 +14,8 @@ subprocess. With an instant upstream, a request's latency is the gateway's time.
   model's window is smaller than the document, so units are chosen by relevance), then `explain`;
   every request asks a different question (a repeated question's vector is remembered);
 - rag p50/p99 while another client posts a ~1 MB document to a collection (ingest under way);
-- routed throughput at concurrency 8 (rag route), with 1 worker and with --workers.
+- routed throughput at concurrency 8 (rag route), with 1 worker and with --workers (SQLite ledger), and with one
+  and two replicas on one PostgreSQL ledger (--throughput ... 1-replica-pg 2-replicas-pg).
 """
 
 from __future__ import annotations
@@ -190,6 +191,101 @@ def megabyte_document(min_bytes: int = 1_000_000) -> str:
     return "\n\n".join(parts)
 
 
+THROUGHPUT_SETUPS = ("1-worker", "2-workers", "1-replica-pg", "2-replicas-pg")
+
+
+def throughput(setup: str, policy: Path, work: Path, text: str, args) -> dict:
+    """Routed throughput (rag route, the attached document cached) of one set-up: one `serve` process with 1 or
+    --workers workers on the data directory's SQLite ledger, or 1 or 2 replicas (`serve` processes, one worker
+    each, their own data directories) on one PostgreSQL ledger and one store (--store-uri), the load round-robin
+    over them. Each set-up first caches the document (a request per worker or replica, then 8 per worker), then
+    sends --throughput-requests requests at concurrency 8; the ledger must then hold one row per request."""
+    import os
+
+    from bench_proxy import cpu_seconds
+    from bench_replicas import ledger_rows
+
+    root = work / setup
+    root.mkdir()
+    if setup.endswith("-pg"):
+        from tests.support.engines import start_postgres
+
+        replicas = int(setup[0])
+        server = start_postgres()
+        ledger_url = server.create_database()
+        store = work / "data" / "lancedb"  # the store the first part of the run ingested into
+        procs = []
+        for i in range(replicas):
+            flags = ["--policy", str(policy), "--data-dir", str(root / f"replica-{i}"), "--log-level", "WARNING"]
+            flags += ["--ledger-url", ledger_url, "--store-uri", str(store)]
+            procs.append(ServeProcess(*flags, env=BENCH_ENV, log=root / f"replica-{i}.log"))
+        for proc in procs:
+            proc.wait_ready(timeout=300, in_a_row=5)
+        location: object = ledger_url
+        n_serving = replicas
+    else:
+        server = None
+        workers = 1 if setup == "1-worker" else args.workers
+        # the ingested document, a fresh ledger
+        shutil.copytree(work / "data", root / "data", ignore=shutil.ignore_patterns("ledger.sqlite3*"))
+        procs = [start_gateway(policy, root / "data", workers=workers)]
+        location = root / "data" / "ledger.sqlite3"
+        n_serving = workers
+    urls = [f"{proc.url}/v1/chat/completions" for proc in procs]
+    try:
+        warm = [body(q, text, "rag") for q in questions(8 * n_serving, f"warm {setup}")]
+        asyncio.run(round_robin(urls, warm, 8))
+        load_before = os.getloadavg()[0]
+        cpu_before = [cpu_seconds(proc.process.pid) for proc in procs]
+        bodies = [body(q, text, "rag") for q in questions(args.throughput_requests, f"tp {setup}")]
+        latencies, elapsed = asyncio.run(round_robin(urls, bodies, 8))
+        cpu_ms = sum(cpu_seconds(p.process.pid) - b for p, b in zip(procs, cpu_before)) * 1000 / len(bodies)
+        load_after = os.getloadavg()[0]
+        expected = len(warm) + len(bodies)
+        deadline = time.monotonic() + 60
+        while (rows := ledger_rows(location)) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            proc.stop(timeout=60)
+        if server is not None:
+            server.stop()
+            shutil.rmtree(server.root, ignore_errors=True)
+    return {
+        "setup": f"{args.workers}-workers" if setup == "2-workers" else setup,
+        "req_per_s": len(bodies) / elapsed,
+        "latencies": latencies,
+        "cpu_ms": cpu_ms,
+        "ledger": f"{rows}/{expected}",
+        "load": (load_before, load_after),
+    }
+
+
+async def round_robin(urls: list[str], bodies: list[bytes], concurrency: int) -> tuple[list[float], float]:
+    """timed_posts over several gateways: request i goes to urls[i % len(urls)]."""
+    if len(urls) == 1:
+        return await timed_posts(urls[0], bodies, concurrency)
+    import aiohttp
+
+    latencies: list[float] = []
+    pending = iter(enumerate(bodies))
+
+    async def worker(session):
+        for i, data in pending:
+            started = time.perf_counter()
+            async with session.post(urls[i % len(urls)], data=data, headers={"content-type": "application/json"}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}: {(await r.text())[:300]}")
+            latencies.append((time.perf_counter() - started) * 1000)
+
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return latencies, time.perf_counter() - started
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--doc", required=True, type=Path)
@@ -202,6 +298,14 @@ def main() -> int:
     )
     parser.add_argument("--workers", type=int, default=2, help="workers for the second throughput figure")
     parser.add_argument("--throughput-requests", type=int, default=200)
+    parser.add_argument(
+        "--throughput",
+        nargs="+",
+        default=["1-worker", "2-workers"],
+        choices=THROUGHPUT_SETUPS,
+        help="throughput set-ups: one `serve` with 1 or --workers workers (SQLite ledger), or 1 or 2 replicas on one "
+        "PostgreSQL ledger and one store (tests/support/engines.py starts PostgreSQL)",
+    )
     parser.add_argument("--skip", nargs="*", default=[], choices=["ingest-compare", "during-ingest", "throughput"])
     args = parser.parse_args()
     import multiprocessing
@@ -295,20 +399,14 @@ def main() -> int:
         gateway.stop(timeout=60)
 
     if "throughput" not in args.skip:
-        for workers in (1, args.workers):
-            served = start_gateway(policy, work / "data", workers=workers)
-            try:
-                chat = f"{served.url}/v1/chat/completions"
-                post(chat, [body(q, text, "rag") for q in questions(8 * workers, f"warm {workers}")], 8)
-                latencies, elapsed = post(
-                    chat, [body(q, text, "rag") for q in questions(args.throughput_requests, f"tp {workers}")], 8
-                )
-                print(
-                    f"throughput, rag route, concurrency 8, {workers} worker(s): "
-                    f"{len(latencies) / elapsed:6.1f} req/s   {summary(latencies)}"
-                )
-            finally:
-                served.stop(timeout=60)
+        for setup in args.throughput:
+            row = throughput(setup, policy, work, text, args)
+            print(
+                f"throughput, rag route, concurrency 8, {row['setup']:<24s} {row['req_per_s']:6.1f} req/s   "
+                f"{summary(row['latencies'])}   gateway CPU {row['cpu_ms']:5.1f} ms/req   "
+                f"ledger rows {row['ledger']}   load {row['load'][0]:.1f} -> {row['load'][1]:.1f}",
+                flush=True,
+            )
     upstream.terminate()
     shutil.rmtree(work, ignore_errors=True)
     return 0

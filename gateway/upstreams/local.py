@@ -2,6 +2,11 @@
 
 llama.cpp contexts are not thread-safe, so one lock serialises generation: concurrent requests
 queue on it instead of crashing. Generation runs in worker threads, never on the event loop.
+
+The context (its KV cache: 23 kB per token for SmolLM2-135M, 189 MB at 8,192 tokens, allocated and zeroed whole)
+starts at `initial_n_ctx` and grows, by doubling, the first time a request needs more, up to `n_ctx` (what the
+model accepts, as before): a gateway whose requests are short never holds the full window's cache. Growing
+re-creates the context under the generation lock (the weights are mmap'd: a fraction of a second).
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ logger = logging.getLogger(__name__)
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MAX_TOKENS = 512
+INITIAL_N_CTX = 2048  # the shipped long route's window; a short question and its answer fit it
+# what the chat template adds to the messages' own tokens (the default system prompt, role markers), a bound: the
+# messages are tokenised joined, not as the template writes them
+TEMPLATE_TOKENS, TOKENS_PER_MESSAGE = 64, 8
 _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
@@ -81,8 +90,9 @@ def packaged_smollm2_path() -> Path:
 class LocalModelUpstream:
     """`local/smollm2-135m-instruct` (or `local/<path to .gguf>`) served in-process."""
 
-    def __init__(self, *, n_ctx: int = 8192, n_threads: int | None = None):
-        self._n_ctx = n_ctx
+    def __init__(self, *, n_ctx: int = 8192, n_threads: int | None = None, initial_n_ctx: int = INITIAL_N_CTX):
+        self._n_ctx = n_ctx  # the most a request may use
+        self._initial_n_ctx = min(initial_n_ctx, n_ctx)
         # llama-cpp-python's default is half the cores; generation holds the model lock anyway, so use
         # them all (2 threads ran prompts 1.9x faster than 1 on the 2-core machine)
         self._n_threads = n_threads or os.cpu_count() or 1
@@ -102,23 +112,38 @@ class LocalModelUpstream:
             code="model_not_found",
         )
 
-    def load(self, config: ModelConfig):
+    def load(self, config: ModelConfig, n_ctx: int | None = None):
+        """The file's model, its context at least `n_ctx` tokens (capped at the most a request may use); one model
+        per file, whichever route loads it: a policy's context_window sizes its route's packing, not the model.
+        A larger context replaces the model: call it with the generation lock held (_sized)."""
         path = self._model_path(config)
         with self._load_lock:
             model = self._models.get(str(path))
-            if model is None:
+            wanted = min(max(n_ctx or 0, self._initial_n_ctx), self._n_ctx)
+            if model is None or model.n_ctx() < wanted:
                 from llama_cpp import Llama
 
+                size = self._initial_n_ctx if model is None else model.n_ctx()
+                while size < wanted:
+                    size = min(size * 2, self._n_ctx)
                 started = time.perf_counter()
-                # one context size per file, whichever route loads it first: a policy's context_window sizes
-                # its route's packing, not the shared model (the cheap route may need more than the long)
-                n_ctx = self._n_ctx
-                model = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=self._n_threads, verbose=False)
-                logger.info(
-                    "loaded local model %s (n_ctx=%d) in %.1fs", path.name, n_ctx, time.perf_counter() - started
-                )
+                if model is not None:
+                    model.close()  # its context and cache, before the larger one is allocated
+                model = Llama(model_path=str(path), n_ctx=size, n_threads=self._n_threads, verbose=False)
+                logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, size, time.perf_counter() - started)
                 self._models[str(path)] = model
             return model
+
+    def _sized(self, config: ModelConfig, body: dict[str, Any], messages: list[dict[str, Any]]):
+        """The model with a context that holds this request's prompt and its max_tokens (a bound, see
+        TEMPLATE_TOKENS). Called with the generation lock held: nobody is using the model it may replace."""
+        model = self.load(config)
+        if model.n_ctx() >= self._n_ctx:
+            return model
+        text = "\n".join(f"{m['role']}\n{m['content']}" for m in messages)
+        prompt = len(model.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        needed = prompt + TEMPLATE_TOKENS + TOKENS_PER_MESSAGE * len(messages) + self._arguments(body)["max_tokens"]
+        return model if needed <= model.n_ctx() else self.load(config, needed)
 
     @staticmethod
     def _arguments(body: dict[str, Any]) -> dict[str, Any]:
@@ -142,14 +167,14 @@ class LocalModelUpstream:
     def _generate(self, config: ModelConfig, body: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
         """One completion, generated token by token so that `stop` can end it early (llama-cpp's chat
         API takes no stopping criteria)."""
-        model = self.load(config)
+        self.load(config)
         with self._generate_lock:
             if stop.is_set():  # timed out while queued for the model
                 raise UpstreamTimeout(f"local model {config.model!r} timed out", model=config.model)
+            messages = self._messages(body)
+            model = self._sized(config, body, messages)
             try:
-                chunks = model.create_chat_completion(
-                    messages=self._messages(body), stream=True, **self._arguments(body)
-                )
+                chunks = model.create_chat_completion(messages=messages, stream=True, **self._arguments(body))
                 parts, finish_reason, completion_tokens = [], "stop", 0
                 for chunk in chunks:
                     if stop.is_set():
@@ -211,11 +236,11 @@ class LocalModelUpstream:
 
         def produce() -> None:
             try:
-                model = self.load(config)
+                self.load(config)
                 with self._generate_lock:
-                    chunks = model.create_chat_completion(
-                        messages=self._messages(body), stream=True, **self._arguments(body)
-                    )
+                    messages = self._messages(body)
+                    model = self._sized(config, body, messages)
+                    chunks = model.create_chat_completion(messages=messages, stream=True, **self._arguments(body))
                     completion_tokens = 0
                     for chunk in chunks:
                         if cancelled.is_set():

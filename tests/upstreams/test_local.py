@@ -160,3 +160,43 @@ def test_what_the_local_model_cannot_do_is_a_400_naming_the_parameter(gateway, e
         error = caught.value.response.json()["error"]
         assert (error["code"], error["param"]) == ("unsupported_parameter", param)
     assert ledger_rows(app)[-1]["status"] == 400
+
+
+def test_the_context_starts_small_and_grows_to_what_a_request_needs():
+    """The KV cache is sized to the requests seen, not to the model's window: a short request keeps the initial
+    context, a longer one grows it (by doubling, capped at n_ctx) and is answered whole, past the cap a 400."""
+    import anyio
+
+    from gateway.upstreams.errors import UnsupportedRequest
+    from gateway.upstreams.local import LocalModelUpstream
+    from policies.schema import ModelConfig
+
+    upstream = LocalModelUpstream(n_ctx=1024, initial_n_ctx=256, n_threads=1)
+    config = ModelConfig(model="local/smollm2-135m-instruct", timeout=120)
+
+    def ask(content: str, max_tokens: int, stream: bool = False) -> dict:
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0}
+
+        async def run():
+            if not stream:
+                return await upstream.complete(config, body)
+            return [chunk async for chunk in upstream.stream(config, body)]
+
+        return anyio.run(run)
+
+    upstream.load(config)
+    model = upstream._models[next(iter(upstream._models))]
+    assert model.n_ctx() == 256
+    assert ask("Say hi.", 4)["choices"][0]["message"]["content"]
+    assert upstream._models[next(iter(upstream._models))].n_ctx() == 256  # it fitted: nothing reloaded
+    long_text = "The harbour master inspects the fenders at every berth. " * 30  # ~330 tokens, over 256 alone
+    answer = ask(long_text + "Who inspects the fenders?", 8)
+    assert answer["usage"]["prompt_tokens"] > 256
+    assert upstream._models[next(iter(upstream._models))].n_ctx() == 512
+    # streamed requests grow it as well; max_tokens counts (the answer must fit, not be cut at the window)
+    assert ask(long_text, 150, stream=True)
+    assert upstream._models[next(iter(upstream._models))].n_ctx() == 1024
+    with pytest.raises(UnsupportedRequest) as caught:  # past what the model accepts: refused as before
+        ask("word " * 1500, 8)
+    assert caught.value.code == "context_length_exceeded"
+    assert upstream._models[next(iter(upstream._models))].n_ctx() == 1024

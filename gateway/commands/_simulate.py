@@ -59,6 +59,12 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "way, default) or set from the scores of every checked answer seen, the refusal rule in force kept",
     )
     replay.add_argument(
+        "--sim-min-model-labels",
+        type=int,
+        default=0,
+        help="as `learn --min-model-labels`: with fewer labels a refit never replaces the verifier in force",
+    )
+    replay.add_argument(
         "--shadow-reference-tokens",
         type=whole_number("--shadow-reference-tokens"),
         default=None,
@@ -144,6 +150,7 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
                 ),
                 control=args.sim_control,
                 thresholds_from=args.sim_thresholds,
+                min_model_labels=args.sim_min_model_labels,
                 verifier=verifier,
                 route_model=model,
             )

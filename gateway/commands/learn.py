@@ -48,6 +48,13 @@ def register(subparsers, parents) -> None:
         help=f"fewer labelled requests: nothing is refitted ({MIN_LABELS})",
     )
     parser.add_argument(
+        "--min-model-labels",
+        type=int,
+        default=0,
+        help="with fewer labelled requests a refit never replaces the verifier in force, only its thresholds "
+        "(default 0: the 0.5-point out-of-fold win alone decides)",
+    )
+    parser.add_argument(
         "--min-route-labels",
         type=int,
         default=MIN_ROUTE_LABELS,
@@ -244,6 +251,7 @@ def _refit_verifier(args, policy, verifier, data, blend, stamp) -> dict:
         blend=blend,
         blend_weight=args.blend_weight,
         card={"trained_on": f"{len(data.labels)} ledger labels since {args.since}{blended}"},
+        min_model_labels=args.min_model_labels,
     )
     out: dict = {
         "escalated_share": refit.share,

@@ -212,6 +212,7 @@ def simulate(
     shadow_reference_tokens: int | None = None,
     control: bool = False,
     thresholds_from: str = LABELS,
+    min_model_labels: int = 0,
     verifier: VerifierModel | None = None,
     route_model: RouteModel | None = None,
     min_labels: int = MIN_LABELS,
@@ -231,7 +232,8 @@ def simulate(
     distribution alone (refit.threshold_for_share), so what the learning router gains over it is the labels' and
     what it gains over the frozen router is the spend's and the labels' together. `thresholds_from`: when a refit
     keeps the verifier in force, its thresholds for the share are chosen on the labels (`labels`, learn's way) or set
-    from the scores of every checked answer seen (`scores`: refit.Checked, the refusal rule in force kept)."""
+    from the scores of every checked answer seen (`scores`: refit.Checked, the refusal rule in force kept).
+    `min_model_labels`: as `learn --min-model-labels`, fewer labels never put a new verifier in force."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -444,6 +446,7 @@ def simulate(
             seed=seed,
             share=target,
             checked=every_checked,
+            min_model_labels=min_model_labels,
         )
         if refit.action == "model":
             verifier_now = refit.model

@@ -289,8 +289,11 @@ def refit_verifier(
     blend_weight: float = 1.0,
     card: dict[str, Any] | None = None,
     checked: Checked | None = None,
+    min_model_labels: int = 0,
 ) -> VerifierRefit:
-    """The verifier's refit against the model in force (`in_force_scores`: its P(good) of the labelled answers)."""
+    """The verifier's refit against the model in force (`in_force_scores`: its P(good) of the labelled answers).
+    `min_model_labels`: with fewer labelled answers a refit never replaces the model in force, however it compares
+    (on a few dozen labels an out-of-fold win is often noise); only the thresholds may change."""
     import numpy as np
 
     from classifier.estimators import VERIFIER, build_pipeline
@@ -321,7 +324,13 @@ def refit_verifier(
                 - choose_thresholds(policy, list(in_force_scores), data, other).quality
             )
     out = VerifierRefit("keep", "", target, recorded, now.quality, new.quality, gain_points=sum(gains) / len(gains))
-    if out.gain_points >= MIN_GAIN_POINTS:
+    # why a refit stays out of force, for the decision text
+    short = (
+        f"the refit gains {out.gain_points:+.2f} points but has {n} labels, < {min_model_labels}"
+        if out.gain_points >= MIN_GAIN_POINTS
+        else f"the refit gains {out.gain_points:+.2f} points, < {MIN_GAIN_POINTS}"
+    )
+    if out.gain_points >= MIN_GAIN_POINTS and n >= min_model_labels:
         model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(feature_names))
         model.fit(rows, y, weights)
         metrics = classification_metrics(y[:n], oof)
@@ -352,20 +361,17 @@ def refit_verifier(
             sum(w for e, w in zip(escalated, data.weights) if e) / total,
         )
         out.decision = (
-            f"kept the verifier in force (the refit gains {out.gain_points:+.2f} points, < {MIN_GAIN_POINTS}); "
-            f"its threshold for {target:.1%} of the checked answers from their scores"
+            f"kept the verifier in force ({short}); its threshold for {target:.1%} of the checked answers from their "
+            "scores"
         )
     elif share is not None or now.quality >= recorded + MIN_GAIN_POINTS:
         out.action, out.thresholds = "thresholds", now
         out.decision = (
-            f"kept the verifier in force (the refit gains {out.gain_points:+.2f} points, < "
-            f"{MIN_GAIN_POINTS}); new thresholds: {now.quality:.2f} vs {recorded:.2f} points as recorded"
+            f"kept the verifier in force ({short}); new thresholds: {now.quality:.2f} vs {recorded:.2f} points as "
+            "recorded"
         )
     else:
-        out.decision = (
-            f"kept the verifier in force: the refit gains {out.gain_points:+.2f} points (< "
-            f"{MIN_GAIN_POINTS}), its re-chosen thresholds {now.quality - recorded:+.2f}"
-        )
+        out.decision = f"kept the verifier in force ({short}), its re-chosen thresholds {now.quality - recorded:+.2f}"
     return out
 
 

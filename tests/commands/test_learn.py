@@ -72,6 +72,16 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     assert verifier.score(low) > verifier.score(high)  # it learned this deployment's direction
 
 
+def test_learn_keeps_the_verifier_below_its_minimum_of_labels(setup, capsys):
+    """--min-model-labels above the ledger's labels: the refit wins out of fold, yet no new verifier is written."""
+    policy, ledger = setup
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--dry-run", "--json"]
+    assert main([*args, "--min-model-labels", "100000"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gain_points"] > 5 and report.get("model_path") is None
+    assert "kept the verifier in force" in report["decision"] and "< 100000" in report["decision"]
+
+
 def test_learn_rechooses_the_refusal_threshold(tmp_path, capsys):
     """Refusals the labels say are usually wrong, which the policy in force lets stand: learn's thresholds escalate
     them at the same escalation share (with the model in force or a refit, whichever wins; the thresholds-only path

@@ -303,3 +303,18 @@ def test_scores_set_a_kept_verifiers_thresholds_when_asked():
         assert abs(below - refit["target_share"]) < 0.05 and refit["target_share"] > 0.1
     with pytest.raises(ValueError, match="thresholds_from"):
         simulate(questions, policy, PRICES, feature_names=names, thresholds_from="x", **common)
+
+
+def test_a_minimum_of_labels_keeps_the_verifier_in_force_until_it_is_reached():
+    """min_model_labels (learn --min-model-labels): a refit that wins out of fold puts its model in force only once
+    that many labels exist; before, only the thresholds change."""
+    names = ["ans_support_passages", "ans_refusal"]
+    common = dict(shadow_rate=0.05, judge_noise=0.0, refit_every=100, window=300, after=600, feature_names=names)
+    free = simulate(stream(), POLICY, PRICES, **common)
+    first = next(r for r in free.refits if r["verifier"] == "model")
+    held = simulate(stream(), POLICY, PRICES, min_model_labels=first["labels"] + 1, **common)
+    assert all(r["verifier"] != "model" for r in held.refits if r["labels"] <= first["labels"])
+    assert any(r["verifier"] == "model" for r in held.refits)  # once there are enough
+    never = simulate(stream(), POLICY, PRICES, min_model_labels=10**6, **common)
+    assert {r["verifier"] for r in never.refits} <= {"thresholds", "keep"}
+    assert never.trailing[LEARNING]["quality"] < free.trailing[LEARNING]["quality"]

@@ -248,7 +248,12 @@ class RagPipeline:
         if request.documents:
             pending = self.store.inline_pending(request.documents, request.scope)
             if pending is not None:
-                return self.retrieve(pending.name, request.question, request.scope, pending)
+                try:
+                    return self.retrieve(pending.name, request.question, request.scope, pending)
+                finally:
+                    # started by its search, unless retrieval failed before it (the question's embedding): else it
+                    # would hold its slot under the caps (pipelines.store.pending) until the same documents came back
+                    pending.start()
             return self.store.read_inline(
                 request.documents,
                 lambda name: self.retrieve(name, request.question, request.scope),

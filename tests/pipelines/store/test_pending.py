@@ -196,6 +196,21 @@ def test_many_new_document_sets_at_once_keep_to_the_caps_and_one_key_leaves_room
     store.close()
 
 
+def test_a_first_question_that_fails_before_its_search_still_starts_the_background_ingestion(
+    store, embedder, monkeypatch
+):
+    def fails(*args, **kwargs):
+        raise RuntimeError("the question's model failed")
+
+    monkeypatch.setattr(embedder, "embed_query", fails)
+    with pytest.raises(RuntimeError):
+        ask(store, "Which fuse protects the pump motor?")
+    [pending] = store.inline._pending.values()
+    assert pending.started  # was left unstarted, holding one of the key's slots for as long as no one asked again
+    store.wait_inline()
+    assert store.inline.holds(pending.name, DOCS)
+
+
 def test_a_question_without_terms_gets_the_chunks_embedded_so_far(store):
     found = ask(store, "???")
     assert found.index == INDEX_PARTIAL and found.hits == []

@@ -29,6 +29,7 @@ from pipelines.scope import SHARED, KeyScope
 
 if TYPE_CHECKING:
     import onnxruntime
+    import openvino
     from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,13 @@ class _Model:
         return self._model
 
 
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
 DEFAULT_BACKEND = "onnx"  # rag.embedding_backend's default too (pipelines.settings)
 
 
 # the ONNX graph's inputs and outputs and how pipelines.onnx_export makes it: part of an export's key, so a change to
 # the export gives a new file instead of reusing an old one
-EXPORT_FORMAT = "st-mean-pooled-opset17-v1"
+EXPORT_FORMAT = "st-mean-pooled-opset17-eager-fused-v2"
 MODEL_CACHE_ENV = "SELFROUTE_MODEL_CACHE"
 
 
@@ -163,6 +164,7 @@ class _OnnxModel:
 
     def __init__(self, path: str | None, quantized: bool, cache_dir: Path | None, threads: Callable[[], int]):
         self.path, self.quantized, self.cache_dir, self.threads = path, quantized, cache_dir, threads
+        self.run_tokens = RUN_TOKENS
         self.lock = threading.Lock()
         self._session: onnxruntime.InferenceSession | None = None
 
@@ -174,17 +176,8 @@ class _OnnxModel:
         # callers hold self.lock while it loads; a loaded session's runs are thread-safe and need no lock
         if self._session is None:
             import onnxruntime
-            from tokenizers import Tokenizer
 
-            path = self.path or default_model_path()
-            config = Path(path) / "sentence_bert_config.json"
-            self.max_seq_length = (
-                int(json.loads(config.read_text()).get("max_seq_length", 256)) if config.exists() else 256
-            )
-            tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
-            tokenizer.enable_truncation(self.max_seq_length)
-            tokenizer.no_padding()  # padded per batch below
-            self.tokenizer = tokenizer
+            self._load_tokenizer()
             options = onnxruntime.SessionOptions()
             options.intra_op_num_threads = self.threads()
             options.inter_op_num_threads = 1
@@ -199,26 +192,94 @@ class _OnnxModel:
             self.dimension = int(self._session.get_outputs()[0].shape[-1])
         return self
 
+    def _load_tokenizer(self) -> None:
+        from tokenizers import Tokenizer
+
+        path = self.path or default_model_path()
+        config = Path(path) / "sentence_bert_config.json"
+        self.max_seq_length = int(json.loads(config.read_text()).get("max_seq_length", 256)) if config.exists() else 256
+        tokenizer = Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+        tokenizer.enable_truncation(self.max_seq_length)
+        tokenizer.no_padding()  # padded per batch in encode
+        self.tokenizer = tokenizer
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        assert self._session is not None  # get() loaded it
+        return self._session.run(None, inputs)[0]
+
     def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
         encodings = self.tokenizer.encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(lengths, kind="stable")
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            rows = order[start : start + batch_size]
+        for run in run_batches(lengths[order], batch_size, self.run_tokens):
+            rows = order[run]
             width = int(lengths[rows].max())
             ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros_like(ids)
             for r, i in enumerate(rows):
                 ids[r, : lengths[i]] = encodings[i].ids
                 mask[r, : lengths[i]] = 1
-            assert self._session is not None  # get() loaded it
-            hidden = self._session.run(
-                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            )[0]
+            hidden = self._run({"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
             pooled = (hidden * mask[..., None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)  # mean pooling
             out[rows] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
         return out
+
+
+class _OpenVinoModel(_OnnxModel):
+    """The same fp32 ONNX export compiled by OpenVINO for the CPU (backend "openvino", the optional extra
+    selfroute[openvino]). OpenVINO runs it at its default inference precision for the CPU: bfloat16 where the CPU has
+    it (AVX512_BF16, AMX), vectors at cosine >= 0.9999 to fp32's (BENCHMARKS.md §2, round six). A compiled model is
+    shared by threads; each thread runs its own infer request (a request is not safe to share)."""
+
+    def __init__(self, path: str | None, quantized: bool, cache_dir: Path | None, threads: Callable[[], int]):
+        super().__init__(path, quantized, cache_dir, threads)
+        self._compiled: openvino.CompiledModel | None = None
+        self._requests = threading.local()
+
+    def get(self) -> _OnnxModel:
+        # callers hold self.lock while it loads
+        if self._compiled is None:
+            import openvino
+
+            self._load_tokenizer()
+            model = onnx_model_file(self.path, False, self.cache_dir)
+            log.info("loading embedding model %s (OpenVINO)", model)
+            # latency hint: one request runs on the threads it is given instead of being split into streams
+            config = {"INFERENCE_NUM_THREADS": self.threads(), "PERFORMANCE_HINT": "LATENCY"}
+            self._compiled = openvino.Core().compile_model(str(model), "CPU", config)
+            self.dimension = int(self._compiled.outputs[0].get_partial_shape()[-1].get_length())
+        return self
+
+    @property
+    def loaded(self) -> bool:
+        return self._compiled is not None
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            assert self._compiled is not None  # get() loaded it
+            request = self._requests.request = self._compiled.create_infer_request()
+        return np.array(request.infer(inputs)[0])  # a copy: the request reuses its output buffer
+
+
+# word pieces (rows x padded width) in one onnxruntime run: measured (BENCHMARKS.md §2, round six), a run of 64 chunks
+# of ~200 word pieces costs ~1.5x the CPU per chunk of runs of 8-16, whose activations stay in the caches
+RUN_TOKENS = 2048
+
+
+def run_batches(sorted_lengths: np.ndarray, batch_size: int, run_tokens: int = RUN_TOKENS) -> list[slice]:
+    """Runs over texts sorted by length: at most batch_size texts, and at most run_tokens word pieces once padded to
+    the run's longest (one text at least), so short texts (questions) go many to a run and long chunks few."""
+    runs, start = [], 0
+    for end in range(1, len(sorted_lengths) + 1):
+        # sorted: a run's padded width is its last text's length
+        if end - start > 1 and (end - start > batch_size or (end - start) * int(sorted_lengths[end - 1]) > run_tokens):
+            runs.append(slice(start, end - 1))
+            start = end - 1
+    if start < len(sorted_lengths):
+        runs.append(slice(start, len(sorted_lengths)))
+    return runs
 
 
 @dataclass(frozen=True)
@@ -277,8 +338,9 @@ class Embedder:
         else:
             cache = Path(cache_dir) if cache_dir is not None else None
             quantized = backend == "onnx-int8"
+            kind = _OpenVinoModel if backend == "openvino" else _OnnxModel
             # one session for both (see the module docstring)
-            self._documents = self._queries_model = _OnnxModel(model_path, quantized, cache, self._document_threads)
+            self._documents = self._queries_model = kind(model_path, quantized, cache, self._document_threads)
         # a request's question is embedded by retrieval, by long-context scoring and again by explain
         self._queries: LockedLRU[tuple[KeyScope, str], np.ndarray] = LockedLRU(QUERY_CACHE_SIZE)
 

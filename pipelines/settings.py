@@ -43,11 +43,12 @@ class RagSettings(_Strict):
         None, description="sentence-transformers model path; null = the packaged all-MiniLM-L6-v2"
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
-    embedding_backend: Literal["torch", "onnx", "onnx-int8"] = Field(
+    embedding_backend: Literal["torch", "onnx", "onnx-int8", "openvino"] = Field(
         "onnx",
         description="onnx: the model exported to ONNX once per model version (cached in $SELFROUTE_MODEL_CACHE, "
         "else ~/.cache/selfroute/models) and run by onnxruntime: torch's vectors, without torch in the gateway's "
-        "memory; onnx-int8: its weights quantised (faster, recall@1 1-2 points lower); torch: sentence-transformers",
+        "memory; onnx-int8: its weights quantised per channel (faster, slightly different vectors); openvino: the onnx "
+        "export run by OpenVINO (extra selfroute[openvino]; bfloat16 where the CPU has it); torch: sentence-transformers",
     )
     chunking: ChunkingSettings = ChunkingSettings()
     top_k: int = Field(8, ge=1, le=200)

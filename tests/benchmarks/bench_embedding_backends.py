@@ -1,12 +1,13 @@
 """Embedding backends (rag.embedding_backend) compared: chunks/s and the cheap route's retrieval recall@k.
 
     .venv/bin/python tests/benchmarks/bench_embedding_backends.py \\
-        --squad ../shared/data/squad2_dev_subset/dev-v2.0.first2articles.json [--k 1 3 8] [--questions 300]
+        --squad ../shared/data/squad2_dev_subset/dev-v2.0.first2articles.json [--k 1 3 8] [--questions 300] \\
+        [--backends onnx torch onnx-int8 openvino] [--rounds 2]
 
 Each backend ingests the same documents (SQuAD 2.0 paragraphs, one document each) into its own LanceDB
 collection with DocumentStore.ingest (chunking, embedding, writes, index), the bare embedder.embed of the
-same chunk texts is timed beside it, then every answerable question is searched (store.search: hybrid
-vector + full text, the cheap route's retrieval) and recall@k counts the questions whose top k chunks hold
+same chunk texts is timed beside it (its vectors compared with the first backend's: the smallest cosine), then
+every answerable question is searched (store.search: hybrid vector + full text, the cheap route's retrieval) and recall@k counts the questions whose top k chunks hold
 one of the gold answers (case-insensitive substring). Also: query embedding p50 (one question, one thread).
 """
 
@@ -49,6 +50,9 @@ def main() -> int:
     parser.add_argument("--questions", type=int, default=300)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
     parser.add_argument("--cache-dir", help="where ONNX exports are kept (default: the shared model cache)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="measure every backend this many times, alternating (a loaded machine)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     docs, questions = load_squad(args.squad)
@@ -61,10 +65,12 @@ def main() -> int:
     print(
         f"{'backend':10} {'chunks':>6} {'encode c/s':>10} {'ingest c/s':>10} {'ingest/encode':>13} {'query p50 ms':>12} "
         + " ".join(f"{'recall@' + str(k):>9}" for k in args.k)
+        + f" {'min cos to ' + args.backends[0]:>18}"
     )
-    for backend in args.backends:
+    reference: dict[str, object] = {}  # chunk text -> the first backend's vector
+    for round_, backend in enumerate(args.backends * args.rounds):
         embedder = Embedder(backend=backend, cache_dir=args.cache_dir)
-        store = DocumentStore(str(work / f"lancedb-{backend}"), embedder, RagSettings())
+        store = DocumentStore(str(work / f"lancedb-{backend}-{round_}"), embedder, RagSettings())
         # loads (and for onnx, exports once) outside the timings, and runs one full batch of real chunk-sized texts:
         # a session's first batches of a new size are slower (23 s, 19 s, 17 s for the same 101 chunks at load 9-12),
         # which charged ingestion, timed first, for the warm-up
@@ -74,8 +80,11 @@ def main() -> int:
         ingest_s = time.perf_counter() - started
         texts = [chunk.text for chunk, _ in store.chunks("squad")]
         started = time.perf_counter()
-        embedder.embed(texts)
+        vectors = embedder.embed(texts)
         encode_s = time.perf_counter() - started
+        if not reference:
+            reference = dict(zip(texts, vectors, strict=True))
+        cosine = min(float(v @ reference[t]) for t, v in zip(texts, vectors, strict=True) if t in reference)
         latencies = []
         for i in range(40):
             started = time.perf_counter()
@@ -89,7 +98,9 @@ def main() -> int:
         n = report.chunks_written or len(texts)
         print(
             f"{backend:10} {n:6d} {len(texts) / encode_s:10.1f} {n / ingest_s:10.1f} {ingest_s / (encode_s * n / len(texts)):13.2f} "
-            f"{statistics.median(latencies):12.1f} " + " ".join(f"{hits[k] / len(questions):9.3f}" for k in args.k),
+            f"{statistics.median(latencies):12.1f} "
+            + " ".join(f"{hits[k] / len(questions):9.3f}" for k in args.k)
+            + f" {cosine:18.5f}  load {Path('/proc/loadavg').read_text().split()[0]}",
             flush=True,
         )
     return 0

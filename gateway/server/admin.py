@@ -43,10 +43,13 @@ MAX_PARAM_CHARS = 200
 
 
 def _param(request: Request, name: str) -> str | None:
-    """A query parameter, refused when it is too long to be a real value (never echoed whole)."""
+    """A query parameter, refused when it is too long to be a real value (never echoed whole) or holds a NUL
+    (PostgreSQL refuses it in a query: was a 500)."""
     value = request.query_params.get(name)
     if value is not None and len(value) > MAX_PARAM_CHARS:
         raise invalid_request(f"{name} is longer than {MAX_PARAM_CHARS} characters", param=name, code=f"invalid_{name}")
+    if value is not None and "\x00" in value:
+        raise invalid_request(f"{name} holds a NUL character", param=name, code=f"invalid_{name}")
     return value
 
 
@@ -102,6 +105,8 @@ async def list_requests(ctx: RequestContext) -> Response:
 async def get_request(ctx: RequestContext) -> Response:
     request = ctx.request
     request_id = request.path_params["request_id"]
+    if "\x00" in request_id:
+        raise invalid_request("the request id holds a NUL character", param="request_id", code="invalid_request_id")
     return await _query(ctx, lambda conn: reports.get_request(conn, request_id))
 
 

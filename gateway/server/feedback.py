@@ -8,7 +8,7 @@ answer does not tell the two apart). The admin key may label any request; a gate
 from __future__ import annotations
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -27,6 +27,13 @@ class FeedbackRequest(BaseModel):
     request_id: str = Field(min_length=1, max_length=128)
     good: bool | None = None
     score: float | None = Field(None, ge=0.0, le=1.0)
+
+    @field_validator("request_id")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:  # no request has one, and PostgreSQL refuses the lookup itself (was a 500)
+            raise ValueError("a request id holds no NUL character")
+        return value
 
     @model_validator(mode="after")
     def _one_judgement(self) -> FeedbackRequest:

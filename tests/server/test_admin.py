@@ -76,6 +76,19 @@ def test_request_detail_and_unknown_id(client):
     assert missing.json()["error"]["code"] == "request_not_found"
 
 
+def test_a_nul_in_a_parameter_is_a_400_on_both_engines(client):
+    """PostgreSQL refuses a NUL in a query's text: it was a 500 there."""
+    for path, params in [
+        ("/v1/admin/requests", {"key": "a\x00b"}),
+        ("/v1/admin/requests", {"route": "rag\x00"}),
+        ("/v1/admin/costs", {"policy": "\x00"}),
+    ]:
+        refused = client.get(path, params=params, headers=ADMIN)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == next(iter(params)), refused.text
+    refused = client.get("/v1/admin/requests/r%0001", headers=ADMIN)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request_id"
+
+
 def test_costs_endpoint_groups_and_rejects_bad_input(client):
     body = client.get("/v1/admin/costs", params={"by": "day"}, headers=ADMIN).json()
     assert [g["group"] for g in body["groups"]] == ["2026-01-01", "2026-01-02"]

@@ -77,3 +77,12 @@ def test_bad_feedback_is_a_400(gateway, body, param):
 def test_feedback_needs_a_key(gateway):
     url, _ = gateway
     assert _post(url, "sk-wrong", "/v1/feedback", {"request_id": "r", "good": True}).status_code == 401
+
+
+def test_a_request_id_with_a_nul_is_a_400_on_postgresql(upstream, postgres_url, tmp_path):
+    """PostgreSQL refuses a NUL in the owner lookup's text: it was a 500."""
+    policy = make_policy(upstream[0])
+    with running_gateway(tmp_path, policy, ledger_url=postgres_url, auth=Authenticator([ALICE], ADMIN)) as (url, _):
+        answer = _post(url, ALICE, "/v1/feedback", {"request_id": "req_\x00x", "good": True})
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "request_id", answer.text
+        assert _post(url, ALICE, "/v1/feedback", {"request_id": "req_none", "good": True}).status_code == 404

@@ -9,7 +9,7 @@ warm), then a full collection, and /proc/self/smaps_rollup read: RSS, PSS (share
 that map them), USS (private pages), anonymous and file-backed (mapped files: libraries, the mmap'd GGUF weights,
 which the kernel can drop and re-read). For the `default` policy it then sends one routed request (the harbour
 sample's three documents attached, a question, 16 tokens of answer: a first pass over the new documents, the
-classifier, SmolLM2, the verifier; the routes' timeouts lifted for it) and reads them again 20 s later; --smaps N lists the N
+classifier, SmolLM2, the verifier; the routes' timeouts lifted for it) and reads them again --settle seconds apart; --smaps N lists the N
 mappings with the most RSS after it (all anonymous memory is one line: the heap and the libraries' allocations).
 Policies: `default` (the shipped
 policies/default.yaml: both routes on the in-process SmolLM2, the classifier and the verifier) and `hosted` (the
@@ -103,11 +103,10 @@ def routed_request(base: str) -> str:
     }
     response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=1800)
     response.raise_for_status()
-    time.sleep(20.0)  # the background ingestion of the documents' other chunks (a few dozen)
     return response.headers.get("x-selfroute-route", "?")
 
 
-def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0) -> dict:
+def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: tuple = (20.0,)) -> dict:
     from gateway.server.app import create_app
     from gateway.settings import Settings
     from policies.loader import load_policy
@@ -141,10 +140,32 @@ def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0) -> dict:
         imported = [m for m in HEAVY if m in sys.modules]
         if policy_name == "default":
             route = routed_request(base)
-            time.sleep(1.0)
-            gc.collect()
+            # the background ingestion of the documents' other chunks (a few dozen) may still run at the first
+            # reading: readings SETTLE seconds apart after the answer
+            readings = []
+            for seconds in settle:
+                time.sleep(seconds)
+                gc.collect()
+                readings.append({"after_s": sum(settle[: len(readings) + 1]), **memory()})
+            # diagnosis: what of it is memory freed but kept by glibc's allocator (returned by malloc_trim), and what
+            # pyarrow's own pool holds
+            import ctypes
+
+            import pyarrow
+
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+            pool = pyarrow.default_memory_pool()
+            readings.append(
+                {
+                    "after_s": sum(settle),
+                    "note": f"after malloc_trim(0); pyarrow {pool.backend_name} pool holds "
+                    f"{pool.bytes_allocated() / 2**20:.0f} MB",
+                    **memory(),
+                }
+            )
             after = {
-                **memory(),
+                **readings[-1],
+                "readings": readings,
                 "route": route,
                 "imported": [m for m in HEAVY if m in sys.modules and m not in imported],
                 "top": top_mappings(smaps),
@@ -171,12 +192,15 @@ def main() -> int:
     parser.add_argument("--backends", nargs="+", default=["torch", "onnx", "onnx-int8"])
     parser.add_argument("--policies", nargs="+", default=["hosted", "default"])
     parser.add_argument("--smaps", type=int, default=0, help="list the N mappings with the most RSS")
+    parser.add_argument(
+        "--settle", type=float, nargs="+", default=[20.0], help="seconds between the readings after the request"
+    )
     parser.add_argument("--cell", nargs=3, help=argparse.SUPPRESS)  # policy backend data_dir: one child process
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if args.cell:
-        print(json.dumps(cell(*args.cell, smaps=args.smaps)))
+        print(json.dumps(cell(*args.cell, smaps=args.smaps, settle=tuple(args.settle))))
         return 0
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}, cores {len(os.sched_getaffinity(0))}")
     parent = Path(tempfile.mkdtemp(prefix="selfroute-rss-"))
@@ -184,7 +208,18 @@ def main() -> int:
         for backend in args.backends:
             data_dir = parent / f"{policy_name}-{backend}"
             out = subprocess.run(
-                [sys.executable, __file__, "--cell", policy_name, backend, str(data_dir), "--smaps", str(args.smaps)],
+                [
+                    sys.executable,
+                    __file__,
+                    "--cell",
+                    policy_name,
+                    backend,
+                    str(data_dir),
+                    "--smaps",
+                    str(args.smaps),
+                    "--settle",
+                ]
+                + [str(x) for x in args.settle],
                 capture_output=True,
                 text=True,
                 env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -199,10 +234,12 @@ def main() -> int:
             )
             after = row["after"]
             if after:
-                print(
-                    f"{'':19s} after one routed request ({after['route']}): {figures(after)}  "
-                    f"imported since: {' '.join(after['imported']) or '-'}"
-                )
+                for reading in after["readings"]:
+                    print(
+                        f"{'':19s} {reading['after_s']:4.0f} s after one routed request ({after['route']}): "
+                        f"{figures(reading)} {reading.get('note', '')}"
+                    )
+                print(f"{'':19s} imported since readiness: {' '.join(after['imported']) or '-'}")
                 for line in after["top"]:
                     print(f"{'':23s}{line}")
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}")

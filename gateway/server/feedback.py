@@ -23,7 +23,8 @@ GOOD_SCORE = 0.5  # a graded score at or above this counts as a good answer
 
 
 class FeedbackRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: "yes", 1 or "0.5" is not a judgement the client meant to send (lax parsing took "yes" for true)
+    model_config = ConfigDict(extra="forbid", strict=True)
     request_id: str = Field(min_length=1, max_length=128)
     good: bool | None = None
     score: float | None = Field(None, ge=0.0, le=1.0)

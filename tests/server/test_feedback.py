@@ -64,6 +64,10 @@ def test_a_key_labels_its_own_requests_and_no_other_keys(gateway):
         ({"request_id": "r", "score": 1.5}, "score"),
         ({"good": True}, "request_id"),
         ({"request_id": "r", "good": True, "extra": 1}, "extra"),
+        ({"request_id": "r", "good": "yes"}, "good"),  # were taken for true
+        ({"request_id": "r", "good": 1}, "good"),
+        ({"request_id": "r", "score": "0.5"}, "score"),
+        ({"request_id": "r", "score": True}, "score"),
     ],
 )
 def test_bad_feedback_is_a_400(gateway, body, param):

@@ -8,6 +8,7 @@ import json
 import sys
 
 from gateway.commands._common import whole_number
+from gateway.evaluation.refit import MIN_MODEL_LABELS
 
 
 def add_arguments(replay: argparse.ArgumentParser) -> None:
@@ -61,8 +62,9 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     replay.add_argument(
         "--sim-min-model-labels",
         type=int,
-        default=0,
-        help="as `learn --min-model-labels`: with fewer labels a refit never replaces the verifier in force",
+        default=MIN_MODEL_LABELS,
+        help="as `learn --min-model-labels`: with fewer labels a refit never replaces the verifier in force "
+        f"(default {MIN_MODEL_LABELS}; 0: the out-of-fold win alone decides)",
     )
     replay.add_argument(
         "--shadow-reference-tokens",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from gateway.commands._common import add_ledger_argument, ledger_location
-from gateway.evaluation.refit import MIN_LABELS, MIN_ROUTE_LABELS, Blend
+from gateway.evaluation.refit import MIN_LABELS, MIN_MODEL_LABELS, MIN_ROUTE_LABELS, Blend
 from gateway.files import write_atomic
 
 
@@ -50,9 +50,9 @@ def register(subparsers, parents) -> None:
     parser.add_argument(
         "--min-model-labels",
         type=int,
-        default=0,
+        default=MIN_MODEL_LABELS,
         help="with fewer labelled requests a refit never replaces the verifier in force, only its thresholds "
-        "(default 0: the 0.5-point out-of-fold win alone decides)",
+        f"(default {MIN_MODEL_LABELS}: on fewer an out-of-fold win is often noise; 0: the 0.5-point win alone decides)",
     )
     parser.add_argument(
         "--min-route-labels",

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 MIN_GAIN_POINTS = 0.5  # replay quality gain (points) a change needs before it replaces what is in force
 MIN_LABELS = 50  # fewer labelled cheap answers (or one class only): nothing is refitted
 MIN_ROUTE_LABELS = 200  # labelled requests the classifier decided before it is refitted
+# labelled answers before a refit may replace the verifier in force (learn / the simulation's default): on ~60 labels
+# an out-of-fold win replaced the shipped verifier and cost 4-6 points on L-Eval (BENCHMARKS.md section 12)
+MIN_MODEL_LABELS = 200
 REFUSAL_STEPS = 8  # refusal thresholds tried: quantiles of the refused answers' P(good) in this many steps
 # the verifier refit is compared with the model in force at these escalation shares too, not only at the one in
 # force: a policy that escalates (almost) nothing, as the shipped default does, would otherwise never see a refit win

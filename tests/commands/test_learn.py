@@ -55,7 +55,10 @@ def test_learn_writes_a_better_verifier_and_keeps_the_old_one(setup, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["labelled"] > 120 and report["gain_points"] > 5 and report["written"] is None
     assert policy.read_text() == before  # a dry run writes nothing
-    assert main(["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]) == 0
+    # the fixture's ~120 labels are under the default minimum (200): a lower one lets the refit replace the verifier
+    assert (
+        main(["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--min-model-labels", "50", "--json"]) == 0
+    )
     report = json.loads(capsys.readouterr().out)
     written = policy.parent / report["model_path"]
     assert written.is_file() and report["written"] == str(written)
@@ -80,6 +83,25 @@ def test_learn_keeps_the_verifier_below_its_minimum_of_labels(setup, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["gain_points"] > 5 and report.get("model_path") is None
     assert "kept the verifier in force" in report["decision"] and "< 100000" in report["decision"]
+
+
+def test_learn_by_default_changes_only_thresholds_below_200_labels(setup, capsys):
+    """The default --min-model-labels (200): on the fixture's ~120 labels the refit wins out of fold by > 5 points,
+    yet the verifier in force stays and only its thresholds are written (BENCHMARKS.md section 12: on ~60 labels a
+    replacement cost 4-6 points on L-Eval)."""
+    from gateway.evaluation.refit import MIN_MODEL_LABELS
+
+    policy, ledger = setup
+    assert MIN_MODEL_LABELS == 200
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
+    assert main([*args, "--escalation-share", "0.3"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["labelled"] < MIN_MODEL_LABELS and report["gain_points"] > 5, report
+    assert report.get("model_path") is None and f"< {MIN_MODEL_LABELS}" in report["decision"]
+    assert not list(policy.parent.glob("verifier-learned-*"))
+    learned, _ = load_policy(policy)
+    assert learned.routing.verifier.model_path == "builtin:verifier"
+    assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
 
 
 def test_learn_rechooses_the_refusal_threshold(tmp_path, capsys):
@@ -130,7 +152,7 @@ def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
     paired, docs = write_paired_fixture(tmp_path / "shipped")
     lines = len(paired.read_text().splitlines())
     blend = ["--blend-shipped", str(paired), "--blend-docs", str(docs), "--data-dir", str(tmp_path / "data")]
-    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--json"]
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--min-model-labels", "50", "--json"]
     assert main([*args, "--dry-run"]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert main([*args, *blend, "--blend-weight", "0.5"]) == 0

@@ -61,7 +61,8 @@ class RagSettings(_Strict):
         400_000,
         ge=1,
         description="documents attached to one request may hold at most this many tokens "
-        "together (413 beyond it): larger sets belong in a collection, ingested once",
+        "together, and so may the conversation the rag route would index (413 beyond it): larger sets belong "
+        "in a collection, ingested once",
     )
     inline_cache_collections: int = Field(
         256,

@@ -246,6 +246,21 @@ class RoutePlanner:
                         code="documents_too_large",
                     )
 
+    def _check_conversation_size(self, source: str, stats: DocumentStats) -> None:
+        """RequestTooLarge (the client's 413) before the rag route indexes a conversation (a pasted document) over
+        rag.max_attached_tokens, as for attached documents: its background ingestion would outlive the request and
+        pass the key's --tpm. Only the indexing is refused: the direct and long routes pack the conversation."""
+        cap = self.policy.rag.max_attached_tokens
+        if source == "prompt" and stats.context_tokens > cap:
+            raise RequestTooLarge(
+                f"the conversation's context holds {stats.context_tokens:,} tokens, more than the {cap:,} the rag "
+                "route indexes (the policy's rag.max_attached_tokens); ingest the document into a collection once "
+                "(POST /v1/collections/{name}/documents or `selfroute ingest`) and ask with selfroute.collection "
+                "instead",
+                param="messages",
+                code="documents_too_large",
+            )
+
     @staticmethod
     def _last_user_text(messages: list[dict]) -> str:
         for message in reversed(messages):
@@ -285,6 +300,7 @@ class RoutePlanner:
         retrieval = None
         forced = chat.selfroute.route if chat.selfroute else None
         if forced is None and self._needs_retrieval(features, router):
+            self._check_conversation_size(source, stats)
             retrieval = self.retrieve(context)
             features = extract_features(context.question, stats, retrieval_signals(retrieval))
         if forced is not None:
@@ -307,6 +323,7 @@ class RoutePlanner:
     def _prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
         if route == RAG:
             if plan.retrieval is None:  # kept on the plan: the answer check reads the passages sent
+                self._check_conversation_size(plan.source, plan.stats)
                 plan.retrieval = self.retrieve(plan.context)
             return self.rag.prepare(plan.context, plan.retrieval)
         pipeline = self.long if route == LONG else self.direct

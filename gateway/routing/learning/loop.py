@@ -28,7 +28,7 @@ from gateway.routing.calls import complete_upstream
 from gateway.routing.errors import RoutingError
 from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
 from gateway.upstreams.errors import UpstreamError
-from policies.routes import JUDGE, SHADOW
+from policies.routes import JUDGE, LONG, SHADOW
 
 if TYPE_CHECKING:
     from gateway.ledger.entry import RequestLedgerEntry
@@ -81,11 +81,19 @@ class JudgeInput:
     cheap_answer: str
 
 
+def job_estimate(parent: RequestLedgerEntry) -> float:
+    """What a shadow or judge of this request may cost, before it runs: what its long answer cost or would have cost
+    (the request's counterfactual; a shadow is that long leg again, a judge reads less than it)."""
+    legs = [c.cost_usd for c in parent.record.calls if c.route == LONG and not c.error]
+    return max([parent.record.counterfactual_cost_usd, *legs])
+
+
 class DailyBudget:
     """The learning spend of the current UTC day: the ledger's figure (all replicas), re-read every minute, plus
-    what this process spent since, plus the jobs in flight (begin..end) at the dearest job's cost so far: a job's
-    cost is known only when it ends, and answers arriving meanwhile must not each start one on the same spend. Until
-    a job has ended, one at a time. The check is made before a job starts, so a day can end about one job over."""
+    what this process spent since, plus the jobs in flight (begin..end), each at the larger of its own estimate and the
+    dearest job's cost so far: a job's cost is known only when it ends, and answers arriving meanwhile must not each
+    start one on the same spend. A job with no estimate, before any job has ended: one at a time. The check is made
+    before a job starts, so a day can end about one job over."""
 
     def __init__(self, limit_usd: float, read_spend: Callable[[float], float] | None):
         self.limit = limit_usd
@@ -95,7 +103,8 @@ class DailyBudget:
         self._ledger = 0.0
         self._local = 0.0
         self._read_at = 0.0
-        self._in_flight = 0
+        self._jobs: dict[int, float | None] = {}  # in flight: its token -> its estimate (None: none)
+        self._next_job = 0
         self._dearest: float | None = None  # the most one job (a judge, or a shadow and its judge) cost here
 
     def _refresh(self, now: float) -> None:
@@ -119,19 +128,24 @@ class DailyBudget:
     def allows(self) -> bool:
         spent = self.spent()
         with self._lock:
-            if self._in_flight and self._dearest is None:
-                return False
-            return spent + self._in_flight * (self._dearest or 0.0) < self.limit
+            pending = 0.0
+            for estimate in self._jobs.values():
+                if estimate is None and self._dearest is None:
+                    return False
+                pending += max(estimate or 0.0, self._dearest or 0.0)
+            return spent + pending < self.limit
 
-    def begin(self) -> None:
-        """A job starts (after `allows`): it counts as in flight until `end`."""
+    def begin(self, estimate_usd: float | None = None) -> int:
+        """A job starts (after `allows`): it counts as in flight until `end` with the token this returns."""
         with self._lock:
-            self._in_flight += 1
+            self._next_job += 1
+            self._jobs[self._next_job] = estimate_usd
+            return self._next_job
 
-    def end(self, cost_usd: float) -> None:
+    def end(self, job: int, cost_usd: float) -> None:
         """A job ended, having cost `cost_usd` (which it added itself)."""
         with self._lock:
-            self._in_flight -= 1
+            self._jobs.pop(job, None)
             self._dearest = max(self._dearest or 0.0, cost_usd)
 
     def add(self, usd: float) -> None:
@@ -166,18 +180,19 @@ class LearningLoop:
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def _spawn(self, work: Coroutine[Any, Any, float]) -> None:
-        self.budget.begin()  # right after the check, with no await between: no other answer checks meanwhile
-        task = asyncio.get_running_loop().create_task(self._job(work))
+    def _spawn(self, work: Coroutine[Any, Any, float], parent: RequestLedgerEntry) -> None:
+        # right after the check, with no await between: no other answer checks meanwhile
+        job = self.budget.begin(job_estimate(parent))
+        task = asyncio.get_running_loop().create_task(self._job(work, job))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _job(self, work: Coroutine[Any, Any, float]) -> None:
+    async def _job(self, work: Coroutine[Any, Any, float], job: int) -> None:
         cost = 0.0
         try:
             cost = await work
         finally:
-            self.budget.end(cost)
+            self.budget.end(job, cost)
 
     def wants_judge(self) -> bool:
         return self.settings.judge and not self._closing and self.budget.allows()
@@ -192,7 +207,7 @@ class LearningLoop:
         """Both answers exist (the cheap one was escalated): judge them in the background."""
         if long_answer is None or not self.wants_judge():
             return
-        self._spawn(self._judge(parent, given, long_answer, LABEL_JUDGE, 0.0))
+        self._spawn(self._judge(parent, given, long_answer, LABEL_JUDGE, 0.0), parent)
 
     def shadow(
         self,
@@ -201,7 +216,7 @@ class LearningLoop:
         run_long: Callable[[RequestLedgerEntry], Awaitable[dict[str, Any]]],
     ) -> None:
         """The client has its (cheap) answer: answer again on the long route in the background, then judge."""
-        self._spawn(self._shadow(parent, given, run_long))
+        self._spawn(self._shadow(parent, given, run_long), parent)
 
     async def _shadow(
         self,

@@ -108,16 +108,28 @@ def test_answers_while_a_shadow_is_in_flight_keep_to_the_daily_budget(upstream, 
 def test_shadows_in_flight_count_against_the_daily_budget_at_the_dearest_jobs_cost():
     budget = DailyBudget(1.0, None)
     assert budget.allows()
-    budget.begin()
-    assert not budget.allows()  # no job's cost known yet: one at a time
-    budget.end(0.3)
+    first = budget.begin()
+    assert not budget.allows()  # no estimate and no job's cost known yet: one at a time
+    budget.end(first, 0.3)
     assert budget.spent() == 0.0 and budget.allows()  # what a job spent is added by the job itself
     budget.add(0.3)
-    for _ in range(3):
-        budget.begin()
+    jobs = [budget.begin() for _ in range(3)]
     assert not budget.allows()  # 0.3 spent + three jobs in flight at 0.3 each: a fourth could end the day over
-    budget.end(0.2)
+    budget.end(jobs[0], 0.2)
     assert budget.allows()  # two in flight: 0.9 at most
+
+
+def test_jobs_in_flight_count_at_their_estimates_before_any_has_ended():
+    budget = DailyBudget(1.0, None)
+    jobs = [budget.begin(0.2) for _ in range(4)]
+    assert budget.allows()  # 0.8 in flight by the estimates (the long answers' costs): a fifth may start
+    jobs.append(budget.begin(0.2))
+    assert not budget.allows()  # 1.0: a sixth could end the day over
+    budget.end(jobs.pop(), 0.5)
+    assert not budget.allows()  # now the dearest job cost 0.5: four in flight count 2.0
+    for job in jobs[:3]:
+        budget.end(job, 0.1)
+    assert budget.allows()  # one in flight at 0.5
 
 
 def test_the_budget_reads_the_days_spend_from_the_ledger_and_resets_each_day():

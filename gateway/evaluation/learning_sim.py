@@ -167,6 +167,17 @@ def _rag_outcome(item: ReplayItem) -> Outcome:
     return Outcome(RAG, item.rag_score, (Leg("cheap", item.rag_prompt_tokens, item.rag_output_tokens),))
 
 
+def _frozen_spend_share(
+    frozen_share: float, overhead: float, over_frozen_usd: float, mean_long_usd: float, upcoming: float
+) -> float:
+    """The escalation share that holds the frozen router's spend: its share on the questions seen, less the learning
+    legs' running share (`overhead`), less what was spent over the frozen router so far (savings are not banked),
+    caught up over the `upcoming` cheap-routed questions of the next refit period (shares of their long legs)."""
+    overspent = max(0.0, over_frozen_usd)
+    catch_up = overspent / mean_long_usd / max(upcoming, 1.0) if mean_long_usd else 0.0
+    return min(1.0, max(0.0, frozen_share - overhead - catch_up))
+
+
 def _token_budget_share(
     cap: float,
     tokens: int,
@@ -378,11 +389,13 @@ def simulate(
                     long_tokens_seen / n_seen,
                 )
             else:
-                mean_long = long_cost_seen / n_seen
-                overspent = max(0.0, tallies[CONTROL].cost_usd - tallies[FROZEN].cost_usd)
-                upcoming = max(refit_every * n_control / position, 1.0)
-                catch_up = overspent / mean_long / upcoming if mean_long else 0.0
-                share = min(1.0, max(0.0, frozen_escalations / n_seen - catch_up))
+                share = _frozen_spend_share(
+                    frozen_escalations / n_seen,
+                    0.0,
+                    tallies[CONTROL].cost_usd - tallies[FROZEN].cost_usd,
+                    long_cost_seen / n_seen,
+                    refit_every * n_control / position,
+                )
             threshold = threshold_for_share(
                 policy, [c[0] for c in control_seen], [c[1] for c in control_seen], [c[2] for c in control_seen], share
             )
@@ -410,12 +423,13 @@ def simulate(
             # hold the frozen router's spend: its escalation share on the questions seen, less the learning legs'
             # running share, less what the learning router spent over the frozen one so far, caught up over the
             # next refit period (shares of the long legs those questions need)
-            mean_long = long_cost_seen / n_seen
-            overhead = learning_cost / long_cost_seen if long_cost_seen else 0.0
-            overspent = max(0.0, tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd)  # savings are not banked
-            upcoming = max(refit_every * n_seen / position, 1.0)  # cheap-routed questions expected next
-            catch_up = overspent / mean_long / upcoming if mean_long else 0.0
-            target = min(1.0, max(0.0, frozen_escalations / n_seen - overhead - catch_up))
+            target = _frozen_spend_share(
+                frozen_escalations / n_seen,
+                learning_cost / long_cost_seen if long_cost_seen else 0.0,
+                tallies[LEARNING].cost_usd - tallies[FROZEN].cost_usd,
+                long_cost_seen / n_seen,
+                refit_every * n_seen / position,
+            )
         data = LabelledAnswers(
             answer_rows=[entry["row"] for entry in labelled],
             labels=ys,

@@ -101,17 +101,25 @@ def _unshipped(items, order, verifier, window, quantile=None, k=None, warm_up=50
     return escalate
 
 
+def _baselines(items):
+    """(always-long's tokens, the better of always-long and always-RAG, Self-Route's quality and token share)."""
+    from gateway.evaluation.replay import self_route
+
+    long_tokens = sum(i.long_prompt_tokens for i in items)
+    best = max(sum(i.lc_score for i in items), sum(i.rag_score for i in items)) / len(items)
+    sr = [self_route(i) for i in items]
+    sr_q = sum(o.score for o in sr) / len(items)
+    sr_t = sum(leg.prompt_tokens for o in sr for leg in o.legs) / long_tokens
+    return long_tokens, best, sr_q, sr_t
+
+
 def _report_unshipped(name, units, seeds, verifier, window, **rule) -> None:
-    from gateway.evaluation.replay import self_route, stream_order
+    from gateway.evaluation.replay import stream_order
 
     print(f"== unshipped: {name}")
     met = [0, 0]
     for unit, items in units.items():
-        long_tokens = sum(i.long_prompt_tokens for i in items)
-        best = max(sum(i.lc_score for i in items), sum(i.rag_score for i in items)) / len(items)
-        sr = [self_route(i) for i in items]
-        sr_q = sum(o.score for o in sr) / len(items)
-        sr_t = sum(leg.prompt_tokens for o in sr for leg in o.legs) / long_tokens
+        long_tokens, best, sr_q, sr_t = _baselines(items)
         runs = []
         for seed in seeds:
             esc = _unshipped(items, stream_order(items, seed), verifier, window, **rule)
@@ -141,7 +149,7 @@ def _with_relative(policy, settings):
 
 
 def _report(name, policy, units, seeds) -> None:
-    from gateway.evaluation.replay import router_strategy, self_route, stream_order
+    from gateway.evaluation.replay import router_strategy, stream_order
     from gateway.routing.decision import Router
     from policies.routes import FALLBACK
 
@@ -152,11 +160,7 @@ def _report(name, policy, units, seeds) -> None:
     )
     met = [0, 0]
     for unit, items in units.items():
-        long_tokens = sum(i.long_prompt_tokens for i in items)
-        best = max(sum(i.lc_score for i in items), sum(i.rag_score for i in items)) / len(items)
-        sr = [self_route(i) for i in items]
-        sr_q = sum(o.score for o in sr) / len(items)
-        sr_t = sum(leg.prompt_tokens for o in sr for leg in o.legs) / long_tokens
+        long_tokens, best, sr_q, sr_t = _baselines(items)
         runs = []
         for seed in seeds:
             strategy = router_strategy(Router(policy), True)  # a fresh check: one deployment, one key

@@ -101,19 +101,21 @@ def body(question: str, doc_text: str | None, route: str | None, collection: str
     ).encode()
 
 
-async def timed_posts(url: str, bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
+async def timed_posts(urls: list[str], bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
+    """(latencies in ms, elapsed s) of POSTing `bodies` at `concurrency`; request i goes to urls[i % len(urls)]
+    (several gateways: round-robin)."""
     import aiohttp
 
     latencies: list[float] = []
-    pending = iter(bodies)
+    pending = iter(enumerate(bodies))
 
     async def worker(session):
-        for data in pending:
+        for i, data in pending:
             started = time.perf_counter()
-            async with session.post(url, data=data, headers={"content-type": "application/json"}) as response:
-                await response.read()
-                if response.status != 200:
-                    raise RuntimeError(f"status {response.status}: {(await response.text())[:300]}")
+            async with session.post(urls[i % len(urls)], data=data, headers={"content-type": "application/json"}) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}: {(await r.text())[:300]}")
             latencies.append((time.perf_counter() - started) * 1000)
 
     timeout = aiohttp.ClientTimeout(total=3600)
@@ -154,7 +156,7 @@ def until_full(
 
 
 def post(url: str, bodies: list[bytes], concurrency: int = 1) -> tuple[list[float], float]:
-    return asyncio.run(timed_posts(url, bodies, concurrency))
+    return asyncio.run(timed_posts([url], bodies, concurrency))
 
 
 def bare_encode_seconds(text: str) -> tuple[float, int]:
@@ -234,11 +236,11 @@ def throughput(setup: str, policy: Path, work: Path, text: str, args) -> dict:
     urls = [f"{proc.url}/v1/chat/completions" for proc in procs]
     try:
         warm = [body(q, text, "rag") for q in questions(8 * n_serving, f"warm {setup}")]
-        asyncio.run(round_robin(urls, warm, 8))
+        asyncio.run(timed_posts(urls, warm, 8))
         load_before = os.getloadavg()[0]
         cpu_before = [cpu_seconds(proc.process.pid) for proc in procs]
         bodies = [body(q, text, "rag") for q in questions(args.throughput_requests, f"tp {setup}")]
-        latencies, elapsed = asyncio.run(round_robin(urls, bodies, 8))
+        latencies, elapsed = asyncio.run(timed_posts(urls, bodies, 8))
         cpu_ms = sum(cpu_seconds(p.process.pid) - b for p, b in zip(procs, cpu_before)) * 1000 / len(bodies)
         load_after = os.getloadavg()[0]
         expected = len(warm) + len(bodies)
@@ -259,31 +261,6 @@ def throughput(setup: str, policy: Path, work: Path, text: str, args) -> dict:
         "ledger": f"{rows}/{expected}",
         "load": (load_before, load_after),
     }
-
-
-async def round_robin(urls: list[str], bodies: list[bytes], concurrency: int) -> tuple[list[float], float]:
-    """timed_posts over several gateways: request i goes to urls[i % len(urls)]."""
-    if len(urls) == 1:
-        return await timed_posts(urls[0], bodies, concurrency)
-    import aiohttp
-
-    latencies: list[float] = []
-    pending = iter(enumerate(bodies))
-
-    async def worker(session):
-        for i, data in pending:
-            started = time.perf_counter()
-            async with session.post(urls[i % len(urls)], data=data, headers={"content-type": "application/json"}) as r:
-                await r.read()
-                if r.status != 200:
-                    raise RuntimeError(f"status {r.status}: {(await r.text())[:300]}")
-            latencies.append((time.perf_counter() - started) * 1000)
-
-    timeout = aiohttp.ClientTimeout(total=3600)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-        return latencies, time.perf_counter() - started
 
 
 def main() -> int:

@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Estimator = Literal["logistic", "boosting"]
-ESTIMATORS: tuple[str, ...] = ("logistic", "boosting")
+Estimator = Literal["logistic", "boosting", "monotonic"]
+ESTIMATORS: tuple[str, ...] = ("logistic", "boosting", "monotonic")
+# "monotonic": the boosted trees with each feature's effect held to one direction (HistGradientBoostingClassifier's
+# monotonic_cst), the directions read from the training rows when the verifier is fitted
+# (classifier.verifier.monotone_directions): a tree cannot learn a bump that one corpus's or model's style puts there
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ def build_pipeline(estimator: Estimator, settings: EstimatorSettings, seed: int 
     if estimator == "logistic":
         model = LogisticRegression(C=settings.logistic_c, max_iter=settings.logistic_max_iter)
         return Pipeline([impute, ("scale", StandardScaler()), ("model", model)])
-    if estimator == "boosting":
+    if estimator in ("boosting", "monotonic"):
         boosted = HistGradientBoostingClassifier(
             max_iter=settings.boosting_iterations,
             learning_rate=settings.boosting_learning_rate,

@@ -112,6 +112,8 @@ class VerifierModel:
     card: dict[str, Any] = field(default_factory=dict)
     source: str = "<memory>"
     sha256: str | None = None  # of the skops bytes it was loaded from: the model version the ledger records
+    # the "monotonic" estimator's: each feature's direction read from the rows it is fitted on (monotone_directions)
+    monotone: bool = False
 
     @property
     def threshold(self) -> float | None:
@@ -126,7 +128,10 @@ class VerifierModel:
         y = np.asarray(labels, dtype=int)
         if len(set(y.tolist())) < 2:
             raise ValueError("the verifier needs both labels (good enough / not); all examples have one")
-        kwargs = {} if sample_weight is None else {"model__sample_weight": np.asarray(sample_weight, dtype=float)}
+        w = None if sample_weight is None else np.asarray(sample_weight, dtype=float)
+        if self.monotone:
+            self.pipeline.set_params(model__monotonic_cst=monotone_directions(x, y, w))
+        kwargs = {} if w is None else {"model__sample_weight": w}
         self.pipeline.fit(x, y, **kwargs)
         return self
 
@@ -147,6 +152,34 @@ class VerifierModel:
         return self.score(features) < t
 
 
+def new_verifier(estimator: Estimator, names: Sequence[str], seed: int = DEFAULT_SEED) -> VerifierModel:
+    """An unfitted verifier over `names` with the estimator's pipeline (classifier.estimators)."""
+    return VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(names), monotone=estimator == "monotonic")
+
+
+def monotone_directions(x: NDArray[Any], y: NDArray[Any], w: NDArray[Any] | None = None) -> list[int]:
+    """Per feature column, the direction its effect on P(good) is held to: the sign of its weighted rank correlation
+    with the label over the rows where it is present, or 0 (free) where that correlation is within 2/sqrt(n) of
+    zero (no clear direction to hold) or the feature is constant."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    weights = np.ones(len(y)) if w is None else np.asarray(w, dtype=float)
+    out = []
+    for column in np.asarray(x, dtype=float).T:
+        present = ~np.isnan(column)
+        n = int(present.sum())
+        if n < 3:
+            out.append(0)
+            continue
+        ranks, labels, wp = rankdata(column[present]), np.asarray(y, dtype=float)[present], weights[present]
+        rc, lc = ranks - np.average(ranks, weights=wp), labels - np.average(labels, weights=wp)
+        spread = math.sqrt(float(np.sum(wp * rc * rc)) * float(np.sum(wp * lc * lc)))
+        r = float(np.sum(wp * rc * lc)) / spread if spread > 0 else 0.0
+        out.append(0 if abs(r) <= 2 / math.sqrt(n) else (1 if r > 0 else -1))
+    return out
+
+
 # -- training and out-of-fold scores ------------------------------------------------------------------
 def _fit_predict(
     estimator: Estimator,
@@ -161,7 +194,7 @@ def _fit_predict(
 
     if len(set(np.asarray(y_train).tolist())) < 2:
         return np.full(len(rows_test), float(np.asarray(y_train)[0]) if len(y_train) else 0.5)
-    model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(names))
+    model = new_verifier(estimator, names, seed)
     model.fit(rows_train, y_train, w_train)
     return np.asarray(model.scores(rows_test))
 
@@ -408,7 +441,7 @@ def train_verifier(
         seed=seed,
         weighted=sample_weight is not None,
     )
-    model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(feature_names))
+    model = new_verifier(estimator, feature_names, seed)
     model.fit(rows, y, sample_weight)
     model.card = {
         "predicts": "P(the cheap route's answer is good enough): rag_score >= lc_score - margin",
@@ -418,6 +451,9 @@ def train_verifier(
         "cv_metrics_grouped": metrics,
         **(card or {}),
     }
+    if model.monotone:  # the directions held, as read from the training rows (+1: more of it, more P(good))
+        directions = model.pipeline.get_params()["model__monotonic_cst"]
+        model.card["monotone_directions"] = dict(zip(model.feature_names, (int(d) for d in directions), strict=True))
     if escalation_share is not None:
         model.card["threshold"] = threshold_for_escalation_share(oof, escalation_share)
         model.card["threshold_source"] = f"quantile of out-of-fold P(good) escalating {escalation_share:.0%}"
@@ -520,7 +556,7 @@ def permutation_importance(
     for s in splits:
         if len(set(y[s.train].tolist())) < 2:
             continue
-        model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), names)
+        model = new_verifier(estimator, names, seed)
         model.fit([rows[i] for i in s.train], y[s.train], None if w is None else w[s.train])
         fitted.append((s, model))
     unit_array = np.asarray(units)

@@ -14,6 +14,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from classifier.estimators import ESTIMATORS
 from gateway.commands import _simulate as simulate
 from gateway.commands._common import add_cache_arguments, cache_options
 from gateway.evaluation import live as eval_live
@@ -112,10 +113,10 @@ def register(subparsers, parents) -> None:
     )
     replay.add_argument(
         "--verifier-estimator",
-        choices=["logistic", "boosting"],
+        choices=list(ESTIMATORS),
         default=None,
         help="the refitted verifier's estimator (default: --estimator's); --features portable was measured "
-        "with logistic",
+        "with logistic; monotonic: boosting with each feature's direction held (classifier.estimators)",
     )
     replay.add_argument("--folds", type=int, default=5)
     replay.add_argument(

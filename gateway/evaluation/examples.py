@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 CACHE_FILE = "route_inputs_cache.jsonl"
 CACHE_VERSION = 1
+# the replay store's cap on inline collections: beyond any paired set's document sets (LaRA and L-Eval have 248)
+REPLAY_INLINE_COLLECTIONS = 1_000_000
 
 
 @dataclass
@@ -192,7 +194,11 @@ class RouteInputBuilder:
                 batch_size=policy.rag.embedding_batch_size,
                 backend=policy.rag.embedding_backend,
             )
-        self.store = DocumentStore(str(store_uri), embedder, policy.rag)
+        # the replay's store is the cache of every document set the run reads, not a deployment's working set: no cap
+        # on its inline collections (under the deployment's 256, a run over more document sets dropped the least
+        # recently used ones, whose chunks sent the support features read: sent_vectors). Not in the cache keys.
+        uncapped = policy.rag.model_copy(update={"inline_cache_collections": REPLAY_INLINE_COLLECTIONS})
+        self.store = DocumentStore(str(store_uri), embedder, uncapped)
         self.rag = RagPipeline(self.store, policy.rag)
         # no embedder: over-long documents are cut by BM25 ranking; only the token count is used here
         self.long = LongContextPipeline(policy.long_context, window_tokens=self.window)
@@ -316,7 +322,13 @@ class RouteInputBuilder:
         sent = self._cached(self._key(example, "sent"), compute)
         if not sent["chunks"]:
             return None
-        vectors = stored_chunk_vectors(self.store, sent["collection"], [(d, p) for d, p in sent["chunks"]])
+        chunks = [(d, p) for d, p in sent["chunks"]]
+        vectors = stored_chunk_vectors(self.store, sent["collection"], chunks)
+        if any(v is None for v in vectors):
+            # the recorded collection is gone (dropped under an older run's cap, or named under an older naming of
+            # inline collections): the documents' collection now, embedded if the store lacks it. The same documents
+            # and chunking settings (the cache key's) give the same chunks at the same positions.
+            vectors = stored_chunk_vectors(self.store, self.store.inline_collection(example.documents), chunks)
         if any(v is None for v in vectors):
             raise ValueError(f"the store under --data-dir lacks chunks sent for {example.query[:60]!r}: re-run it")
         return np.stack([np.asarray(v, dtype=np.float32) for v in vectors])
@@ -387,7 +399,11 @@ class CorpusInputs:
         from pipelines.embedding import Embedder
 
         if embedder is None:
-            embedder = Embedder(policy.rag.embedding_model, batch_size=policy.rag.embedding_batch_size)
+            embedder = Embedder(
+                policy.rag.embedding_model,
+                batch_size=policy.rag.embedding_batch_size,
+                backend=policy.rag.embedding_backend,
+            )
         self.embedder = embedder
         self.builders = {
             name: RouteInputBuilder(policy, store_uri, window, cache_dir, embedder) for name, window in windows.items()

@@ -299,8 +299,7 @@ def refit_verifier(
     (on a few dozen labels an out-of-fold win is often noise); only the thresholds may change."""
     import numpy as np
 
-    from classifier.estimators import VERIFIER, build_pipeline
-    from classifier.verifier import Split, VerifierModel, classification_metrics, protocol_scores
+    from classifier.verifier import Split, classification_metrics, new_verifier, protocol_scores
 
     rows, labels, groups, weights, n = _blended(
         data.answer_rows, data, blend, blend.answer_rows if blend else None, blend_weight
@@ -334,7 +333,7 @@ def refit_verifier(
         else f"the refit gains {out.gain_points:+.2f} points, < {MIN_GAIN_POINTS}"
     )
     if out.gain_points >= MIN_GAIN_POINTS and n >= min_model_labels:
-        model = VerifierModel(build_pipeline(estimator, VERIFIER, seed), list(feature_names))
+        model = new_verifier(estimator, feature_names, seed)
         model.fit(rows, y, weights)
         metrics = classification_metrics(y[:n], oof)
         model.card = {

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> int:
+    from classifier.estimators import ESTIMATORS
     from gateway.evaluation.prices import resolve_prices
     from policies.loader import load_policy
 
@@ -36,7 +37,7 @@ def main() -> int:
     parser.add_argument("--protocol", choices=["corpus", "model"], default="corpus")
     parser.add_argument("--cap", type=float, default=0.3, help="every unit's tokens within this share of always-long")
     parser.add_argument("--features", default="transfer", help="the refitted verifier's feature set (as eval replay)")
-    parser.add_argument("--verifier-estimator", choices=["logistic", "boosting"], default=None)
+    parser.add_argument("--verifier-estimator", choices=list(ESTIMATORS), default=None)
     parser.add_argument("--no-sweep", action="store_true", help="score (and cache) the items, print --at, stop")
     parser.add_argument(
         "--at",

@@ -118,3 +118,16 @@ print(sorted(m for m in ("sklearn", "scipy", "skops") if m in sys.modules))
     full = f"{load_model(builtin_model_path('default')).cheap_probability({})} "
     full += f"{load_verifier(builtin_model_path('verifier')).score({})}"
     assert lean_scores == full
+
+
+def test_a_monotonic_verifier_scores_exactly_as_sklearn():
+    """The "monotonic" estimator's trees (directions held by monotonic_cst) are read and walked like any others."""
+    from classifier.verifier import new_verifier
+
+    rng = np.random.default_rng(8)
+    x = rows(3_000, 6, seed=9)
+    y = (np.nan_to_num(x[:, 0]) - np.nan_to_num(x[:, 1]) + rng.normal(0, 50, len(x)) > 0).astype(int)
+    names = [f"f{i}" for i in range(6)]
+    model = new_verifier("monotonic", names).fit([dict(zip(names, r)) for r in x.tolist()], y)
+    assert list(model.pipeline.get_params()["model__monotonic_cst"])[:2] == [1, -1]
+    assert_exact(dumps(model.pipeline), rows(2_000, 6, seed=10))

@@ -195,3 +195,28 @@ def test_permutation_importance_finds_the_feature_that_carries_the_signal():
     assert result["(none shuffled: the scores)"]["auc"] > 0.8
     assert result["ans_support_passages"]["auc"] > 0.2 and result["ans_support_passages"]["transfer"] > 5
     assert abs(result["ans_words"]["auc"]) < 0.05  # noise carries nothing across corpora
+
+
+def test_monotone_directions_follow_the_training_rows_and_the_fit_holds_them():
+    """monotone_directions: +1 / -1 where a feature's rank correlation with the label is clear, 0 where it is noise
+    or the feature is constant or absent; the "monotonic" verifier's P(good) then moves one way along each held
+    feature, whatever bump the rows put there."""
+    import numpy as np
+
+    from classifier.verifier import monotone_directions, new_verifier
+
+    rng = np.random.default_rng(0)
+    n = 4_000
+    up, down, noise = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n)
+    # a bump: good answers at both ends of `up` in a tenth of the rows (one corpus's style), mostly increasing
+    y = ((up + rng.normal(0, 1, n) > 0) | ((up < -1.5) & (rng.random(n) < 0.9))).astype(int)
+    y = np.where(down > 1.0, 0, y)
+    x = np.column_stack([up, down, noise, np.full(n, 2.0), np.full(n, np.nan)])
+    assert monotone_directions(x, y) == [1, -1, 0, 0, 0]
+    assert monotone_directions(x, y, np.ones(n) * 3) == [1, -1, 0, 0, 0]  # weights scale nothing away
+    names = ["up", "down", "noise", "constant", "absent"]
+    rows = [dict(zip(names, r)) for r in x.tolist()]
+    free, held = (new_verifier(e, names).fit(rows, y) for e in ("boosting", "monotonic"))
+    grid = [dict(zip(names, [v, 0.0, 0.0, 2.0, float("nan")])) for v in np.linspace(-3, 3, 61)]
+    assert np.all(np.diff(held.scores(grid)) >= 0)
+    assert np.any(np.diff(free.scores(grid)) < -1e-3)  # the free trees learn the bump

@@ -105,3 +105,35 @@ def test_the_replay_reads_embedded_documents_and_keys_its_cache_without_the_firs
     assert builders[1]._key(example, "retrieval") == key
     builders[1].policy = policy.model_copy(update={"rag": policy.rag.model_copy(update={"top_k": 2})})
     assert builders[1]._key(example, "retrieval") != key  # a retrieval setting is
+
+
+def test_the_replay_store_keeps_every_document_set_and_reads_a_dropped_ones_chunks_again(tmp_path, embedder):
+    """The replay's store is the cache of every document set it reads: a policy's cap on inline collections (a
+    deployment's working set) drops none of them, and the cache keys are those written under the cap. A chunk list
+    recorded from a collection that is gone since (dropped under an older run's cap, or named under an older naming)
+    is read from the documents' collection, embedded again."""
+    import numpy as np
+
+    policy, _ = load_policy()
+    capped = policy.model_copy(
+        update={"rag": policy.rag.model_copy(update={"inline_cache_collections": 1, "inline_cache_idle_seconds": 0})}
+    )
+    paired, docs = write_paired_fixture(tmp_path, n_docs=3)
+    examples = list({tuple(e.doc_ids): e for e in load_examples(paired, docs)}.values())
+    assert len(examples) == 3
+
+    def builder(p):
+        return RouteInputBuilder(p, tmp_path / "lancedb", cache_dir=tmp_path / "cache", embedder=embedder)
+
+    first = builder(capped)
+    sent = [first.sent_vectors(e) for e in examples]
+    store = first.store
+    assert all(store.collection(store.inline_name(e.documents)) is not None for e in examples)
+    # the policy the cache is keyed by keeps the caller's cap: caches written before stay valid
+    assert first.policy.rag.inline_cache_collections == 1
+    # the recorded collection dropped: its chunks are read from the documents' collection, embedded again
+    name = store.inline_name(examples[0].documents)
+    store.delete_collection(name)
+    again = builder(capped)
+    np.testing.assert_allclose(again.sent_vectors(examples[0]), sent[0], atol=1e-5)
+    assert again.store.collection(name) is not None

@@ -3,6 +3,7 @@ learning loop's spend, and what `selfroute learn`, `whatif` and `calibrate --fro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Callable
@@ -11,8 +12,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gateway.ledger.database import INSERT_LABEL, connect
-from gateway.ledger.dialect import is_postgres, reachable
-from gateway.ledger.records import LabelRecord, label_row
+from gateway.ledger.dialect import POSTGRESQL, dialect_of, is_postgres, reachable
+from gateway.ledger.records import LABEL_FEEDBACK, LabelRecord, label_row
 from policies.routes import LEARNING_ROUTES
 
 _T = TypeVar("_T")
@@ -134,9 +135,15 @@ def learning_spend(location: str | Path, since: float) -> float:
     return float(row[0] or 0.0)
 
 
+def _feedback_lock(request_id: str) -> int:
+    # a stable signed 64-bit number per request for pg_advisory_xact_lock (Python's hash() differs per process)
+    return int.from_bytes(hashlib.sha256(b"selfroute-feedback:" + request_id.encode()).digest()[:8], "big", signed=True)
+
+
 class LabelStore:
     """Feedback labels: who sent a request, and a label written at once (not through the batching writer: the
-    client is told its label is kept)."""
+    client is told its label is kept). A request keeps one feedback label, the latest: a client re-sending its
+    judgement changes it, so no number of calls grows the table past one row per request."""
 
     def __init__(self, location: str | Path):
         self.location = location
@@ -170,6 +177,12 @@ class LabelStore:
     def add(self, label: LabelRecord) -> None:
         def write(conn: Any) -> None:
             with conn:
+                if label.source == LABEL_FEEDBACK:
+                    if dialect_of(conn) is POSTGRESQL:  # two workers replacing one request's label: one at a time
+                        conn.execute("SELECT pg_advisory_xact_lock(?)", (_feedback_lock(label.request_id),))
+                    conn.execute(
+                        "DELETE FROM labels WHERE request_id = ? AND source = ?", (label.request_id, LABEL_FEEDBACK)
+                    )
                 conn.execute(INSERT_LABEL, label_row(label))
 
         self._run(write)

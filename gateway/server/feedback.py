@@ -48,7 +48,9 @@ def _not_found(request_id: str) -> GatewayError:
 
 
 async def feedback(ctx: RequestContext) -> Response:
-    """Authenticated and read by `keyed`; not metered: it does no model work and spends nothing."""
+    """Authenticated and read by `keyed`; not ledgered: it does no model work and spends nothing. Each call counts
+    against the key's requests per minute, and a request keeps only its latest label (LabelStore.add), so a key
+    cannot grow the ledger faster than its limits let it send requests."""
     gateway, caller = ctx.gateway, ctx.caller
     body = parse_json_object(ctx.body)
     try:
@@ -62,6 +64,7 @@ async def feedback(ctx: RequestContext) -> Response:
     store = gateway.labels
     if store is None:  # only a bare test holder has no label store (the app always opens one)
         raise GatewayError(503, "this gateway keeps no feedback labels", code="not_ready")
+    await ctx.admit(None)  # the key's --rpm, before any lookup; no model, no budget: a label spends nothing
 
     def owner() -> tuple[bool, str | None]:
         found = store.request_owner(spec.request_id)
@@ -84,7 +87,8 @@ async def feedback(ctx: RequestContext) -> Response:
     )
     await anyio.to_thread.run_sync(store.add, label)
     return json_response(
-        {"object": "feedback", "request_id": spec.request_id, "good": bool(good), "score": spec.score}, status=201
+        {"object": "feedback", "request_id": spec.request_id, "good": bool(good), "score": spec.score},
+        status=201,
     )
 
 

@@ -131,6 +131,26 @@ class RelativeThreshold(_Strict):
     warm_up: int = Field(
         50, ge=1, description="answers in the window before the rule applies (before: the fixed thresholds)"
     )
+    # variants (BENCHMARKS.md section 4, round seven): each default keeps the rule above
+    long_share: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="instead of refusal_spend: escalations' long tokens in the window at most this x the long "
+        "tokens of every answer in it (what always-long would have sent)",
+    )
+    min_share: float = Field(
+        0.0, ge=0.0, le=1.0, description="candidates: at least this share of the window, whatever its refusal share"
+    )
+    cheap_weight: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="rank answers by (1 - this) x P(good) + this x the pre-route P(cheap) (0: P(good) alone)",
+    )
+    per_token: bool = Field(
+        False, description="rank answers by their doubt (1 - the rank above) per long token: cheap escalations first"
+    )
     source: str | None = Field(None, description="where these settings came from (a benchmark, a calibration)")
 
     @model_validator(mode="after")

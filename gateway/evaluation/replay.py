@@ -32,12 +32,12 @@ Choices (documented in `selfroute eval replay --help` too):
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
+from gateway.routing.relative_choice import PairedAnswer, stream_order  # stream_order: imported from here too
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG, Route
 from policies.schema import ModelConfig, Policy
 
@@ -269,20 +269,23 @@ class StrategyResult:
         return self.__dict__.copy()
 
 
-def stream_order(items: Sequence[ReplayItem], seed: int) -> list[int]:
-    """Documents in a seeded random order; each document's questions together, in a seeded order too."""
-    rng = random.Random(seed)
-    by_group: dict[str, list[int]] = {}
-    for index, item in enumerate(items):
-        by_group.setdefault(item.group, []).append(index)
-    groups = sorted(by_group)
-    rng.shuffle(groups)
-    order = []
-    for group in groups:
-        members = by_group[group][:]
-        rng.shuffle(members)
-        order.extend(members)
-    return order
+def paired_answers(items: Sequence[ReplayItem]) -> list[PairedAnswer]:
+    """The items as the relative rule's parameter choice reads them (gateway.routing.relative_choice): every item a
+    checked cheap answer with its out-of-fold P(good) (items without one are left out)."""
+    return [
+        PairedAnswer(
+            i.group,
+            float(i.verifier_score),
+            bool(i.rag_refused),
+            float(i.rag_score),
+            float(i.lc_score),
+            float(i.rag_prompt_tokens),
+            float(i.long_prompt_tokens),
+            float(i.probability),
+        )
+        for i in items
+        if i.verifier_score is not None and not math.isnan(i.verifier_score)
+    ]
 
 
 def in_stream_order(items: list[ReplayItem], policy: Policy, seed: int = 0) -> list[ReplayItem]:

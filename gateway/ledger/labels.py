@@ -91,9 +91,9 @@ def recorded_requests(
 
 def recent_answers(
     location: str | Path, key_id: str | None, policy: str | None, limit: int
-) -> list[tuple[float, bool, float, bool]]:
+) -> list[tuple[float, bool, float, bool, float | None]]:
     """The key's last `limit` cheap answers under `policy` that a relative verifier threshold decided, oldest
-    first: (P(good), refused, long tokens charged, escalated), as request_features recorded them (what
+    first: (P(good), refused, long tokens charged, escalated, P(cheap) or None), as request_features recorded them (what
     gateway.routing.score_window starts a key's window from)."""
     conn = connect(location)
     try:
@@ -115,7 +115,16 @@ def recent_answers(
         score, tokens = found.get("p_good"), found.get("long_tokens")
         if score is None or tokens is None:
             continue
-        out.append((float(score), bool(found.get("refused")), float(tokens), bool(found.get("escalated"))))
+        p_cheap = found.get("p_cheap")  # the pre-route P(cheap), for a window that ranks by it too
+        out.append(
+            (
+                float(score),
+                bool(found.get("refused")),
+                float(tokens),
+                bool(found.get("escalated")),
+                None if p_cheap is None else float(p_cheap),
+            )
+        )
         if len(out) == limit:
             break
     return out[::-1]

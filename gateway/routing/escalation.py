@@ -12,7 +12,9 @@ Two rules, chosen by the policy:
   With routing.verifier.relative, the threshold is relative to the key's own recent traffic
   (gateway.routing.score_window): once the key's window is warm, a cheap answer escalates when its P(good) is among
   the window's lowest (pool x the window's refusal share) and its long leg fits in refusal_spend x the long tokens
-  Self-Route's rule would have spent on the window's refusals; the fixed thresholds decide until then.
+  Self-Route's rule would have spent on the window's refusals; the fixed thresholds decide until then. Its variants
+  (policies.schema.RelativeThreshold: long_share, min_share, cheap_weight, per_token) change the budget, the share of
+  candidates and what answers are ranked by (gateway.routing.score_window.rank).
 
 The live path (plain and streaming, rag and direct answers) and the offline replay
 (gateway.evaluation.replay) all call `CheapAnswerCheck.verdict`, so the replay measures exactly the rule
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from gateway.routing.decision import VERSION_CHARS, RouteDecision, missing
-from gateway.routing.score_window import History, InForce, ScoreWindows, Seen
+from gateway.routing.score_window import History, InForce, ScoreWindows, Seen, rank
 from pipelines.unanswerable import UnanswerableDetector
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import FallbackSettings, Policy
@@ -244,32 +246,32 @@ class CheapAnswerCheck:
                 if rule is None
                 else self._relative(decision, refused, score, rule, long_tokens)
             )
-            window.add(Seen(float(score), bool(refused), float(long_tokens), found.escalate))
+            window.add(Seen(float(score), bool(refused), float(long_tokens), found.escalate, decision.probability))
         return replace(found, long_tokens=float(long_tokens))
 
     def _relative(
         self, decision: RouteDecision, refused: bool, score: float, rule: InForce, long_tokens: float
     ) -> Verdict:
         t = rule.threshold
-        if score < t and long_tokens <= rule.budget_tokens:
+        assert self.windows is not None  # the relative rule runs only with its windows
+        settings = self.windows.settings
+        at = rank(settings, score, decision.probability, long_tokens)
+        # the rank compared, when the settings rank by more than P(good)
+        shown = f"P(good)={score:.2f}" + ("" if at == score else f", rank {at:.3g}")
+        t_shown = f"{t:.3g}" if settings.per_token else f"{t:.2f}"  # per-token ranks are small numbers
+        if at < t and long_tokens <= rule.budget_tokens:
             return Verdict(
                 True,
                 FALLBACK,
-                f"verifier: P(good)={score:.2f} < {t:.2f} (this key's recent answers), escalated to long",
+                f"verifier: {shown} < {t_shown} (this key's recent answers), escalated to long",
                 score,
                 threshold=t,
             )
         if refused:
             return Verdict(
-                False,
-                KEPT_REFUSAL,
-                f"verifier: refusal kept (P(good)={score:.2f}, relative {t:.2f})",
-                score,
-                threshold=t,
+                False, KEPT_REFUSAL, f"verifier: refusal kept ({shown}, relative {t_shown})", score, threshold=t
             )
-        return Verdict(
-            False, decision.route, f"verifier: P(good)={score:.2f}, relative threshold {t:.2f}", score, threshold=t
-        )
+        return Verdict(False, decision.route, f"verifier: {shown}, relative threshold {t_shown}", score, threshold=t)
 
     def _fixed(self, decision: RouteDecision, refused: bool, score: float, threshold: float) -> Verdict:
         """The policy's fixed thresholds (and the relative rule's warm-up)."""

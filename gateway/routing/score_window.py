@@ -31,13 +31,31 @@ class Seen:
     refused: bool  # the answer said the passages lack the answer (Self-Route would have escalated it)
     long_tokens: float  # what its long leg sends (or would have sent)
     escalated: bool
+    probability: float | None = None  # the pre-route P(cheap) (ranked by with RelativeThreshold.cheap_weight)
+
+
+def rank(settings: RelativeThreshold, score: float, probability: float | None, long_tokens: float) -> float:
+    """Where an answer stands in its window (lowest: escalated first): its P(good), mixed with the pre-route P(cheap)
+    by `cheap_weight`, and with `per_token` its doubt per long token, negated (a doubted answer that is cheap to send
+    long goes first). In [0, 1], or [-1, 0] with per_token (long legs of at least one token)."""
+    value = score
+    if settings.cheap_weight and probability is not None:
+        value = (1.0 - settings.cheap_weight) * score + settings.cheap_weight * probability
+    if settings.per_token:
+        value = -(1.0 - value) / max(float(long_tokens), 1.0)
+    return value
+
+
+def rank_bounds(settings: RelativeThreshold) -> tuple[float, float]:
+    """Thresholds that no rank / every rank falls below."""
+    return (-1.0, 1e-9) if settings.per_token else (0.0, 1.0 + 1e-9)
 
 
 @dataclass(frozen=True)
 class InForce:
     """What the relative rule allows for the next answer."""
 
-    threshold: float  # escalate below this P(good) ...
+    threshold: float  # escalate below this rank (rank(): P(good) unless the settings mix in more) ...
     budget_tokens: float  # ... while its long leg fits in this many tokens (the window's refusals' spend, less spent)
 
 
@@ -52,6 +70,7 @@ class ScoreWindow:
         self._sorted: list[float] = []
         self._refused = 0
         self._refusal_tokens = 0.0
+        self._long_tokens = 0.0
         self._spent_tokens = 0.0
         for seen in history:
             self.add(seen)
@@ -65,26 +84,36 @@ class ScoreWindow:
             n = len(self._seen)
             if n < self.settings.warm_up:
                 return None
-            share = min(1.0, self.settings.pool * self._refused / n)
-            rank = int(share * n)
-            # the P(good) below which about `share` of the window's answers fall; none when the share rounds to 0
-            threshold = 0.0 if rank == 0 else (self._sorted[rank] if rank < n else 1.0 + 1e-9)
-            budget = self.settings.refusal_spend * self._refusal_tokens - self._spent_tokens
-            return InForce(threshold, budget)
+            settings = self.settings
+            share = min(1.0, max(settings.min_share, settings.pool * self._refused / n))
+            at = int(share * n)
+            # the rank below which about `share` of the window's answers fall; none when the share rounds to 0
+            low, high = rank_bounds(settings)
+            threshold = low if at == 0 else (self._sorted[at] if at < n else high)
+            allowed = (
+                settings.long_share * self._long_tokens
+                if settings.long_share is not None
+                else settings.refusal_spend * self._refusal_tokens
+            )
+            return InForce(threshold, allowed - self._spent_tokens)
 
     def add(self, seen: Seen) -> None:
         with self.lock:
             self._seen.append(seen)
-            bisect.insort(self._sorted, seen.score)
+            bisect.insort(self._sorted, self.rank(seen))
             self._count(seen, 1)
             while len(self._seen) > self.settings.window:
                 old = self._seen.popleft()
-                del self._sorted[bisect.bisect_left(self._sorted, old.score)]
+                del self._sorted[bisect.bisect_left(self._sorted, self.rank(old))]
                 self._count(old, -1)
+
+    def rank(self, seen: Seen) -> float:
+        return rank(self.settings, seen.score, seen.probability, seen.long_tokens)
 
     def _count(self, seen: Seen, sign: int) -> None:
         self._refused += sign * int(seen.refused)
         self._refusal_tokens += sign * seen.long_tokens * seen.refused
+        self._long_tokens += sign * seen.long_tokens
         self._spent_tokens += sign * seen.long_tokens * seen.escalated
 
 

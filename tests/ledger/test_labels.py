@@ -98,7 +98,9 @@ def test_recent_answers_are_the_keys_own_under_the_policy_oldest_first(ledger_lo
         }
 
     for i in range(5):
-        ledger.submit(_record(f"a{i}", "rag", 0.001, now + i, answer(i, escalated=i == 3, refused=i == 1)))
+        ledger.submit(
+            _record(f"a{i}", "rag", 0.001, now + i, answer(i, escalated=i == 3, refused=i == 1, p_cheap=i / 20))
+        )
     ledger.submit(_record("b0", "rag", 0.001, now + 5, answer(9), key="k_b"))  # another key
     ledger.submit(_record("n0", "rag", 0.001, now + 6, {"version": 1, "p_good": 0.5}))  # no long_tokens: fixed rule
     other = _record("o0", "rag", 0.001, now + 7, answer(8))
@@ -107,11 +109,11 @@ def test_recent_answers_are_the_keys_own_under_the_policy_oldest_first(ledger_lo
     ledger.flush()
     ledger.close()
     assert recent_answers(ledger_location, "k_a", "p", 3) == [
-        (0.2, False, 102.0, False),
-        (0.3, False, 103.0, True),
-        (0.4, False, 104.0, False),
+        (0.2, False, 102.0, False, 0.1),
+        (0.3, False, 103.0, True, 0.15),
+        (0.4, False, 104.0, False, 0.2),
     ]
-    assert recent_answers(ledger_location, "k_a", "p", 10)[1] == (0.1, True, 101.0, False)
-    assert recent_answers(ledger_location, "k_b", "p", 10) == [(0.9, False, 109.0, False)]
+    assert recent_answers(ledger_location, "k_a", "p", 10)[1] == (0.1, True, 101.0, False, 0.05)
+    assert recent_answers(ledger_location, "k_b", "p", 10) == [(0.9, False, 109.0, False, None)]
     assert recent_answers(ledger_location, None, "p", 10) == []
-    assert recent_answers(ledger_location, "k_a", "other", 10) == [(0.8, False, 108.0, False)]
+    assert recent_answers(ledger_location, "k_a", "other", 10) == [(0.8, False, 108.0, False, None)]

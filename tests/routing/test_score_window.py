@@ -6,7 +6,7 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from gateway.routing.decision import Router
+from gateway.routing.decision import RouteDecision, Router
 from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.score_window import ScoreWindow, Seen
 from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
@@ -149,3 +149,47 @@ def test_the_policy_rejects_a_warm_up_longer_than_the_window_and_unknown_fields(
         Policy.model_validate(verifier({"refusal_spend": 0}))
     ok = Policy.model_validate(verifier({}))
     assert ok.routing.verifier.relative == RelativeThreshold(refusal_spend=0.9, pool=1.5, window=1000, warm_up=50)
+
+
+def test_long_share_budgets_on_every_answers_long_tokens_instead_of_the_refusals():
+    window = ScoreWindow(RelativeThreshold(window=20, warm_up=5, pool=1.0, long_share=0.1))
+    for i in range(10):  # one refusal of 100 tokens among ten answers of 100 tokens: always-long sends 1000
+        window.add(Seen(0.1 * (i + 1), i == 0, 100, False))
+    rule = window.in_force()
+    assert rule.budget_tokens == pytest.approx(100)  # 0.1 x 1000, not refusal_spend x the refusal's 100 (90)
+    window.add(Seen(0.05, False, 60, True))
+    assert window.in_force().budget_tokens == pytest.approx(0.1 * 1060 - 60)
+
+
+def test_min_share_widens_the_candidates_when_few_answers_refuse():
+    settings = {"window": 20, "warm_up": 5, "pool": 1.0, "refusal_spend": 1.0}
+    narrow, wide = ScoreWindow(RelativeThreshold(**settings)), ScoreWindow(RelativeThreshold(**settings, min_share=0.3))
+    for i in range(10):
+        for w in (narrow, wide):
+            w.add(Seen(0.1 * (i + 1), i == 9, 100, False))  # one refusal in ten: share 0.1
+    assert narrow.in_force().threshold == pytest.approx(0.2)  # the lowest 1 of 10 below it
+    assert wide.in_force().threshold == pytest.approx(0.4)  # at least 3 of 10
+
+
+def test_cheap_weight_ranks_by_p_good_and_p_cheap_together():
+    check = CheapAnswerCheck(relative_policy(threshold=0.0, window=20, warm_up=10, pool=1.0, cheap_weight=0.5))
+    # ten answers, two refusals: candidates the lowest 2 of 10 by (P(good) + P(cheap)) / 2
+    for i in range(10):
+        decision = RouteDecision(RAG, "test", probability=0.5)
+        check.verdict(decision, i in (4, 7), 0.1 * (i + 1), None, 10)
+    # P(good) 0.15 is low, but the pre-route was sure the cheap answer suffices (0.95): rank 0.55, kept
+    sure = check.verdict(RouteDecision(RAG, "test", probability=0.95), False, 0.15, None, 10)
+    assert not sure.escalate and "rank 0.55" in sure.note
+    doubted = check.verdict(RouteDecision(RAG, "test", probability=0.05), False, 0.15, None, 10)
+    assert doubted.escalate  # rank 0.10, below the window's second-lowest rank
+
+
+def test_per_token_ranks_doubt_per_long_token():
+    check = CheapAnswerCheck(relative_policy(threshold=0.0, window=20, warm_up=10, pool=1.0, per_token=True))
+    decision = Router(check.policy).decide({})
+    feed(check, decision, [(0.5, i in (4, 7), 100) for i in range(10)])  # ranks -0.005, two refusals
+    # as doubted as P(good) 0.2 but on a 1000-token long leg: -0.0008 per token, above the window's ranks: kept
+    assert not check.verdict(decision, False, 0.2, None, 1000).escalate
+    # P(good) 0.6 on a 10-token long leg: -0.04, the lowest rank: escalated (the window's refusals spent 200)
+    assert check.verdict(decision, False, 0.6, None, 10).escalate
+    assert RelativeThreshold(per_token=True).model_dump()["per_token"] is True

@@ -1,0 +1,99 @@
+"""The relative rule's parameters chosen under the held-out protocol (gateway.routing.relative_choice), on the
+cached out-of-fold scores: every candidate of `candidate_grid` (round six's refusal-spend grid and the round-seven
+variants) replayed through the live CheapAnswerCheck.verdict on every held-out unit (one key per unit, questions in
+stream_order), then the nested choice: for each unit, the candidate the criterion picks on the other units of its
+protocol only, scored on that unit.
+
+    .venv/bin/python tests/benchmarks/bench_relative_choice.py --items corpus=F1 --items model=F2 \\
+        [--policy policies/default.yaml] [--seeds 0 1 2 3 4] [--all]
+
+F1, F2: the scored items `tests/benchmarks/bench_threshold_frontier.py --items-cache F --protocol corpus|model
+--features portable --verifier-estimator logistic --no-sweep` writes. Printed: each candidate's figures on every
+unit (--all; else only the policy's own, the fixed thresholds and the chosen ones), the candidate chosen on all
+units of each protocol and on both together, and the nested (held-out) figures per unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def _line(unit, f):
+    return (
+        f"  {unit}: n {f.n}, vs better {f.gap_points[0]:+.2f}..{f.gap_points[1]:+.2f} at tokens "
+        f"{f.tokens[0]:.3f}..{f.tokens[1]:.3f} (escalated {100 * f.escalated[0]:.1f}..{100 * f.escalated[1]:.1f}%) "
+        f"{'met' if f.within else 'missed'}; vs Self-Route {f.self_route_points[0]:+.2f}..{f.self_route_points[1]:+.2f}"
+        f" (SR tokens {f.self_route_tokens:.3f}) {'met' if f.beats_self_route else 'missed'}"
+    )
+
+
+def main() -> int:
+    from gateway.evaluation.replay import paired_answers
+    from gateway.routing.relative_choice import (
+        candidate_grid,
+        choose_relative,
+        criterion,
+        describe,
+        evaluate_candidates,
+        held_out,
+    )
+    from policies.loader import load_policy
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", action="append", required=True, help="PROTOCOL=PICKLE (bench_threshold_frontier)")
+    parser.add_argument("--policy", type=Path, default=None)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--all", action="store_true", help="print every candidate on every unit")
+    args = parser.parse_args()
+    policy, _ = load_policy(args.policy)
+    protocols: dict[str, dict] = {}
+    for spec in args.items:
+        protocol, path = spec.split("=", 1)
+        items, labels = pickle.loads(Path(path).read_bytes())[:2]  # a benchmark's own file, not input
+        protocols[protocol] = {
+            f"{protocol}:{u}": paired_answers([i for i, x in zip(items, labels) if x == u]) for u in sorted(set(labels))
+        }
+    units = {u: a for found in protocols.values() for u, a in found.items()}
+    candidates = candidate_grid(policy)
+    started = time.perf_counter()
+    table = evaluate_candidates(policy, units, candidates, args.seeds)
+    print(
+        f"{len(candidates)} candidates x {len(units)} units x {len(args.seeds)} orders in "
+        f"{time.perf_counter() - started:.1f} s",
+        flush=True,
+    )
+    every = choose_relative(policy, units, candidates, args.seeds, table=table)
+    for c, candidate in enumerate(candidates):
+        met, _, _, worst, mean, tokens = criterion(table[c].values())
+        print(
+            f"== [{c}] {describe(candidate)}: both targets on {met} of {len(units)} units, worst gap {worst:+.2f}, "
+            f"mean {mean:+.2f}, most tokens {-tokens:.3f}; within {sum(f.within for f in table[c].values())}, "
+            f"beats Self-Route {sum(f.beats_self_route for f in table[c].values())}"
+        )
+        if args.all or c in (0, 1) or candidate == every.settings:
+            for unit, f in table[c].items():
+                print(_line(unit, f))
+    print(f"== chosen on all {len(units)} units: {describe(every.settings)}")
+    for protocol, found in protocols.items():
+        names = sorted(found)
+        sub = {c: {u: table[c][u] for u in names} for c in table}
+        choice = choose_relative(policy, found, candidates, args.seeds, table=sub)
+        print(f"== {protocol}: chosen on all its units: {describe(choice.settings)}; nested (held out):")
+        nested = held_out(choice)
+        for h in nested:
+            print(_line(h.unit, h.figures) + f"  <- chosen on the others: {describe(h.settings)}")
+        print(
+            f"  held out: both targets on {sum(h.figures.both for h in nested)} of {len(nested)}, worst gap "
+            f"{min(h.figures.gap_points[0] for h in nested):+.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,14 +10,21 @@ uvicorn writes a response's status line and headers, then its body, in two trans
 two TCP segments for every answer (on loopback the kernel's receive work for both is charged to the sender too). The
 connection's transport here holds what one event-loop iteration writes and sends it in one write at the iteration's
 end (`HeldWrites`): a whole answer leaves in one segment, a stream's events of one iteration together.
+
+Each request's scope carries a `DisconnectHook` (gateway.server.disconnect) that `connection_lost` calls for every
+request of the connection whose response is not complete: the app hears of a client leaving without a task per
+request waiting on receive().
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.server.disconnect import DISCONNECT_HOOK, DisconnectHook
 
 HEADER_TIMEOUT_S = 10.0  # set by `selfroute serve --header-timeout` in each process
 
@@ -66,6 +73,7 @@ class HeldWrites:
 
 class HeaderDeadlineProtocol(HttpToolsProtocol):
     _head_deadline = None
+    _hooks: deque[DisconnectHook] | None = None  # the connection's requests whose responses are not complete, in order
 
     def _arm(self) -> None:
         self._disarm()
@@ -85,11 +93,21 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         super().connection_made(HeldWrites(transport, self.loop))  # type: ignore[arg-type]
         self._arm()
 
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        hook = DisconnectHook()
+        self.scope["extensions"] = {DISCONNECT_HOOK: hook}  # type: ignore[typeddict-unknown-key]
+        if self._hooks is None:
+            self._hooks = deque()
+        self._hooks.append(hook)
+
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
 
     def on_response_complete(self) -> None:
+        if self._hooks:  # HTTP/1.1 answers a connection's requests in order
+            self._hooks.popleft()
         super().on_response_complete()
         if not self.transport.is_closing():
             self._arm()
@@ -97,3 +115,5 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        while self._hooks:
+            self._hooks.popleft().lost()

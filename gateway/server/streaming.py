@@ -14,7 +14,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import chunk_has_choices, chunk_usage, truncated_chunks
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.routing.streaming import chunk_text
-from gateway.server.disconnect import CLIENT_CLOSED
+from gateway.server.disconnect import CLIENT_CLOSED, watch_disconnect
 from gateway.server.errors import failure
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import client_safe, malformed_chunk
@@ -33,38 +33,29 @@ class EventStreamResponse(StreamingResponse):
         super().__init__(content, headers={"cache-control": "no-cache", **(headers or {})})
 
     async def __call__(self, scope, receive, send) -> None:
-        # the stream runs in this task and a plain task listens: the client leaving cancels this one. An anyio task
-        # group (a task for the stream, a cancel scope, its cancel formatting the task's repr) was a tenth of the
-        # event loop's time on a pass-through stream (py-spy). The listener ends by itself: after the last body,
-        # receive() answers http.disconnect (ASGI); cancelling it left a CancelledError and its frames in
-        # reference cycles per stream.
+        # the stream runs in this task; the client leaving cancels it (gateway.server.disconnect: serve's hook, or a
+        # plain task waiting on receive()). An anyio task group (a task for the stream, a cancel scope, its cancel
+        # formatting the task's repr) was a tenth of the event loop's time on a pass-through stream (py-spy).
         task = asyncio.current_task()
-        streaming, left = True, False
+        left = False
 
-        async def listen() -> None:
+        def client_left() -> None:
             nonlocal left
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if streaming and task is not None:
+            if task is not None:
                 left = True
                 task.cancel()
 
-        listener = asyncio.get_running_loop().create_task(listen())
-        _listeners.add(listener)
-        listener.add_done_callback(_listeners.discard)
+        stop_watching = watch_disconnect(scope, receive, client_left)
         try:
             await self.stream_response(send)
         except OSError:  # the socket went away mid-write
             pass
         except asyncio.CancelledError:
-            if not left or task is None:  # not this listener's doing (a shutdown): go on being cancelled
+            if not left or task is None:  # not this watcher's doing (a shutdown): go on being cancelled
                 raise
             task.uncancel()  # the client left: the relay has recorded it (499)
         finally:
-            streaming = False
-
-
-_listeners: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to its tasks
+            stop_watching()
 
 
 # (the stream's first chunk, its whole text) -> a trailing chunk to send before the usage chunk and [DONE], or None

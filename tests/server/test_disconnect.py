@@ -1,5 +1,7 @@
 """A client that leaves before its answer stops the work: the upstream call is cancelled and the request
-is ledgered as 499, at once rather than when the upstream would have answered."""
+is ledgered as 499, at once rather than when the upstream would have answered. Under uvicorn's own protocol a task
+watches receive(); under `selfroute serve`'s (HeaderDeadlineProtocol) the connection's connection_lost tells the
+request through its scope's DisconnectHook: both are tested."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 import httpx
 import pytest
 
+from gateway.commands._http_deadline import HeaderDeadlineProtocol
+from gateway.server.disconnect import DISCONNECT_HOOK
 from tests.support.gateway import ledger_rows, running_gateway
 from tests.support.policies import DROP, make_policy
 
@@ -19,9 +23,14 @@ POLICY = {
 }
 
 
+# uvicorn's default protocol (a watcher task), and serve's (the connection's hook)
+PROTOCOLS = pytest.mark.parametrize("http", [None, HeaderDeadlineProtocol], ids=["uvicorn", "serve"])
+
+
+@PROTOCOLS
 @pytest.mark.parametrize("model", ["selfroute", "openai/sleep-30"])
-def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstream, tmp_path, model):
-    with running_gateway(tmp_path, make_policy(upstream[0], **POLICY)) as (url, app):
+def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstream, tmp_path, model, http):
+    with running_gateway(tmp_path, make_policy(upstream[0], **POLICY), http=http) as (url, app):
         body = {"model": model, "messages": [{"role": "user", "content": "Take your time."}]}
         started = time.monotonic()
         with pytest.raises(httpx.ReadTimeout):
@@ -45,6 +54,102 @@ def test_client_leaving_a_non_streaming_request_is_ledgered_as_499_at_once(upstr
             json={"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "hi"}]},
         )
         assert ok.status_code == 200
+
+
+@PROTOCOLS
+def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(upstream, tmp_path, http, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")  # pass-through names go there
+    with running_gateway(tmp_path, make_policy(upstream[0]), http=http) as (url, app):
+        started = time.monotonic()
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            json={"model": "openai/dribble", "stream": True, "messages": [{"role": "user", "content": "x"}]},
+        ) as response:
+            assert next(response.iter_lines()).startswith("data: ")
+        # the upstream would stream for 10 s; the gateway must notice the client left long before that
+        rows = []
+        while not rows and time.monotonic() - started < 8:
+            rows = ledger_rows(app)
+            time.sleep(0.05)
+        assert rows, "the request never reached the ledger"
+        assert rows[0]["status"] == 499 and "client disconnected" in rows[0]["error"]
+        assert rows[0]["latency_ms"] < 5_000
+        ok = httpx.post(  # and a request on a new connection is answered whole
+            f"{url}/v1/chat/completions",
+            timeout=60,
+            json={"model": "openai/fake-cheap", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert ok.status_code == 200 and ok.text.rstrip().endswith("data: [DONE]")
+        assert ledger_rows(app)[-1]["status"] == 200
+
+
+def test_serve_protocol_gives_each_request_its_own_hook_and_only_unfinished_ones_hear_the_loss():
+    """On a kept-alive connection: a finished request's hook is not called when the connection goes later; an
+    unfinished one's callback runs once."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    class Transport:
+        def __init__(self):
+            self.closed = False
+
+        def get_extra_info(self, name, default=None):
+            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+        def write(self, data):
+            pass
+
+        def is_closing(self):
+            return self.closed
+
+        def close(self):
+            self.closed = True
+
+        def pause_reading(self):
+            pass
+
+        def resume_reading(self):
+            pass
+
+        def set_protocol(self, protocol):
+            pass
+
+    import asyncio
+
+    scopes = []
+
+    async def app(scope, receive, send):
+        scopes.append(scope)
+        if len(scopes) == 1:  # the first is answered; the second never is
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+        else:
+            await asyncio.sleep(30)
+
+    async def run() -> list[str]:
+        config = Config(app, log_level="warning")
+        config.load()
+        protocol = HeaderDeadlineProtocol(config, ServerState(), app_state={})
+        protocol.connection_made(Transport())
+        heard = []
+        protocol.data_received(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        await asyncio.sleep(0.05)
+        protocol.data_received(b"POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        await asyncio.sleep(0.05)
+        first, second = (scope["extensions"][DISCONNECT_HOOK] for scope in scopes)
+        assert first is not second
+        first.callback = lambda: heard.append("first")  # answered already: must not hear of the loss
+        second.callback = lambda: heard.append("second")
+        protocol.connection_lost(None)
+        assert heard == ["second"]
+        second.lost()  # once only: a second call finds no callback
+        for task in protocol.tasks:
+            task.cancel()
+        await asyncio.sleep(0)
+        return heard
+
+    assert asyncio.run(run()) == ["second"]
 
 
 @pytest.mark.parametrize("stream", [False, True])

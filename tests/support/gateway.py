@@ -14,11 +14,12 @@ from tests.support.servers import serve_app
 
 
 @contextmanager
-def running_gateway(data_dir: Path, policy, **kwargs):
-    """Yield (base_url, app) for a gateway on a real uvicorn server."""
+def running_gateway(data_dir: Path, policy, *, http=None, **kwargs):
+    """Yield (base_url, app) for a gateway on a real uvicorn server (`http`: its HTTP protocol class, uvicorn's
+    default unless given; `selfroute serve` runs gateway.commands._http_deadline.HeaderDeadlineProtocol)."""
     settings_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.__dataclass_fields__}
     app = create_app(Settings(data_dir=data_dir, **settings_kwargs), policy=policy, **kwargs)
-    with serve_app(app) as url:
+    with serve_app(app, **({"http": http} if http is not None else {})) as url:
         yield url, app
 
 

@@ -96,7 +96,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         hook = DisconnectHook()
-        self.scope["extensions"] = {DISCONNECT_HOOK: hook}  # type: ignore[typeddict-unknown-key]
+        self.scope["extensions"] = {DISCONNECT_HOOK: hook}  # type: ignore[dict-item]
         if self._hooks is None:
             self._hooks = deque()
         self._hooks.append(hook)

@@ -18,9 +18,21 @@ def _mapping_item(node: yaml.Node | None, key: str):
     return next(((k, v) for k, v in node.value if getattr(k, "value", None) == key), None)
 
 
+def _last_line(node: yaml.Node) -> int:
+    """The last line a value takes (a block collection's own end mark is where the next key starts)."""
+    if isinstance(node, yaml.MappingNode) and node.value:
+        return _last_line(node.value[-1][1])
+    if isinstance(node, yaml.SequenceNode) and node.value:
+        return _last_line(node.value[-1])
+    end = node.end_mark
+    return end.line if end.column > 0 else end.line - 1
+
+
 def _scalar(value) -> str:
-    # JSON strings are valid YAML double-quoted scalars
-    return json.dumps(value) if isinstance(value, str) else repr(float(value))
+    # JSON strings (and true/false/null) are valid YAML scalars
+    if isinstance(value, str | bool) or value is None:
+        return json.dumps(value)
+    return repr(value) if isinstance(value, int) else repr(float(value))
 
 
 def set_threshold(text: str, threshold: float, source: str, section: str = "classifier") -> tuple[str, bool]:
@@ -30,17 +42,25 @@ def set_threshold(text: str, threshold: float, source: str, section: str = "clas
 
 
 def set_values(text: str, values: dict, section: str = "classifier") -> tuple[str, bool]:
-    """The policy text with routing.<section>.<key> set for each key of `values` (strings or numbers), e.g. a new
-    model_path with its threshold (selfroute learn). Returns (text, comments_kept)."""
+    """The policy text with routing.<section>.<key> set for each key of `values` (strings, numbers, booleans or
+    None), e.g. a new model_path with its threshold (selfroute learn); `section` may be dotted ("verifier.relative").
+    Returns (text, comments_kept)."""
     root = yaml.compose(text)
-    routing = _mapping_item(root, "routing")
-    classifier = _mapping_item(routing[1] if routing else None, section)
-    block = classifier[1] if classifier else None
+    node = _mapping_item(root, "routing")
+    for part in section.split("."):
+        node = _mapping_item(node[1] if node else None, part)
+    block = node[1] if node else None
     if not isinstance(block, yaml.MappingNode) or block.flow_style or not block.value:
         data = yaml.safe_load(text) or {}
-        settings = data.setdefault("routing", {}).get(section) or {}
+        parent = data.setdefault("routing", {})
+        *path, last = section.split(".")
+        for part in path:
+            if not isinstance(parent.get(part), dict):
+                parent[part] = {}
+            parent = parent[part]
+        settings = parent.get(last) or {}
         settings.update(values)
-        data["routing"][section] = settings
+        parent[last] = settings
         return yaml.safe_dump(data, sort_keys=False, allow_unicode=True), False
 
     lines = text.splitlines(keepends=True)
@@ -53,10 +73,12 @@ def set_values(text: str, values: dict, section: str = "classifier") -> tuple[st
         item = _mapping_item(block, key)
         if item is not None:
             found[key] = item
-    for key, (_key_node, value_node) in sorted(found.items(), key=lambda kv: -kv[1][1].start_mark.index):
+    for key, (key_node, value_node) in sorted(found.items(), key=lambda kv: -kv[1][1].start_mark.index):
         start, end = value_node.start_mark, value_node.end_mark
-        if start.line != end.line:  # a multi-line value: replace its lines with a single line
-            lines[start.line : end.line + 1] = [lines[start.line][: start.column] + edits[key] + "\n"]
+        if start.line != end.line:  # a multi-line value (a nested block too): one line, key and value
+            final = _last_line(value_node)
+            head = lines[key_node.start_mark.line][: key_node.end_mark.column] + ": "
+            lines[key_node.start_mark.line : final + 1] = [head + edits[key] + "\n"]
         else:
             line = lines[start.line]
             lines[start.line] = line[: start.column] + edits[key] + line[end.column :]

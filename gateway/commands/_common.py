@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 
 def add_ledger_argument(parser: argparse.ArgumentParser) -> None:
@@ -203,3 +203,25 @@ def cache_options(args: argparse.Namespace) -> dict:
         "long_cache_prices": args.long_cache_prices,
         "cache_window": args.cache_window,
     }
+
+
+def print_relative(card: dict[str, Any]) -> None:
+    """The relative rule's choice (gateway.evaluation.tradeoff.relative_choice_card) as train and calibrate print it."""
+    print(f"relative rule (routing.verifier.relative): {card['described']}, chosen on every unit")
+    for unit, f in card["per_unit"].items():
+        print(f"  on {unit}: {_span(f)}")
+    for unit, f in card["held_out"].items():
+        print(f"  held out {unit} (chosen on the others: {f['settings']}): {_span(f)}")
+    print(
+        f"  held out: both targets met on {card['held_out_both_targets']} of {len(card['held_out'])} units, worst "
+        f"gap {card['held_out_worst_gap_points']:+.2f} points"
+    )
+
+
+def _span(f: dict[str, Any]) -> str:
+    gap, tokens = f["vs_better_baseline_points"], f["tokens_vs_long"]
+    return (
+        f"{gap[0]:+.2f}..{gap[1]:+.2f} points vs the better baseline at {tokens[0]:.3f}..{tokens[1]:.3f} of "
+        f"always-long's tokens ({'within 1 point' if f['within_1_point'] else 'missed'}); Self-Route "
+        + ("beaten" if f["beats_self_route"] else "not beaten at no more tokens")
+    )

@@ -77,6 +77,20 @@ def register(subparsers, parents) -> None:
         help="auto: the policy's models' prices (the policy's, else litellm's cost map) when non-zero, "
         "else the reference pair gpt-3.5-turbo / gpt-3.5-turbo-16k",
     )
+    replay.add_argument(
+        "--relative-units",
+        choices=["task", "model"],
+        default="task",
+        help="with a policy whose verifier sets `relative`: the held-out units (one key each) its parameters are "
+        "chosen across, through the live check, the chosen thresholds deciding each key's warm-up",
+    )
+    replay.add_argument(
+        "--relative-token-share",
+        type=float,
+        default=0.3,
+        help="the relative rule's target per unit: within 1 point of the better of always-long and always-RAG at "
+        "<= this share of always-long's tokens (and above Self-Route at no more tokens)",
+    )
     add_cache_arguments(replay)
     replay.add_argument(
         "--fixed-classifier",
@@ -180,10 +194,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_replay_target(args: argparse.Namespace) -> int:
     from classifier.model import ModelFileError
+    from gateway.commands._common import print_relative
     from gateway.evaluation.examples import ExampleFileError, RouteInputBuilder, load_examples
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.report import build_items
-    from gateway.evaluation.tradeoff import choose
+    from gateway.evaluation.tradeoff import choose, relative_choice_card
     from gateway.evaluation.verification import replay_scores
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
@@ -263,6 +278,21 @@ def run_replay_target(args: argparse.Namespace) -> int:
     if not pick.met:
         print("the policy is left as it was", file=sys.stderr)
         return 1
+    relative = None
+    if verifier_on and policy.routing.verifier is not None and policy.routing.verifier.relative is not None:
+        # the relative rule's parameters across the held-out units, the thresholds just chosen deciding its warm-up
+        warm_up = policy.model_copy(deep=True)
+        warm_up.routing.verifier.threshold = pick.verifier_threshold  # type: ignore[union-attr]
+        warm_up.routing.verifier.refusal_threshold = pick.refusal_threshold  # type: ignore[union-attr]
+        units = [e.task or "" for e in examples] if args.relative_units == "task" else [e.model for e in examples]
+        relative = relative_choice_card(
+            items,
+            units,
+            warm_up,
+            max_token_share=args.relative_token_share,
+            command=f"calibrate ({protocol} replay of {args.data.name}, units: {args.relative_units})",
+        )
+        print_relative(relative)
     if args.dry_run:
         return 0
     text = policy_file.read_text(encoding="utf-8")
@@ -275,6 +305,14 @@ def run_replay_target(args: argparse.Namespace) -> int:
         comments_kept &= kept
         if pick.refusal_threshold is not None:
             text, kept = set_values(text, {"refusal_threshold": pick.refusal_threshold}, "verifier")
+            comments_kept &= kept
+        if relative is not None:
+            chosen = relative["settings"]
+            text, kept = (
+                set_values(text, {**chosen, "source": relative["source"]}, "verifier.relative")
+                if chosen is not None
+                else set_values(text, {"relative": None}, "verifier")  # the fixed thresholds did best
+            )
             comments_kept &= kept
     return write_policy(policy_file, text, comments_kept, "the thresholds", "a routing block")
 

@@ -311,12 +311,13 @@ def run_verifier(args: argparse.Namespace) -> int:
         split_units,
         train_verifier,
     )
+    from gateway.commands._common import print_relative
     from gateway.evaluation.cards import curve_card, verifier_limitations
     from gateway.evaluation.examples import CorpusInputs, ExampleFileError
     from gateway.evaluation.prices import resolve_prices
     from gateway.evaluation.replay import without_pre_route
     from gateway.evaluation.report import build_items
-    from gateway.evaluation.tradeoff import choose, choose_across_units
+    from gateway.evaluation.tradeoff import choose, choose_across_units, relative_choice_card
     from gateway.evaluation.transfer import unit_reports
     from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers, protocol_inputs
     from gateway.routing.model_files import save_verifier
@@ -429,6 +430,17 @@ def run_verifier(args: argparse.Namespace) -> int:
         if verifier_policy.routing.verifier is not None:  # the held-out figures below at the chosen refusal rule
             verifier_policy = verifier_policy.model_copy(deep=True)
             verifier_policy.routing.verifier.refusal_threshold = refusal  # type: ignore[union-attr]
+            # the relative rule's parameters, the thresholds just chosen deciding each key's warm-up; P(cheap) out
+            # of fold when there is a pre-route (a candidate may rank by it), every answer checked
+            warm_up = verifier_policy.model_copy(deep=True)
+            warm_up.routing.verifier.threshold = threshold  # type: ignore[union-attr]
+            policy_thresholds["relative"] = relative_choice_card(
+                routed if router is not None else items,
+                units,
+                warm_up,
+                max_token_share=args.max_token_share,
+                command=f"train --verifier --max-token-share {args.max_token_share:g} ({described})",
+            )
         figures = "; ".join(
             f"{u} {o['vs_better_baseline_points']:+.2f} points vs the better of always-long and "
             f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens, {o['long_share']:.1%} "
@@ -544,6 +556,8 @@ def run_verifier(args: argparse.Namespace) -> int:
                 f"always-RAG at {o['tokens_vs_long']:.3f} of always-long's tokens; Self-Route "
                 + ("beaten" if o["beats_self_route"] else "not beaten at no more tokens")
             )
+    if policy_thresholds and "relative" in policy_thresholds:
+        print_relative(policy_thresholds["relative"])
     for unit, h in held_out.items():
         print(
             f"  held out {unit} ({h['n']} answers): verifier vs random escalation at 25% "

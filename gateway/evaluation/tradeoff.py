@@ -24,11 +24,13 @@ from gateway.evaluation.replay import (
     ReplayItem,
     leg_cost,
     long_leg_cost,
+    paired_answers,
     warm_long_legs,
     with_threshold,
     without_verifier,
 )
 from gateway.routing.decision import Router
+from gateway.routing.relative_choice import choose_relative, describe, held_out
 from policies.routes import DIRECT, LONG
 from policies.schema import Policy
 
@@ -321,3 +323,51 @@ def choose_across_units(
         per[u]["self_route_quality"], per[u]["self_route_tokens_vs_long"] = sr["quality"], sr["tokens_vs_long"]
         per[u]["beats_self_route"] = float(beats(per[u], u))  # the issue's target: more quality at no more tokens
     return UnitChoice(t1, t2, max_share, on, worst, per, bool(feasible), t3)
+
+
+def relative_choice_card(
+    items: Sequence[ReplayItem],
+    units: Sequence[str],
+    policy: Policy,
+    *,
+    max_token_share: float,
+    seeds: Sequence[int] = (0, 1, 2),
+    command: str,
+) -> dict[str, Any]:
+    """The relative rule's parameters (routing.verifier.relative) chosen on every unit, and nested: for each unit
+    the choice made on the other units only, scored on it (gateway.routing.relative_choice, the live check). Every
+    item is a checked cheap answer (no pre-route) with its out-of-fold P(good); the policy's fixed thresholds
+    decide each stream's warm-up. The card's part, for a model card and for a policy's `relative.source`."""
+    names = sorted(set(units))
+    per_unit = {u: paired_answers([i for i, x in zip(items, units) if x == u]) for u in names}
+    choice = choose_relative(policy, per_unit, seeds=seeds, max_token_share=max_token_share)
+    nested = held_out(choice)
+    both = sum(h.figures.both for h in nested)
+    worst = min((h.figures.gap_points[0] for h in nested), default=float("nan"))
+    chosen = choice.settings
+    figures = "; ".join(
+        f"{u} {f.gap_points[0]:+.2f}..{f.gap_points[1]:+.2f} points vs the better baseline at "
+        f"{f.tokens[1]:.3f} of always-long's tokens, Self-Route {'beaten' if f.beats_self_route else 'not beaten'}"
+        for u, f in sorted(choice.per_unit.items())
+    )
+    source = (
+        f"{command}: chosen through the live check on {len(names)} units ({', '.join(names)}), {len(seeds)} stream "
+        f"orders each, of {len(choice.candidates)} candidates (gateway.routing.relative_choice.candidate_grid): "
+        f"{figures}; nested (each unit chosen on the others): both targets on {both} of {len(nested)}, worst gap "
+        f"{worst:+.2f}"
+    )
+    return {
+        "settings": None if chosen is None else chosen.model_dump(exclude={"source"}),
+        "described": describe(chosen),
+        "source": source,
+        "max_token_share": max_token_share,
+        "seeds": list(seeds),
+        "candidates": len(choice.candidates),
+        "per_unit": {u: f.to_dict() for u, f in sorted(choice.per_unit.items())},
+        "held_out": {
+            h.unit: {"settings": describe(h.settings), "chosen_on": list(h.chosen_on), **h.figures.to_dict()}
+            for h in nested
+        },
+        "held_out_both_targets": both,
+        "held_out_worst_gap_points": worst,
+    }

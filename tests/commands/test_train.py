@@ -11,6 +11,7 @@ from classifier.features import FEATURE_NAMES
 from gateway.cli import main
 from gateway.routing.model_files import load_model
 from policies.loader import load_policy, shipped_policy_path
+from policies.schema import RelativeThreshold
 from tests.support.policies import write_shipped_policy
 from tests.support.routing import two_task_fixture, write_paired_fixture
 
@@ -228,6 +229,13 @@ def test_calibrate_replay_targets_set_both_thresholds(trained, verifier_trained,
     assert "verifier threshold" in out and before.splitlines()[0] in policy_file.read_text()
     cost = float(out.split(" of its cost")[0].rsplit(" at ", 1)[1])
     assert cost <= 0.5
+    # the shipped policy sets a relative rule: its parameters chosen across the two tasks and written with their source
+    assert "relative rule (routing.verifier.relative)" in out and "held out" in out
+    relative = policy.routing.verifier.relative
+    if relative is not None:
+        assert relative.source.startswith("calibrate (grouped 3-fold replay of ") and "units: task" in relative.source
+    else:
+        assert "relative: null" in policy_file.read_text()  # the fixed thresholds did best
     # the cheapest setting at least 20 points above always-long: none on this data; the policy stays
     written = policy_file.read_text()
     assert main([*args, "--min-quality-delta", "20", "--protocol", "loto"]) == 1
@@ -313,6 +321,19 @@ def test_verifier_trained_on_two_corpora_with_thresholds_chosen_across_them(tmp_
     assert chosen["threshold"] == card["threshold"] and chosen["refusal_threshold"] == card["refusal_threshold"]
     assert chosen["classifier_threshold"] is not None and set(chosen["per_unit"]) == {"alpha", "beta"}
     assert held["alpha"]["router_at_policy_thresholds"] == chosen["per_unit"]["alpha"]
+    # the relative rule's parameters: chosen on both corpora through the live check, the chosen thresholds deciding
+    # the warm-up; nested, each corpus scored by the choice made on the other alone
+    relative = chosen["relative"]
+    assert set(relative["per_unit"]) == {"alpha", "beta"} and relative["max_token_share"] == 0.9
+    assert relative["held_out"]["alpha"]["chosen_on"] == ["beta"] and relative["held_out"]["beta"]["chosen_on"] == [
+        "alpha"
+    ]
+    assert relative["source"].startswith("train --verifier --max-token-share 0.9 (leave one corpus out): chosen")
+    assert relative["held_out_both_targets"] == sum(
+        u["within_1_point"] and u["beats_self_route"] for u in relative["held_out"].values()
+    )
+    if relative["settings"] is not None:
+        assert RelativeThreshold(**relative["settings"])  # loads as a policy's routing.verifier.relative
     assert set(held["beta"]["threshold_curve"]["tokens_vs_long"]) == {"0.1", "0.2", "0.3", "0.5", "1"}
     assert card["training_corpora"]["alpha"]["documents"] == 3
     assert card["training_corpora"]["alpha"]["documents_available"] == 6

@@ -64,6 +64,9 @@ class Settings:
     vector_store_uri: str | None = field(default_factory=lambda: os.environ.get(STORE_URI_ENV) or None)
     ledger_url: str | None = field(default_factory=resolve_ledger_url)  # a SQLite path or postgresql://...
     access_log: bool = True  # one line per request on the selfroute.access logger (INFO)
+    # load the in-process models (the embedding session, the local model) before readiness instead of at the first
+    # request that uses them (gateway.server.startup): a warm first request for a gateway that holds them anyway
+    preload: bool = False
 
     @property
     def ledger_path(self) -> Path:

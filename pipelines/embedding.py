@@ -97,17 +97,18 @@ def default_cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=8)
-def _model_digest(path: str, stamp: tuple) -> str:
+def _model_digest(path: str, stamp: tuple, seed: str = EXPORT_FORMAT) -> str:
     # the model's own bytes (weights and configuration, ~0.3 s for MiniLM), once per process and model version
-    digest = hashlib.sha256(EXPORT_FORMAT.encode())
+    digest = hashlib.sha256(seed.encode())
     for name in stamp:
         with open(Path(path) / name[0], "rb") as f:
             digest.update(name[0].encode() + hashlib.file_digest(f, "sha256").digest())
     return digest.hexdigest()[:16]
 
 
-def model_key(model_path: str | None) -> str:
-    """A model's export key: a hash of its weights and configuration files (not of where they are)."""
+def model_key(model_path: str | None, seed: str = EXPORT_FORMAT) -> str:
+    """A model's export key: a hash of its weights and configuration files (not of where they are) and of the export's
+    format (seed; "" for the model alone)."""
     path = model_path or default_model_path()
     names = sorted(
         p.name
@@ -115,7 +116,23 @@ def model_key(model_path: str | None) -> str:
         for p in Path(path).glob(pattern)
     )
     stamp = tuple((n, (Path(path) / n).stat().st_size, (Path(path) / n).stat().st_mtime_ns) for n in names)
-    return _model_digest(str(Path(path).resolve()), stamp)
+    return _model_digest(str(Path(path).resolve()), stamp, seed)
+
+
+# the embedding-space id's own format: bumped when what makes two embedders' vectors comparable changes
+SPACE_FORMAT = "space-v1"
+# how each backend's vectors relate to the model's: torch, onnx and openvino run its fp32 weights (vectors to 2e-4 of
+# torch's for onnx, cosine >= 0.99998 for OpenVINO's bfloat16: tests/pipelines/test_embedding.py, BENCHMARKS.md §2), so
+# they share one space; onnx-int8's weights are quantised (cosine ~0.99), a space of its own, per export format
+BACKEND_SPACES = {"torch": "fp32", "onnx": "fp32", "openvino": "fp32", "onnx-int8": f"int8-{EXPORT_FORMAT}"}
+
+
+def embedding_space(model_path: str | None, backend: str) -> str:
+    """The id of the vector space an embedder's vectors live in: the model (its files' hash), the weights' precision
+    and, quantised, the export that quantised them. Stored with every document a store embeds, so that vectors of two
+    spaces are never compared: a document stored in another space is embedded again (pipelines.store)."""
+    path = model_path or default_model_path()
+    return f"{SPACE_FORMAT}:{Path(path).name}@{model_key(path, seed='')}:{BACKEND_SPACES[backend]}"
 
 
 def onnx_model_file(model_path: str | None, quantized: bool, cache_dir: Path | None = None) -> Path:
@@ -351,8 +368,26 @@ class Embedder:
             self.model_path, self.batch_size, self.backend, self.cache_dir, self.threads, self.device
         )
 
+    @functools.cached_property
+    def space(self) -> str:
+        """The vector space of this embedder's vectors (embedding_space)."""
+        return embedding_space(self.model_path, self.backend)
+
+    def prepare(self) -> None:
+        """What start-up checks before readiness without loading the model (the first document or question loads
+        it, once; the others wait for that load): the model's files are there and, for the ONNX backends, the export
+        is made (once per model version, in a child process: tens of seconds, not charged to a request)."""
+        path = Path(self.model_path or default_model_path())
+        missing = [name for name in ("config.json", "tokenizer.json") if not (path / name).is_file()]
+        if missing:
+            raise FileNotFoundError(f"embedding model {path}: no {', '.join(missing)}")
+        if self.backend != "torch":
+            onnx_model_file(
+                self.model_path, self.backend == "onnx-int8", Path(self.cache_dir) if self.cache_dir else None
+            )
+
     def load(self) -> None:
-        """Load the model now (start-up, before readiness), not on the first document and the first question."""
+        """Load the model now (start-up with preloading, before readiness), not on the first document and question."""
         for copy in (self._documents, self._queries_model):
             with copy.lock:
                 copy.get()

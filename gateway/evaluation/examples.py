@@ -199,6 +199,7 @@ class RouteInputBuilder:
         # recently used ones, whose chunks sent the support features read: sent_vectors). Not in the cache keys.
         uncapped = policy.rag.model_copy(update={"inline_cache_collections": REPLAY_INLINE_COLLECTIONS})
         self.store = DocumentStore(str(store_uri), embedder, uncapped)
+        self._space = embedder.space
         self.rag = RagPipeline(self.store, policy.rag)
         # no embedder: over-long documents are cut by BM25 ranking; only the token count is used here
         self.long = LongContextPipeline(policy.long_context, window_tokens=self.window)
@@ -221,14 +222,16 @@ class RouteInputBuilder:
         return cache
 
     def _key(self, example: Example, part: str) -> str:
-        # refusal patterns and the question marker do not change retrieval: left out of the key; so is the
-        # torch embedding backend, the one caches were written with before the setting existed, and onnx (its vectors
-        # to 2e-4, the default since round five), and the first pass, which the replay never takes (0 here: documents
-        # embedded before answering, as before it existed)
-        excluded = {"unanswerable_patterns", "question_marker", "first_pass_candidates"}
-        if self.policy.rag.embedding_backend in ("torch", "onnx"):
-            excluded.add("embedding_backend")
+        # refusal patterns and the question marker do not change retrieval: left out of the key; so is the first
+        # pass, which the replay never takes (0 here: documents embedded before answering, as before it existed). The
+        # backend's name is replaced by the embedder's vector space (pipelines.embedding.embedding_space), left out
+        # for the fp32 model's space (torch, the backend caches were written with before the setting existed, onnx and
+        # openvino: the same vectors), so those caches stay valid and a quantised export's entries are never reused
+        # for another export's vectors (round six's int8 changed them under the same backend name)
+        excluded = {"unanswerable_patterns", "question_marker", "first_pass_candidates", "embedding_backend"}
         retrieval_settings = self.policy.rag.model_dump(mode="json", exclude=excluded)
+        if not self._space.endswith(":fp32"):
+            retrieval_settings["embedding_space"] = self._space
         settings = (
             retrieval_settings
             if part in ("retrieval", "passages", "hits", "sent")

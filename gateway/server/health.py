@@ -1,6 +1,7 @@
-"""Health probes. Liveness: the process answers. Readiness: every model the policy needs in-process is loaded (the
-embedding model, both of its copies, the routing classifier and the verifier) and the document store is open (they
-load in the background after the server starts listening), 503 until then. A ready answer names the hosted models
+"""Health probes. Liveness: the process answers. Readiness: the routing classifier and the verifier are loaded, the
+document store is open and the in-process models' files are checked (the embedding model's export made, the local
+model's GGUF file there; both load at the first request that uses them, once, unless the gateway preloads them:
+gateway.server.startup), all in the background after the server starts listening, 503 until then. A ready answer names the hosted models
 whose key variable is unset (`missing_credentials`): their calls will fail until it is set, the policy reload
 generation this process's routing models came with (`policy_generation`), and `reload_failed: true` while its last
 reload failed (it routes with the models it had); with the admin key, `reload`: what it has in force and why the

@@ -1,7 +1,14 @@
 """Start-up of what routed requests and collections need, owned by the gateway holder (gateway.server.state), not by
 routing: the embedding model (one onnxruntime session, or torch's two copies), the document store, the route model and
 the verifier, and what the policy's chat models need in-process (the local model, litellm), nothing more. They load in a worker thread after the server listens (liveness answers at once); readiness, and the 503
-of a request that needs them, say whether they are in, still loading, or failed to load."""
+of a request that needs them, say whether they are in, still loading, or failed to load.
+
+Ready means: the store is open, the route model and verifier are loaded, litellm is imported for a model it
+translates, and the in-process models' files are checked (the embedding model's files and its ONNX export, made here
+once per model version; the local model's GGUF file) but not loaded: the embedding session (~130 MB fp32) and the local
+model's weights and context (~140 MB) load at the first request that uses them, once, the requests that arrive
+meanwhile waiting for that one load (BENCHMARKS.md §2, round seven: idle memory saved, the first request's added
+latency). Settings.preload (`serve --preload`) loads them before readiness instead."""
 
 from __future__ import annotations
 
@@ -80,18 +87,21 @@ class Startup:
             batch_size=rag.embedding_batch_size,
             backend=rag.embedding_backend,  # ONNX exports: one shared cache (pipelines.embedding)
         )
-        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: loaded before readiness, so the
-        # first routed request does not load it (seconds) and a ready gateway has every model it needs
-        getattr(embedder, "load", lambda: None)()  # (stand-ins some tests pass have nothing to load)
+        # one Embedder serves retrieval, long-context scoring and /v1/embeddings: its files (and export) checked now,
+        # the session loaded by the first request that embeds (or now, preloading); stand-ins some tests pass have
+        # neither
+        preload = self.settings.preload
+        getattr(embedder, "load" if preload else "prepare", lambda: None)()
         store = DocumentStore(self.settings.store_uri, embedder, rag)
         router = Router(policy, load_route_model(policy, self.policy_path, lean=True))
         check = CheapAnswerCheck(
             policy, load_verifier_model(policy, self.policy_path, lean=True), self.answer_history(policy)
         )
         self.missing_credentials = missing_credentials(policy)  # logged as warnings
-        # what the policy's models need in-process loads before readiness too, and only that: the local model's
-        # weights (llama-cpp), litellm for a provider it translates; nothing for an OpenAI-compatible upstream
-        load = getattr(self.upstream, "load", None)
+        # what the policy's models need in-process, and only that: the local model's file checked (its weights load at
+        # its first request, or now, preloading), litellm imported for a provider it translates; nothing for an
+        # OpenAI-compatible upstream
+        load = getattr(self.upstream, "load" if preload else "prepare", None) or getattr(self.upstream, "load", None)
         judge = [policy.routing.learning.judge_model] if policy.routing.learning.judge else []
         for config in (policy.cheap, policy.long, *policy.long_alternates, *judge):
             if load is not None and config is not None:

@@ -48,6 +48,14 @@ class ProviderUpstream:
         if load is not None:
             load(config)
 
+    def prepare(self, config: ModelConfig) -> None:
+        """What start-up does for this model before readiness without loading it (blocking): the local model's file
+        is checked, its weights load at the first request that uses them; litellm is imported as load does."""
+        part = self._pick(config)
+        prepare = getattr(part, "prepare", None) or getattr(part, "load", None)
+        if prepare is not None:
+            prepare(config)
+
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         return await self._pick(config).complete(config, body)
 

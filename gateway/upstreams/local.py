@@ -7,6 +7,10 @@ The context (its KV cache: 23 kB per token for SmolLM2-135M, 189 MB at 8,192 tok
 starts at `initial_n_ctx` and grows, by doubling, the first time a request needs more, up to `n_ctx` (what the
 model accepts, as before): a gateway whose requests are short never holds the full window's cache. Growing
 re-creates the context under the generation lock (the weights are mmap'd: a fraction of a second).
+
+Start-up only checks the model file (prepare); the weights and the first context load at the first request that uses
+them, once: concurrent first requests wait on the load lock for that one load (BENCHMARKS.md §2, round seven: what it
+saves at idle and what the first request pays). `load` does it now, for a gateway started with preloading.
 """
 
 from __future__ import annotations
@@ -112,6 +116,14 @@ class LocalModelUpstream:
             code="model_not_found",
         )
 
+    def prepare(self, config: ModelConfig) -> None:
+        """Start-up's check, loading nothing: the model file is there and is a GGUF file (its magic bytes), so a wrong
+        path still fails the start, not the first request."""
+        path = self._model_path(config)
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ValueError(f"local model {path} is not a GGUF file")
+
     def load(self, config: ModelConfig, n_ctx: int | None = None):
         """The file's model, its context at least `n_ctx` tokens (capped at the most a request may use); one model
         per file, whichever route loads it: a policy's context_window sizes its route's packing, not the model.
@@ -129,7 +141,16 @@ class LocalModelUpstream:
                 started = time.perf_counter()
                 if model is not None:
                     model.close()  # its context and cache, before the larger one is allocated
-                model = Llama(model_path=str(path), n_ctx=size, n_threads=self._n_threads, verbose=False)
+                try:
+                    model = Llama(model_path=str(path), n_ctx=size, n_threads=self._n_threads, verbose=False)
+                except (ValueError, OSError, RuntimeError) as exc:  # prepare checked the file; it changed since
+                    self._models.pop(str(path), None)
+                    logger.exception("loading local model %s failed", path)
+                    raise UpstreamUnavailable(
+                        f"local model {config.model!r} could not be loaded",
+                        model=config.model,
+                        code="local_model_unavailable",
+                    ) from exc
                 logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, size, time.perf_counter() - started)
                 self._models[str(path)] = model
             return model

@@ -30,6 +30,7 @@ from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
 from pipelines.embedding import Embedder, EmbedderOptions
 from pipelines.errors import CollectionNotFound
+from pipelines.memory import TRIM_AFTER_CHUNKS, release_freed_memory
 from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import ChunkingSettings, RagSettings
 from pipelines.store import filters
@@ -38,7 +39,7 @@ from pipelines.store.lance_errors import MISSING_TABLE, io_as_unavailable
 from pipelines.store.locks import KeyedLocks
 from pipelines.store.names import content_hash, is_inline, validate_collection_name
 from pipelines.store.pending import PendingInline
-from pipelines.store.tables import CHUNKS, DOCS, chunks_schema, compact, docs_schema, upsert
+from pipelines.store.tables import CHUNKS, DOCS, SPACE, chunks_schema, compact, docs_schema, upsert, with_space_column
 from pipelines.store.vectors import ChunkVectorCache, ChunkVectors
 from pipelines.structure import find_cross_references, split_sections
 from pipelines.tokens import count_tokens
@@ -181,6 +182,8 @@ class DocumentStore:
     def _tables(self, collection: str, create: bool = False):
         validate_collection_name(collection)
         docs, chunks = self._open(collection + DOCS), self._open(collection + CHUNKS)
+        if create and docs is not None:  # about to be written: an older table gets the space column first
+            docs = with_space_column(docs)
         if create and (docs is None or chunks is None):
             if chunks is None:
                 chunks = self.db.create_table(
@@ -201,7 +204,9 @@ class DocumentStore:
         should_stop: Callable[[], bool] | None = None,
         engine: IngestEngine | None = None,
     ) -> IngestReport:
-        """Add documents; unchanged ones (same id and content hash) are skipped, changed ones replaced.
+        """Add documents; unchanged ones (same id, content hash and embedding space) are skipped, changed ones
+        replaced: a document stored with another embedder's vectors (another model, or quantised: Embedder.space),
+        or before the space was recorded, is embedded again, so one collection never mixes vector spaces.
         Progress is counted in chunks, the slow part: planned(n) when n more chunks are to be embedded,
         progress(n) when n chunks have been embedded. should_stop() (and the request's
         pipelines.cancellation scope) is asked between embedding slices,
@@ -217,7 +222,7 @@ class DocumentStore:
         started = time.perf_counter()
         report = IngestReport(collection)
         docs_table, chunks_table = self._tables(collection, create=True)
-        changed = self._changed(docs, self._known_hashes(docs_table), report)
+        changed = self._changed(docs, self._known_versions(docs_table), report)
         if engine is None:
             self._ingest_here(collection, docs_table, chunks_table, changed, report, progress, planned, should_stop)
         else:
@@ -234,6 +239,8 @@ class DocumentStore:
         if report.added or report.updated:
             with self._writing.hold(collection):
                 self._refresh_indexes(chunks_table)
+        if report.chunks_written >= TRIM_AFTER_CHUNKS:
+            release_freed_memory()  # the embedding's activations and the writes' buffers, freed but kept by malloc
         report.seconds = time.perf_counter() - started
         log.info(
             "ingested %s: %d added, %d updated, %d unchanged, %d chunks in %.1fs",
@@ -246,9 +253,8 @@ class DocumentStore:
         )
         return report
 
-    @staticmethod
     def _changed(
-        docs: Iterable[Document], known: dict[str, str], report: IngestReport
+        self, docs: Iterable[Document], known: dict[str, tuple[str, str | None]], report: IngestReport
     ) -> Iterator[tuple[Document, str, bool]]:
         """(document, content hash, replaces an older version) for each document to (re)write, in order; the
         report's added/updated/unchanged lists are filled as they go by."""
@@ -259,7 +265,7 @@ class DocumentStore:
                 continue
             seen.add(doc.id)
             digest = content_hash(doc)
-            if known.get(doc.id) == digest:
+            if known.get(doc.id) == (digest, self.embedder.space):
                 report.unchanged.append(doc.id)
                 continue
             (report.updated if doc.id in known else report.added).append(doc.id)
@@ -312,6 +318,19 @@ class DocumentStore:
         rows = docs_table.search().select(["id", "content_hash"]).limit(None).to_arrow()
         return dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), strict=True))
 
+    @staticmethod
+    def _known_versions(docs_table) -> dict[str, tuple[str, str | None]]:
+        """id -> (content hash, embedding space) of the stored documents (space None: unknown, an older table)."""
+        if docs_table.count_rows() == 0:
+            return {}
+        spaced = SPACE in docs_table.schema.names
+        rows = docs_table.search().select(["id", "content_hash", *([SPACE] if spaced else [])]).limit(None).to_arrow()
+        spaces = rows[SPACE].to_pylist() if spaced else [None] * rows.num_rows
+        return {
+            i: (h, space)
+            for i, h, space in zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), spaces, strict=True)
+        }
+
     def _embed_chunks(
         self, chunks: list[Chunk], progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None
     ) -> np.ndarray:
@@ -363,7 +382,8 @@ class DocumentStore:
             surplus = [filters.positions_from(row["id"], len(cs)) for row, cs, replaces in pending if replaces]
             for batch in filters.batches(surplus):
                 chunks_table.delete(batch)
-            upsert(docs_table, ["id"], pa.Table.from_pylist([row for row, _, _ in pending], schema=docs_table.schema))
+            rows = [{**row, SPACE: self.embedder.space} for row, _, _ in pending]  # the vectors' space, with them
+            upsert(docs_table, ["id"], pa.Table.from_pylist(rows, schema=docs_table.schema))
         return len(chunks)
 
     def _refresh_indexes(self, chunks_table) -> None:

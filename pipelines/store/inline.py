@@ -186,12 +186,14 @@ class InlineCollections:
 
     def holds(self, collection: str, docs: list[Document]) -> bool:
         """Whether the inline collection holds exactly these documents: the same ids with the same content hashes,
-        and nothing else (a count would take any documents of the right number for these)."""
+        embedded in this store's embedding space, and nothing else (a count would take any documents of the right
+        number for these). Held in another space (another model or backend wrote it), it is made again (upserts)."""
         docs_table = self.store._open(collection + DOCS)
         if docs_table is None:
             return False
         try:
-            return self.store._known_hashes(docs_table) == {d.id: content_hash(d) for d in docs}
+            space = self.store.embedder.space
+            return self.store._known_versions(docs_table) == {d.id: (content_hash(d), space) for d in docs}
         except RuntimeError as exc:
             if dropped(exc):  # dropped between opening and reading
                 return False

@@ -14,6 +14,7 @@ DOCS, CHUNKS = "__docs", "__chunks"  # a collection is <name>__docs and <name>__
 # instead of both inserting it
 PRIMARY_KEY = {"lance-schema:unenforced-primary-key": "true"}
 KEEP_OLD_VERSIONS = timedelta(minutes=5)
+SPACE = "embedding_space"  # the docs table's column: the vector space of the document's chunks
 
 
 def upsert(table, keys: list[str], data: pa.Table) -> None:
@@ -43,8 +44,24 @@ def docs_schema() -> pa.Schema:
             ("cross_refs", pa.int64()),
             ("chunks", pa.int64()),
             ("metadata", pa.string()),
+            # the vector space its chunks were embedded in (pipelines.embedding.embedding_space); null in a table
+            # written before it was recorded: unknown, embedded again by the next ingestion of the document
+            (SPACE, pa.string()),
         ]
     )
+
+
+def with_space_column(docs_table):
+    """A docs table written before the embedding space was recorded gets the column (null: unknown space)."""
+    if SPACE in docs_table.schema.names:
+        return docs_table
+    try:
+        docs_table.add_columns({SPACE: "CAST(NULL AS STRING)"})
+    except Exception:  # another process added it at the same moment: a commit conflict
+        docs_table.checkout_latest()
+        if SPACE not in docs_table.schema.names:
+            raise
+    return docs_table
 
 
 def chunks_schema(dimension: int) -> pa.Schema:

@@ -9,6 +9,7 @@ import numpy as np
 
 from pipelines.cache import LockedLRU
 from pipelines.store import filters
+from pipelines.store.tables import SPACE
 
 # chunk vectors kept (384 floats each: 50,000 are about 77 MB)
 VECTOR_CACHE_CHUNKS = 50_000
@@ -27,8 +28,9 @@ class ChunkVectors:
 
 
 class ChunkVectorCache:
-    """(collection, doc id, content hash) -> ChunkVectors, at most VECTOR_CACHE_CHUNKS chunks in all (least
-    recently used dropped first); the hash keeps a replaced document from being scored with its old vectors."""
+    """(collection, doc id, content hash and embedding space) -> ChunkVectors, at most VECTOR_CACHE_CHUNKS chunks in
+    all (least recently used dropped first); the hash and space keep a replaced or re-embedded document from being
+    scored with its old vectors."""
 
     def __init__(self, max_chunks: int = VECTOR_CACHE_CHUNKS):
         self._vectors: LockedLRU[tuple[str, str, str], ChunkVectors] = LockedLRU(max_chunks, getsizeof=len)
@@ -40,8 +42,15 @@ class ChunkVectorCache:
         ids = sorted(set(doc_ids))
         if not ids:
             return {}
-        rows = docs_table.search().where(filters.among("id", ids)).select(["id", "content_hash"]).limit(None).to_arrow()
-        current = dict(zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), strict=True))
+        spaced = SPACE in docs_table.schema.names
+        columns = ["id", "content_hash", *([SPACE] if spaced else [])]
+        rows = docs_table.search().where(filters.among("id", ids)).select(columns).limit(None).to_arrow()
+        # the version read: its content and the space its vectors are in (re-embedded, the same hash has new vectors)
+        spaces = rows[SPACE].to_pylist() if spaced else [None] * rows.num_rows
+        current = {
+            i: f"{h}@{space}"
+            for i, h, space in zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), spaces, strict=True)
+        }
         found: dict[str, ChunkVectors] = {}
         for doc_id, digest in current.items():
             entry = self._vectors.get((collection, doc_id, digest))

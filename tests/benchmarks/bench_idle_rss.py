@@ -1,7 +1,7 @@
 """Idle RSS of a ready gateway, per policy and embedding backend, and which heavy libraries it imported.
 
     HF_HUB_OFFLINE=1 PYTHONPATH=$PWD .venv/bin/python tests/benchmarks/bench_idle_rss.py [--backends torch onnx onnx-int8] \
-        [--policies hosted default] [--smaps 12]
+        [--policies hosted default] [--modes lazy preload] [--smaps 12] [--litellm-path DIR]
 
 Each cell is its own process: the app (gateway.server.app.create_app) under a real uvicorn on port 0, waited for
 until its readiness probe would say ready (every model the policy needs loaded, the store open, litellm's prices
@@ -14,6 +14,12 @@ mappings with the most RSS after it (all anonymous memory is one line: the heap 
 Policies: `default` (the shipped
 policies/default.yaml: both routes on the in-process SmolLM2, the classifier and the verifier) and `hosted` (the
 pass-through benchmark's: both routes on an OpenAI-compatible upstream, no classifier, the default verifier).
+--modes: `lazy` (as shipped: the embedding session and the local model load at the first request that uses them) and
+`preload` (Settings.preload, `serve --preload`: loaded before readiness). For the `default` policy each cell times two
+short questions on the direct route (the first loads SmolLM2 when lazy) before the routed request (which loads the
+embedding session when lazy), so the lazy cell's first-request latencies beside the preload cell's are what loading at
+first use costs. --litellm-path: LiteLLM's proxy (bench_proxy's start_litellm, its extras from DIR) in the same run,
+in front of a loopback upstream: RSS once /health/liveliness answers (20 s settled) and after one chat request.
 The ONNX exports come from the shared model cache (pipelines.embedding.default_cache_dir), as a gateway finds them
 after its first start: a cell that has to export first shows it in its ready time, not in its RSS (a child process).
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import subprocess
@@ -106,7 +113,24 @@ def routed_request(base: str) -> str:
     return response.headers.get("x-selfroute-route", "?")
 
 
-def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: tuple = (20.0,)) -> dict:
+def short_question(base: str) -> float:
+    """Seconds for one short question (the direct route: SmolLM2 alone, no documents, no embedding)."""
+    import httpx
+
+    body = {
+        "model": "selfroute",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    started = time.perf_counter()
+    httpx.post(f"{base}/v1/chat/completions", json=body, timeout=600).raise_for_status()
+    return time.perf_counter() - started
+
+
+def cell(
+    policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: tuple = (20.0,), preload: bool = False
+) -> dict:
     from gateway.server.app import create_app
     from gateway.settings import Settings
     from policies.loader import load_policy
@@ -130,7 +154,7 @@ def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: 
             rag={"embedding_backend": backend},
         )
     started = time.perf_counter()
-    app = create_app(Settings(data_dir=Path(data_dir)), policy=policy)
+    app = create_app(Settings(data_dir=Path(data_dir), preload=preload), policy=policy)
     after: dict = {}
     with serve_app(app) as base:
         ready = time.perf_counter() - started
@@ -139,7 +163,11 @@ def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: 
         idle = memory()
         imported = [m for m in HEAVY if m in sys.modules]
         if policy_name == "default":
+            questions = [short_question(base), short_question(base)]
+            after_questions = memory()
+            started = time.perf_counter()
             route = routed_request(base)
+            routed_s = time.perf_counter() - started
             # the background ingestion of the documents' other chunks (a few dozen) may still run at the first
             # reading: readings SETTLE seconds apart after the answer
             readings = []
@@ -166,18 +194,63 @@ def cell(policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: 
             after = {
                 **readings[-1],
                 "readings": readings,
+                "questions_s": [round(q, 3) for q in questions],
+                "after_questions": after_questions,
+                "routed_s": round(routed_s, 2),
                 "route": route,
                 "imported": [m for m in HEAVY if m in sys.modules and m not in imported],
                 "top": top_mappings(smaps),
             }
     return {
         "policy": policy_name,
+        "mode": "preload" if preload else "lazy",
         "backend": backend,
         "ready_s": round(ready, 1),
         **idle,
         "imported": imported,
         "after": after,
     }
+
+
+def litellm_rss(extra_path: str, data_dir: str) -> str:
+    """LiteLLM's proxy (one worker, bench_proxy's configuration) in front of a loopback upstream: its RSS (with its
+    children's) once it answers /health/liveliness and 20 s settled, and 20 s after one chat request."""
+    import asyncio
+    import multiprocessing
+    import urllib.request
+
+    from bench_proxy import free_port, rss_mb, run_upstream, start_litellm, wait_ready
+
+    upstream_port, port = free_port(), free_port()
+    upstream = multiprocessing.get_context("spawn").Process(target=run_upstream, args=(upstream_port,), daemon=True)
+    upstream.start()
+    litellm = start_litellm(port, upstream_port, data_dir, extra_path)
+    if litellm is None:
+        upstream.terminate()
+        return "litellm: not measured (its proxy does not import)"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/liveliness", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        time.sleep(20)
+        ready = rss_mb(litellm.pid)
+        asyncio.run(wait_ready(f"http://127.0.0.1:{port}/v1/chat/completions"))  # one chat request answered
+        time.sleep(20)
+        answered = rss_mb(litellm.pid)
+        return (
+            f"litellm  proxy   (its own process tree): ready RSS {ready:4.0f} MB; after one request {answered:4.0f} MB"
+        )
+    finally:
+        litellm.terminate()
+        litellm.wait(10)
+        upstream.terminate()
 
 
 def figures(row: dict) -> str:
@@ -195,53 +268,67 @@ def main() -> int:
     parser.add_argument(
         "--settle", type=float, nargs="+", default=[20.0], help="seconds between the readings after the request"
     )
-    parser.add_argument("--cell", nargs=3, help=argparse.SUPPRESS)  # policy backend data_dir: one child process
+    parser.add_argument("--modes", nargs="+", default=["lazy"], choices=("lazy", "preload"))
+    parser.add_argument("--litellm-path", help="measure LiteLLM's proxy too, its extra dependencies from DIR")
+    parser.add_argument("--cell", nargs=4, help=argparse.SUPPRESS)  # policy backend data_dir mode: one child process
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if args.cell:
-        print(json.dumps(cell(*args.cell, smaps=args.smaps, settle=tuple(args.settle))))
+        policy_name, backend, data_dir, mode = args.cell
+        row = cell(policy_name, backend, data_dir, args.smaps, tuple(args.settle), preload=mode == "preload")
+        print(json.dumps(row))
         return 0
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}, cores {len(os.sched_getaffinity(0))}")
     parent = Path(tempfile.mkdtemp(prefix="selfroute-rss-"))
-    for policy_name in args.policies:
-        for backend in args.backends:
-            data_dir = parent / f"{policy_name}-{backend}"
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--cell",
-                    policy_name,
-                    backend,
-                    str(data_dir),
-                    "--smaps",
-                    str(args.smaps),
-                    "--settle",
-                ]
-                + [str(x) for x in args.settle],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            if out.returncode != 0:
-                print(f"{policy_name} {backend}: failed\n{out.stderr[-3000:]}")
-                continue
-            row = json.loads(out.stdout.strip().splitlines()[-1])
+    if args.litellm_path:
+        print(litellm_rss(args.litellm_path, str(parent)))
+    for policy_name, mode, backend in itertools.product(args.policies, args.modes, args.backends):
+        if policy_name == "hosted" and mode == "preload" and "lazy" in args.modes:
+            continue  # nothing in-process to preload but the embedding session: one hosted row per backend
+        data_dir = parent / f"{policy_name}-{mode}-{backend}"
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--cell",
+                policy_name,
+                backend,
+                str(data_dir),
+                mode,
+                "--smaps",
+                str(args.smaps),
+                "--settle",
+            ]
+            + [str(x) for x in args.settle],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        if out.returncode != 0:
+            print(f"{policy_name} {backend}: failed\n{out.stderr[-3000:]}")
+            continue
+        row = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"{row['policy']:8s} {row['mode']:7s} {row['backend']:10s} ready ({row['ready_s']:5.1f} s): "
+            f"{figures(row)}  imported: {' '.join(row['imported'])}"
+        )
+        after = row["after"]
+        if after:
+            first, second = after["questions_s"]
             print(
-                f"{row['policy']:8s} {row['backend']:10s} ready ({row['ready_s']:5.1f} s): {figures(row)}  "
-                f"imported: {' '.join(row['imported'])}"
+                f"{'':19s} short questions (direct route): first {first * 1000:.0f} ms, second "
+                f"{second * 1000:.0f} ms; then {figures(after['after_questions'])}"
             )
-            after = row["after"]
-            if after:
-                for reading in after["readings"]:
-                    print(
-                        f"{'':19s} {reading['after_s']:4.0f} s after one routed request ({after['route']}): "
-                        f"{figures(reading)} {reading.get('note', '')}"
-                    )
-                print(f"{'':19s} imported since readiness: {' '.join(after['imported']) or '-'}")
-                for line in after["top"]:
-                    print(f"{'':23s}{line}")
+            print(f"{'':19s} the routed request about new documents took {after['routed_s']:.2f} s")
+            for reading in after["readings"]:
+                print(
+                    f"{'':19s} {reading['after_s']:4.0f} s after one routed request ({after['route']}): "
+                    f"{figures(reading)} {reading.get('note', '')}"
+                )
+            print(f"{'':19s} imported since readiness: {' '.join(after['imported']) or '-'}")
+            for line in after["top"]:
+                print(f"{'':23s}{line}")
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}")
     return 0
 

@@ -137,3 +137,31 @@ def test_the_replay_store_keeps_every_document_set_and_reads_a_dropped_ones_chun
     again = builder(capped)
     np.testing.assert_allclose(again.sent_vectors(examples[0]), sent[0], atol=1e-5)
     assert again.store.collection(name) is not None
+
+
+def test_the_route_input_cache_is_keyed_by_the_embedding_space_not_the_backends_name(tmp_path, monkeypatch):
+    """torch, onnx and openvino give the fp32 model's vectors: one key (the caches written with torch or onnx stay
+    valid); onnx-int8's vectors are another space, and a new int8 export is another again: its entries are never
+    read for the old export's vectors (round six's per-channel int8 changed them under the same backend name)."""
+    from pipelines.embedding import BACKEND_SPACES
+
+    policy, _ = load_policy()
+    paired, docs = write_paired_fixture(tmp_path)
+    [example] = load_examples(paired, docs)[:1]
+
+    def key(backend: str) -> str:
+        rag = policy.rag.model_copy(update={"embedding_backend": backend})
+        builder = RouteInputBuilder(
+            policy.model_copy(update={"rag": rag}),
+            tmp_path / "lancedb",
+            window_tokens=16000,
+            embedder=Embedder(backend=backend),
+        )
+        return builder._key(example, "retrieval")
+
+    fp32 = {key(backend) for backend in ("torch", "onnx", "openvino")}
+    assert len(fp32) == 1
+    int8 = key("onnx-int8")
+    assert int8 not in fp32
+    monkeypatch.setitem(BACKEND_SPACES, "onnx-int8", "int8-another-export")
+    assert key("onnx-int8") not in {int8, *fp32}

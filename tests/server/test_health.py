@@ -85,35 +85,80 @@ def test_a_failed_start_is_a_reason_code_and_its_detail_only_for_the_admin(upstr
 
 
 class GatedLoadEmbedder(Embedder):
-    """A real embedder whose loading waits for the test."""
+    """A real embedder whose start-up check (prepare) and loading wait for the test."""
 
     def __init__(self, release: threading.Event):
         super().__init__()
         self.release = release
+
+    def prepare(self) -> None:
+        self.release.wait(60)
+        super().prepare()
 
     def load(self) -> None:
         self.release.wait(60)
         super().load()
 
 
-def test_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path):
-    """Ready means loaded: both copies of the embedding model (documents and questions), the one /v1/embeddings
-    answers with too, are in memory before readiness is 200, not at the first routed request."""
+def _ready_after_release(url: str, release: threading.Event) -> httpx.Response:
+    for _ in range(20):
+        starting = httpx.get(f"{url}/health/readiness")
+        assert starting.status_code == 503 and starting.json()["reason"] == "not_ready"
+    release.set()
+    for _ in range(3000):
+        ready = httpx.get(f"{url}/health/readiness")
+        if ready.status_code == 200:
+            return ready
+    raise AssertionError("never ready")
+
+
+def test_readiness_waits_for_the_embedding_models_check_and_the_first_request_loads_it(upstream, tmp_path):
+    """Ready means checked, not loaded: the model's files and export are there (prepare), the session (~130 MB) is
+    loaded by the first request that embeds, and it is the one embedder the store and /v1/embeddings share."""
     release = threading.Event()
     embedder = GatedLoadEmbedder(release)
     app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]), embedder=embedder)
     with serve_app(app, wait_ready=False) as url:
-        for _ in range(20):
-            starting = httpx.get(f"{url}/health/readiness")
-            assert starting.status_code == 503 and starting.json()["reason"] == "not_ready"
-        assert not embedder.loaded
-        release.set()
-        for _ in range(3000):
-            ready = httpx.get(f"{url}/health/readiness")
-            if ready.status_code == 200:
-                break
+        ready = _ready_after_release(url, release)
         assert ready.json() == {"status": "ready", "policy_generation": 0}  # no policy reload on this ledger yet
-        assert embedder.loaded and app.state.gateway.store.embedder is embedder  # one embedder, loaded
+        assert not embedder.loaded and app.state.gateway.store.embedder is embedder
+        embedded = httpx.post(f"{url}/v1/embeddings", json={"model": "local/all-minilm-l6-v2", "input": "a harbour"})
+        assert embedded.status_code == 200, embedded.text
+        assert embedder.loaded
+
+
+def test_with_preload_readiness_is_503_until_the_embedding_model_is_loaded(upstream, tmp_path):
+    release = threading.Event()
+    embedder = GatedLoadEmbedder(release)
+    settings = Settings(data_dir=tmp_path, preload=True)
+    app = create_app(settings, policy=make_policy(upstream[0]), embedder=embedder)
+    with serve_app(app, wait_ready=False) as url:
+        assert not embedder.loaded
+        _ready_after_release(url, release)
+        assert embedder.loaded and app.state.gateway.store.embedder is embedder
+
+
+def test_twenty_concurrent_first_embedding_requests_load_the_session_once(upstream, tmp_path, caplog):
+    import asyncio
+    import logging
+
+    import openai
+
+    app = create_app(Settings(data_dir=tmp_path), policy=make_policy(upstream[0]))
+    with serve_app(app) as url:
+        embedder = app.state.gateway.store.embedder
+        assert not embedder.loaded
+
+        async def burst():
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+            return await asyncio.gather(
+                *(client.embeddings.create(model="local/all-minilm-l6-v2", input=f"berth {n}") for n in range(20))
+            )
+
+        with caplog.at_level(logging.INFO, logger="pipelines.embedding"):
+            answers = asyncio.run(burst())
+    assert [len(a.data[0].embedding) for a in answers] == [384] * 20
+    assert sum(r.getMessage().startswith("loading embedding model") for r in caplog.records) == 1
 
 
 def test_a_hosted_model_without_its_key_is_a_warning_and_a_readiness_detail(upstream, tmp_path, monkeypatch, caplog):

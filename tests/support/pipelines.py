@@ -59,6 +59,10 @@ class CountingEmbedder(Embedder):
     def dimension(self) -> int:
         return self._inner.dimension
 
+    @property
+    def space(self) -> str:  # type: ignore[override]
+        return self._inner.space
+
 
 class SlowEmbedder(CountingEmbedder):
     """Document batches take `delay` seconds more: an ingestion long enough to stop midway."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 
@@ -200,3 +202,63 @@ def test_the_context_starts_small_and_grows_to_what_a_request_needs():
         ask("word " * 1500, 8)
     assert caught.value.code == "context_length_exceeded"
     assert upstream._models[next(iter(upstream._models))].n_ctx() == 1024
+
+
+def test_the_local_model_loads_at_its_first_request_once_under_20_concurrent_ones(tmp_path, caplog):
+    """A ready gateway has checked the model file but not loaded it (~140 MB of weights and context saved at idle);
+    20 concurrent first requests load it once, the others waiting for that load, and every one is answered."""
+    import logging
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    app = create_app(Settings(data_dir=tmp_path))  # the shipped default policy
+    local = app.state.gateway.upstream.local
+    with serve_app(app) as url:
+        assert httpx.get(f"{url}/health/readiness").status_code == 200
+        assert local._models == {}  # ready, not loaded
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+
+        def ask(n: int) -> str:
+            answer = client.chat.completions.create(
+                model="local/smollm2-135m-instruct",
+                messages=[{"role": "user", "content": f"Say {n}."}],
+                max_tokens=2,
+                temperature=0,
+            )
+            return answer.choices[0].finish_reason
+
+        with caplog.at_level(logging.INFO, logger="gateway.upstreams.local"), ThreadPoolExecutor(20) as pool:
+            finished = list(pool.map(ask, range(20)))
+        assert len(local._models) == 1
+    assert len(finished) == 20 and all(finished)
+    assert sum("loaded local model" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize("content", [None, b"not a gguf file"])
+def test_a_local_model_file_that_is_missing_or_not_gguf_fails_the_start(tmp_path, content):
+    """Loading at first use must not turn a wrong path into a failure of the first request: start-up checks the file."""
+    import httpx
+
+    from tests.support.policies import DROP, Whole, make_policy, model_route
+
+    model = tmp_path / "model.gguf"
+    if content is not None:
+        model.write_bytes(content)
+    policy = make_policy(
+        None,
+        name=DROP,
+        cheap=model_route(f"local/{model}"),
+        long=model_route(f"local/{model}"),
+        routing=Whole(classifier=None),
+        passthrough=DROP,
+    )
+    app = create_app(Settings(data_dir=tmp_path / "data"), policy=policy)
+    with serve_app(app, wait_ready=False) as url:
+        for _ in range(3000):
+            probe = httpx.get(f"{url}/health/readiness")
+            if probe.json()["status"] != "starting":
+                break
+            time.sleep(0.05)
+        assert probe.status_code == 503 and probe.json()["reason"] == "build_failed"
+    assert app.state.gateway.upstream.local._models == {}

@@ -7,13 +7,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
 from pipelines.store import DocumentStore, IngestCancelled
-from tests.support.pipelines import MANUAL_PATH, distractor_documents, manual_document
+from tests.support.pipelines import MANUAL_PATH, CountingEmbedder, distractor_documents, manual_document
 from tests.support.pipelines import STORE_SETTINGS as SETTINGS
 
 
@@ -151,7 +152,7 @@ from pipelines.store import DocumentStore
 
 class HashEmbedder:
     # deterministic vectors: what is under test is the store's writes, not the model
-    dimension, batch_size = 16, 64
+    dimension, batch_size, space = 16, 64, "hash-16"
     def embed(self, texts):
         rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], np.uint8).astype(np.float32) + 1 for t in texts]
         vectors = np.stack(rows) if rows else np.zeros((0, 16), np.float32)
@@ -244,3 +245,75 @@ def test_a_document_whose_id_holds_a_backslash_and_a_quote_is_found_and_deleted(
     assert [d.id for d in store.documents("docs", [odd])] == [odd]
     assert store.delete_document("docs", odd) is True and store.delete_document("docs", odd) is False
     assert [d.id for d in store.documents("docs")] == ["plain"]
+
+
+def _spaces(store, collection) -> dict[str, str | None]:
+    table = store.db.open_table(collection + "__docs")
+    rows = table.search().select(["id", "embedding_space"]).limit(None).to_list()
+    return {r["id"]: r["embedding_space"] for r in rows}
+
+
+def _vectors(store, collection) -> np.ndarray:
+    table = (
+        store.db.open_table(collection + "__chunks")
+        .to_arrow()
+        .sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    )
+    return table["vector"].combine_chunks().flatten().to_numpy().reshape(table.num_rows, -1)
+
+
+def _reembedding_across_spaces(uri: str, base_embedder) -> None:
+    docs = [manual_document(), *distractor_documents()[:2]]
+    ids = sorted(d.id for d in docs)
+    fp32 = DocumentStore(uri, CountingEmbedder(base_embedder), SETTINGS)
+    first = fp32.ingest("docs", docs)
+    assert sorted(first.added) == ids and set(_spaces(fp32, "docs").values()) == {base_embedder.space}
+    before = _vectors(fp32, "docs")
+    # torch runs the same fp32 weights: the same space, nothing embedded again
+    torch = DocumentStore(uri, CountingEmbedder(Embedder(backend="torch")), SETTINGS)
+    assert torch.embedder.space == base_embedder.space
+    assert sorted(torch.ingest("docs", docs).unchanged) == ids and torch.embedder.texts_embedded == 0
+    # int8 weights are another space: every document is embedded again, replaced in place (no duplicates)
+    int8 = DocumentStore(uri, CountingEmbedder(Embedder(backend="onnx-int8")), SETTINGS)
+    assert int8.embedder.space != base_embedder.space
+    again = int8.ingest("docs", docs)
+    assert sorted(again.updated) == ids and again.chunks_written == first.chunks_written
+    assert set(_spaces(int8, "docs").values()) == {int8.embedder.space}
+    after = _vectors(int8, "docs")
+    assert after.shape == before.shape and not np.allclose(after, before, atol=1e-4)
+    assert np.allclose(after, int8.embedder.embed([c.text for c in _chunks_in_order(int8, "docs")]), atol=1e-5)
+    assert sorted(int8.ingest("docs", docs).unchanged) == ids  # now in its space: skipped
+
+
+def _chunks_in_order(store, collection):
+    from pipelines.chunk_search import row_chunk
+
+    table = (
+        store.db.open_table(collection + "__chunks")
+        .to_arrow()
+        .sort_by([("doc_id", "ascending"), ("position", "ascending")])
+    )
+    return [row_chunk(r) for r in table.to_pylist()]
+
+
+def test_a_document_stored_in_another_embedding_space_is_embedded_again(tmp_path, base_embedder):
+    _reembedding_across_spaces(str(tmp_path / "db"), base_embedder)
+
+
+def test_a_document_stored_in_another_embedding_space_is_embedded_again_on_s3(s3_bucket, monkeypatch, base_embedder):
+    for name, value in s3_bucket.env.items():
+        monkeypatch.setenv(name, value)
+    _reembedding_across_spaces(s3_bucket.uri, base_embedder)
+
+
+def test_a_table_written_before_spaces_were_recorded_gets_the_column_and_is_embedded_again(tmp_path, embedder):
+    store = DocumentStore(str(tmp_path / "db"), embedder, SETTINGS)
+    docs = [manual_document(), *distractor_documents()[:2]]
+    store.ingest("docs", docs)
+    store.db.open_table("docs__docs").drop_columns(["embedding_space"])  # as an earlier release wrote it
+    assert "embedding_space" not in store.db.open_table("docs__docs").schema.names
+    embedded = embedder.texts_embedded
+    again = store.ingest("docs", docs)  # unknown space: embedded again, the column back
+    assert sorted(again.updated) == sorted(d.id for d in docs) and embedder.texts_embedded > embedded
+    assert set(_spaces(store, "docs").values()) == {embedder.space}
+    assert sorted(store.ingest("docs", docs).unchanged) == sorted(d.id for d in docs)

@@ -135,6 +135,13 @@ def embedding_space(model_path: str | None, backend: str) -> str:
     return f"{SPACE_FORMAT}:{Path(path).name}@{model_key(path, seed='')}:{BACKEND_SPACES[backend]}"
 
 
+def legacy_space() -> str:
+    """The space a document stored before spaces were recorded is taken to be in: the packaged model's fp32 one, what
+    every release wrote by default (torch, then onnx: the same vectors). A store written with the opt-in onnx-int8
+    before then had to be re-ingested by hand (round six's int8 changed its vectors) and still has to."""
+    return embedding_space(None, DEFAULT_BACKEND)
+
+
 def onnx_model_file(model_path: str | None, quantized: bool, cache_dir: Path | None = None) -> Path:
     """The ONNX export of a sentence-transformers model (mean-pooled BERT-style encoders such as the packaged
     all-MiniLM-L6-v2), made from the local model files the first time any process needs it and cached by the

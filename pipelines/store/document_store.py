@@ -28,7 +28,7 @@ from pipelines.cancellation import cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
-from pipelines.embedding import Embedder, EmbedderOptions
+from pipelines.embedding import Embedder, EmbedderOptions, legacy_space
 from pipelines.errors import CollectionNotFound
 from pipelines.memory import TRIM_AFTER_CHUNKS, release_freed_memory
 from pipelines.scope import SHARED, KeyScope
@@ -320,12 +320,15 @@ class DocumentStore:
 
     @staticmethod
     def _known_versions(docs_table) -> dict[str, tuple[str, str | None]]:
-        """id -> (content hash, embedding space) of the stored documents (space None: unknown, an older table)."""
+        """id -> (content hash, embedding space) of the stored documents; a row written before spaces were recorded
+        (null, or an older table without the column) is in legacy_space (pipelines.embedding)."""
         if docs_table.count_rows() == 0:
             return {}
         spaced = SPACE in docs_table.schema.names
         rows = docs_table.search().select(["id", "content_hash", *([SPACE] if spaced else [])]).limit(None).to_arrow()
         spaces = rows[SPACE].to_pylist() if spaced else [None] * rows.num_rows
+        if None in spaces:
+            spaces = [legacy_space() if space is None else space for space in spaces]
         return {
             i: (h, space)
             for i, h, space in zip(rows["id"].to_pylist(), rows["content_hash"].to_pylist(), spaces, strict=True)

@@ -44,15 +44,15 @@ def docs_schema() -> pa.Schema:
             ("cross_refs", pa.int64()),
             ("chunks", pa.int64()),
             ("metadata", pa.string()),
-            # the vector space its chunks were embedded in (pipelines.embedding.embedding_space); null in a table
-            # written before it was recorded: unknown, embedded again by the next ingestion of the document
+            # the vector space its chunks were embedded in (pipelines.embedding.embedding_space); null in a row
+            # written before it was recorded (taken to be pipelines.embedding.legacy_space)
             (SPACE, pa.string()),
         ]
     )
 
 
 def with_space_column(docs_table):
-    """A docs table written before the embedding space was recorded gets the column (null: unknown space)."""
+    """A docs table written before the embedding space was recorded gets the column (null: legacy_space)."""
     if SPACE in docs_table.schema.names:
         return docs_table
     try:

@@ -306,14 +306,18 @@ def test_a_document_stored_in_another_embedding_space_is_embedded_again_on_s3(s3
     _reembedding_across_spaces(s3_bucket.uri, base_embedder)
 
 
-def test_a_table_written_before_spaces_were_recorded_gets_the_column_and_is_embedded_again(tmp_path, embedder):
+def test_rows_written_before_spaces_were_recorded_are_the_packaged_models_fp32_space(tmp_path, embedder):
+    """What every release wrote by default (torch, then onnx): kept by an fp32 embedder of the packaged model, embedded
+    again by an int8 one; an older table gets the column first."""
     store = DocumentStore(str(tmp_path / "db"), embedder, SETTINGS)
     docs = [manual_document(), *distractor_documents()[:2]]
+    ids = sorted(d.id for d in docs)
     store.ingest("docs", docs)
     store.db.open_table("docs__docs").drop_columns(["embedding_space"])  # as an earlier release wrote it
     assert "embedding_space" not in store.db.open_table("docs__docs").schema.names
     embedded = embedder.texts_embedded
-    again = store.ingest("docs", docs)  # unknown space: embedded again, the column back
-    assert sorted(again.updated) == sorted(d.id for d in docs) and embedder.texts_embedded > embedded
-    assert set(_spaces(store, "docs").values()) == {embedder.space}
-    assert sorted(store.ingest("docs", docs).unchanged) == sorted(d.id for d in docs)
+    assert sorted(store.ingest("docs", docs).unchanged) == ids and embedder.texts_embedded == embedded
+    assert set(_spaces(store, "docs").values()) == {None}  # the column is back, the rows as they were
+    int8 = DocumentStore(str(tmp_path / "db"), CountingEmbedder(Embedder(backend="onnx-int8")), SETTINGS)
+    assert sorted(int8.ingest("docs", docs).updated) == ids and int8.embedder.texts_embedded > 0
+    assert set(_spaces(int8, "docs").values()) == {int8.embedder.space}

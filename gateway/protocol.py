@@ -64,6 +64,8 @@ class SelfrouteOptions(BaseModel):
 
 
 MAX_MODEL_CHARS = 256
+MAX_COMPLETION_TOKENS = 2**31 - 1  # OpenAI's integer bound; no model writes more
+MAX_CHOICES = 128  # OpenAI's most choices per request (n)
 # provider/name[:tag][@version]: letters, digits and . _ - : / @ + ; never a URL (litellm reads some as one)
 _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+\-]*")  # fullmatch: "$" would let a final newline through
 
@@ -156,8 +158,10 @@ class ChatCompletionRequest(_Open):
     functions: list[dict[str, Any]] | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
-    max_completion_tokens: int | None = None
-    max_tokens: int | None = None
+    # a positive token count: a negative bound made a negative reservation, and a disconnect charged at it gave the
+    # key spend back; past int64 the reservation's row was a 500
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_COMPLETION_TOKENS)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_COMPLETION_TOKENS)
     # OpenAI's string values, and LiteLLM's `tags` list (recorded and reported by the gateway, never sent upstream)
     metadata: dict[str, str | list[str]] | None = None
     modalities: list[str] | None = None
@@ -197,6 +201,8 @@ class ChatCompletionRequest(_Open):
     def _one_choice(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
             raise ValueError("n must be at least 1")
+        if value is not None and value > MAX_CHOICES:  # OpenAI's limit; past int64 the reservation was a 500
+            raise ValueError(f"n must be at most {MAX_CHOICES}")
         return value
 
     @property

@@ -48,6 +48,30 @@ def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
 
 
 @pytest.mark.parametrize(
+    "field, value",
+    [
+        ("max_tokens", -1),
+        ("max_tokens", 0),
+        ("max_tokens", 2**31),
+        ("max_tokens", 2**70),  # past int64: the reservation's row was a 500
+        ("max_tokens", 1e300),  # an integral float is taken as an int
+        ("max_completion_tokens", -(10**9)),  # a disconnect charged at it gave the key spend back
+        ("max_completion_tokens", 2**70),
+        ("n", 129),
+        ("n", 2**62),  # the reservation's row was a 500
+    ],
+)
+def test_completion_bounds_are_positive_and_bounded(field, value):
+    error = _error(_chat(**{field: value}))
+    assert (error.status, error.code, error.param) == (400, "invalid_value", field)
+
+
+def test_completion_bounds_at_their_limits_pass():
+    chat, _ = parse_chat_request(_chat(max_tokens=1, max_completion_tokens=2**31 - 1, n=128))
+    assert (chat.max_tokens, chat.max_completion_tokens, chat.n) == (1, 2**31 - 1, 128)
+
+
+@pytest.mark.parametrize(
     "model",
     ["x" * (MAX_MODEL_CHARS + 1), "gpt 4", "a\nb", "gpt-4o\n", "http://h:1/v1", "openai/x://y", "-flag", "m\u00e9"],
 )

@@ -409,3 +409,28 @@ def test_reset_text():
         "1m2s",
         "6m0s",
     ]
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_negative_completion_bound_cannot_buy_spend_back(priced, field):
+    """The attack (probe, round seven): a stream with max_tokens -10**9, closed after its first event, was charged
+    at its estimate: -10**9 completion tokens, -$2,000,000 of spend, and the key's budget never ran out. A bound
+    that is not a positive token count is a 400 before anything is reserved or sent."""
+    url, app, rows = priced
+    _, key = app.state.gateway.keys.create(f"negative-{field}", budget_usd=0.05)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    for bound in (-(10**9), 0, 2**70):
+        with pytest.raises(openai.BadRequestError) as refused:
+            stream = client.chat.completions.create(
+                model=DRIBBLE, stream=True, messages=[{"role": "user", "content": "a b c"}], **{field: bound}
+            )
+            next(iter(stream))
+            stream.close()
+        assert refused.value.body["code"] == "invalid_value" and refused.value.body["param"] == field
+    mine = [r for r in rows() if r["key_id"] == f"negative-{field}"]
+    assert all(r["cost_usd"] >= 0 for r in mine) and keys_spend(app, f"negative-{field}") >= 0
+    assert rows("requests_in_flight") == []
+
+
+def keys_spend(app, name: str) -> float:
+    return app.state.gateway.keys.spend([name])[name]

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gateway.ledger.database import write_records
 from gateway.ledger.dialect import POSTGRESQL, LedgerConnection, dialect_of
 from gateway.ledger.errors import LedgerError
-from gateway.ledger.records import IN_FLIGHT, REQUEST_COLUMNS, RequestRecord, request_row
+from gateway.ledger.records import IN_FLIGHT, RequestRecord
 
 TPM_WINDOW_S = 60.0
 # how long a reservation holds when nobody settles it and its process cannot be seen to have died (another host);
@@ -330,21 +331,7 @@ def abandoned(
 
 
 def settle_abandoned(conn: LedgerConnection, rows: list[InFlight]) -> int:
-    """Turn abandoned in-flight rows into requests rows charged at their estimate, in one transaction; a request
-    whose real row exists keeps it. Returns how many rows were written."""
-    written = 0
-    columns, marks = ", ".join(REQUEST_COLUMNS), ", ".join("?" * len(REQUEST_COLUMNS))
-    if dialect_of(conn) is POSTGRESQL:  # its rollup triggers are AFTER triggers: a skipped row fires none
-        sql, extra = f"INSERT INTO requests ({columns}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING", False
-    else:  # a BEFORE trigger fires even for a row OR IGNORE skips: insert only what is new
-        sql, extra = (
-            (f"INSERT INTO requests ({columns}) SELECT {marks} WHERE NOT EXISTS (SELECT 1 FROM requests WHERE id = ?)"),
-            True,
-        )
-    with conn:
-        for row in rows:
-            values = request_row(row.abandoned_record())
-            cursor = conn.execute(sql, (*values, row.request_id) if extra else values)
-            written += max(cursor.rowcount or 0, 0)
-            conn.execute("DELETE FROM requests_in_flight WHERE request_id = ?", (row.request_id,))
-    return written
+    """Turn abandoned in-flight rows into requests rows charged at their estimate, in one transaction with their
+    rollups (the ledger writer's write_records); a request whose real row exists keeps it. Returns how many rows
+    were written."""
+    return write_records(conn, [row.abandoned_record() for row in rows], keep_existing=True)

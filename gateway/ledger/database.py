@@ -1,8 +1,9 @@
 """The ledger database: connections and the numbered, append-only migrations (migrations/<dialect>/NNN_*.sql).
 
 A ledger location is a SQLite file path (the default) or a `postgresql://` URL; each engine has its own set of
-migrations with the same numbers and the same effect (tests/test_engines.py compares them). The rollup triggers'
-migrations are generated (gateway.ledger.rollups) from the figures records.py describes.
+migrations with the same numbers and the same effect (tests/test_engines.py compares them). write_records adds each
+batch to the rollups (gateway.ledger.rollups, from the figures records.py describes), whose remaining delete triggers'
+migration is generated there.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import json
 import math
 import sqlite3
 import time
+from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_random
 
+from gateway.ledger import rollups
 from gateway.ledger.dialect import (
     POSTGRESQL,
     SQLITE,
@@ -166,52 +169,72 @@ def _write_learning(conn: Any, records: list[RequestRecord]) -> None:
         conn.executemany(INSERT_LABEL, labels)
 
 
-_UPSERT_REQUEST = (
-    insert_sql("requests", REQUEST_COLUMNS)
-    + f" ON CONFLICT (id) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REQUEST_COLUMNS if c != 'id')}"
-)
-
-_REPLACE_REQUEST = insert_sql("requests", REQUEST_COLUMNS, "INSERT OR REPLACE")
+_INSERT_REQUEST = insert_sql("requests", REQUEST_COLUMNS)
 _INSERT_CALL = insert_sql("upstream_calls", CALL_COLUMNS)
-
-
-def _rollup_order(record: RequestRecord) -> tuple:
-    # writers on several replicas lock rollup rows in the same order, which makes deadlocks rare (retried anyway)
-    return (
-        int(record.created_at // 86400),
-        record.route or "",
-        record.policy or "",
-        record.key_id or "",
-        record.status,
-        int(record.created_at // 3600),
-        record.id,
-    )
-
-
 # a finished request's row replaces its reservation in the same transaction (gateway/ledger/budget.py): its key's
-# spend is never counted twice, nor missing for a moment
-_SETTLE = "DELETE FROM requests_in_flight WHERE request_id = ?"
+# spend is never counted twice, nor missing for a moment. Both statements take a batch's ids at once: SQLite's list
+# padded to a power of two (a few statement texts, each prepared once), PostgreSQL's an array
+_SETTLE = {
+    SQLITE: "DELETE FROM requests_in_flight WHERE request_id IN ({})",
+    POSTGRESQL: "DELETE FROM requests_in_flight WHERE request_id = ANY(?)",
+}
+_EXISTING = {
+    SQLITE: "SELECT id FROM requests WHERE id IN ({})",
+    POSTGRESQL: "SELECT id FROM requests WHERE id = ANY(?)",
+}
 
 
-def write_records(conn: Any, records: list[RequestRecord]) -> None:
-    """Insert a batch of records in one transaction; a record re-submitted under the same id replaces the old, and
-    each record's in-flight row (its reservation) goes in the same transaction."""
-    records = list({r.id: r for r in records}.values())  # the last version of an id wins within a batch too
+_MAX_IDS = 4096  # SQLite ids per statement: under its limit of 32,766 parameters, padding included
+
+
+def _by_ids(conn: Any, statements: dict[Dialect, str], ids: list[str], *, read: bool = False) -> list:
+    """Run the statement for `ids`; with `read`, returns the rows it reads (on PostgreSQL's pipeline, reading waits
+    for the answer: a statement whose rows nobody reads does not)."""
     if dialect_of(conn) is POSTGRESQL:
-        records.sort(key=_rollup_order)
-        with conn:
-            # legs first (their delete trigger reads the request's dimensions), then an upsert whose UPDATE
-            # trigger moves the request's rollup contribution, then the new legs
-            conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
-            conn.executemany(_UPSERT_REQUEST, [request_row(r) for r in records])
-            conn.executemany(_INSERT_CALL, [row for r in records for row in call_rows(r)])
+        cursor = conn.execute(statements[POSTGRESQL], (ids,))
+        return cursor.fetchall() if read else []
+    found = []
+    for start in range(0, len(ids), _MAX_IDS):
+        chunk = ids[start : start + _MAX_IDS]
+        size = 1 << (len(chunk) - 1).bit_length()
+        found += conn.execute(statements[SQLITE].format(", ".join("?" * size)), chunk + chunk[:1] * (size - len(chunk)))
+    return found
+
+
+def _pipeline(conn: Any) -> Any:
+    """PostgreSQL: the batch's statements sent without waiting for each one's answer (psycopg's pipeline mode), one
+    round trip where the answers are needed; SQLite runs in-process."""
+    return conn.pipeline() if dialect_of(conn) is POSTGRESQL else nullcontext()
+
+
+def write_records(conn: Any, records: list[RequestRecord], *, keep_existing: bool = False) -> int:
+    """Insert a batch of records, their legs, learning rows and rollups (gateway.ledger.rollups.add) in one
+    transaction, each record's in-flight row (its reservation) deleted in it. A record re-submitted under the same
+    id replaces the old one; with `keep_existing`, a recorded request keeps its row (an abandoned reservation's
+    estimate never replaces the real record). Returns how many records were written."""
+    records = list({r.id: r for r in records}.values())  # the last version of an id wins within a batch too
+    if not records:
+        return 0
+    ids = [r.id for r in records]
+    with conn, _pipeline(conn):
+        # a write first: on SQLite it takes the database's write lock, so what is found existing holds until the
+        # commit (on PostgreSQL another replica inserting one of these ids makes the INSERT fail, and the writer
+        # retries the batch record by record)
+        _by_ids(conn, _SETTLE, ids)
+        existing = {row[0] for row in _by_ids(conn, _EXISTING, ids, read=True)}
+        if existing and keep_existing:
+            records = [r for r in records if r.id not in existing]
+        elif existing:
+            # the old row and legs out; their DELETE triggers take them out of the rollups (a rare path: replays,
+            # and a real record after its abandoned estimate). Legs first: their trigger reads the request's groups
+            old = [(request_id,) for request_id in sorted(existing)]
+            conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", old)
+            conn.executemany("DELETE FROM requests WHERE id = ?", old)
+        if records:
+            conn.executemany(_INSERT_REQUEST, [request_row(r) for r in records])
+            legs = [row for r in records for row in call_rows(r)]
+            if legs:
+                conn.executemany(_INSERT_CALL, legs)
+            rollups.add(conn, records)
             _write_learning(conn, records)
-            conn.executemany(_SETTLE, [(r.id,) for r in records])
-        return
-    with conn:
-        # a re-submitted record replaces its request row; its legs must be replaced too, not duplicated
-        conn.executemany("DELETE FROM upstream_calls WHERE request_id = ?", [(r.id,) for r in records])
-        conn.executemany(_REPLACE_REQUEST, [request_row(r) for r in records])
-        conn.executemany(_INSERT_CALL, [row for r in records for row in call_rows(r)])
-        _write_learning(conn, records)
-        conn.executemany(_SETTLE, [(r.id,) for r in records])
+    return len(records)

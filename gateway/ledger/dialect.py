@@ -148,6 +148,11 @@ class PostgresConnection:
         if rows:
             self.raw.cursor().executemany(_to_sql(sql), rows)
 
+    def pipeline(self) -> Any:
+        """psycopg's pipeline mode for the block: statements are sent without waiting for each answer; reading a
+        result (or the block's end) waits for what was sent before it. Errors surface there too."""
+        return self.raw.pipeline()
+
     def script(self, sql: str) -> None:
         """Several statements, sent as one string without parameters (the simple query protocol)."""
         self.raw.execute(sql)

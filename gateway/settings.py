@@ -45,7 +45,13 @@ def private_dir(path: Path) -> Path:
 def private_file(path: Path) -> Path:
     """Create a file only its owner can read (0600) if it does not exist yet. SQLite gives its -wal and -shm
     files the database file's permissions."""
-    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        # never open and close an existing file: closing any descriptor of it drops every POSIX lock this process
+        # holds on it, SQLite's among them, and the next other process to close its connection then deletes the
+        # WAL under this one's connections (their later writes were lost)
+        pass
     if path.stat().st_mode & 0o077:
         path.chmod(0o600)
     return path

@@ -13,7 +13,8 @@ end (`HeldWrites`): a whole answer leaves in one segment, a stream's events of o
 
 Each request's scope carries a `DisconnectHook` (gateway.server.disconnect) that `connection_lost` calls for every
 request of the connection whose response is not complete: the app hears of a client leaving without a task per
-request waiting on receive().
+request waiting on receive(). The hook also says when the request's body has all arrived (gateway.server.bodies
+then reads it without its timer).
 """
 
 from __future__ import annotations
@@ -104,6 +105,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._disarm()
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self._hooks:  # the request being parsed is the connection's last
+            self._hooks[-1].body_received = True
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         if self._hooks:  # HTTP/1.1 answers a connection's requests in order

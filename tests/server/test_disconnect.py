@@ -86,7 +86,7 @@ def test_client_leaving_mid_stream_stops_the_upstream_and_is_ledgered_as_499(ups
 
 def test_serve_protocol_gives_each_request_its_own_hook_and_only_unfinished_ones_hear_the_loss():
     """On a kept-alive connection: a finished request's hook is not called when the connection goes later; an
-    unfinished one's callback runs once."""
+    unfinished one's callback runs once. Each hook says whether its request's body has all arrived."""
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
@@ -139,6 +139,10 @@ def test_serve_protocol_gives_each_request_its_own_hook_and_only_unfinished_ones
         await asyncio.sleep(0.05)
         first, second = (scope["extensions"][DISCONNECT_HOOK] for scope in scopes)
         assert first is not second
+        assert first.body_received and second.body_received  # each arrived whole: read without a timer
+        protocol.data_received(b"POST /c HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\n12345")
+        await asyncio.sleep(0.05)
+        assert not protocol._hooks[-1].body_received  # half of it: gateway.server.bodies arms its timer
         first.callback = lambda: heard.append("first")  # answered already: must not hear of the loss
         second.callback = lambda: heard.append("second")
         protocol.connection_lost(None)
@@ -184,3 +188,65 @@ def test_a_finished_request_leaves_no_reference_cycles(upstream, tmp_path, strea
                 gc.garbage.clear()
                 gc.enable()
     assert cancelled == [] and retrying == []
+
+
+def test_unless_disconnected_turns_the_client_leaving_into_client_disconnected_and_a_shutdown_into_cancellation():
+    """With serve's hook: the client leaving cancels the work, sets the threads' stop flag and ends as
+    ClientDisconnected with the task's cancellation taken back; a cancellation from elsewhere (a shutdown) goes on
+    as one, the flag set too; a finished request leaves no callback on the hook."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from gateway.server.disconnect import ClientDisconnected, DisconnectHook, unless_disconnected
+    from pipelines.cancellation import cancelled
+
+    def request(hook: DisconnectHook) -> Request:
+        return Request({"type": "http", "method": "POST", "headers": [], "extensions": {DISCONNECT_HOOK: hook}})
+
+    async def run() -> None:
+        threads: list[asyncio.Future] = []  # a worker thread of each request, waiting for its stop flag
+
+        def wait_for_stop() -> bool:
+            deadline = time.monotonic() + 5
+            while not cancelled() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return cancelled()
+
+        async def slow() -> str:
+            threads.append(asyncio.ensure_future(asyncio.to_thread(wait_for_stop)))  # the request's context
+            await asyncio.sleep(30)
+            return "never"
+
+        hook = DisconnectHook()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, hook.lost)  # the connection goes
+        try:
+            await unless_disconnected(request(hook), slow)
+            raise AssertionError("no ClientDisconnected")
+        except ClientDisconnected:
+            pass
+        assert await threads[-1] and asyncio.current_task().cancelling() == 0 and hook.callback is None
+        await asyncio.sleep(0)  # the task is not cancelled any more
+
+        async def shutdown() -> None:
+            inner = asyncio.current_task()
+            loop.call_later(0.05, inner.cancel)
+            await unless_disconnected(request(DisconnectHook()), slow)
+
+        try:
+            await asyncio.create_task(shutdown())
+            raise AssertionError("not cancelled")
+        except asyncio.CancelledError:
+            pass
+        assert await threads[-1]
+
+        async def quick() -> str:
+            return "ok"
+
+        hook = DisconnectHook()
+        assert await unless_disconnected(request(hook), quick) == "ok"
+        assert hook.callback is None
+        hook.lost()  # after the answer: nothing to cancel
+
+    asyncio.run(run())

@@ -212,6 +212,9 @@ def print_relative(card: dict[str, Any]) -> None:
         print(f"  on {unit}: {_span(f)}")
     for unit, f in card["held_out"].items():
         print(f"  held out {unit} (chosen on the others: {f['settings']}): {_span(f)}")
+    if not card["held_out"]:
+        print("  held out: one unit only, nothing to hold out (the choice is in-sample)")
+        return
     print(
         f"  held out: both targets met on {card['held_out_both_targets']} of {len(card['held_out'])} units, worst "
         f"gap {card['held_out_worst_gap_points']:+.2f} points"

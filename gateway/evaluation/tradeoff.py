@@ -343,7 +343,7 @@ def relative_choice_card(
     choice = choose_relative(policy, per_unit, seeds=seeds, max_token_share=max_token_share)
     nested = held_out(choice)
     both = sum(h.figures.both for h in nested)
-    worst = min((h.figures.gap_points[0] for h in nested), default=float("nan"))
+    worst = min((h.figures.gap_points[0] for h in nested), default=None)  # None: a single unit
     chosen = choice.settings
     figures = "; ".join(
         f"{u} {f.gap_points[0]:+.2f}..{f.gap_points[1]:+.2f} points vs the better baseline at "
@@ -353,8 +353,12 @@ def relative_choice_card(
     source = (
         f"{command}: chosen through the live check on {len(names)} units ({', '.join(names)}), {len(seeds)} stream "
         f"orders each, of {len(choice.candidates)} candidates (gateway.routing.relative_choice.candidate_grid): "
-        f"{figures}; nested (each unit chosen on the others): both targets on {both} of {len(nested)}, worst gap "
-        f"{worst:+.2f}"
+        f"{figures}; "
+        + (
+            f"nested (each unit chosen on the others): both targets on {both} of {len(nested)}, worst gap {worst:+.2f}"
+            if worst is not None
+            else "one unit, nothing held out"
+        )
     )
     return {
         "settings": None if chosen is None else chosen.model_dump(exclude={"source"}),

@@ -50,6 +50,12 @@ def main() -> int:
     parser.add_argument("--policy", type=Path, default=None)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--all", action="store_true", help="print every candidate on every unit")
+    parser.add_argument(
+        "--ceilings",
+        action="store_true",
+        help="also each unit's hindsight ceiling per ranking: the best prefix of the answers in that order, chosen "
+        "with the labels (no rule can do better with that ranking), within Self-Route's tokens and within 0.3",
+    )
     args = parser.parse_args()
     policy, _ = load_policy(args.policy)
     protocols: dict[str, dict] = {}
@@ -60,6 +66,8 @@ def main() -> int:
             f"{protocol}:{u}": paired_answers([i for i, x in zip(items, labels) if x == u]) for u in sorted(set(labels))
         }
     units = {u: a for found in protocols.values() for u, a in found.items()}
+    if args.ceilings:
+        _ceilings(units)
     candidates = candidate_grid(policy)
     started = time.perf_counter()
     table = evaluate_candidates(policy, units, candidates, args.seeds)
@@ -93,6 +101,43 @@ def main() -> int:
             f"{min(h.figures.gap_points[0] for h in nested):+.2f}"
         )
     return 0
+
+
+def _ceilings(units) -> None:
+    """Per unit and ranking: the best quality over every prefix of the answers in ranked order (escalated: the
+    prefix), vs the better baseline, within Self-Route's tokens / within 0.3 of always-long's. Non-causal and chosen
+    with the labels: an upper bound for any rule escalating in that order."""
+    import numpy as np
+
+    print("== hindsight ceilings (points vs the better baseline, within Self-Route's tokens / within 0.3)")
+    for unit, answers in units.items():
+        s = np.array([a.score for a in answers])
+        r = np.array([a.refused for a in answers], float)
+        pc = np.array([a.probability for a in answers])
+        cq = np.array([a.cheap_quality for a in answers])
+        lq = np.array([a.long_quality for a in answers])
+        ct = np.array([a.cheap_tokens for a in answers])
+        lt = np.array([a.long_tokens for a in answers])
+        total, best = lt.sum(), max(cq.mean(), lq.mean())
+        sr_t = (ct.sum() + (r * lt).sum()) / total
+        rankings = {
+            "P(good)": s,
+            "refusals first": s - 2 * r,
+            "joint 0.5": 0.5 * s + 0.5 * pc,
+            "doubt per token": -(1 - s) / lt,
+            "oracle gain per token": -(lq - cq) / lt,
+        }
+        cells = []
+        for name, key in rankings.items():
+            order = np.argsort(key, kind="stable")
+            tokens = (ct.sum() + np.cumsum(lt[order])) / total
+            gain = np.concatenate([[0.0], np.cumsum((lq - cq)[order]) / len(answers)])
+            caps = []
+            for cap in (sr_t, 0.3):
+                k = int(np.searchsorted(tokens, cap + 1e-12, side="right"))
+                caps.append(f"{100 * (cq.mean() + gain[: k + 1].max() - best):+.2f}")
+            cells.append(f"{name} {'/'.join(caps)}")
+        print(f"  {unit} (cheap alone {ct.sum() / total:.3f}, Self-Route {sr_t:.3f}): " + "; ".join(cells))
 
 
 if __name__ == "__main__":

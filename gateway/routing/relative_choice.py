@@ -226,12 +226,17 @@ class HeldOut:
     chosen_on: tuple[str, ...]
 
 
-def held_out(choice: RelativeChoice) -> list[HeldOut]:
+def held_out(choice: RelativeChoice, training: Mapping[str, Sequence[str]] | None = None) -> list[HeldOut]:
     """For each unit of the choice: the candidate the same criterion picks on the other units only (their figures
-    are already in the choice's table), and that candidate's figures on the held-out unit."""
+    are already in the choice's table), and that candidate's figures on the held-out unit. `training`: per held-out
+    unit, the units it may be chosen on instead (e.g. every unit sharing no answer with it, across protocols)."""
     found = []
     for unit in choice.units:
-        others = [u for u in choice.units if u != unit]
+        others = (
+            [u for u in choice.units if u != unit]
+            if training is None
+            else [u for u in training.get(unit, ()) if u != unit and u in choice.table[0]]
+        )
         if not others:
             continue
         c = pick(choice.table, others)

@@ -119,3 +119,17 @@ def test_a_unit_counts_only_when_it_meets_both_targets():
     # candidate 0: both targets on a; candidate 1: one target on each of a and b (a better worst gap), neither meets both
     table = {0: {"a": met, "b": missed}, 1: {"a": within_only, "b": beats_only}}
     assert pick(table, ["a", "b"]) == 0
+
+
+def test_held_out_choices_can_be_made_on_given_training_units():
+    x, y = RelativeThreshold(pool=1.0), RelativeThreshold(pool=2.0)
+    table = {
+        0: {"a": figures(True, -0.5), "b": figures(False, -3.0), "c": figures(True, -0.5)},
+        1: {"a": figures(False, -2.0), "b": figures(True, -0.2), "c": figures(False, -2.0)},
+    }
+    choice = RelativeChoice(x, ["a", "b", "c"], table[0], table, [x, y])
+    # b may be chosen only on c (a shares its answers), a only on b: their picks follow those units alone
+    nested = {h.unit: h for h in held_out(choice, {"a": ["b"], "b": ["c", "b"], "c": []})}
+    assert nested["b"].chosen_on == ("c",) and nested["b"].settings == x and not nested["b"].figures.both
+    assert nested["a"].chosen_on == ("b",) and nested["a"].settings == y
+    assert "c" not in nested  # nothing to choose on

@@ -181,3 +181,16 @@ def test_a_relative_threshold_is_replayed_in_stream_order_by_the_live_check():
     # at the fixed threshold 0.0 (refusal rule off) nothing escalates
     fixed_router = by_name(run_strategies(items, fixed, PRICES, 0.0))["rules+classifier+verifier"]
     assert fixed_router.route_shares.get(FALLBACK, 0) == 0
+
+
+def test_paired_answers_carry_what_the_relative_rules_choice_reads():
+    from gateway.evaluation.replay import paired_answers
+    from gateway.routing.relative_choice import PairedAnswer
+
+    items = [
+        item(0.2, 0.9, 0.3, refused=True, verifier=0.4),
+        item(1.0, 1.0, 0.8),
+        item(1.0, 0.0, 0.5, verifier=float("nan")),
+    ]
+    # answers without a P(good) (no verifier score, or NaN) cannot be decided by the rule: left out
+    assert paired_answers(items) == [PairedAnswer("d", 0.4, True, 0.2, 0.9, 1000.0, 5000.0, 0.3)]

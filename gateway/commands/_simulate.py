@@ -6,9 +6,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from gateway.commands._common import whole_number
 from gateway.evaluation.refit import MIN_MODEL_LABELS
+
+if TYPE_CHECKING:
+    from classifier.verifier import VerifierModel
+
+SHIPPED, HELD_OUT = "shipped", "held-out"  # --start-from
+HELD_OUT_PROTOCOLS = ("corpus", "model")
 
 
 def add_arguments(replay: argparse.ArgumentParser) -> None:
@@ -60,6 +67,14 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "way, default) or set from the scores of every checked answer seen, the refusal rule in force kept",
     )
     replay.add_argument(
+        "--sim-relative",
+        choices=["fixed", "labels"],
+        default="fixed",
+        help="with a relative verifier threshold (routing.verifier.relative): each refit leaves its pool and "
+        "refusal_spend as they are (fixed, default) or re-chooses them on the labels within the share's long tokens "
+        "(labels: gateway.evaluation.relative_refit; the budget control then re-chooses them for its budget alone)",
+    )
+    replay.add_argument(
         "--sim-min-model-labels",
         type=int,
         default=MIN_MODEL_LABELS,
@@ -72,6 +87,16 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         default=None,
         help="as routing.learning.shadow_reference_tokens: a context longer than this is shadowed with probability "
         "shadow-rate x this / its tokens (default: the policy's, else every context at --shadow-rate)",
+    )
+    replay.add_argument(
+        "--start-from",
+        choices=[SHIPPED, HELD_OUT],
+        default=SHIPPED,
+        help="the models the loop (and the frozen router and the budget control) start from: the policy's shipped "
+        "classifier and verifier (default; trained on the shipped paired data, so on these answers in-sample), or "
+        "held-out: out-of-fold under --protocol corpus|model, each answer's P(cheap) and P(good) from models fitted "
+        "without its corpus (corpus) or its model family and its documents' fold (model), the case the loop exists "
+        "for; the verifier over the shipped verifier's features with --verifier-estimator (default: its card's)",
     )
     replay.add_argument(
         "--sim-split",
@@ -88,11 +113,11 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
+def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=None) -> int:
     from gateway.evaluation.examples import CorpusInputs, corpus_windows
     from gateway.evaluation.learning_sim import SimQuestion, format_simulation, seed_summary, simulate, targets
     from gateway.evaluation.report import build_items
-    from gateway.evaluation.verification import answer_rows, cheap_answers
+    from gateway.evaluation.verification import answer_rows, cheap_answers, replay_scores
     from gateway.routing.model_files import load_route_model, load_verifier_model
     from gateway.settings import resolve_data_dir
     from pipelines.unanswerable import UnanswerableDetector
@@ -100,6 +125,12 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
     if not (0 < args.shadow_rate <= 1 and 0 <= args.judge_noise <= 1 and args.refit_every > 0):
         print(
             "selfroute eval replay: --shadow-rate in (0, 1], --judge-noise in [0, 1], --refit-every > 0",
+            file=sys.stderr,
+        )
+        return 2
+    if args.start_from == HELD_OUT and (args.protocol not in HELD_OUT_PROTOCOLS or splits is None):
+        print(
+            "selfroute eval replay: --start-from held-out needs --protocol corpus or --protocol model",
             file=sys.stderr,
         )
         return 2
@@ -119,9 +150,34 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
     )
     inputs = builder.all_inputs(examples, progress=not args.json)
     rows = [i.features for i in inputs]
-    probabilities = model.cheap_probabilities(rows) if model is not None else [0.5] * len(rows)
-    answers = answer_rows(cheap_answers(builder, examples, progress=not args.json), probabilities)
-    scores = verifier.scores(answers)
+    start_verifier: VerifierModel | None = verifier  # None: the recorded (held-out) scores stand
+    if args.start_from == HELD_OUT:
+        # the protocol's out-of-fold models, as `eval replay --protocol` scores them: no answer is scored by a model
+        # that saw its corpus (or its family and document); the simulation re-scores only once a refit replaces it
+        answers: list[dict] = []
+        probabilities, held_out_scores, _ = replay_scores(
+            policy,
+            policy_file,
+            examples,
+            inputs,
+            builder,
+            protocol=args.protocol,
+            estimator=args.estimator,
+            folds=args.folds,
+            seed=args.seed,
+            splits=splits,
+            rows_out=answers,
+            feature_names=verifier.feature_names,
+            verifier_estimator=args.verifier_estimator or verifier.card.get("estimator") or "logistic",
+            progress=not args.json,
+        )
+        assert held_out_scores is not None  # the policy has routing.verifier (checked above)
+        scores = held_out_scores
+        start_verifier = None
+    else:
+        probabilities = model.cheap_probabilities(rows) if model is not None else [0.5] * len(rows)
+        answers = answer_rows(cheap_answers(builder, examples, progress=not args.json), probabilities)
+        scores = verifier.scores(answers)
     items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns), scores)
     parts: dict[str, list[SimQuestion]] = {}
     for example, item, row in zip(examples, items, answers):
@@ -153,7 +209,8 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
                 control=args.sim_control,
                 thresholds_from=args.sim_thresholds,
                 min_model_labels=args.sim_min_model_labels,
-                verifier=verifier,
+                relative_from=args.sim_relative,
+                verifier=start_verifier,
                 route_model=model,
             )
             met = targets(result)
@@ -178,6 +235,8 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices) -> int:
             json.dumps(
                 {
                     "data": ", ".join(str(d) for d in args.data),
+                    "start_from": args.start_from,
+                    "protocol": args.protocol if args.start_from == HELD_OUT else None,
                     "split": args.sim_split,
                     "runs": out,
                     "seeds": list(seeds),

@@ -271,7 +271,7 @@ def run_replay(args: argparse.Namespace) -> int:
         print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
     if args.simulate_learning:
-        return simulate.run(args, policy, policy_file, examples, prices)
+        return simulate.run(args, policy, policy_file, examples, prices, splits)
     data_dir = resolve_data_dir(args.data_dir)
     builder = CorpusInputs(policy, data_dir / "lancedb", windows, cache_dir=data_dir / "cache")
     inputs = builder.all_inputs(examples, progress=not args.json)

@@ -4,7 +4,8 @@ the shipped training data), compare each out of fold with the model in force on 
 is better write its new model file beside the policy and point the policy at it (the old file is kept; a running
 gateway loads it at its policy reload, `POST /v1/admin/reload`, or a restart). When no refit is better, the
 verifier's two thresholds (P(good) and the refusal threshold) are re-chosen for the model in force and written when
-they beat what the policy in force did on the labelled answers.
+they beat what the policy in force did on the labelled answers (with --thresholds scores: its threshold set from every
+recorded checked answer's P(good) for the share, the refusal threshold kept).
 
 The comparison (gateway.evaluation.refit, which the learning simulation runs too): folds grouped by document (the
 features' `group`), each labelled request scored by a model fitted without its document (and, with --blend-shipped,
@@ -67,6 +68,14 @@ def register(subparsers, parents) -> None:
         default=None,
         help="the share of labelled cheap answers the verifier's new thresholds escalate (weighted; default: the share "
         "the policy in force escalated); given, the thresholds are re-chosen even when no refit is better",
+    )
+    parser.add_argument(
+        "--thresholds",
+        choices=["labels", "scores"],
+        default="labels",
+        help="when no refit replaces the verifier, its thresholds: chosen on the labelled answers (default) or set "
+        "from the P(good) of every recorded checked answer (labelled or not) to escalate the share, the refusal "
+        "threshold in force kept (on a few labels, thresholds chosen on them fit their noise; BENCHMARKS.md section 12)",
     )
     parser.add_argument("--estimator", choices=["logistic", "boosting"], default="logistic")
     parser.add_argument("--folds", type=int, default=5)
@@ -195,7 +204,10 @@ def run(args: argparse.Namespace) -> int:
     edits: dict[str, dict] = {}  # routing section -> values to write
     models: list = []  # (save function, model, path) to write when the policy edit is good
     data = _labelled_answers(labelled, labels, _weights(labelled, policy.routing.learning))
-    verifier_part = _refit_verifier(args, policy, verifier, data, blend, stamp)
+    share, checked = args.escalation_share, None
+    if args.thresholds == "scores":
+        share, checked = _every_checked(requests, verifier, args.escalation_share)
+    verifier_part = _refit_verifier(args, policy, verifier, data, blend, stamp, share, checked)
     report.update({k: v for k, v in verifier_part.items() if not k.startswith("_")})
     if "_write" in verifier_part:
         edits["verifier"], saved = verifier_part["_write"]
@@ -230,7 +242,32 @@ def run(args: argparse.Namespace) -> int:
     return _print(args, report)
 
 
-def _refit_verifier(args, policy, verifier, data, blend, stamp) -> dict:
+def _every_checked(requests, verifier, share: float | None):
+    """(share, refit.Checked) for --thresholds scores: every recorded checked cheap answer (its verifier features
+    recorded), scored by the verifier in force; the share: the one asked, else the share of them escalated."""
+    from gateway.evaluation.recorded import _numbers
+    from gateway.evaluation.refit import Checked
+    from gateway.routing.decision import RouteDecision
+    from policies.routes import Route
+
+    checked = [r for r in requests if r.features.get("verifier_features")]
+    scores = verifier.scores([_numbers(r.features["verifier_features"]) for r in checked]) if checked else []
+    decisions = [
+        RouteDecision(
+            Route.RAG,
+            "",
+            None,
+            r.features.get("p_cheap"),
+            _numbers(r.features["features"]) if r.features.get("features") and r.features.get("rule") is None else {},
+        )
+        for r in checked
+    ]
+    if share is None:
+        share = sum(bool(r.features.get("escalated")) for r in checked) / max(len(checked), 1)
+    return share, Checked([float(x) for x in scores], [bool(r.features.get("refused")) for r in checked], decisions)
+
+
+def _refit_verifier(args, policy, verifier, data, blend, stamp, share=None, checked=None) -> dict:
     """The verifier's comparison (gateway.evaluation.refit.refit_verifier); `_write` holds the policy values (and the
     model file) when it changes anything."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
@@ -247,7 +284,8 @@ def _refit_verifier(args, policy, verifier, data, blend, stamp) -> dict:
         estimator=args.estimator,
         folds=args.folds,
         seed=args.seed,
-        share=args.escalation_share,
+        share=share,
+        checked=checked,
         blend=blend,
         blend_weight=args.blend_weight,
         card={"trained_on": f"{len(data.labels)} ledger labels since {args.since}{blended}"},

@@ -44,6 +44,12 @@ from gateway.evaluation.refit import (
     threshold_for_share,
     with_verifier_thresholds,
 )
+from gateway.evaluation.relative_refit import (
+    CheckedStream,
+    refit_relative,
+    relative_for_budget,
+    with_pool_and_spend,
+)
 from gateway.evaluation.replay import (
     Leg,
     Outcome,
@@ -58,6 +64,7 @@ from gateway.routing.decision import RouteDecision, Router
 from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.learning.judge import ANSWER_CHARS, JUDGE_PROMPT, PASSAGE_CHARS
 from gateway.routing.learning.loop import shadow_probability
+from gateway.routing.score_window import Seen
 from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
 from policies.schema import LearningSettings, Policy
 
@@ -70,6 +77,7 @@ JUDGE_OUTPUT_TOKENS = 12  # {"verdict": "both_wrong"}
 FROZEN_SPEND, IN_FORCE = "frozen-spend", "in-force"  # the escalation share each refit holds (share_rule)
 SHARE_RULES = (FROZEN_SPEND, IN_FORCE)
 LABELS, SCORES = "labels", "scores"  # what sets a kept verifier's thresholds for the share (thresholds_from)
+FIXED = "fixed"  # relative_from: the refit leaves routing.verifier.relative as it is (LABELS: chosen on the labels)
 LEARNING = "learning router"
 FROZEN = "shipped router (frozen)"
 ALWAYS_LONG, ALWAYS_RAG, ORACLE = "always-long", "always-RAG", "oracle"
@@ -224,6 +232,7 @@ def simulate(
     control: bool = False,
     thresholds_from: str = LABELS,
     min_model_labels: int = 0,
+    relative_from: str = FIXED,
     verifier: VerifierModel | None = None,
     route_model: RouteModel | None = None,
     min_labels: int = MIN_LABELS,
@@ -244,7 +253,11 @@ def simulate(
     what it gains over the frozen router is the spend's and the labels' together. `thresholds_from`: when a refit
     keeps the verifier in force, its thresholds for the share are chosen on the labels (`labels`, learn's way) or set
     from the scores of every checked answer seen (`scores`: refit.Checked, the refusal rule in force kept).
-    `min_model_labels`: as `learn --min-model-labels`, fewer labels never put a new verifier in force."""
+    `min_model_labels`: as `learn --min-model-labels`, fewer labels never put a new verifier in force.
+    `relative_from`: with a relative threshold (routing.verifier.relative), which decides once a window is warm, a
+    refit re-chooses its pool and refusal_spend on the labels (`labels`: gateway.evaluation.relative_refit.
+    refit_relative, within the share as a share of the checked answers' long tokens) or leaves them (`fixed`);
+    with `labels` the budget control re-chooses them for the same budget without labels (relative_for_budget)."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -255,6 +268,9 @@ def simulate(
         raise ValueError(f"share_rule: one of {', '.join(SHARE_RULES)}")
     if thresholds_from not in (LABELS, SCORES):
         raise ValueError(f"thresholds_from: {LABELS} or {SCORES}")
+    if relative_from not in (FIXED, LABELS):
+        raise ValueError(f"relative_from: {FIXED} or {LABELS}")
+    relative_refits = relative_from == LABELS and policy.routing.verifier.relative is not None
     names = list(feature_names or ANSWER_FEATURE_NAMES)
     shipped_refusal = policy.routing.verifier.refusal_threshold
     rng = random.Random(seed)
@@ -273,6 +289,7 @@ def simulate(
     control_check = CheapAnswerCheck(policy)
     control_run = router_strategy(router, True, control_check)
     control_seen: list[tuple[float, bool, RouteDecision]] = []  # its checked cheap answers: score, refused, decision
+    control_history: list[Seen] = []  # the same, as its relative threshold's window saw them
     control_escalations = 0
     control_thresholds: list[dict[str, Any]] = []
 
@@ -289,6 +306,7 @@ def simulate(
     decided: list[tuple[int, float]] = []  # questions the classifier decided (no rule): index, P(cheap) in force
     seen_cheap: list[int] = []  # questions the pre-route sent to the checked cheap route
     seen_decisions: list[RouteDecision] = []  # the learning router's decision of each
+    seen_history: list[Seen] = []  # each as the learning router's relative window saw it (the score it was decided on)
     frozen_escalations = 0
     live_escalations = 0  # the learning router's, on the seen cheap-routed questions
     long_tokens_seen = 0  # of the long legs those questions would need
@@ -322,6 +340,15 @@ def simulate(
             if shipped_check.applies(shipped_decision) and shipped_decision.route == RAG:
                 control_seen.append((float(item.verifier_score or 0.0), item.rag_refused, shipped_decision))
                 control_escalations += outcomes[CONTROL].route == FALLBACK
+                control_history.append(
+                    Seen(
+                        float(item.verifier_score or 0.0),
+                        item.rag_refused,
+                        float(item.long_prompt_tokens),
+                        outcomes[CONTROL].route == FALLBACK,
+                        item.probability,
+                    )
+                )
         as_learning = replace(item, probability=p_cheap[index], verifier_score=scores[index])
         decision = learning_router.decide(item.features, p_cheap[index])
         if decision.rule is None and decision.probability is not None:
@@ -336,6 +363,15 @@ def simulate(
             long_cost_seen += leg_cost(shadow_leg(item), prices)
             long_tokens_seen += shadow_leg(item).prompt_tokens + shadow_leg(item).output_tokens
             live_escalations += live.route == FALLBACK
+            seen_history.append(
+                Seen(
+                    float(scores[index]),
+                    item.rag_refused,
+                    float(item.long_prompt_tokens),
+                    live.route == FALLBACK,
+                    p_cheap[index],
+                )
+            )
             truth = label_good(item.rag_score, item.lc_score)
             label, weight = None, 1.0
             if live.route == FALLBACK:  # both answers exist: the judge
@@ -399,8 +435,22 @@ def simulate(
             threshold = threshold_for_share(
                 policy, [c[0] for c in control_seen], [c[1] for c in control_seen], [c[2] for c in control_seen], share
             )
-            control_policy = with_verifier_thresholds(policy, threshold, shipped_refusal)
-            control_check = CheapAnswerCheck(control_policy, windows=control_check.windows)
+            control_policy = with_verifier_thresholds(control_check.policy, threshold, shipped_refusal)
+            if relative_refits:
+                stream = CheckedStream(
+                    [c[0] for c in control_seen],
+                    [c[1] for c in control_seen],
+                    [h.long_tokens for h in control_history],
+                    [c[2] for c in control_seen],
+                    [None] * len(control_seen),
+                )
+                pick = relative_for_budget(control_policy, stream, share)
+                control_policy = with_pool_and_spend(control_policy, pick.pool, pick.refusal_spend)
+            control_check = CheapAnswerCheck(
+                control_policy,
+                windows=control_check.windows,
+                history=lambda _key, limit: control_history[-limit:],
+            )
             control_run = router_strategy(Router(control_policy), True, control_check)
             control_thresholds.append({"at": position, "share": share, "threshold": threshold})
         ys = [entry["label"] for entry in labelled]
@@ -489,9 +539,33 @@ def simulate(
                 p_cheap = RouteModel(route.pipeline).cheap_probabilities([dict(q.item.features) for q in questions])
         if refit.action == "model" or (route is not None and route.action == "model"):
             rescore()
-        # a relative threshold's window goes on across refits, as across a live reload
+        relative_note = None
+        if relative_refits:
+            at = {q: k for k, q in enumerate(seen_cheap)}
+            stream = CheckedStream(
+                [scores[i] for i in seen_cheap],
+                [questions[i].item.rag_refused for i in seen_cheap],
+                [h.long_tokens for h in seen_history],
+                seen_decisions,
+                [None] * len(seen_cheap),
+            )
+            spent = sum(h.long_tokens for h in seen_history if h.escalated) / (sum(stream.long_tokens) or 1.0)
+            chosen = refit_relative(
+                learn_policy,
+                stream,
+                [at[entry["index"]] for entry in labelled],
+                ys,
+                [entry["weight"] for entry in labelled],
+                target if target is not None else spent,
+            )
+            learn_policy = with_pool_and_spend(learn_policy, chosen.chosen.pool, chosen.chosen.refusal_spend)
+            relative_note = chosen.decision
+        # a relative threshold's window goes on across refits, as across a live reload (new settings: a new window
+        # from the answers seen, as a live reload starts one from the ledger)
         learning_router = Router(learn_policy)
-        learning_check = CheapAnswerCheck(learn_policy, windows=learning_check.windows)
+        learning_check = CheapAnswerCheck(
+            learn_policy, windows=learning_check.windows, history=lambda _key, limit: seen_history[-limit:]
+        )
         verifier_settings = learn_policy.routing.verifier
         assert verifier_settings is not None  # with_verifier_thresholds keeps it
         refits.append(
@@ -506,6 +580,15 @@ def simulate(
                 "classifier": route.action if route is not None else None,
                 "classifier_labels": route.labelled if route is not None else 0,
                 "classifier_threshold": settings.threshold if settings is not None else None,
+                **(
+                    {
+                        "pool": verifier_settings.relative.pool,
+                        "refusal_spend": verifier_settings.relative.refusal_spend,
+                        "relative": relative_note,
+                    }
+                    if verifier_settings.relative is not None
+                    else {}
+                ),
             }
         )
     return SimulationResult(

@@ -232,3 +232,32 @@ def test_a_shadow_label_weighs_one_over_the_chance_its_request_was_shadowed():
     tied = LearningSettings(judge=True, shadow_rate=0.05, shadow_reference_tokens=16_000)
     assert _weights(requests, tied) == pytest.approx([20.0, 80.0, 1.0, 1.0])
     assert _weights(requests, LearningSettings(judge=True, shadow_rate=0.05)) == pytest.approx([20.0, 20.0, 1.0, 1.0])
+
+
+def test_learn_sets_a_kept_verifiers_threshold_from_every_recorded_score(setup, capsys):
+    """--thresholds scores: the verifier in force kept (too few labels for a new one), its threshold escalates the
+    share of every recorded checked answer (labelled or not) by their P(good), not chosen on the labels; the refusal
+    threshold in force stays. Without --escalation-share the share is the one recorded."""
+    from gateway.evaluation.recorded import _numbers
+    from gateway.ledger.labels import recorded_requests
+
+    policy, ledger = setup
+    learned, _ = load_policy(policy)
+    verifier = load_verifier_model(learned, policy)
+    rows = [_numbers(r.features["verifier_features"]) for r in recorded_requests(ledger)]
+    scores = verifier.scores(rows)
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--min-model-labels", "100000", "--json"]
+    assert main([*args, "--thresholds", "scores", "--escalation-share", "0.3", "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    below = sum(s < report["new_threshold"] for s in scores) / len(scores)
+    assert len(scores) == 240 and below == pytest.approx(0.3, abs=0.01), report
+    assert report["new_refusal_threshold"] == 1.0 and "from their scores" in report["decision"]
+    assert main([*args, "--thresholds", "labels", "--escalation-share", "0.3", "--dry-run"]) == 0
+    by_labels = json.loads(capsys.readouterr().out)
+    assert "new thresholds" in by_labels["decision"]
+    assert main([*args, "--thresholds", "scores"]) == 0  # the recorded share: half of them escalated
+    report = json.loads(capsys.readouterr().out)
+    assert report["escalated_share"] == pytest.approx(0.5)
+    assert sum(s < report["new_threshold"] for s in scores) / len(scores) == pytest.approx(0.5, abs=0.01)
+    learned, _ = load_policy(policy)
+    assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])

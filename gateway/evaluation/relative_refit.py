@@ -1,0 +1,167 @@
+"""A learning refit of the relative verifier threshold's parameters (routing.verifier.relative: `pool`,
+`refusal_spend`) from the loop's labels (the learning simulation's `--sim-relative labels`).
+
+train/calibrate choose them on paired answers (gateway.routing.relative_choice.choose_relative: every answer has both
+routes' quality, each unit replayed in several stream orders, scored on issue 19's targets). The loop has less: labels
+on its escalations and on a few weighted shadows, and one stream in the order it arrived, with a token budget. So
+this replays the one stream and estimates each candidate's quality from the weighted labels.
+
+Once a key's window is warm the relative rule, not the fixed thresholds, decides what escalates, so a refit that only
+re-chooses the fixed thresholds changes nothing after the warm-up. Here every candidate (pool, refusal_spend) is
+replayed by the live rule (gateway.routing.escalation.CheapAnswerCheck.verdict, a fresh window per key) over every
+checked cheap answer in arrival order: what it escalates and the long tokens it spends need no labels. Its quality
+is estimated on the labelled ones: an escalated answer is as good as the long route's, an accepted one stands on its
+label; each label weighted as the refit weighs it (a shadow label 1 / its chance), so the labelled answers stand for
+all of them. The best quality within the token budget wins; a candidate as good as the one in force at fewer tokens
+wins too (a tie is a saving), and a change needs MIN_GAIN_POINTS otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.evaluation.refit import MIN_GAIN_POINTS, weighted_quality
+from gateway.routing.decision import RouteDecision
+from gateway.routing.escalation import CheapAnswerCheck
+from gateway.routing.relative_choice import with_relative as relative_settings
+from policies.schema import Policy
+
+# the candidates: a coarse grid around the shipped (1.5, 0.9), each replayed over the whole stream at every refit
+POOLS = (1.0, 1.5, 2.0, 3.0)  # x the window's refusal share
+REFUSAL_SPENDS = (0.5, 0.9, 1.2, 1.6, 2.5)
+
+
+@dataclass
+class CheckedStream:
+    """Every checked cheap answer, in arrival order, as the ledger records them (labelled or not)."""
+
+    scores: list[float]  # the verifier in force's P(good)
+    refused: list[bool]
+    long_tokens: list[float]  # what its long leg sends (the relative rule's charge)
+    decisions: list[RouteDecision]
+    keys: list[str | None]  # the key that sent it (one window per key)
+
+
+@dataclass
+class RelativeCandidate:
+    pool: float
+    refusal_spend: float
+    quality: float  # estimated on the labelled answers (points)
+    token_share: float  # escalations' long tokens / all checked answers' long tokens
+
+
+@dataclass
+class RelativeRefit:
+    chosen: RelativeCandidate
+    in_force: RelativeCandidate
+    changed: bool
+    decision: str
+
+
+def with_pool_and_spend(policy: Policy, pool: float, refusal_spend: float) -> Policy:
+    """The policy with its relative rule's pool and refusal_spend replaced (its other settings kept)."""
+    settings = policy.routing.verifier
+    if settings is None or settings.relative is None:
+        raise ValueError("the policy has no routing.verifier.relative")
+    return relative_settings(
+        policy, settings.relative.model_copy(update={"pool": float(pool), "refusal_spend": float(refusal_spend)})
+    )
+
+
+def relative_escalations(policy: Policy, stream: CheckedStream) -> list[bool]:
+    """What the policy's relative rule escalates of the stream, by the live rule from empty windows."""
+    check = CheapAnswerCheck(policy)
+    return [
+        check.verdict(d, bool(r), float(s), k, float(t)).escalate
+        for s, r, t, d, k in zip(stream.scores, stream.refused, stream.long_tokens, stream.decisions, stream.keys)
+    ]
+
+
+def _candidate(
+    policy: Policy,
+    stream: CheckedStream,
+    labelled: Sequence[int],
+    labels: Sequence[int],
+    weights: Sequence[float],
+    pool: float,
+    spend: float,
+) -> RelativeCandidate:
+    escalated = relative_escalations(with_pool_and_spend(policy, pool, spend), stream)
+    total = sum(stream.long_tokens) or 1.0
+    return RelativeCandidate(
+        pool,
+        spend,
+        weighted_quality([escalated[i] for i in labelled], labels, weights),
+        sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total,
+    )
+
+
+def refit_relative(
+    policy: Policy,
+    stream: CheckedStream,
+    labelled: Sequence[int],
+    labels: Sequence[int],
+    weights: Sequence[float],
+    max_token_share: float | None = None,
+    pools: Sequence[float] = POOLS,
+    spends: Sequence[float] = REFUSAL_SPENDS,
+) -> RelativeRefit:
+    """The relative rule's (pool, refusal_spend) for this stream: `labelled` indexes the stream's labelled answers
+    (`labels`: 1 good enough; `weights` as the refit weighs them); `max_token_share`: the escalations' long tokens at
+    most this share of the stream's (None: no budget). The one in force stays unless a candidate within the budget
+    beats it by MIN_GAIN_POINTS, or matches it at fewer tokens; when the one in force is over the budget, the best
+    candidate within it (else the cheapest) replaces it."""
+    settings = policy.routing.verifier
+    if settings is None or settings.relative is None:
+        raise ValueError("the policy has no routing.verifier.relative")
+    now = settings.relative
+    in_force = _candidate(policy, stream, labelled, labels, weights, now.pool, now.refusal_spend)
+    candidates = [
+        _candidate(policy, stream, labelled, labels, weights, pool, spend)
+        for pool in pools
+        for spend in spends
+        if (pool, spend) != (now.pool, now.refusal_spend)
+    ]
+    budget = max_token_share if max_token_share is not None else float("inf")
+    within = [c for c in candidates if c.token_share <= budget + 1e-9]
+    over = in_force.token_share > budget + 1e-9
+    if not within:
+        cheapest = min([in_force, *candidates], key=lambda c: (c.token_share, -c.quality))
+        changed = cheapest is not in_force
+        return RelativeRefit(cheapest, in_force, changed, "no candidate within the token budget: the cheapest")
+    best = max(within, key=lambda c: (c.quality, -c.token_share))
+    if over:
+        return RelativeRefit(best, in_force, True, "the one in force is over the token budget")
+    if best.quality >= in_force.quality + MIN_GAIN_POINTS:
+        return RelativeRefit(best, in_force, True, f"{best.quality - in_force.quality:+.2f} points on the labels")
+    saving = [c for c in within if c.quality >= in_force.quality and c.token_share < in_force.token_share]
+    if saving:
+        cheaper = min(saving, key=lambda c: (c.token_share, -c.quality))
+        return RelativeRefit(
+            cheaper, in_force, True, f"as good on the labels at {cheaper.token_share:.1%} of the long tokens"
+        )
+    return RelativeRefit(in_force, in_force, False, "no candidate is better on the labels, nor as good for less")
+
+
+def relative_for_budget(
+    policy: Policy,
+    stream: CheckedStream,
+    max_token_share: float,
+    pools: Sequence[float] = POOLS,
+    spends: Sequence[float] = REFUSAL_SPENDS,
+) -> RelativeCandidate:
+    """No labels: the (pool, refusal_spend) whose escalations come closest to `max_token_share` of the stream's long
+    tokens without passing it (else the cheapest); the learning simulation's budget control, so what the learning
+    router gains over it is the labels' and not the spend's. `quality` is not estimated (0)."""
+    total = sum(stream.long_tokens) or 1.0
+    found = []
+    for pool in pools:
+        for spend in spends:
+            escalated = relative_escalations(with_pool_and_spend(policy, pool, spend), stream)
+            share = sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total
+            found.append(RelativeCandidate(pool, spend, 0.0, share))
+    within = [c for c in found if c.token_share <= max_token_share + 1e-9]
+    if within:
+        return max(within, key=lambda c: c.token_share)
+    return min(found, key=lambda c: c.token_share)

@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-# an ingestion that embedded at least this many chunks is followed by a trim; smaller ones free too little to matter
-# (a question's first pass, a one-page document) and a trim walks every heap (milliseconds)
-TRIM_AFTER_CHUNKS = 64
+# an ingestion that embedded at least this many chunks is followed by a trim: even an attached set of three short
+# documents (~20 chunks) left ~240 MB freed but kept (BENCHMARKS.md §2, round six), and a trim costs milliseconds
+# once per ingestion (timed by bench_idle_rss), not per request
+TRIM_AFTER_CHUNKS = 1
 
 
 @functools.cache

@@ -15,7 +15,8 @@ Policies: `default` (the shipped
 policies/default.yaml: both routes on the in-process SmolLM2, the classifier and the verifier) and `hosted` (the
 pass-through benchmark's: both routes on an OpenAI-compatible upstream, no classifier, the default verifier).
 --modes: `lazy` (as shipped: the embedding session and the local model load at the first request that uses them) and
-`preload` (Settings.preload, `serve --preload`: loaded before readiness). For the `default` policy each cell times two
+`preload` (Settings.preload, `serve --preload`: loaded before readiness), and `notrim` (lazy, with the store's
+malloc_trim after an ingestion left out: the A/B of pipelines.memory). For the `default` policy each cell times two
 short questions on the direct route (the first loads SmolLM2 when lazy) before the routed request (which loads the
 embedding session when lazy), so the lazy cell's first-request latencies beside the preload cell's are what loading at
 first use costs. --litellm-path: LiteLLM's proxy (bench_proxy's start_litellm, its extras from DIR) in the same run,
@@ -181,12 +182,14 @@ def cell(
 
             import pyarrow
 
+            trim_started = time.perf_counter()
             ctypes.CDLL("libc.so.6").malloc_trim(0)
+            trim_ms = (time.perf_counter() - trim_started) * 1000
             pool = pyarrow.default_memory_pool()
             readings.append(
                 {
                     "after_s": sum(settle),
-                    "note": f"after malloc_trim(0); pyarrow {pool.backend_name} pool holds "
+                    "note": f"after another malloc_trim(0) ({trim_ms:.1f} ms); pyarrow {pool.backend_name} pool holds "
                     f"{pool.bytes_allocated() / 2**20:.0f} MB",
                     **memory(),
                 }
@@ -268,7 +271,7 @@ def main() -> int:
     parser.add_argument(
         "--settle", type=float, nargs="+", default=[20.0], help="seconds between the readings after the request"
     )
-    parser.add_argument("--modes", nargs="+", default=["lazy"], choices=("lazy", "preload"))
+    parser.add_argument("--modes", nargs="+", default=["lazy"], choices=("lazy", "preload", "notrim"))
     parser.add_argument("--litellm-path", help="measure LiteLLM's proxy too, its extra dependencies from DIR")
     parser.add_argument("--cell", nargs=4, help=argparse.SUPPRESS)  # policy backend data_dir mode: one child process
     args = parser.parse_args()
@@ -276,7 +279,12 @@ def main() -> int:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     if args.cell:
         policy_name, backend, data_dir, mode = args.cell
+        if mode == "notrim":  # the A/B of round seven's malloc_trim after an ingestion: the store's call left out
+            import pipelines.store.document_store as store_module
+
+            store_module.release_freed_memory = lambda: False  # type: ignore[assignment]
         row = cell(policy_name, backend, data_dir, args.smaps, tuple(args.settle), preload=mode == "preload")
+        row["mode"] = mode
         print(json.dumps(row))
         return 0
     print(f"load average {Path('/proc/loadavg').read_text().split()[:3]}, cores {len(os.sched_getaffinity(0))}")
@@ -284,7 +292,7 @@ def main() -> int:
     if args.litellm_path:
         print(litellm_rss(args.litellm_path, str(parent)))
     for policy_name, mode, backend in itertools.product(args.policies, args.modes, args.backends):
-        if policy_name == "hosted" and mode == "preload" and "lazy" in args.modes:
+        if policy_name == "hosted" and mode != "lazy" and "lazy" in args.modes:
             continue  # nothing in-process to preload but the embedding session: one hosted row per backend
         data_dir = parent / f"{policy_name}-{mode}-{backend}"
         out = subprocess.run(

@@ -327,3 +327,24 @@ def test_serve_bounds_slow_and_silent_clients(upstream, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_serve_preload_loads_the_embedding_session_before_readiness_and_plain_serve_at_first_use(upstream, tmp_path):
+    """`serve --preload` (Settings.preload) loads the in-process models before readiness; plain `serve` only checks
+    them and the first request that embeds loads the session (the log line comes after readiness)."""
+    from tests.support.servers import ServeProcess
+
+    policy = write_policy(tmp_path / "policy.yaml", upstream[0])
+    for flags, loaded_when_ready in (([], False), (["--preload"], True)):
+        data = tmp_path / ("preload" if flags else "lazy")
+        proc = ServeProcess("--policy", str(policy), "--data-dir", str(data), *flags).wait_ready()
+        try:
+            ready_output = proc.output()
+            assert ("loading embedding model" in ready_output) is loaded_when_ready, ready_output[-2000:]
+            embedded = httpx.post(
+                f"{proc.url}/v1/embeddings", json={"model": "local/all-minilm-l6-v2", "input": "a harbour"}, timeout=300
+            )
+            assert embedded.status_code == 200, embedded.text
+            assert proc.output().count("loading embedding model") == 1
+        finally:
+            proc.stop()

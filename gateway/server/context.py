@@ -43,7 +43,7 @@ from gateway.server.auth import Caller
 from gateway.server.bodies import read_body
 from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
 from gateway.server.errors import error_response, failure, request_id_header
-from gateway.server.limits import RateLimits, admit, reserve
+from gateway.server.limits import Embedded, RateLimits, admit, reserve
 from gateway.server.middleware import start_entry
 from gateway.server.state import Gateway, gateway_of
 from pipelines.scope import KeyScope
@@ -78,17 +78,19 @@ class RequestContext:
     def rate_limit_headers(self) -> dict[str, str]:
         return self.rate_limits.headers() if self.rate_limits is not None else {}
 
-    async def admit(self, model: str | None, chat: ChatCompletionRequest | None = None) -> None:
+    async def admit(
+        self, model: str | None, chat: ChatCompletionRequest | None = None, embedded: Embedded | None = None
+    ) -> None:
         """Raise the 403 (model not allowed) or 429 (budget, rate limit) this request deserves. `model` None
         (work on the gateway's own embedding model, such as adding documents) checks budget and rates only.
         A metered request is then recorded in flight with its reservation (gateway.server.limits.reserve: for a
-        `chat` request an upper bound on its cost, else none), held against the key's budget and TPM until the
+        `chat` request an upper bound on its cost; for `embedded` inputs their tokens; else none), held against the key's budget and TPM until the
         entry's finished row replaces it."""
         if self.entry is not None and model is not None:
             self.entry.record.alias = model
         self.rate_limits = await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
         if self.entry is not None:
-            await reserve(self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat)
+            await reserve(self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat, embedded)
 
 
 def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_limit: int | None = None):

@@ -123,7 +123,7 @@ async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestL
         )
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     entry.add_call(
-        ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0),
+        _local_config(name),
         PASSTHROUGH,
         usage,
         (time.perf_counter() - started) * 1000.0,
@@ -132,8 +132,28 @@ async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestL
     return EmbeddingsResponse(data=data, model=name, usage=EmbeddingsUsage(**usage)).model_dump()
 
 
-async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> dict:
+def _local_config(name: str) -> ModelConfig:
+    return ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
+
+
+def _upstream_config(gateway, model: str) -> ModelConfig:
     from gateway.routing.service import passthrough_config
+
+    return passthrough_config(gateway.policy, model)
+
+
+def _priced_config(gateway, model: str) -> ModelConfig:
+    """The model's prices for its reservation; a name refused later (after the key's checks, as before) is priced
+    as unknown."""
+    from gateway.routing.errors import ModelNotFound
+
+    try:
+        return _upstream_config(gateway, model)
+    except ModelNotFound:
+        return ModelConfig(model=model)
+
+
+async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], entry: RequestLedgerEntry) -> dict:
     from gateway.upstreams.embeddings import passes_through, upstream_embeddings
 
     if not passes_through(request.model):
@@ -144,7 +164,7 @@ async def _upstream(gateway, request: EmbeddingsRequest, body: dict[str, Any], e
             param="model",
             code="model_not_found",
         )
-    config = passthrough_config(gateway.policy, request.model)
+    config = _upstream_config(gateway, request.model)
     started = time.perf_counter()
     try:
         answer = await upstream_embeddings(config, body)
@@ -162,8 +182,12 @@ async def create_embeddings(ctx: RequestContext) -> Response:
     entry.record.route, entry.record.reason = PASSTHROUGH, "embeddings"
     embeddings, body = _parse(ctx.body)
     # the embedding model is a model like any other: the policy's pass-through list, the key's models and limits
-    await ctx.admit(embeddings.model)
     name = local_embedding_model(gateway.policy)
+    raw = embeddings.input
+    # one text or token array, or a list of them
+    inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
+    config = _local_config(name) if embeddings.model == name else _priced_config(gateway, embeddings.model)
+    await ctx.admit(embeddings.model, embedded=(config, inputs))  # the inputs' tokens held against budget and TPM
     if embeddings.model == name:
         answer = await _local(gateway, embeddings, name, entry)
     else:

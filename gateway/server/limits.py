@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
@@ -225,12 +226,24 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     return Estimate((cheap, dearest), tuple(item for item in longs if item is not dearest))
 
 
+Embedded = tuple[ModelConfig, Sequence[str | list[int]]]  # an embedding model and the inputs it will read
+
+
+def estimate_embedded(prices: PriceBook, embedded: Embedded) -> Estimate:
+    """An embedding request or documents to add: one leg over its inputs' tokens (a token array counts its length),
+    no completion. Without it a burst of them reserved nothing and all passed a key's TPM at once."""
+    config, inputs = embedded
+    tokens = sum(count_tokens(item) if isinstance(item, str) else len(item) for item in inputs)
+    return Estimate((LegEstimate(config.model, tokens, 0, prices.price(config).cost(tokens, 0)),))
+
+
 async def reserve(
     policy: Policy,
     prices: PriceBook,
     entry: RequestLedgerEntry,
     caller: Caller,
     chat: ChatCompletionRequest | None = None,
+    embedded: Embedded | None = None,
 ) -> None:
     """Record the request in flight with its reservation before any upstream call: the key's budget and TPM hold
     it atomically in the ledger database (429 when there is no room), and a request that ends without usage (the
@@ -238,8 +251,10 @@ async def reserve(
     key = caller.key
     limits = Limits(key.budget_usd, key.tpm, key.period_start()) if key is not None else None
 
-    def estimate() -> Estimate:
-        return estimate_chat(policy, prices, chat) if chat is not None else Estimate()
+    def estimate() -> Estimate:  # on the ledger's reserver thread: counting a megabyte of input stays off the loop
+        if chat is not None:
+            return estimate_chat(policy, prices, chat)
+        return estimate_embedded(prices, embedded) if embedded is not None else Estimate()
 
     try:
         # the ledger's reserver thread: concurrent requests' rows share a commit (Ledger.reserve_soon)

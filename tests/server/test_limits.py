@@ -434,3 +434,32 @@ def test_a_negative_completion_bound_cannot_buy_spend_back(priced, field):
 
 def keys_spend(app, name: str) -> float:
     return app.state.gateway.keys.spend([name])[name]
+
+
+WORDS = "the pump at berth seven opens the valve before the tide"  # one token a word for tiktoken and MiniLM alike
+
+
+@pytest.mark.parametrize("endpoint", ["embeddings", "documents"])
+def test_a_burst_of_embedding_work_overshoots_tpm_by_at_most_one_reservation(gateway, keys, endpoint):
+    """The probe's finding (round seven): embeddings and added documents reserved no tokens, so 20 at once all
+    passed a key's TPM (230,000 tokens in a minute against 20,000). Now each holds its inputs' tokens."""
+    url, app = gateway
+    _, key = keys.create(f"tpm-{endpoint}", tpm=1000)
+    text = " ".join([WORDS] * 30)  # 330 tokens
+
+    def one(i: int) -> int:
+        if endpoint == "embeddings":
+            body = {"model": "local/all-minilm-l6-v2", "input": [f"{i} {text}"]}
+            path = "/v1/embeddings"
+        else:
+            body = {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]}
+            path = f"/v1/collections/burst-{i}/documents"
+        return httpx.post(f"{url}{path}", headers={"authorization": f"Bearer {key}"}, json=body, timeout=300).status_code
+
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        statuses = list(pool.map(one, range(20)))
+    assert set(statuses) <= {200, 201, 429} and 1 <= statuses.count(429) < 20
+    used = sum(r["prompt_tokens"] for r in ledger_rows(app) if r["key_id"] == f"tpm-{endpoint}")
+    assert used <= 1000 + 340  # the limit and one request's reservation

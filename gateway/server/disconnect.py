@@ -34,16 +34,22 @@ class DisconnectHook:
     The server also sets `body_received` once the request's whole body has arrived (gateway.server.bodies then
     reads it without arming a timer)."""
 
-    __slots__ = ("callback", "body_received")
+    __slots__ = ("callback", "body_received", "gone")
 
     def __init__(self) -> None:
         self.callback: Callable[[], None] | None = None
         self.body_received = False
+        self.gone = False  # lost before anyone watched: the watcher that comes later hears of it at once
 
     def lost(self) -> None:
+        self.gone = True
         callback, self.callback = self.callback, None
         if callback is not None:
             callback()
+
+
+def _no_watch() -> None:
+    pass
 
 
 _watchers: set[asyncio.Task] = set()  # strong references: the loop keeps only weak ones to its tasks
@@ -65,6 +71,9 @@ def watch_disconnect(scope: Scope, receive: Receive, callback: Callable[[], None
     event loop for hundreds of milliseconds under load."""
     hook = disconnect_hook(scope)
     if hook is not None:
+        if hook.gone:  # the client left before the request was watched (a busy loop): it ran on, answered to no one
+            callback()
+            return _no_watch
         hook.callback = callback
 
         def stop_hook() -> None:

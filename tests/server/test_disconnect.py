@@ -250,3 +250,32 @@ def test_unless_disconnected_turns_the_client_leaving_into_client_disconnected_a
         hook.lost()  # after the answer: nothing to cancel
 
     asyncio.run(run())
+
+
+def test_a_client_that_left_before_the_request_was_watched_is_a_disconnect():
+    """The probe's finding (round seven): under serve's protocol a client that left while the event loop was busy,
+    before the request reached unless_disconnected, was never heard of: the hook had no callback when the server
+    called lost(), so the request ran on, called the upstream and was ledgered as a 200 answered to no one
+    (uvicorn's own watcher reads the disconnect from receive() whenever it starts)."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from gateway.server.disconnect import ClientDisconnected, DisconnectHook, unless_disconnected
+
+    async def run() -> None:
+        hook = DisconnectHook()
+        hook.lost()  # the connection went before anyone watched
+        ran: list[str] = []
+
+        async def work() -> str:
+            await asyncio.sleep(0.5)
+            ran.append("upstream called")
+            return "answered to no one"
+
+        scope = {"type": "http", "method": "POST", "headers": [], "extensions": {DISCONNECT_HOOK: hook}}
+        with pytest.raises(ClientDisconnected):
+            await unless_disconnected(Request(scope), work)
+        assert ran == [] and hook.callback is None
+
+    asyncio.run(run())

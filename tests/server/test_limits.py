@@ -454,7 +454,9 @@ def test_a_burst_of_embedding_work_overshoots_tpm_by_at_most_one_reservation(gat
         else:
             body = {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]}
             path = f"/v1/collections/burst-{i}/documents"
-        return httpx.post(f"{url}{path}", headers={"authorization": f"Bearer {key}"}, json=body, timeout=300).status_code
+        return httpx.post(
+            f"{url}{path}", headers={"authorization": f"Bearer {key}"}, json=body, timeout=300
+        ).status_code
 
     import concurrent.futures
 

@@ -28,6 +28,8 @@ DIRECT_PROVIDERS = ("openai", "hosted_vllm")
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 # full-jitter exponential backoff between attempts: up to 0.25 s, 0.5 s, 1 s, ... capped at 8 s
 BACKOFF = wait_random_exponential(multiplier=0.25, max=8.0)
+# what a kept-alive connection the upstream closed fails with before any answer started (see _send's post)
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 # an upstream asking to wait longer than this is saying "not now": fail instead of holding the client
 MAX_RETRY_AFTER_S = 30.0
 
@@ -149,9 +151,20 @@ class DirectOpenAIUpstream:
         payload = json.dumps({**body, "model": name}).encode()
         timeout = _timeout(config.timeout)
 
+        async def post() -> aiohttp.ClientResponse:
+            try:
+                return await self._client().post(url, data=payload, headers=headers, timeout=timeout)
+            except aiohttp.ClientConnectorError:
+                raise  # no connection was made: the upstream is unreachable, not a stale pooled connection
+            except STALE_CONNECTION:
+                # an upstream closes idle kept-alive connections (uvicorn after 5 s); one closed as the pool handed
+                # it out fails before any answer ("Can not write request body", "Server disconnected"). aiohttp
+                # resends only idempotent methods (RFC 9112 9.3.1), so this POST is sent once more here
+                return await self._client().post(url, data=payload, headers=headers, timeout=timeout)
+
         async def attempt() -> aiohttp.ClientResponse:
             try:
-                response = await self._client().post(url, data=payload, headers=headers, timeout=timeout)
+                response = await post()
             except TimeoutError:
                 raise _Retryable(
                     UpstreamTimeout(

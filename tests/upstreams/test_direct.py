@@ -14,6 +14,7 @@ from tenacity import RetryCallState
 from gateway.errors import GatewayError
 from gateway.upstreams.direct import MAX_RETRY_AFTER_S, _Retryable, _wait, retry_after_seconds
 from tests.support.gateway import ledger_rows, running_gateway
+from tests.support.keepalive import closing_keepalive_server
 from tests.support.policies import DROP, Whole, fake_route, make_policy
 
 
@@ -170,3 +171,35 @@ def test_error_message_reads_every_shape():
     assert error_message(b"5") == "5" and error_message(b"[1, 2]") == "[1, 2]"
     assert error_message(b'{"error": {"code": "x"}}') == '{"code": "x"}'
     assert error_message(b"") == "no message" and error_message(b"\xff\xfe") != ""
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_kept_alive_connection_the_upstream_closed_is_not_a_502(tmp_path, monkeypatch, stream):
+    """The upstream closes a pooled connection just as it is handed the next request (its idle timer): the request
+    goes once more on a new connection, with no retries configured; seen as a 502 under load in round seven's
+    pass-through benchmark ("Can not write request body"; here deterministic: "Server disconnected")."""
+    with closing_keepalive_server() as upstream:
+        monkeypatch.setenv("OPENAI_API_BASE", f"{upstream.url}/v1")
+        policy = make_policy(
+            upstream.url,
+            name="t",
+            cheap=fake_route(upstream.url, "keepalive-cheap"),
+            long=fake_route(upstream.url, "keepalive-long"),
+            routing=Whole(classifier=None),
+        )
+        with running_gateway(tmp_path, policy) as (url, app):
+            for _ in range(3):  # the second and third each reach a connection the upstream then closes
+                if stream:
+                    chunks = list(
+                        client(url).chat.completions.create(
+                            model="openai/keepalive", messages=[{"role": "user", "content": "x"}], stream=True
+                        )
+                    )
+                    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "ok"
+                else:
+                    answer = client(url).chat.completions.create(
+                        model="openai/keepalive", messages=[{"role": "user", "content": "x"}]
+                    )
+                    assert answer.choices[0].message.content == "ok"
+            assert upstream.dropped == 2 and upstream.connections == 3
+            assert [row["status"] for row in ledger_rows(app)] == [200, 200, 200]

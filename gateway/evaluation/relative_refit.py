@@ -1,7 +1,7 @@
 """A learning refit of the relative verifier threshold's parameters (routing.verifier.relative: `pool`,
 `refusal_spend`) from the loop's labels (the learning simulation's `--sim-relative labels`).
 
-train/calibrate choose them on paired answers (gateway.routing.relative_choice.choose_relative: every answer has both
+train/calibrate choose them on paired answers (gateway.evaluation.relative_choice.choose_relative: every answer has both
 routes' quality, each unit replayed in several stream orders, scored on issue 19's targets). The loop has less: labels
 on its escalations and on a few weighted shadows, and one stream in the order it arrived, with a token budget. So
 this replays the one stream and estimates each candidate's quality from the weighted labels.
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gateway.evaluation.refit import MIN_GAIN_POINTS, weighted_quality
+from gateway.evaluation.relative_choice import with_relative as relative_settings
 from gateway.routing.decision import RouteDecision
 from gateway.routing.escalation import CheapAnswerCheck
-from gateway.routing.relative_choice import with_relative as relative_settings
 from policies.schema import Policy
 
 # the candidates: a coarse grid around the shipped (1.5, 0.9), each replayed over the whole stream at every refit

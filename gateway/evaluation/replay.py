@@ -35,9 +35,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from gateway.evaluation.relative_choice import PairedAnswer, stream_order  # stream_order: imported from here too
 from gateway.routing.decision import Router
 from gateway.routing.escalation import CheapAnswerCheck
-from gateway.routing.relative_choice import PairedAnswer, stream_order  # stream_order: imported from here too
 from policies.routes import DIRECT, FALLBACK, KEPT_REFUSAL, LONG, RAG, Route
 from policies.schema import ModelConfig, Policy
 
@@ -270,7 +270,7 @@ class StrategyResult:
 
 
 def paired_answers(items: Sequence[ReplayItem]) -> list[PairedAnswer]:
-    """The items as the relative rule's parameter choice reads them (gateway.routing.relative_choice): every item a
+    """The items as the relative rule's parameter choice reads them (gateway.evaluation.relative_choice): every item a
     checked cheap answer with its out-of-fold P(good) (items without one are left out)."""
     return [
         PairedAnswer(

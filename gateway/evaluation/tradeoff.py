@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.evaluation.relative_choice import choose_relative, describe, held_out
 from gateway.evaluation.replay import (
     Leg,
     Prices,
@@ -30,7 +31,6 @@ from gateway.evaluation.replay import (
     without_verifier,
 )
 from gateway.routing.decision import Router
-from gateway.routing.relative_choice import choose_relative, describe, held_out
 from policies.routes import DIRECT, LONG
 from policies.schema import Policy
 
@@ -335,7 +335,7 @@ def relative_choice_card(
     command: str,
 ) -> dict[str, Any]:
     """The relative rule's parameters (routing.verifier.relative) chosen on every unit, and nested: for each unit
-    the choice made on the other units only, scored on it (gateway.routing.relative_choice, the live check). Every
+    the choice made on the other units only, scored on it (gateway.evaluation.relative_choice, the live check). Every
     item is a checked cheap answer (no pre-route) with its out-of-fold P(good); the policy's fixed thresholds
     decide each stream's warm-up. The card's part, for a model card and for a policy's `relative.source`."""
     names = sorted(set(units))
@@ -352,7 +352,7 @@ def relative_choice_card(
     )
     source = (
         f"{command}: chosen through the live check on {len(names)} units ({', '.join(names)}), {len(seeds)} stream "
-        f"orders each, of {len(choice.candidates)} candidates (gateway.routing.relative_choice.candidate_grid): "
+        f"orders each, of {len(choice.candidates)} candidates (gateway.evaluation.relative_choice.candidate_grid): "
         f"{figures}; "
         + (
             f"nested (each unit chosen on the others): both targets on {both} of {len(nested)}, worst gap {worst:+.2f}"

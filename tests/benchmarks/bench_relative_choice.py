@@ -1,4 +1,4 @@
-"""The relative rule's parameters chosen under the held-out protocol (gateway.routing.relative_choice), on the
+"""The relative rule's parameters chosen under the held-out protocol (gateway.evaluation.relative_choice), on the
 cached out-of-fold scores: every candidate of `candidate_grid` (round six's refusal-spend grid and the round-seven
 variants) replayed through the live CheapAnswerCheck.verdict on every held-out unit (one key per unit, questions in
 stream_order), then the nested choice: for each unit, the candidate the criterion picks on the other units of its
@@ -34,8 +34,7 @@ def _line(unit, f):
 
 
 def main() -> int:
-    from gateway.evaluation.replay import paired_answers
-    from gateway.routing.relative_choice import (
+    from gateway.evaluation.relative_choice import (
         candidate_grid,
         choose_relative,
         criterion,
@@ -43,6 +42,7 @@ def main() -> int:
         evaluate_candidates,
         held_out,
     )
+    from gateway.evaluation.replay import paired_answers
     from policies.loader import load_policy
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

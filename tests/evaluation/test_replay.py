@@ -184,8 +184,8 @@ def test_a_relative_threshold_is_replayed_in_stream_order_by_the_live_check():
 
 
 def test_paired_answers_carry_what_the_relative_rules_choice_reads():
+    from gateway.evaluation.relative_choice import PairedAnswer
     from gateway.evaluation.replay import paired_answers
-    from gateway.routing.relative_choice import PairedAnswer
 
     items = [
         item(0.2, 0.9, 0.3, refused=True, verifier=0.4),

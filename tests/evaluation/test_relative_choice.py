@@ -1,9 +1,9 @@
-"""Choosing the relative rule's parameters under a held-out protocol (gateway.routing.relative_choice): each unit
+"""Choosing the relative rule's parameters under a held-out protocol (gateway.evaluation.relative_choice): each unit
 replayed through the live check in stream order, the issue's two targets, the cross-unit criterion and the nesting."""
 
 import pytest
 
-from gateway.routing.relative_choice import (
+from gateway.evaluation.relative_choice import (
     PairedAnswer,
     RelativeChoice,
     UnitFigures,
@@ -111,7 +111,7 @@ def test_stream_order_keeps_a_documents_questions_together():
 def test_a_unit_counts_only_when_it_meets_both_targets():
     from dataclasses import replace
 
-    from gateway.routing.relative_choice import pick
+    from gateway.evaluation.relative_choice import pick
 
     met = figures(True, -0.5)
     within_only, beats_only = replace(met, beats_self_route=False), replace(met, within=False, gap_points=(-2.0, -2.0))

@@ -10,9 +10,8 @@ The choice over a set of units: the most units meeting both, then the most beati
 point, the best worst-unit gap to the better baseline, the best mean gap, fewer tokens. `held_out` nests it: for each unit, the choice made on the other units
 only, and its figures on that unit.
 
-Used by `selfroute train --verifier`, `selfroute calibrate` and the benchmarks; a learning refit can call
-`choose_relative` on labelled traffic (routing may not import gateway.evaluation, so the answers are plain
-`PairedAnswer`s).
+Used by `selfroute train --verifier`, `selfroute calibrate` and the benchmarks (offline only: nothing in the serving
+path imports it). The learning loop's refit of the same parameters is gateway.evaluation.relative_refit.
 """
 
 from __future__ import annotations

@@ -78,6 +78,15 @@ def relative_escalations(policy: Policy, stream: CheckedStream) -> list[bool]:
     ]
 
 
+def _escalations_and_share(
+    policy: Policy, stream: CheckedStream, pool: float, spend: float
+) -> tuple[list[bool], float]:
+    """What (pool, spend) escalates of the stream, and its escalations' share of the stream's long tokens."""
+    escalated = relative_escalations(with_pool_and_spend(policy, pool, spend), stream)
+    total = sum(stream.long_tokens) or 1.0
+    return escalated, sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total
+
+
 def _candidate(
     policy: Policy,
     stream: CheckedStream,
@@ -87,14 +96,8 @@ def _candidate(
     pool: float,
     spend: float,
 ) -> RelativeCandidate:
-    escalated = relative_escalations(with_pool_and_spend(policy, pool, spend), stream)
-    total = sum(stream.long_tokens) or 1.0
-    return RelativeCandidate(
-        pool,
-        spend,
-        weighted_quality([escalated[i] for i in labelled], labels, weights),
-        sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total,
-    )
+    escalated, share = _escalations_and_share(policy, stream, pool, spend)
+    return RelativeCandidate(pool, spend, weighted_quality([escalated[i] for i in labelled], labels, weights), share)
 
 
 def refit_relative(
@@ -154,13 +157,11 @@ def relative_for_budget(
     """No labels: the (pool, refusal_spend) whose escalations come closest to `max_token_share` of the stream's long
     tokens without passing it (else the cheapest); the learning simulation's budget control, so what the learning
     router gains over it is the labels' and not the spend's. `quality` is not estimated (0)."""
-    total = sum(stream.long_tokens) or 1.0
-    found = []
-    for pool in pools:
-        for spend in spends:
-            escalated = relative_escalations(with_pool_and_spend(policy, pool, spend), stream)
-            share = sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total
-            found.append(RelativeCandidate(pool, spend, 0.0, share))
+    found = [
+        RelativeCandidate(pool, spend, 0.0, _escalations_and_share(policy, stream, pool, spend)[1])
+        for pool in pools
+        for spend in spends
+    ]
     within = [c for c in found if c.token_share <= max_token_share + 1e-9]
     if within:
         return max(within, key=lambda c: c.token_share)

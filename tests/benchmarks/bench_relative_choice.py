@@ -16,7 +16,6 @@ units of each protocol and on both together, and the nested (held-out) figures p
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ def main() -> int:
     )
     from gateway.evaluation.replay import paired_answers
     from policies.loader import load_policy
+    from tests.benchmarks.bench_threshold_frontier import cached_units
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", action="append", required=True, help="PROTOCOL=PICKLE (bench_threshold_frontier)")
@@ -58,16 +58,10 @@ def main() -> int:
     )
     args = parser.parse_args()
     policy, _ = load_policy(args.policy)
-    protocols: dict[str, dict] = {}
-    members: dict[str, set] = {}  # unit -> the positions of its answers (the pickles list the same answers in order)
-    for spec in args.items:
-        protocol, path = spec.split("=", 1)
-        items, labels = pickle.loads(Path(path).read_bytes())[:2]  # a benchmark's own file, not input
-        protocols[protocol] = {
-            f"{protocol}:{u}": paired_answers([i for i, x in zip(items, labels) if x == u]) for u in sorted(set(labels))
-        }
-        for u in set(labels):
-            members[f"{protocol}:{u}"] = {k for k, x in enumerate(labels) if x == u}
+    cached = cached_units(args.items)
+    protocols = {p: {u: paired_answers(items) for u, (items, _) in found.items()} for p, found in cached.items()}
+    # unit -> the positions of its answers (the pickles list the same answers in order)
+    members = {u: positions for found in cached.values() for u, (_, positions) in found.items()}
     units = {u: a for found in protocols.values() for u, a in found.items()}
     if args.ceilings:
         _ceilings(units)

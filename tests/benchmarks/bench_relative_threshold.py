@@ -18,7 +18,6 @@ shipped parameters (fixed thresholds; running quantile; share of refusals withou
 from __future__ import annotations
 
 import argparse
-import pickle
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def main() -> int:
     from policies.loader import load_policy
+    from tests.benchmarks.bench_threshold_frontier import cached_units
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", action="append", required=True, help="PROTOCOL=PICKLE (bench_threshold_frontier)")
@@ -41,12 +41,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     policy, _ = load_policy(args.policy)
-    units = {}
-    for spec in args.items:
-        protocol, path = spec.split("=", 1)
-        items, labels = pickle.loads(Path(path).read_bytes())[:2]  # a benchmark's own file, not input
-        for unit in sorted(set(labels)):
-            units[f"{protocol}:{unit}"] = [i for i, u in zip(items, labels) if u == unit]
+    units = {u: items for found in cached_units(args.items).values() for u, (items, _) in found.items()}
     rules = [("as in the policy", policy), ("fixed thresholds", _with_relative(policy, None))]
     if args.grid:
         for window in (200, 500, 1000):

@@ -55,13 +55,37 @@ def main() -> int:
     policy, policy_file = load_policy(args.policy)
     prices = resolve_prices(policy, "reference")
     if args.items_cache is not None and args.items_cache.exists():
-        items, units = pickle.loads(args.items_cache.read_bytes())[:2]  # a benchmark's own file, not input
+        items, units = read_items_cache(args.items_cache)
     else:
         items, units = _scored(args, policy, policy_file)
         if args.items_cache is not None:
             args.items_cache.write_bytes(pickle.dumps((items, units)))
     _report(args, policy, prices, items, units)
     return 0
+
+
+def read_items_cache(path: Path) -> tuple[list, list]:
+    """The scored items an --items-cache holds and each one's held-out unit (this benchmark's own file, not input)."""
+    items, units = pickle.loads(Path(path).read_bytes())[:2]
+    return items, units
+
+
+def cached_units(specs: list[str]) -> dict[str, dict[str, tuple[list, set[int]]]]:
+    """PROTOCOL=PICKLE specs (the --items of bench_relative_choice and bench_relative_threshold), each an
+    --items-cache of this benchmark: {protocol: {"protocol:unit": (the unit's items, their positions in the file)}}.
+    The files of both protocols list the same answers in the same order, so positions tell shared answers apart."""
+    found: dict[str, dict[str, tuple[list, set[int]]]] = {}
+    for spec in specs:
+        protocol, path = spec.split("=", 1)
+        items, labels = read_items_cache(Path(path))
+        found[protocol] = {
+            f"{protocol}:{unit}": (
+                [item for item, label in zip(items, labels) if label == unit],
+                {k for k, label in enumerate(labels) if label == unit},
+            )
+            for unit in sorted(set(labels))
+        }
+    return found
 
 
 def _scored(args, policy, policy_file):

@@ -55,15 +55,26 @@ def _migrations(dialect: Dialect = SQLITE) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-def connect(location: str | Path) -> Any:
-    """A writable connection: sqlite3's for a path, a PostgresConnection for a postgresql:// URL."""
+# how long a SQLite connection waits for another connection's write lock: the CLI and the writer thread may wait
+BUSY_TIMEOUT_S = 30.0
+# a request may not: past this, a file another process holds locked is, for the request, a database that is down
+# (the outage path: rows spooled to the dead-letter file, the answer given, replayed later; a key with limits 503)
+REQUEST_BUSY_TIMEOUT_S = 2.0
+
+
+def connect(location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
+    """A writable connection: sqlite3's for a path (waiting up to `busy_timeout` seconds for a lock), a
+    PostgresConnection for a postgresql:// URL."""
     if is_postgres(location):
         return connect_postgres(str(location))
-    conn = sqlite3.connect(str(location), timeout=30, check_same_thread=False)
+    conn = sqlite3.connect(str(location), timeout=busy_timeout, check_same_thread=False)
     # switching a new file to WAL answers "database is locked" at once, without the busy timeout, while another
     # process (a worker or replica starting at the same moment) does the same: retry it for a while
     for attempt in Retrying(
-        retry=retry_if_exception(_locked), stop=stop_after_delay(30), wait=wait_random(0.01, 0.1), reraise=True
+        retry=retry_if_exception(_locked),
+        stop=stop_after_delay(busy_timeout),
+        wait=wait_random(0.01, 0.1),
+        reraise=True,
     ):
         with attempt:
             conn.execute("PRAGMA journal_mode=WAL")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger.database import connect, migrate
+from gateway.ledger.database import BUSY_TIMEOUT_S, connect, migrate
 from gateway.ledger.dialect import (
     LedgerConnection,
     connect_postgres,
@@ -213,8 +213,11 @@ class KeyStore:
     """The api_keys table of one ledger database (a SQLite file or a postgresql:// URL shared by replicas); safe to
     share between threads."""
 
-    def __init__(self, location: str | Path):
+    def __init__(self, location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S):
+        """busy_timeout: how long a SQLite lock held by another process is waited for (the gateway's request path
+        passes database.REQUEST_BUSY_TIMEOUT_S: past it, a locked file is a database that is down)."""
         self.location: str | Path = location if is_postgres(location) else Path(location)
+        self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn: LedgerConnection | None = None
         # lookups run on the event loop: their own connection, so they never queue behind a write that
@@ -233,7 +236,7 @@ class KeyStore:
             else:
                 path = Path(self.location)  # not PostgreSQL: __init__ made it a Path
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-                conn = connect(private_file(path))
+                conn = connect(private_file(path), self._busy_timeout)
             migrate(conn)
             self._conn = conn
         return self._conn
@@ -248,7 +251,7 @@ class KeyStore:
             self._reader = (
                 connect_postgres(str(self.location), autocommit=True)
                 if is_postgres(self.location)
-                else connect(self.location)
+                else connect(self.location, self._busy_timeout)
             )
         return self._reader
 

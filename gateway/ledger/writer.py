@@ -32,7 +32,7 @@ from typing import Any
 
 from gateway.ledger import budget
 from gateway.ledger.budget import InFlight, Limits
-from gateway.ledger.database import connect, migrate, write_records
+from gateway.ledger.database import REQUEST_BUSY_TIMEOUT_S, connect, migrate, write_records
 from gateway.ledger.dialect import UNAVAILABLE_MESSAGE, LedgerConnection, database_error_types, is_postgres
 from gateway.ledger.errors import Unavailable
 from gateway.ledger.records import RequestRecord, record_from_dict
@@ -135,7 +135,7 @@ class Ledger:
                 if self._request_conn is not None and getattr(self._request_conn, "broken", False):
                     self._drop_request_conn()
                 if self._request_conn is None:
-                    self._request_conn = connect(self.location)
+                    self._request_conn = self._connect_for_requests()
                 budget.reserve(self._request_conn, row, limits)
         except self._errors as exc:
             with self._request_lock:
@@ -283,7 +283,7 @@ class Ledger:
                 if self._request_conn is not None and getattr(self._request_conn, "broken", False):
                     self._drop_request_conn()
                 if self._request_conn is None:
-                    self._request_conn = connect(self.location)
+                    self._request_conn = self._connect_for_requests()
                 budget.reserve_many(self._request_conn, rows)
         except self._errors as exc:
             with self._request_lock:
@@ -497,6 +497,11 @@ class Ledger:
         with self._state_lock:
             self._failures = 0
             self._down_until = 0.0
+
+    def _connect_for_requests(self) -> LedgerConnection:
+        # requests wait on this connection before their first upstream call: a SQLite file locked by another process
+        # past a short wait takes the outage path, as a PostgreSQL that is down does (REQUEST_BUSY_TIMEOUT_S)
+        return connect(self.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)
 
     def _drop_request_conn(self) -> None:
         if self._request_conn is not None:

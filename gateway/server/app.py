@@ -19,6 +19,7 @@ from starlette.types import ASGIApp
 
 from gateway import tracing
 from gateway.errors import GatewayError
+from gateway.ledger.database import REQUEST_BUSY_TIMEOUT_S
 from gateway.ledger.errors import LedgerError
 from gateway.ledger.keys import KeyStore
 from gateway.ledger.labels import LabelStore, learning_spend
@@ -134,7 +135,7 @@ def create_app(
     )
     private_dir(settings.data_dir)
     ledger = ledger or Ledger(settings.ledger_location, dead_letter_dir=settings.data_dir)
-    keys = KeyStore(ledger.location)
+    keys = KeyStore(ledger.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)  # a locked file: down, not a stall
     auth = auth or Authenticator.from_environment(settings.keys_file)
     if auth.store is None:
         auth.store = keys

@@ -4,7 +4,10 @@ policy's pass-through allow-list for everyone."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import subprocess
+import sys
 import time
 
 import httpx
@@ -89,6 +92,58 @@ def test_rpm_is_429_with_retry_after_across_two_apps_on_one_database(gateway, ke
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert 1 <= int(refused.headers["retry-after"]) <= 60
     assert _ask(url, free).status_code == 200
+
+
+@contextlib.contextmanager
+def _locked_by_another_process(path):
+    """The SQLite file held under an exclusive lock (no other connection may write) by another process until the
+    block ends, as `sqlite3 ledger.sqlite3` with `BEGIN EXCLUSIVE` left open would."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=10); c.execute('BEGIN EXCLUSIVE');"
+            " print('locked', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+
+
+def test_a_sqlite_ledger_locked_by_another_process_is_down_after_a_short_wait(gateway, keys, tmp_path):
+    """A locked file takes the outage path, as a PostgreSQL that is down does: after a short wait (not the 30 s busy
+    timeout) a key without limits is answered, its rows spooled and replayed once the lock goes; a key with limits
+    gets 503 ledger_unavailable (its limits cannot be checked)."""
+    url, app = gateway
+    _, free = keys.create("free")
+    _, budgeted = keys.create("budgeted", budget_usd=100.0)
+    _, paced = keys.create("paced", rpm=1000)
+    assert [_ask(url, k).status_code for k in (free, budgeted, paced)] == [200, 200, 200]  # connections open
+    with _locked_by_another_process(tmp_path / "ledger.sqlite3"):
+        started = time.monotonic()
+        answered = [_ask(url, free, text=f"while locked {i}") for i in range(3)]
+        refused = [_ask(url, budgeted), _ask(url, paced)]
+        took = time.monotonic() - started
+    assert [r.status_code for r in answered] == [200, 200, 200]
+    assert [(r.status_code, r.json()["error"]["code"]) for r in refused] == [(503, "ledger_unavailable")] * 2
+    assert took < 20, took  # waiting out the busy timeout: 30 s for each of the five
+    ids = {r.headers["x-selfroute-request-id"] for r in answered}
+    deadline = time.monotonic() + 30
+    while True:  # the writer replays the spooled rows once the file can be written again
+        found = [row for row in ledger_rows(app) if row["id"] in ids]
+        if len(found) == len(ids) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert sorted((row["id"], row["status"]) for row in found) == sorted((i, 200) for i in ids)
+    assert [row for row in ledger_rows(app, "requests_in_flight") if row["request_id"] in ids] == []
 
 
 def test_tpm_is_429_with_retry_after(gateway, keys):

@@ -47,6 +47,8 @@ INITIAL_N_CTX = 2048  # the shipped long route's window; a short question and it
 # what the chat template adds to the messages' own tokens (the default system prompt, role markers), a bound: the
 # messages are tokenised joined, not as the template writes them
 TEMPLATE_TOKENS, TOKENS_PER_MESSAGE = 64, 8
+# breaks text that would read as a control token: invisible, and never part of one
+WORD_JOINER = "\u2060"
 _SAMPLING_KEYS = ("temperature", "top_p", "stop", "seed", "presence_penalty", "frequency_penalty", "logit_bias")
 
 
@@ -175,14 +177,14 @@ class LocalModelUpstream:
         return args
 
     @staticmethod
-    def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    def _messages(body: dict[str, Any], model: Any) -> list[dict[str, Any]]:
         messages = []
         for message in body["messages"]:
             content = message.get("content")
             if isinstance(content, list):
                 content = "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
             role = "system" if message.get("role") == "developer" else message.get("role")
-            messages.append({"role": role, "content": content or ""})
+            messages.append({"role": role, "content": _plain_text(model, content or "")})
         return messages
 
     def _generate(self, config: ModelConfig, body: dict[str, Any], stop: threading.Event) -> dict[str, Any]:
@@ -192,7 +194,8 @@ class LocalModelUpstream:
         with self._generate_lock:
             if stop.is_set():  # timed out while queued for the model
                 raise UpstreamTimeout(f"local model {config.model!r} timed out", model=config.model)
-            messages = self._messages(body)
+            # the model in force under the lock (a request growing the context replaces it)
+            messages = self._messages(body, self.load(config))
             model = self._sized(config, body, messages)
             try:
                 chunks = model.create_chat_completion(messages=messages, stream=True, **self._arguments(body))
@@ -259,7 +262,7 @@ class LocalModelUpstream:
             try:
                 self.load(config)
                 with self._generate_lock:
-                    messages = self._messages(body)
+                    messages = self._messages(body, self.load(config))
                     model = self._sized(config, body, messages)
                     chunks = model.create_chat_completion(messages=messages, stream=True, **self._arguments(body))
                     completion_tokens = 0
@@ -316,6 +319,24 @@ class LocalModelUpstream:
 
     async def aclose(self) -> None:
         self._models.clear()
+
+
+def _plain_text(model: Any, text: str) -> str:
+    """`text` with every piece the model's tokenizer reads as a control token (`<|im_start|>`, `<|im_end|>`, ...)
+    broken by a word joiner after its first character. llama-cpp tokenises the rendered chat template with special
+    tokens parsed, so such text in a message (an attached document, a pasted page) would open a real system or
+    assistant turn; hosted providers read it as plain text, and so does the local model now."""
+    data = text.encode("utf-8")
+    parsed = model.tokenize(data, add_bos=False, special=True)
+    if len(parsed) == len(model.tokenize(data, add_bos=False, special=False)):  # no control token in it (fast path)
+        return text
+    for token in set(parsed):
+        if model.detokenize([token], special=False):  # an ordinary token: its text is its own
+            continue
+        piece = model.detokenize([token], special=True).decode("utf-8", "replace")
+        if len(piece) > 1:
+            text = text.replace(piece, piece[0] + WORD_JOINER + piece[1:])
+    return text
 
 
 def _context_error(exc: ValueError, config: ModelConfig) -> UpstreamError:

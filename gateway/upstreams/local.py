@@ -244,10 +244,13 @@ class LocalModelUpstream:
             with anyio.fail_after(config.timeout):
                 return await anyio.to_thread.run_sync(self._generate, config, body, stop, abandon_on_cancel=True)
         except TimeoutError:
-            stop.set()
             raise UpstreamTimeout(
                 f"local model {config.model!r} took longer than {config.timeout:g}s", model=config.model
             ) from None
+        finally:
+            # timed out, or cancelled (the client left): the abandoned thread must not go on to take the one model
+            # lock and generate a whole answer nobody reads while other requests queue behind it
+            stop.set()
 
     async def stream(self, config: ModelConfig, body: dict[str, Any]) -> AsyncIterator[bytes]:
         refused = unsupported_parameter(body, config.model)

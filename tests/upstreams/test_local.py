@@ -293,3 +293,38 @@ def test_chat_template_tokens_inside_a_message_stay_text(stream):
     # the template's default system turn, the user turn and the assistant's opening; two ends
     assert (seen.count(start), seen.count(end)) == (3, 2)
     upstream._models.clear()
+
+
+def test_a_request_whose_client_left_while_queued_generates_nothing():
+    """A plain request cancelled (its client left) while it waits for the one model lock must not generate once the
+    lock frees: its thread is abandoned, and before the fix it went on to answer in full, holding the model while
+    other requests queued (the probe: 20 concurrent first requests, half leaving, the rest queued behind them)."""
+    import asyncio
+
+    from gateway.upstreams.local import LocalModelUpstream
+    from policies.schema import ModelConfig
+
+    upstream = LocalModelUpstream(n_ctx=1024, initial_n_ctx=512, n_threads=1)
+    config = ModelConfig(model="local/smollm2-135m-instruct", timeout=120)
+
+    def body(content: str, max_tokens: int) -> dict:
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0}
+
+    async def run() -> bytes:
+        first = asyncio.create_task(upstream.complete(config, body("Count from one to fifty.", 48)))
+        while not upstream._generate_lock.locked():  # the first request holds the model
+            await asyncio.sleep(0.01)
+        left = asyncio.create_task(upstream.complete(config, body("zebra " * 20 + "Say zebra.", 1)))
+        await asyncio.sleep(0.3)  # queued on the lock
+        left.cancel()
+        await first
+        await asyncio.sleep(1.0)  # a thread that went on takes the lock within milliseconds of its release
+        await asyncio.to_thread(upstream._generate_lock.acquire)
+        upstream._generate_lock.release()
+        model = upstream._models[next(iter(upstream._models))]
+        return model.detokenize(list(model.input_ids[: model.n_tokens]))
+
+    upstream.load(config)
+    seen = asyncio.run(run())
+    assert b"fifty" in seen and b"zebra" not in seen
+    upstream._models.clear()

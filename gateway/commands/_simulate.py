@@ -68,11 +68,12 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
     )
     replay.add_argument(
         "--sim-relative",
-        choices=["fixed", "labels"],
+        choices=["fixed", "labels", "out-of-fold"],
         default="fixed",
         help="with a relative verifier threshold (routing.verifier.relative): each refit leaves its pool and "
         "refusal_spend as they are (fixed, default) or re-chooses them on the labels within the share's long tokens "
-        "(labels: gateway.evaluation.relative_refit; the budget control then re-chooses them for its budget alone)",
+        "(labels: gateway.evaluation.relative_refit; the budget control then re-chooses them for its budget alone; "
+        "out-of-fold: the choice put in force only when it holds out of fold, as `selfroute learn` does)",
     )
     replay.add_argument(
         "--sim-min-model-labels",

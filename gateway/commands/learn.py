@@ -5,7 +5,10 @@ is better write its new model file beside the policy and point the policy at it 
 gateway loads it at its policy reload, `POST /v1/admin/reload`, or a restart). When no refit is better, the
 verifier's two thresholds (P(good) and the refusal threshold) are re-chosen for the model in force and written when
 they beat what the policy in force did on the labelled answers (with --thresholds scores: its threshold set from every
-recorded checked answer's P(good) for the share, the refusal threshold kept).
+recorded checked answer's P(good) for the share, the refusal threshold kept). With a relative threshold
+(routing.verifier.relative), its pool and refusal_spend are re-chosen on the labels too (--relative labels, the
+default): every recorded checked answer is replayed in recorded order through the live rule for each candidate, and
+the choice is written only when the same choice made without each fold's documents holds on that fold.
 
 The comparison (gateway.evaluation.refit, which the learning simulation runs too): folds grouped by document (the
 features' `group`), each labelled request scored by a model fitted without its document (and, with --blend-shipped,
@@ -76,6 +79,20 @@ def register(subparsers, parents) -> None:
         help="when no refit replaces the verifier, its thresholds: chosen on the labelled answers (default) or set "
         "from the P(good) of every recorded checked answer (labelled or not) to escalate the share, the refusal "
         "threshold in force kept (on a few labels, thresholds chosen on them fit their noise; BENCHMARKS.md section 12)",
+    )
+    parser.add_argument(
+        "--relative",
+        choices=["labels", "fixed"],
+        default="labels",
+        help="with routing.verifier.relative: re-choose its pool and refusal_spend on the labels, written only when "
+        "the choice holds out of fold (labels, default; gateway.evaluation.relative_refit), or leave them (fixed)",
+    )
+    parser.add_argument(
+        "--max-token-share",
+        type=float,
+        default=None,
+        help="the relative rule's escalations may send at most this share of the long tokens of every recorded "
+        "checked answer (default: the share the policy in force spent, as recorded)",
     )
     parser.add_argument("--estimator", choices=["logistic", "boosting"], default="logistic")
     parser.add_argument("--folds", type=int, default=5)
@@ -217,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
     if "_write" in report["classifier"]:
         edits["classifier"], saved = report["classifier"].pop("_write")
         models.append(saved)
+    report["relative"] = _refit_relative(args, policy, verifier, requests, labelled, data, verifier_part, stamp)
+    if "_write" in report["relative"]:
+        edits["verifier.relative"] = report["relative"].pop("_write")
     if not edits:
         return _print(args, report)
     if args.dry_run:
@@ -239,6 +259,8 @@ def run(args: argparse.Namespace) -> int:
         report["thresholds_written"] = str(policy_file)
     if "classifier" in edits:
         report["classifier"]["written"] = str(policy_file.parent / edits["classifier"]["model_path"])
+    if "verifier.relative" in edits:
+        report["relative"]["written"] = str(policy_file)
     return _print(args, report)
 
 
@@ -247,24 +269,100 @@ def _every_checked(requests, verifier, share: float | None):
     recorded), scored by the verifier in force; the share: the one asked, else the share of them escalated."""
     from gateway.evaluation.recorded import _numbers
     from gateway.evaluation.refit import Checked
-    from gateway.routing.decision import RouteDecision
-    from policies.routes import Route
 
     checked = [r for r in requests if r.features.get("verifier_features")]
     scores = verifier.scores([_numbers(r.features["verifier_features"]) for r in checked]) if checked else []
-    decisions = [
-        RouteDecision(
-            Route.RAG,
-            "",
-            None,
-            r.features.get("p_cheap"),
-            _numbers(r.features["features"]) if r.features.get("features") and r.features.get("rule") is None else {},
-        )
-        for r in checked
-    ]
+    decisions = [_checked_decision(r) for r in checked]
     if share is None:
         share = sum(bool(r.features.get("escalated")) for r in checked) / max(len(checked), 1)
     return share, Checked([float(x) for x in scores], [bool(r.features.get("refused")) for r in checked], decisions)
+
+
+def _checked_decision(request):
+    """A recorded checked answer's pre-route decision as the escalation rule reads it (its P(cheap) and features)."""
+    from gateway.evaluation.recorded import _numbers
+    from gateway.routing.decision import RouteDecision
+    from policies.routes import Route
+
+    features = request.features
+    row = _numbers(features["features"]) if features.get("features") and features.get("rule") is None else {}
+    return RouteDecision(Route.RAG, "", None, features.get("p_cheap"), row)
+
+
+def _refit_relative(args, policy, verifier, requests, labelled, data, verifier_part, stamp) -> dict:
+    """The relative rule's (pool, refusal_spend) re-chosen on the labels (gateway.evaluation.relative_refit.
+    relative_out_of_fold) for the verifier and thresholds this run leaves in force, replayed over every recorded
+    checked answer (with the long tokens its rule charged) in recorded order, one window per key; `_write` holds the
+    policy values when the choice holds out of fold."""
+    from gateway.evaluation.recorded import _numbers
+    from gateway.evaluation.refit import with_verifier_thresholds
+    from gateway.evaluation.relative_refit import CheckedStream, relative_out_of_fold
+
+    settings = policy.routing.verifier
+    if settings is None or settings.relative is None:
+        return {"decision": "the policy has no routing.verifier.relative: nothing to re-choose"}
+    if args.relative == "fixed":
+        return {"decision": "--relative fixed: left as it is"}
+    checked = [r for r in requests if r.features.get("verifier_features") and r.features.get("long_tokens") is not None]
+    if not checked:
+        return {"decision": "no recorded checked answer has the long tokens a relative rule charged: not re-chosen"}
+    model, values = verifier, {}
+    if "_write" in verifier_part:  # re-chosen for what this run writes: its thresholds, and its model if new
+        values, saved = verifier_part["_write"]
+        model = saved[1] if saved is not None else verifier
+        policy = with_verifier_thresholds(
+            policy, values["threshold"], values.get("refusal_threshold", settings.refusal_threshold)
+        )
+    scores = model.scores([_numbers(r.features["verifier_features"]) for r in checked])
+    tokens = [float(r.features["long_tokens"]) for r in checked]
+    stream = CheckedStream(
+        [float(x) for x in scores],
+        [bool(r.features.get("refused")) for r in checked],
+        tokens,
+        [_checked_decision(r) for r in checked],
+        [r.key_id for r in checked],
+    )
+    at = {r.id: i for i, r in enumerate(checked)}
+    kept = [j for j, r in enumerate(labelled) if r.id in at]
+    budget = args.max_token_share
+    if budget is None:
+        budget = sum(t for t, r in zip(tokens, checked) if r.features.get("escalated")) / (sum(tokens) or 1.0)
+    found = relative_out_of_fold(
+        policy,
+        stream,
+        [at[labelled[j].id] for j in kept],
+        [data.labels[j] for j in kept],
+        [data.weights[j] for j in kept],
+        [str(data.groups[j]) for j in kept],
+        budget,
+        folds=args.folds,
+        seed=args.seed,
+    )
+    chosen, in_force = found.refit.chosen, found.refit.in_force
+    out: dict = {
+        "checked": len(checked),
+        "labelled": len(kept),
+        "max_token_share": budget,
+        "pool_in_force": in_force.pool,
+        "refusal_spend_in_force": in_force.refusal_spend,
+        "token_share_in_force": in_force.token_share,
+        "quality_in_force": found.quality_in_force,
+        "pool": chosen.pool,
+        "refusal_spend": chosen.refusal_spend,
+        "token_share": chosen.token_share,
+        "quality_on_labels": chosen.quality,
+        "quality_out_of_fold": found.quality_out_of_fold,
+        "folds": found.folds,
+        "decision": found.decision,
+    }
+    if found.write:
+        out["_write"] = {
+            "pool": chosen.pool,
+            "refusal_spend": chosen.refusal_spend,
+            "source": f"learn {stamp}: {len(kept)} ledger labels, out of fold {found.quality_out_of_fold:.1f} vs "
+            f"{found.quality_in_force:.1f} in force, {chosen.token_share:.1%} of the long tokens",
+        }
+    return out
 
 
 def _refit_verifier(args, policy, verifier, data, blend, stamp, share=None, checked=None) -> dict:
@@ -415,6 +513,20 @@ def _print(args, report: dict) -> int:
         print(f"classifier: {classifier['decision']}")
         if classifier.get("written"):
             print(f"wrote {classifier['written']} and pointed routing.classifier at it (the old model is kept)")
+    relative = report.get("relative")
+    if relative:
+        if "quality_out_of_fold" in relative:
+            print(
+                f"relative rule, {relative['labelled']} labelled of {relative['checked']} checked answers replayed "
+                f"within {relative['max_token_share']:.1%} of their long tokens: pool {relative['pool_in_force']} / "
+                f"refusal_spend {relative['refusal_spend_in_force']} in force ({relative['quality_in_force']:.2f} "
+                f"points, {relative['token_share_in_force']:.1%} of the tokens) -> {relative['pool']} / "
+                f"{relative['refusal_spend']} ({relative['quality_on_labels']:.2f} on the labels, "
+                f"{relative['quality_out_of_fold']:.2f} out of fold, {relative['token_share']:.1%} of the tokens)"
+            )
+        print(f"relative rule: {relative['decision']}")
+        if relative.get("written"):
+            print(f"wrote routing.verifier.relative's pool and refusal_spend to {relative['written']}")
     if report["blended"]:
         print(f"blended {report['blended']} shipped lines into every refit")
     return 0

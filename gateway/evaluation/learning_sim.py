@@ -48,6 +48,7 @@ from gateway.evaluation.relative_refit import (
     CheckedStream,
     refit_relative,
     relative_for_budget,
+    relative_out_of_fold,
     with_pool_and_spend,
 )
 from gateway.evaluation.replay import (
@@ -78,6 +79,7 @@ FROZEN_SPEND, IN_FORCE = "frozen-spend", "in-force"  # the escalation share each
 SHARE_RULES = (FROZEN_SPEND, IN_FORCE)
 LABELS, SCORES = "labels", "scores"  # what sets a kept verifier's thresholds for the share (thresholds_from)
 FIXED = "fixed"  # relative_from: the refit leaves routing.verifier.relative as it is (LABELS: chosen on the labels)
+OUT_OF_FOLD = "out-of-fold"  # relative_from: chosen on the labels, put in force only when it holds out of fold (learn)
 LEARNING = "learning router"
 FROZEN = "shipped router (frozen)"
 ALWAYS_LONG, ALWAYS_RAG, ORACLE = "always-long", "always-RAG", "oracle"
@@ -256,7 +258,9 @@ def simulate(
     `min_model_labels`: as `learn --min-model-labels`, fewer labels never put a new verifier in force.
     `relative_from`: with a relative threshold (routing.verifier.relative), which decides once a window is warm, a
     refit re-chooses its pool and refusal_spend on the labels (`labels`: gateway.evaluation.relative_refit.
-    refit_relative, within the share as a share of the checked answers' long tokens) or leaves them (`fixed`);
+    refit_relative, within the share as a share of the checked answers' long tokens; `out-of-fold`: the same choice
+    put in force only when it holds out of fold, relative_out_of_fold, as `selfroute learn` does) or leaves them
+    (`fixed`);
     with `labels` the budget control re-chooses them for the same budget without labels (relative_for_budget)."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
@@ -268,9 +272,9 @@ def simulate(
         raise ValueError(f"share_rule: one of {', '.join(SHARE_RULES)}")
     if thresholds_from not in (LABELS, SCORES):
         raise ValueError(f"thresholds_from: {LABELS} or {SCORES}")
-    if relative_from not in (FIXED, LABELS):
-        raise ValueError(f"relative_from: {FIXED} or {LABELS}")
-    relative_refits = relative_from == LABELS and policy.routing.verifier.relative is not None
+    if relative_from not in (FIXED, LABELS, OUT_OF_FOLD):
+        raise ValueError(f"relative_from: {FIXED}, {LABELS} or {OUT_OF_FOLD}")
+    relative_refits = relative_from in (LABELS, OUT_OF_FOLD) and policy.routing.verifier.relative is not None
     names = list(feature_names or ANSWER_FEATURE_NAMES)
     shipped_refusal = policy.routing.verifier.refusal_threshold
     rng = random.Random(seed)
@@ -550,16 +554,17 @@ def simulate(
                 [None] * len(seen_cheap),
             )
             spent = sum(h.long_tokens for h in seen_history if h.escalated) / (sum(stream.long_tokens) or 1.0)
-            chosen = refit_relative(
-                learn_policy,
-                stream,
-                [at[entry["index"]] for entry in labelled],
-                ys,
-                [entry["weight"] for entry in labelled],
-                target if target is not None else spent,
-            )
-            learn_policy = with_pool_and_spend(learn_policy, chosen.chosen.pool, chosen.chosen.refusal_spend)
-            relative_note = chosen.decision
+            picked = [at[entry["index"]] for entry in labelled]
+            budget = target if target is not None else spent
+            if relative_from == OUT_OF_FOLD:  # as `selfroute learn` does
+                held = relative_out_of_fold(
+                    learn_policy, stream, picked, ys, data.weights, data.groups, budget, folds=folds, seed=seed
+                )
+                chosen, relative_note = (held.refit.chosen if held.write else held.refit.in_force), held.decision
+            else:
+                found = refit_relative(learn_policy, stream, picked, ys, data.weights, budget)
+                chosen, relative_note = found.chosen, found.decision
+            learn_policy = with_pool_and_spend(learn_policy, chosen.pool, chosen.refusal_spend)
         # a relative threshold's window goes on across refits, as across a live reload (new settings: a new window
         # from the answers seen, as a live reload starts one from the ledger)
         learning_router = Router(learn_policy)

@@ -1,5 +1,6 @@
 """A learning refit of the relative verifier threshold's parameters (routing.verifier.relative: `pool`,
-`refusal_spend`) from the loop's labels (the learning simulation's `--sim-relative labels`).
+`refusal_spend`) from the loop's labels (the learning simulation's `--sim-relative labels`, and `selfroute learn`
+on the ledger's labels, which writes the choice only when it holds out of fold: relative_out_of_fold).
 
 train/calibrate choose them on paired answers (gateway.evaluation.relative_choice.choose_relative: every answer has both
 routes' quality, each unit replayed in several stream orders, scored on issue 19's targets). The loop has less: labels
@@ -87,45 +88,46 @@ def _escalations_and_share(
     return escalated, sum(t for t, e in zip(stream.long_tokens, escalated) if e) / total
 
 
-def _candidate(
-    policy: Policy,
-    stream: CheckedStream,
-    labelled: Sequence[int],
-    labels: Sequence[int],
-    weights: Sequence[float],
-    pool: float,
-    spend: float,
-) -> RelativeCandidate:
-    escalated, share = _escalations_and_share(policy, stream, pool, spend)
-    return RelativeCandidate(pool, spend, weighted_quality([escalated[i] for i in labelled], labels, weights), share)
+@dataclass
+class _Replayed:
+    """One (pool, refusal_spend) replayed over the whole stream: label-free, so the folds share it."""
+
+    pool: float
+    refusal_spend: float
+    escalated: list[bool]
+    token_share: float
+
+    def scored(self, labelled: Sequence[int], labels: Sequence[int], weights: Sequence[float]) -> RelativeCandidate:
+        quality = weighted_quality([self.escalated[i] for i in labelled], labels, weights)
+        return RelativeCandidate(self.pool, self.refusal_spend, quality, self.token_share)
 
 
-def refit_relative(
-    policy: Policy,
-    stream: CheckedStream,
-    labelled: Sequence[int],
-    labels: Sequence[int],
-    weights: Sequence[float],
-    max_token_share: float | None = None,
-    pools: Sequence[float] = POOLS,
-    spends: Sequence[float] = REFUSAL_SPENDS,
-) -> RelativeRefit:
-    """The relative rule's (pool, refusal_spend) for this stream: `labelled` indexes the stream's labelled answers
-    (`labels`: 1 good enough; `weights` as the refit weighs them); `max_token_share`: the escalations' long tokens at
-    most this share of the stream's (None: no budget). The one in force stays unless a candidate within the budget
-    beats it by MIN_GAIN_POINTS, or matches it at fewer tokens; when the one in force is over the budget, the best
-    candidate within it (else the cheapest) replaces it."""
+def _replay_grid(
+    policy: Policy, stream: CheckedStream, pools: Sequence[float], spends: Sequence[float]
+) -> tuple[_Replayed, list[_Replayed]]:
+    """The one in force and every other candidate of the grid, each replayed once."""
     settings = policy.routing.verifier
     if settings is None or settings.relative is None:
         raise ValueError("the policy has no routing.verifier.relative")
     now = settings.relative
-    in_force = _candidate(policy, stream, labelled, labels, weights, now.pool, now.refusal_spend)
-    candidates = [
-        _candidate(policy, stream, labelled, labels, weights, pool, spend)
-        for pool in pools
-        for spend in spends
-        if (pool, spend) != (now.pool, now.refusal_spend)
-    ]
+
+    def run(pool: float, spend: float) -> _Replayed:
+        return _Replayed(pool, spend, *_escalations_and_share(policy, stream, pool, spend))
+
+    others = [run(pool, spend) for pool in pools for spend in spends if (pool, spend) != (now.pool, now.refusal_spend)]
+    return run(now.pool, now.refusal_spend), others
+
+
+def _choose(
+    replayed_in_force: _Replayed,
+    replayed: Sequence[_Replayed],
+    labelled: Sequence[int],
+    labels: Sequence[int],
+    weights: Sequence[float],
+    max_token_share: float | None,
+) -> RelativeRefit:
+    in_force = replayed_in_force.scored(labelled, labels, weights)
+    candidates = [r.scored(labelled, labels, weights) for r in replayed]
     budget = max_token_share if max_token_share is not None else float("inf")
     within = [c for c in candidates if c.token_share <= budget + 1e-9]
     over = in_force.token_share > budget + 1e-9
@@ -145,6 +147,97 @@ def refit_relative(
             cheaper, in_force, True, f"as good on the labels at {cheaper.token_share:.1%} of the long tokens"
         )
     return RelativeRefit(in_force, in_force, False, "no candidate is better on the labels, nor as good for less")
+
+
+def refit_relative(
+    policy: Policy,
+    stream: CheckedStream,
+    labelled: Sequence[int],
+    labels: Sequence[int],
+    weights: Sequence[float],
+    max_token_share: float | None = None,
+    pools: Sequence[float] = POOLS,
+    spends: Sequence[float] = REFUSAL_SPENDS,
+) -> RelativeRefit:
+    """The relative rule's (pool, refusal_spend) for this stream: `labelled` indexes the stream's labelled answers
+    (`labels`: 1 good enough; `weights` as the refit weighs them); `max_token_share`: the escalations' long tokens at
+    most this share of the stream's (None: no budget). The one in force stays unless a candidate within the budget
+    beats it by MIN_GAIN_POINTS, or matches it at fewer tokens; when the one in force is over the budget, the best
+    candidate within it (else the cheapest) replaces it."""
+    in_force, others = _replay_grid(policy, stream, pools, spends)
+    return _choose(in_force, others, labelled, labels, weights, max_token_share)
+
+
+@dataclass
+class RelativeOutOfFold:
+    """`selfroute learn`'s check of a relative refit: the choice on all labels, and how the same choice made without
+    each fold's documents did on that fold."""
+
+    refit: RelativeRefit  # chosen on all the labels
+    quality_in_force: float  # points, on all the labels
+    quality_out_of_fold: float  # points: each labelled answer escalated as the choice made without its fold would
+    folds: int
+    write: bool
+    decision: str
+
+
+def relative_out_of_fold(
+    policy: Policy,
+    stream: CheckedStream,
+    labelled: Sequence[int],
+    labels: Sequence[int],
+    weights: Sequence[float],
+    groups: Sequence[str],
+    max_token_share: float | None = None,
+    *,
+    folds: int = 5,
+    seed: int = 0,
+    pools: Sequence[float] = POOLS,
+    spends: Sequence[float] = REFUSAL_SPENDS,
+) -> RelativeOutOfFold:
+    """refit_relative on all the labels, written (`write`) only when the choice holds out of fold: folds grouped by
+    document (`groups`, one per labelled answer), each fold's answers decided by the candidate refit_relative picks
+    from the other folds' labels. The in-sample pick gains by construction (it is the best of 20 on those labels);
+    out of fold it must beat the one in force by MIN_GAIN_POINTS, or match it while the pick spends fewer tokens,
+    or the one in force must be over the token budget."""
+    from classifier.training import grouped_folds
+
+    in_force, others = _replay_grid(policy, stream, pools, spends)
+    full = _choose(in_force, others, labelled, labels, weights, max_token_share)
+    quality_in_force = full.in_force.quality
+    if not full.changed:
+        return RelativeOutOfFold(full, quality_in_force, quality_in_force, 0, False, full.decision)
+    if len(set(groups)) < 2:
+        return RelativeOutOfFold(
+            full, quality_in_force, quality_in_force, 0, False, f"kept: {full.decision}, but one document: no folds"
+        )
+    by_settings = {(r.pool, r.refusal_spend): r for r in (in_force, *others)}
+    splits = grouped_folds(list(labels), list(groups), folds, seed)
+    escalated = [False] * len(labelled)
+    for train, test in splits:
+        pick = _choose(
+            in_force,
+            others,
+            [labelled[j] for j in train],
+            [labels[j] for j in train],
+            [weights[j] for j in train],
+            max_token_share,
+        ).chosen
+        chosen = by_settings[(pick.pool, pick.refusal_spend)]
+        for j in test:
+            escalated[j] = chosen.escalated[labelled[j]]
+    quality = weighted_quality(escalated, labels, weights)
+    held = f"out of fold {quality:.2f} vs {quality_in_force:.2f} points in force"
+    budget = max_token_share if max_token_share is not None else float("inf")
+    if in_force.token_share > budget + 1e-9:
+        write, decision = True, f"{full.decision} ({held})"
+    elif quality >= quality_in_force + MIN_GAIN_POINTS:
+        write, decision = True, f"{full.decision}; {held}"
+    elif quality >= quality_in_force and full.chosen.token_share < full.in_force.token_share:
+        write, decision = True, f"{full.decision}; {held}, at fewer tokens"
+    else:
+        write, decision = False, f"kept: {full.decision}, but {held}"
+    return RelativeOutOfFold(full, quality_in_force, quality, len(splits), write, decision)
 
 
 def relative_for_budget(

@@ -12,16 +12,21 @@ from classifier.features import FEATURE_NAMES
 from gateway.cli import main
 from gateway.routing.model_files import load_route_model, load_verifier_model
 from policies.loader import load_policy
-from tests.support.ledger import recorded_ledger
+from tests.support.ledger import recorded_ledger, relative_ledger
 from tests.support.policies import DROP, Whole, model_route, write_policy
 from tests.support.routing import write_paired_fixture
 
 
 def learned_policy(
-    path: Path, threshold: float, classifier_threshold: float | None = None, refusal_threshold: float = 1.0
+    path: Path,
+    threshold: float,
+    classifier_threshold: float | None = None,
+    refusal_threshold: float = 1.0,
+    relative: dict | None = None,
 ) -> Path:
     """Both routes on the local model, the shipped verifier at `threshold` (refusals below `refusal_threshold`
-    escalate), the judge on; the shipped pre-route classifier at `classifier_threshold` if given, else none."""
+    escalate; with `relative`, its routing.verifier.relative), the judge on; the shipped pre-route classifier at
+    `classifier_threshold` if given, else none."""
     local = model_route("local/smollm2-135m-instruct", context_window=8192)
     classifier = None
     if classifier_threshold is not None:
@@ -34,6 +39,7 @@ def learned_policy(
             "threshold": threshold,
             "refusal_threshold": refusal_threshold,
             "threshold_source": "shipped",
+            **({"relative": relative} if relative is not None else {}),
         },
         learning={"judge": True, "shadow_rate": 0.2},
     )
@@ -261,3 +267,58 @@ def test_learn_sets_a_kept_verifiers_threshold_from_every_recorded_score(setup, 
     assert sum(s < report["new_threshold"] for s in scores) / len(scores) == pytest.approx(0.5, abs=0.01)
     learned, _ = load_policy(policy)
     assert learned.routing.verifier.threshold == pytest.approx(report["new_threshold"])
+
+
+RELATIVE = {"pool": 1.5, "refusal_spend": 0.9, "window": 200, "warm_up": 20}
+
+
+def relative_setup(tmp_path, location, bad_groups=None):
+    """A policy with a relative rule, and a ledger of what it escalated (tests/support/ledger.relative_ledger)."""
+    policy = learned_policy(tmp_path / "policy.yaml", 0.5, relative=RELATIVE)
+    relative_ledger(location, load_policy(policy)[0], bad_groups=bad_groups, dead_letter_dir=tmp_path / "dead")
+    # the verifier in force stays (thresholds aside): what is tested is the relative rule's re-choice
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(location), "--min-model-labels", "100000"]
+    return policy, [*args, "--json"]
+
+
+def test_learn_rechooses_the_relative_rule_when_it_holds_out_of_fold(tmp_path, ledger_location, capsys):
+    """Cheap answers in the lowest 45% of P(good) are worse than the long ones in every document: within 60% of the
+    long tokens a wider rule than the one in force (escalating about 18%) wins on the labels and out of fold, and
+    is written into routing.verifier.relative; --dry-run and --relative fixed write nothing."""
+    policy, args = relative_setup(tmp_path, ledger_location)
+    before = policy.read_text()
+    assert main([*args, "--max-token-share", "0.6", "--relative", "fixed"]) == 0
+    assert json.loads(capsys.readouterr().out)["relative"]["decision"] == "--relative fixed: left as it is"
+    assert load_policy(policy)[0].routing.verifier.relative.pool == 1.5
+    policy.write_text(before)
+    assert main([*args, "--max-token-share", "0.6", "--dry-run"]) == 0
+    found = json.loads(capsys.readouterr().out)["relative"]
+    assert policy.read_text() == before and "written" not in found
+    assert found["checked"] == 480 and found["max_token_share"] == 0.6
+    assert (found["pool_in_force"], found["refusal_spend_in_force"]) == (1.5, 0.9)
+    assert found["token_share_in_force"] < found["token_share"] <= 0.6
+    assert found["quality_out_of_fold"] >= found["quality_in_force"] + 0.5, found
+    assert "out of fold" in found["decision"] and not found["decision"].startswith("kept")
+    assert main([*args, "--max-token-share", "0.6"]) == 0
+    written = json.loads(capsys.readouterr().out)["relative"]
+    assert written["written"] == str(policy)
+    relative = load_policy(policy)[0].routing.verifier.relative
+    assert (relative.pool, relative.refusal_spend) == (found["pool"], found["refusal_spend"])
+    assert relative.window == 200 and relative.source.startswith("learn ")
+
+
+def test_learn_keeps_the_relative_rule_when_its_gain_lies_in_two_documents(tmp_path, capsys):
+    """The cheap answers are worse only in two documents (g0, g1; a few shadow labels): on all the labels a wider
+    rule gains a point, but chosen without a fold's labels it gains nothing on that fold, so out of fold it does not
+    beat the one in force: nothing is written."""
+    policy, args = relative_setup(tmp_path, tmp_path / "ledger.sqlite3", bad_groups={"g0", "g1"})
+    assert main([*args, "--max-token-share", "0.6"]) == 0
+    found = json.loads(capsys.readouterr().out)["relative"]
+    assert found["quality_on_labels"] >= found["quality_in_force"] + 0.5, found
+    assert found["quality_out_of_fold"] < found["quality_in_force"] + 0.5
+    assert found["decision"].startswith("kept: ") and "written" not in found
+    relative = load_policy(policy)[0].routing.verifier.relative
+    assert (relative.pool, relative.refusal_spend, relative.source) == (1.5, 0.9, None)
+    assert main(["learn", *args[1:-1]]) == 0  # the text report, at the default budget
+    out = capsys.readouterr().out
+    assert "relative rule, " in out and "out of fold" in out and "relative rule: " in out

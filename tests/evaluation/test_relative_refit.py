@@ -138,3 +138,26 @@ def test_the_loop_re_chooses_the_relative_rule_on_its_labels():
     assert control["quality"] > fixed.trailing[CONTROL]["quality"]
     with pytest.raises(ValueError, match="relative_from"):
         simulate(questions, POLICY, PRICES, feature_names=names, relative_from="x", **common)
+
+
+def test_the_loop_puts_a_relative_choice_in_force_only_when_it_holds_out_of_fold():
+    """relative_from="out-of-fold" (what `selfroute learn` does): the same stream as above widens the rule where the
+    choice holds out of fold (each document's labels spread the same signal), and a refit whose pick does not hold
+    keeps the one in force; each refit says which."""
+    rng = random.Random(5)
+    questions = []
+    for i in range(1200):
+        bad = rng.random() < 0.3
+        score = rng.random() * 0.5 if bad else 0.3 + 0.7 * rng.random()
+        questions.append(_question(i, not bad, score, i % 10 == 0))
+    common = dict(shadow_rate=0.1, judge_noise=0.0, refit_every=100, window=300, after=600, max_token_share=0.35)
+    names = ["ans_support_passages", "ans_refusal"]
+    fixed = simulate(questions, POLICY, PRICES, feature_names=names, min_model_labels=10_000, **common)
+    held = simulate(
+        questions, POLICY, PRICES, feature_names=names, min_model_labels=10_000, relative_from="out-of-fold", **common
+    )
+    notes = [r["relative"] for r in held.refits]
+    assert any("out of fold" in n and not n.startswith("kept") for n in notes), notes
+    assert any((r["pool"], r["refusal_spend"]) != (1.5, 0.9) for r in held.refits)
+    assert held.trailing[LEARNING]["quality"] > fixed.trailing[LEARNING]["quality"] + 1
+    assert held.trailing[LEARNING]["tokens"] <= 0.36 * held.trailing[ALWAYS_LONG]["tokens"]

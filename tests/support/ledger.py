@@ -314,3 +314,78 @@ def recorded_ledger(
     ledger.flush()
     ledger.close()
     return threshold
+
+
+def relative_ledger(
+    path, policy, n: int = 480, seed: int = 0, bad_groups: set[str] | None = None, dead_letter_dir: Path | None = None
+) -> None:
+    """Checked cheap answers escalated as `policy`'s relative rule (routing.verifier.relative) escalated them, in
+    order, with the long tokens it charged; a fifth are refusals. An answer in the lowest 45% of the shipped verifier's
+    P(good) is worse than the long one (only in `bad_groups`' documents, when given: a gain no other document shows);
+    judged on every escalation and on a fifth of the rest (shadows, the policy's shadow_rate)."""
+    from gateway.evaluation.relative_refit import CheckedStream, relative_escalations
+    from gateway.routing.decision import RouteDecision
+    from policies.routes import Route
+
+    verifier = load_verifier_model(policy, None)
+    rng = random.Random(seed)
+    rows = [{name: rng.random() for name in verifier.feature_names} | {"pre_route_probability": 0.8} for _ in range(n)]
+    scores = [float(s) for s in verifier.scores(rows)]
+    refused = [i % 5 == 0 for i in range(n)]
+    tokens = [1000.0 + 500.0 * (i % 3) for i in range(n)]
+    decision = RouteDecision(Route.RAG, "", None, None, {"context_tokens": 5000.0})
+    escalated = relative_escalations(policy, CheckedStream(scores, refused, tokens, [decision] * n, ["k_a"] * n))
+    low = sorted(scores)[int(0.45 * n)]
+    ledger = Ledger(path, dead_letter_dir=dead_letter_dir)  # (PostgreSQL needs one)
+    now = time.time() - 3600
+    for i in range(n):
+        group = f"g{i % 12}"
+        good = scores[i] >= low or (bad_groups is not None and group not in bad_groups)
+        rid = f"req_{i:04d}"
+        ledger.submit(
+            RequestRecord(
+                id=rid,
+                created_at=now + i,
+                key_id="k_a",
+                policy="learned",
+                alias="selfroute",
+                route="rag>long" if escalated[i] else "rag",
+                reason=None,
+                status=200,
+                cost_usd=0.001 + (0.01 if escalated[i] else 0.0),
+                counterfactual_cost_usd=0.01,
+                features={
+                    "version": 1,
+                    "features": {"context_tokens": 5000.0},
+                    "p_cheap": None,
+                    "threshold": None,
+                    "rule": None,
+                    "decision": "rag",
+                    "group": group,
+                    "verifier_features": rows[i],
+                    "p_good": scores[i],
+                    "refused": refused[i],
+                    "escalated": escalated[i],
+                    "long_tokens": tokens[i],
+                    "outcome": "rag>long" if escalated[i] else "rag",
+                },
+            )
+        )
+        source = "judge" if escalated[i] else ("shadow" if rng.random() < 0.2 else None)
+        if source:
+            ledger.submit(
+                RequestRecord(
+                    id=f"judge_{i:04d}",
+                    created_at=now + i + 0.5,
+                    key_id=None,
+                    policy="learned",
+                    alias=None,
+                    route="judge",
+                    reason=None,
+                    status=200,
+                    cost_usd=0.0005,
+                    labels=[LabelRecord(rid, source, good, "as_good" if good else "worse", "k_a", cost_usd=0.0005)],
+                )
+            )
+    ledger.flush()
+    ledger.close()

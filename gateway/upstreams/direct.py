@@ -1,4 +1,5 @@
-"""OpenAI-compatible HTTP upstreams (openai/, hosted_vllm/, bare model names) over a pooled aiohttp session.
+"""OpenAI-compatible HTTP upstreams (openai/, hosted_vllm/, bare model names): plain-http ones over the lean
+keep-alive client (gateway.upstreams.http1), https ones over a pooled aiohttp session.
 
 litellm costs milliseconds of CPU per call, more than this proxy's whole budget, so these skip it:
 no translation, bytes in, bytes out.
@@ -18,6 +19,7 @@ from typing import Any
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from gateway.upstreams import http1
 from gateway.upstreams.base import RawCompletion, malformed_answer, split_provider, upstream_error
 from gateway.upstreams.errors import UpstreamError, UpstreamTimeout
 from policies.schema import ModelConfig
@@ -29,7 +31,13 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 # full-jitter exponential backoff between attempts: up to 0.25 s, 0.5 s, 1 s, ... capped at 8 s
 BACKOFF = wait_random_exponential(multiplier=0.25, max=8.0)
 # what a kept-alive connection the upstream closed fails with before any answer started (see _send's post)
-STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http1.ServerDisconnected)
+# no connection was made at all: the upstream is unreachable (not resent)
+CONNECT_FAILED = (aiohttp.ClientConnectorError, http1.ConnectFailed)
+# an exchange that failed without an HTTP answer, from either client
+CLIENT_ERRORS = (aiohttp.ClientError, http1.HTTPClientError)
+
+Response = aiohttp.ClientResponse | http1.Response
 # an upstream asking to wait longer than this is saying "not now": fail instead of holding the client
 MAX_RETRY_AFTER_S = 30.0
 
@@ -101,6 +109,21 @@ def error_message(payload: bytes) -> str:
 
 
 @functools.lru_cache(maxsize=64)
+def _plain_head(url: str, authorization: str | None) -> http1.Head | None:
+    """The lean client's request head for a plain-http URL (built once per URL and key), None for https (aiohttp)."""
+    if not url.startswith("http://"):
+        return None
+    headers = {"content-type": "application/json"}
+    if authorization:
+        headers["authorization"] = authorization
+    return http1.Head(url, headers)
+
+
+def _lines(response: Response) -> AsyncIterator[bytes]:
+    return response.lines() if isinstance(response, http1.Response) else response.content.__aiter__()
+
+
+@functools.lru_cache(maxsize=64)
 def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     # one per policy timeout, not one per request: building an aiohttp.ClientTimeout costs ~3 us
     return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
@@ -112,13 +135,21 @@ def _secret_env(config: ModelConfig) -> tuple[str, ...]:
 
 
 class DirectOpenAIUpstream:
-    """OpenAI-compatible HTTP upstreams over a pooled aiohttp session: no translation, bytes in, bytes out.
+    """OpenAI-compatible HTTP upstreams: no translation, bytes in, bytes out. Plain http over the lean client
+    (gateway.upstreams.http1: about 100 us less CPU per call than aiohttp), https over aiohttp.
 
     aiohttp rather than httpx: on this path httpx cost about 2 ms of CPU per request, over the proxy's budget.
     """
 
     def __init__(self, session: aiohttp.ClientSession | None = None):
         self._session = session
+        self._pool: http1.Pool | None = None
+
+    def _plain(self) -> http1.Pool:
+        # created lazily, like the session: it belongs to the event loop it was made in
+        if self._pool is None or self._pool.closed:
+            self._pool = http1.Pool(limit=512)
+        return self._pool
 
     def _client(self) -> aiohttp.ClientSession:
         # created lazily: a session belongs to the event loop it was made in
@@ -146,23 +177,28 @@ class DirectOpenAIUpstream:
             headers["authorization"] = f"Bearer {key}"
         return base.rstrip("/") + "/chat/completions", headers, name
 
-    async def _send(self, config: ModelConfig, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    async def _send(self, config: ModelConfig, body: dict[str, Any]) -> Response:
         url, headers, name = self._endpoint(config)
         payload = json.dumps({**body, "model": name}).encode()
-        timeout = _timeout(config.timeout)
+        head = _plain_head(url, headers.get("authorization"))
 
-        async def post() -> aiohttp.ClientResponse:
+        async def send() -> Response:
+            if head is not None:
+                return await self._plain().post(head, payload, config.timeout)
+            return await self._client().post(url, data=payload, headers=headers, timeout=_timeout(config.timeout))
+
+        async def post() -> Response:
             try:
-                return await self._client().post(url, data=payload, headers=headers, timeout=timeout)
-            except aiohttp.ClientConnectorError:
+                return await send()
+            except CONNECT_FAILED:
                 raise  # no connection was made: the upstream is unreachable, not a stale pooled connection
             except STALE_CONNECTION:
                 # an upstream closes idle kept-alive connections (uvicorn after 5 s); one closed as the pool handed
                 # it out fails before any answer ("Can not write request body", "Server disconnected"). aiohttp
                 # resends only idempotent methods (RFC 9112 9.3.1), so this POST is sent once more here
-                return await self._client().post(url, data=payload, headers=headers, timeout=timeout)
+                return await send()
 
-        async def attempt() -> aiohttp.ClientResponse:
+        async def attempt() -> Response:
             try:
                 response = await post()
             except TimeoutError:
@@ -171,7 +207,7 @@ class DirectOpenAIUpstream:
                         f"upstream model {config.model!r} timed out after {config.timeout:g}s", model=config.model
                     )
                 ) from None
-            except aiohttp.ClientError as exc:
+            except CLIENT_ERRORS as exc:
                 raise _Retryable(
                     upstream_error(None, f"{type(exc).__name__}: {exc}", config.model, _secret_env(config))
                 ) from None
@@ -191,7 +227,7 @@ class DirectOpenAIUpstream:
         except _Retryable as exc:
             failures = [exc]
 
-        async def replay_then_attempt() -> aiohttp.ClientResponse:
+        async def replay_then_attempt() -> Response:
             if failures:  # tenacity counts and waits from the first failure as if it had made that attempt
                 raise failures.pop()
             return await attempt()
@@ -210,7 +246,7 @@ class DirectOpenAIUpstream:
             content = await response.read()
         except TimeoutError:
             raise UpstreamTimeout(f"upstream model {config.model!r} timed out", model=config.model) from None
-        except aiohttp.ClientError as exc:
+        except CLIENT_ERRORS as exc:
             raise upstream_error(None, f"reading the answer failed: {exc}", config.model) from None
         finally:
             response.release()
@@ -235,7 +271,7 @@ class DirectOpenAIUpstream:
                     config.model,
                     f"asked for a stream, it answered {kind.split(';')[0]}: {error_message(content)[:200]}",
                 )
-            async for line in response.content:
+            async for line in _lines(response):
                 if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
@@ -245,11 +281,13 @@ class DirectOpenAIUpstream:
                     yield data
         except TimeoutError:
             raise UpstreamTimeout(f"upstream model {config.model!r} timed out mid-stream", model=config.model) from None
-        except aiohttp.ClientError as exc:
+        except CLIENT_ERRORS as exc:
             raise upstream_error(None, f"stream broke: {exc}", config.model) from None
         finally:
             response.release()
 
     async def aclose(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
         if self._session is not None:
             await self._session.close()

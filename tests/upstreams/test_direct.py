@@ -203,3 +203,12 @@ def test_a_kept_alive_connection_the_upstream_closed_is_not_a_502(tmp_path, monk
                     assert answer.choices[0].message.content == "ok"
             assert upstream.dropped == 2 and upstream.connections == 3
             assert [row["status"] for row in ledger_rows(app)] == [200, 200, 200]
+
+
+def test_plain_http_upstreams_take_the_lean_client_and_https_ones_stay_on_aiohttp():
+    from gateway.upstreams.direct import _plain_head
+
+    head = _plain_head("http://127.0.0.1:8000/v1/chat/completions", "Bearer k")
+    assert head is not None and head.key == ("127.0.0.1", 8000)
+    assert b"authorization: Bearer k\r\n" in head.request(b"{}")
+    assert _plain_head("https://api.openai.com/v1/chat/completions", "Bearer k") is None  # TLS: aiohttp

@@ -1,0 +1,462 @@
+"""A lean HTTP/1.1 keep-alive client for plain-http upstreams (gateway.upstreams.direct's pass-through call).
+
+aiohttp's POST and read were about a quarter of the event loop's time on a pass-through request (py-spy, round
+seven): its request and response objects, header multidicts, payload writer, timers and stream reader. This does the
+one exchange the direct upstream needs over asyncio protocols, with responses parsed by httptools (the maintained C
+parser uvicorn already uses for the gateway's own requests): one write of a prebuilt head and the body, the status,
+headers and body as the parser hands them over.
+
+Plain http only: an https upstream (the hosted providers) stays on aiohttp, TLS and all. Nothing here follows
+redirects, keeps cookies or reads proxy settings (aiohttp's session did none of the last two; a redirect of a POST
+carrying the gateway's key is not followed either). Timeouts are aiohttp's `sock_connect` and `sock_read`: the
+connection must be made within the timeout, and the upstream may go no longer than it between two reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+KEEP_IDLE_S = 15.0  # aiohttp's keepalive_timeout: a connection idle longer is closed, not handed out again
+HIGH_WATER = 1 << 20  # response bytes buffered and not yet read before the socket's reading pauses
+USER_AGENT = b"selfroute"
+
+
+class HTTPClientError(Exception):
+    """An exchange with an upstream that failed without an HTTP answer to report."""
+
+
+class ConnectFailed(HTTPClientError):
+    """No connection could be made (refused, unreachable, the name did not resolve)."""
+
+
+class ServerDisconnected(HTTPClientError):
+    """The upstream closed the connection before its answer ended; `answered`: whether any of the answer came."""
+
+    def __init__(self, message: str, answered: bool):
+        super().__init__(message)
+        self.answered = answered
+
+
+class MalformedHTTP(HTTPClientError):
+    """What the upstream sent is not HTTP/1.1 this client reads."""
+
+
+class Response:
+    """One answer as it arrives: `status` and `headers` (lower-cased names) once `Pool.post` returns, then the body
+    by `read()` (all of it) or `lines()` (as it comes). `release()` hands the connection back when the answer was
+    read to its end, and closes it otherwise (the upstream then stops its work)."""
+
+    __slots__ = (
+        "status",
+        "headers",
+        "_raw_headers",
+        "_connection",
+        "_chunks",
+        "_buffered",
+        "_waiter",
+        "_error",
+        "_complete",
+        "_decoder",
+        "_timeout",
+        "_timer",
+        "_last_read",
+        "_answered",
+        "_released",
+    )
+
+    def __init__(self, connection: _Connection, timeout: float):
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._connection = connection
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._complete = False
+        self._decoder: zlib._Decompress | None = None
+        self._timeout = timeout
+        loop = connection.loop
+        self._last_read = loop.time()
+        # one timer per answer, re-armed only when it fires early (a timer per read would cost one per chunk)
+        self._timer: asyncio.TimerHandle | None = loop.call_at(self._last_read + timeout, self._check_read)
+        self._answered = False
+        self._released = False
+
+    # -- fed by the connection -------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is None and not self._complete:
+            self._error = error
+            self._stop_timer()
+            self._wake()
+
+    def _headers_done(self, status: int) -> None:
+        self.status = status
+        headers = self.headers
+        for name, value in self._raw_headers:
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        self._raw_headers = []
+        encoding = headers.get("content-encoding", "").strip().lower()
+        if encoding in ("gzip", "x-gzip"):  # decoded as aiohttp's auto_decompress did
+            self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif encoding == "deflate":
+            self._decoder = zlib.decompressobj()
+        elif encoding not in ("", "identity"):
+            self._fail(MalformedHTTP(f"unsupported content-encoding {encoding!r}"))
+            self._connection.close()
+        self._wake()
+
+    def _body(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        if self._decoder is not None:
+            try:
+                data = self._decoder.decompress(data)
+            except zlib.error as exc:
+                self._fail(MalformedHTTP(f"the body does not decompress: {exc}"))
+                self._connection.close()
+                return
+        if data:
+            self._chunks.append(data)
+            self._buffered += len(data)
+            if self._buffered > HIGH_WATER:
+                self._connection.pause_reading()
+            self._wake()
+
+    def _done(self) -> None:
+        if self._error is not None:
+            return
+        if self._decoder is not None:
+            rest = self._decoder.flush()
+            if rest:
+                self._chunks.append(rest)
+        self._complete = True
+        self._stop_timer()
+        self._wake()
+
+    def _read_now(self, now: float) -> None:
+        self._answered = True
+        self._last_read = now
+
+    def _check_read(self) -> None:
+        self._timer = None
+        if self._complete or self._error is not None:
+            return
+        loop = self._connection.loop
+        now = loop.time()
+        if self._chunks and self._waiter is None:  # the reader is behind, not the upstream: not a timeout
+            self._last_read = now
+        deadline = self._last_read + self._timeout
+        if now < deadline:
+            self._timer = loop.call_at(deadline, self._check_read)
+            return
+        self._fail(TimeoutError(f"no data from the upstream for {self._timeout:g}s"))
+        self._connection.close()
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- read by the caller ----------------------------------------------------------------------------------------
+    async def _more(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._connection.resume_reading()  # whoever waits for more wants it, whatever is buffered (read())
+        waiter = self._waiter = self._connection.loop.create_future()
+        await waiter
+        if self._error is not None:
+            raise self._error
+
+    async def _headers(self) -> None:
+        while not self.status:
+            await self._more()
+        if self._error is not None:
+            raise self._error
+
+    def _take(self) -> bytes | None:
+        """The next buffered body bytes, or None when none are buffered."""
+        if not self._chunks:
+            return None
+        data = self._chunks.popleft()
+        self._buffered -= len(data)
+        if self._buffered <= HIGH_WATER // 2:
+            self._connection.resume_reading()
+        return data
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        while not self._complete:
+            await self._more()
+        chunks, self._chunks, self._buffered = self._chunks, deque(), 0
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The body line by line (b"\\n" ends a line and is kept; the last line may lack it), as aiohttp's
+        `response.content` iterates."""
+        pending = b""
+        while True:
+            data = self._take()
+            if data is None:
+                if self._complete:
+                    break
+                await self._more()
+                continue
+            if pending:
+                data = pending + data
+            start = 0
+            while (end := data.find(b"\n", start)) >= 0:
+                yield data[start : end + 1]
+                start = end + 1
+            pending = data[start:]
+        if pending:
+            yield pending
+
+    def release(self) -> None:
+        """The connection back to the pool when the answer was read to its end and may be kept, else closed."""
+        if self._released:
+            return
+        self._released = True
+        self._stop_timer()
+        self._connection.finished(self._complete and self._error is None and not self._chunks)
+
+
+class _Connection(asyncio.Protocol):
+    """One kept-alive connection to an upstream; answers one request at a time."""
+
+    def __init__(self, pool: Pool, key: tuple[str, int]):
+        self.pool = pool
+        self.key = key
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.response: Response | None = None
+        self.usable = True  # False once closed, by either side
+        self.idle_since = 0.0
+        self._keep_alive = False
+        self._paused = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's TCPTransport is not asyncio's class
+
+    def data_received(self, data: bytes) -> None:
+        response = self.response
+        if response is None or response._complete:  # nothing was asked: a connection that talks anyway is dropped
+            self.close()
+            return
+        response._read_now(self.loop.time())
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            response._fail(MalformedHTTP("the upstream switched protocols"))
+            self.close()
+        except httptools.HttpParserError as exc:
+            response._fail(MalformedHTTP(f"malformed HTTP from the upstream: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool:
+        return False  # close the transport: HTTP/1.1 has no half-closed connections to keep
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.usable = False
+        self.pool._forget(self)
+        response = self.response
+        if response is None or response._complete:
+            return
+        if response.status and "content-length" not in response.headers and not self._chunked(response):
+            response._done()  # a body without a length ends when the connection does
+            return
+        answered = response._answered
+        why = "the upstream closed the connection " + ("mid-answer" if answered else "before answering")
+        response._fail(ServerDisconnected(f"Server disconnected: {why}", answered))
+
+    def pause_reading(self) -> None:
+        if not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+
+    @staticmethod
+    def _chunked(response: Response) -> bool:
+        return "chunked" in response.headers.get("transfer-encoding", "").lower()
+
+    # -- httptools' callbacks --------------------------------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.response is not None:
+            self.response._raw_headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        if self.response is not None:
+            self._keep_alive = self.parser.should_keep_alive()
+            self.response._headers_done(self.parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        if self.response is not None:
+            self.response._body(body)
+
+    def on_message_complete(self) -> None:
+        if self.response is not None:
+            self._keep_alive = self._keep_alive and self.parser.should_keep_alive()
+            self.response._done()
+
+    # -- the pool's side -------------------------------------------------------------------------------------------
+    def send(self, data: bytes, timeout: float) -> Response:
+        assert self.transport is not None
+        self.response = response = Response(self, timeout)
+        self._keep_alive = False
+        self.transport.write(data)
+        return response
+
+    def finished(self, whole: bool) -> None:
+        """The response was released: read to its end (`whole`) or abandoned (the connection then closes)."""
+        self.response = None
+        self.resume_reading()
+        self.pool._hand_back(self, whole and self._keep_alive and self.usable)
+
+    def close(self) -> None:
+        if self.usable and self.transport is not None:
+            self.usable = False
+            self.transport.close()
+
+
+class Pool:
+    """Kept-alive connections per (host, port), at most `limit` in use at once (aiohttp's connector limit): a
+    request over it waits for one to be handed back."""
+
+    def __init__(self, limit: int = 512):
+        self.loop = asyncio.get_running_loop()
+        self.limit = limit
+        self._free: dict[tuple[str, int], list[_Connection]] = {}
+        self._in_use = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self.closed = False
+
+    async def post(self, head: Head, payload: bytes, timeout: float) -> Response:
+        """The upstream's answer to a POST of `payload` (headers read; the body is the response's to read)."""
+        if self.closed:
+            raise HTTPClientError("the client is closed")
+        while self._in_use >= self.limit:
+            waiter = self.loop.create_future()
+            self._waiting.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+        self._in_use += 1
+        connection: _Connection | None = None
+        response: Response | None = None
+        try:
+            connection = self._reuse(head.key) or await self._connect(head.key, timeout)
+            response = connection.send(head.request(payload), timeout)
+            await response._headers()
+            return response
+        except BaseException:
+            # failed or cancelled (the client left): the connection goes, so the upstream stops too
+            if response is not None:
+                response.release()
+            elif connection is not None:
+                connection.finished(False)
+            else:
+                self._release_slot()
+            raise
+
+    def _reuse(self, key: tuple[str, int]) -> _Connection | None:
+        free = self._free.get(key)
+        now = self.loop.time()
+        while free:
+            connection = free.pop()  # the most recently used: least likely to have met the upstream's idle timer
+            if connection.usable and now - connection.idle_since < KEEP_IDLE_S:
+                return connection
+            connection.close()
+        return None
+
+    async def _connect(self, key: tuple[str, int], timeout: float) -> _Connection:
+        host, port = key
+        try:
+            async with asyncio.timeout(timeout):
+                _, protocol = await self.loop.create_connection(lambda: _Connection(self, key), host, port)
+        except TimeoutError:
+            raise TimeoutError(f"connecting to the upstream took over {timeout:g}s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"Cannot connect to the upstream: {exc.strerror or exc}") from None
+        return protocol
+
+    def _hand_back(self, connection: _Connection, keep: bool) -> None:
+        self._release_slot()
+        free = self._free.setdefault(connection.key, [])
+        if keep and not self.closed and len(free) < self.limit:
+            connection.idle_since = self.loop.time()
+            free.append(connection)
+        else:
+            connection.close()
+
+    def _forget(self, connection: _Connection) -> None:
+        """A connection the upstream (or this client) closed: out of the free list (one in use is handed back when
+        its response is released)."""
+        free = self._free.get(connection.key)
+        if free and connection in free:
+            free.remove(connection)
+
+    def _release_slot(self) -> None:
+        self._in_use -= 1
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                break
+
+    async def close(self) -> None:
+        self.closed = True
+        for free in self._free.values():
+            for connection in free:
+                connection.close()
+        self._free.clear()
+
+
+class Head:
+    """A POST's request line and fixed headers for one URL and credential, built once; `request(payload)` adds the
+    length and the body."""
+
+    __slots__ = ("key", "_start")
+
+    def __init__(self, url: str, headers: dict[str, str]):
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"not a plain-http URL: {url!r}")
+        self.key = (parts.hostname, parts.port or 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        lines = [f"POST {target} HTTP/1.1", f"host: {parts.netloc.rpartition('@')[2]}"]
+        lines += [f"{name}: {value}" for name, value in headers.items()]
+        if any("\r" in line or "\n" in line for line in lines):
+            raise ValueError("a header holds a line break")  # a configured key must never add headers of its own
+        self._start = (
+            "\r\n".join(lines).encode("latin-1")
+            + b"\r\nuser-agent: "
+            + USER_AGENT
+            + b"\r\naccept: */*\r\naccept-encoding: gzip, deflate\r\ncontent-length: "
+        )
+
+    def request(self, payload: bytes) -> bytes:
+        return b"%s%d\r\n\r\n%s" % (self._start, len(payload), payload)

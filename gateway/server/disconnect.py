@@ -99,35 +99,65 @@ def watch_disconnect(scope: Scope, receive: Receive, callback: Callable[[], None
     return stop_task
 
 
+class CancelledIfClientLeaves:
+    """`with CancelledIfClientLeaves(scope, receive) as leaving:` cancels the task running the block when the client
+    leaves before it ends (`on_leave()` first), and on the way out takes that one cancellation back (uncancel): the
+    CancelledError it caused, or any exception of `absorbs` raised once the client had left, ends at the block, and
+    `leaving.left` says why. A cancellation from elsewhere (a shutdown) goes on. The one piece of "client left ->
+    cancel this task -> uncancel" both endings use: unless_disconnected raises ClientDisconnected after it, a stream
+    (gateway.server.streaming) just stops.
+
+    asyncio's own cancel/uncancel, not an anyio CancelScope, whose entry and exit (its backend and task look-ups) were
+    about 3% of the event loop's time on a pass-through request (py-spy); a class, not a @contextmanager generator,
+    as it is entered on every request."""
+
+    __slots__ = ("left", "_scope", "_receive", "_on_leave", "_absorbs", "_task", "_stop")
+
+    def __init__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        on_leave: Callable[[], None] | None = None,
+        absorbs: type[BaseException] | tuple[type[BaseException], ...] = asyncio.CancelledError,
+    ):
+        self.left = False
+        self._scope, self._receive, self._on_leave, self._absorbs = scope, receive, on_leave, absorbs
+
+    def __enter__(self) -> CancelledIfClientLeaves:
+        self._task = asyncio.current_task()
+        # not in a task (never so under an ASGI server): nothing to cancel
+        self._stop = _no_watch if self._task is None else watch_disconnect(self._scope, self._receive, self._leave)
+        return self
+
+    def _leave(self) -> None:
+        self.left = True
+        if self._on_leave is not None:
+            self._on_leave()
+        assert self._task is not None  # watched only inside a task
+        self._task.cancel()
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: object) -> bool:
+        self._stop()
+        if not self.left:
+            return False
+        assert self._task is not None
+        self._task.uncancel()  # the cancellation was ours: it ends here
+        return kind is not None and issubclass(kind, self._absorbs)
+
+
 async def unless_disconnected(request: Request, work: Callable[[], Awaitable[T]]) -> T:
-    """The result of work(), or ClientDisconnected when the client leaves first. Worker threads started
-    by work() see pipelines.cancellation.cancelled() turn true when the client leaves or when the
-    request is cancelled (a shutdown past its grace period), and stop their long loops.
-
-    The client leaving cancels this task, and its one cancellation is taken back (uncancel) as the
-    ClientDisconnected it becomes: asyncio's own, not an anyio CancelScope, whose entry and exit (its backend and
-    task look-ups) were about 3% of the event loop's time on a pass-through request (py-spy)."""
-    task = asyncio.current_task()
-    if task is None:  # not in a task (never so under an ASGI server): nothing to cancel
-        return await work()
-    left = False
+    """The result of work(), or ClientDisconnected when the client leaves first (whatever work() was doing: its
+    result or error is replaced). Worker threads started by work() see pipelines.cancellation.cancelled() turn true
+    when the client leaves or when the request is cancelled (a shutdown past its grace period), and stop their long
+    loops."""
     with cancel_scope() as stop:
-
-        def client_left() -> None:
-            nonlocal left
-            left = True
-            stop.set()
-            task.cancel()
-
-        stop_watching = watch_disconnect(request.scope, request.receive, client_left)
+        leaving = CancelledIfClientLeaves(request.scope, request.receive, stop.set, absorbs=BaseException)
         try:
-            return await work()
-        except BaseException:
-            if not left:  # the request itself is being cancelled (or failed): its threads must stop too
-                stop.set()
+            with leaving:
+                result = await work()
+        except BaseException:  # not the client leaving (absorbed above): the request itself is cancelled or failed
+            stop.set()  # its threads must stop too
             raise
-        finally:
-            stop_watching()
-            if left:
-                task.uncancel()  # the cancellation was ours: it ends here, as ClientDisconnected
-                raise ClientDisconnected()  # noqa: B012 - the work's own cancellation is replaced by this
+        if leaving.left:
+            raise ClientDisconnected()
+        return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,7 +13,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import chunk_has_choices, chunk_usage, truncated_chunks
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.routing.streaming import chunk_text
-from gateway.server.disconnect import CLIENT_CLOSED, watch_disconnect
+from gateway.server.disconnect import CLIENT_CLOSED, CancelledIfClientLeaves
 from gateway.server.errors import failure
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import client_safe, malformed_chunk
@@ -34,28 +33,14 @@ class EventStreamResponse(StreamingResponse):
 
     async def __call__(self, scope, receive, send) -> None:
         # the stream runs in this task; the client leaving cancels it (gateway.server.disconnect: serve's hook, or a
-        # plain task waiting on receive()). An anyio task group (a task for the stream, a cancel scope, its cancel
-        # formatting the task's repr) was a tenth of the event loop's time on a pass-through stream (py-spy).
-        task = asyncio.current_task()
-        left = False
-
-        def client_left() -> None:
-            nonlocal left
-            if task is not None:
-                left = True
-                task.cancel()
-
-        stop_watching = watch_disconnect(scope, receive, client_left)
-        try:
-            await self.stream_response(send)
-        except OSError:  # the socket went away mid-write
-            pass
-        except asyncio.CancelledError:
-            if not left or task is None:  # not this watcher's doing (a shutdown): go on being cancelled
-                raise
-            task.uncancel()  # the client left: the relay has recorded it (499)
-        finally:
-            stop_watching()
+        # plain task waiting on receive()) and the relay records it (499). An anyio task group (a task for the
+        # stream, a cancel scope, its cancel formatting the task's repr) was a tenth of the event loop's time on a
+        # pass-through stream (py-spy).
+        with CancelledIfClientLeaves(scope, receive):
+            try:
+                await self.stream_response(send)
+            except OSError:  # the socket went away mid-write
+                pass
 
 
 # (the stream's first chunk, its whole text) -> a trailing chunk to send before the usage chunk and [DONE], or None

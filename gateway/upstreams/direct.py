@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gateway.upstreams import http1
@@ -108,6 +109,24 @@ def error_message(payload: bytes) -> str:
     return json.dumps(error)[:500]
 
 
+def _dumps(body: dict[str, Any]) -> bytes:
+    """The upstream's request body. orjson: about a fortieth of json.dumps' time on a chat body; json for what
+    orjson cannot write (integers past 64 bits, which a client may put in fields passed through unread)."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        return json.dumps(body).encode()
+
+
+def _loads(content: bytes) -> Any:
+    """An upstream's JSON answer: orjson (a third of json.loads' time), json for what only it reads (NaN,
+    Infinity, a byte-order mark); ValueError when neither can."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return json.loads(content)
+
+
 @functools.lru_cache(maxsize=64)
 def _plain_head(url: str, authorization: str | None) -> http1.Head | None:
     """The lean client's request head for a plain-http URL (built once per URL and key), None for https (aiohttp)."""
@@ -179,7 +198,7 @@ class DirectOpenAIUpstream:
 
     async def _send(self, config: ModelConfig, body: dict[str, Any]) -> Response:
         url, headers, name = self._endpoint(config)
-        payload = json.dumps({**body, "model": name}).encode()
+        payload = _dumps({**body, "model": name})
         head = _plain_head(url, headers.get("authorization"))
 
         async def send() -> Response:
@@ -251,7 +270,7 @@ class DirectOpenAIUpstream:
         finally:
             response.release()
         try:
-            parsed = json.loads(content)
+            parsed = _loads(content)
         except ValueError:
             raise malformed_answer(config.model, "the body is not JSON") from None
         if not isinstance(parsed, dict):

@@ -212,6 +212,8 @@ class GatewayMetrics:
         )
         self._model_files: dict[str, str] = {}
         self._children: dict[tuple, Any] = {}
+        self._per_request: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
+        self._per_call: dict[tuple[str, str], tuple[Any, Any, Any, Any, Any]] = {}
 
     def _child(self, metric, *labels: str):
         # prometheus_client's .labels() validates and locks on every call; observe runs on the request's thread
@@ -232,28 +234,62 @@ class GatewayMetrics:
                 return name
         return OTHER_MODEL
 
+    def _request_children(self, route: str, status: int) -> tuple[Any, Any, Any, Any]:
+        # one look-up per request for its four series, not one each (observe runs on every request)
+        key = (route, status)
+        children = self._per_request.get(key)
+        if children is None:
+            children = self._per_request[key] = (
+                self.requests.labels(route, str(status)),
+                self.request_cost.labels(route),
+                self.counterfactual_cost.labels(route),
+                self.request_latency.labels(route),
+            )
+        return children
+
+    def _call_children(self, route: str, model: str) -> tuple[Any, Any, Any, Any, Any]:
+        key = (route, model)
+        children = self._per_call.get(key)
+        if children is None:
+            children = self._per_call[key] = (
+                self.upstream_calls.labels(route, model),
+                self.tokens.labels(route, model, "prompt"),
+                self.tokens.labels(route, model, "completion"),
+                self.cost.labels(route, model),
+                self.upstream_latency.labels(route, model),
+            )
+        return children
+
     def observe(self, record: RequestRecord) -> None:
-        """Count one finished request and its legs (runs on the request's thread: only counter updates)."""
+        """Count one finished request and its legs (runs on the request's thread: only counter updates). A series
+        exists from its first look-up, so adding 0 (an unpriced call's cost) is skipped: the output is the same."""
         route = _route(record.route)
-        self._child(self.requests, route, str(record.status)).inc()
-        self._child(self.request_cost, route).inc(max(record.cost_usd, 0.0))
-        self._child(self.counterfactual_cost, route).inc(max(record.counterfactual_cost_usd, 0.0))
+        requests, request_cost, counterfactual_cost, request_latency = self._request_children(route, record.status)
+        requests.inc()
+        if record.cost_usd > 0:
+            request_cost.inc(record.cost_usd)
+        if record.counterfactual_cost_usd > 0:
+            counterfactual_cost.inc(record.counterfactual_cost_usd)
         if record.route == FALLBACK_ROUTE:
             self.fallbacks.inc()
         if record.latency_ms is not None:
-            self._child(self.request_latency, route).observe(record.latency_ms / 1000)
+            request_latency.observe(record.latency_ms / 1000)
         for call in record.calls:
             model = self._model(call.model)
-            self._child(self.upstream_calls, route, model).inc()
-            self._child(self.tokens, route, model, "prompt").inc(call.prompt_tokens)
-            self._child(self.tokens, route, model, "completion").inc(call.completion_tokens)
-            self._child(self.cost, route, model).inc(max(call.cost_usd, 0.0))
+            calls, prompt_tokens, completion_tokens, cost, latency = self._call_children(route, model)
+            calls.inc()
+            if call.prompt_tokens > 0:
+                prompt_tokens.inc(call.prompt_tokens)
+            if call.completion_tokens > 0:
+                completion_tokens.inc(call.completion_tokens)
+            if call.cost_usd > 0:
+                cost.inc(call.cost_usd)
             if call.unpriced:
                 self._child(self.unpriced_calls, model).inc()
             if call.error:
                 self._child(self.upstream_errors, route, model).inc()
             if call.latency_ms is not None:
-                self._child(self.upstream_latency, route, model).observe(call.latency_ms / 1000)
+                latency.observe(call.latency_ms / 1000)
 
     def models_in_force(self, state: dict[str, Any]) -> None:
         """This process's reload state (gateway.server.reloads.PolicyReloads.state), off the request path."""

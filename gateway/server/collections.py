@@ -188,14 +188,14 @@ def _ingest(gateway: Gateway, name: str, documents: list[Document], entry: Reque
         raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
     embedded = set(report.added) | set(report.updated)
     tokens = sum(count_tokens(d.text) for d in documents if d.id in embedded)
-    model = _embedding_model(gateway)
+    model = embedding_config(gateway)
     entry.add_call(
         model, PASSTHROUGH, {"prompt_tokens": tokens, "completion_tokens": 0}, (time.perf_counter() - started) * 1000.0
     )
     return report
 
 
-def _embedding_model(gateway: Gateway) -> ModelConfig:
+def embedding_config(gateway: Gateway) -> ModelConfig:
     return ModelConfig(model=local_embedding_model(gateway.policy), input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
 
 
@@ -209,7 +209,7 @@ async def add_documents(ctx: RequestContext) -> Response:
     _check_sources(payload.documents)
     check_documents(gateway.policy.request_limits, [d.text for d in payload.documents], "documents")
     # the gateway's own embedding model: the key's budget and rates (its TPM holds the documents' tokens), no model list
-    await ctx.admit(None, embedded=(_embedding_model(gateway), [d.text for d in payload.documents]))
+    await ctx.admit(None, embedded=(embedding_config(gateway), [d.text for d in payload.documents]))
     found = await anyio.to_thread.run_sync(
         screen_documents, gateway.policy.security.injection, payload.documents, "documents", ctx.scope
     )

@@ -12,9 +12,10 @@ from gateway.protocol import parse_chat_request
 from gateway.routing.explain import explain_plan
 from gateway.server import headers
 from gateway.server.bodies import json_response
-from gateway.server.collections import check_collection_access, requested_collection
+from gateway.server.collections import check_collection_access, embedding_config, requested_collection
 from gateway.server.context import RequestContext
 from gateway.server.injection import flag_headers, screen_attached
+from pipelines.messages import content_text
 from policies.routes import PASSTHROUGH
 
 EXPLAIN_REASON = "explain"
@@ -25,7 +26,12 @@ async def explain_route(ctx: RequestContext) -> Response:
     assert entry is not None  # metered
     entry.record.route, entry.record.reason = PASSTHROUGH, EXPLAIN_REASON
     chat, body = parse_chat_request(ctx.body)
-    await ctx.admit(chat.model)
+    # planning embeds attached documents (or indexes a long conversation) as a chat request would: their tokens are
+    # held against the key's TPM like a document post's, else a burst of explains embedded without limit (the probe:
+    # 10 at once with ~10k-token documents each all passed TPM 20,000)
+    documents = chat.selfroute.documents if chat.selfroute and chat.selfroute.documents else None
+    texts = [d.text for d in documents] if documents else [content_text(m.get("content")) for m in body["messages"]]
+    await ctx.admit(chat.model, embedded=(embedding_config(gateway), texts))
     found = await screen_attached(gateway.policy, chat, ctx.scope)
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     gateway.check_ready()

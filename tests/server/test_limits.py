@@ -494,10 +494,11 @@ def keys_spend(app, name: str) -> float:
 WORDS = "the pump at berth seven opens the valve before the tide"  # one token a word for tiktoken and MiniLM alike
 
 
-@pytest.mark.parametrize("endpoint", ["embeddings", "documents"])
+@pytest.mark.parametrize("endpoint", ["embeddings", "documents", "explain"])
 def test_a_burst_of_embedding_work_overshoots_tpm_by_at_most_one_reservation(gateway, keys, endpoint):
     """The probe's finding (round seven): embeddings and added documents reserved no tokens, so 20 at once all
-    passed a key's TPM (230,000 tokens in a minute against 20,000). Now each holds its inputs' tokens."""
+    passed a key's TPM (230,000 tokens in a minute against 20,000). Now each holds its inputs' tokens. Round eight:
+    the same for explain with attached documents, which it embeds to plan (10 at once had all passed)."""
     url, app = gateway
     _, key = keys.create(f"tpm-{endpoint}", tpm=1000)
     text = " ".join([WORDS] * 30)  # 330 tokens
@@ -506,6 +507,13 @@ def test_a_burst_of_embedding_work_overshoots_tpm_by_at_most_one_reservation(gat
         if endpoint == "embeddings":
             body = {"model": "local/all-minilm-l6-v2", "input": [f"{i} {text}"]}
             path = "/v1/embeddings"
+        elif endpoint == "explain":
+            body = {
+                "model": "selfroute",
+                "messages": [{"role": "user", "content": "When does the valve open?"}],
+                "selfroute": {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]},
+            }
+            path = "/v1/route/explain"
         else:
             body = {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]}
             path = f"/v1/collections/burst-{i}/documents"

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipelines.cache import LockedLRU
+from pipelines.cancellation import Cancelled
 from pipelines.scope import SHARED, KeyScope
 
 if TYPE_CHECKING:
@@ -231,12 +232,15 @@ class _OnnxModel:
         assert self._session is not None  # get() loaded it
         return self._session.run(None, inputs)[0]
 
-    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
+        """should_stop() is asked before each model run (RUN_TOKENS word pieces at most): True gives up (Cancelled)."""
         encodings = self.tokenizer.encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(lengths, kind="stable")
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
         for run in run_batches(lengths[order], batch_size, self.run_tokens):
+            if should_stop is not None and should_stop():
+                raise Cancelled("embedding stopped")
             rows = order[run]
             width = int(lengths[rows].max())
             ids = np.zeros((len(rows), width), dtype=np.int64)
@@ -431,30 +435,52 @@ class Embedder:
         return [len(i) for i in ids]
 
     @staticmethod
-    def _encode(copy: _Model | _OnnxModel, texts: list[str], batch_size: int, threads: int) -> np.ndarray:
+    def _encode(
+        copy: _Model | _OnnxModel,
+        texts: list[str],
+        batch_size: int,
+        threads: int,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
         if isinstance(copy, _OnnxModel):
             if not copy.loaded:
                 with copy.lock:
                     copy.get()
-            return copy.encode(list(texts), batch_size)
+            return copy.encode(list(texts), batch_size, should_stop)
         import torch
 
-        with copy.lock:
-            model = copy.get()
-            # torch's thread count applies to the calling thread (and to threads started later): set per call
-            torch.set_num_threads(threads)
-            vectors = model.encode(
-                list(texts),
-                batch_size=batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+        texts = list(texts)
+        # with a stop check, one model batch per call (sentence-transformers' encode cannot be stopped inside)
+        step = len(texts) if should_stop is None else batch_size
+        parts = []
+        for start in range(0, len(texts), step):
+            if should_stop is not None and should_stop():
+                raise Cancelled("embedding stopped")
+            with copy.lock:
+                model = copy.get()
+                # torch's thread count applies to the calling thread (and to threads started later): set per call
+                torch.set_num_threads(threads)
+                parts.append(
+                    model.encode(
+                        texts[start : start + step],
+                        batch_size=batch_size,
+                        convert_to_numpy=True,
+                        normalize_embeddings=True,
+                        show_progress_bar=False,
+                    )
+                )
+        vectors = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    def embed(self, texts: list[str], progress: Callable[[int], None] | None = None) -> np.ndarray:
+    def embed(
+        self,
+        texts: list[str],
+        progress: Callable[[int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
         """Document texts (chunks). progress(n), when given, is called after each few batches of n texts,
-        so a caller can show steady progress."""
+        so a caller can show steady progress. should_stop(), when given, is asked before each model run (a few
+        texts): True gives up (pipelines.cancellation.Cancelled)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
         texts = list(texts)
@@ -462,7 +488,13 @@ class Embedder:
         parts = []
         for start in range(0, len(texts), step):
             parts.append(
-                self._encode(self._documents, texts[start : start + step], self.batch_size, self._document_threads())
+                self._encode(
+                    self._documents,
+                    texts[start : start + step],
+                    self.batch_size,
+                    self._document_threads(),
+                    should_stop,
+                )
             )
             if progress is not None:
                 progress(len(texts[start : start + step]))

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from pipelines.cancellation import cancelled
+from pipelines.cancellation import Cancelled, cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, hybrid_search, row_chunk
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
@@ -88,7 +88,7 @@ def document_row(doc: Document, digest: str, chunks: list[Chunk]) -> dict:
     }
 
 
-class IngestCancelled(Exception):
+class IngestCancelled(Cancelled):
     """An ingestion stopped because should_stop() said so (its client left)."""
 
 
@@ -338,14 +338,22 @@ class DocumentStore:
         self, chunks: list[Chunk], progress: Callable[[int], None] | None, should_stop: Callable[[], bool] | None
     ) -> np.ndarray:
         """Vectors in slices of a few model batches, so ingestions of different documents take turns on
-        the model, a cancelled one stops within a slice, and progress comes in steady steps."""
+        the model and progress comes in steady steps; a cancelled one stops before its next model run (a few
+        chunks: a whole slice took minutes on loaded cores beside other ingestions)."""
+
+        def stop() -> bool:
+            return (should_stop is not None and should_stop()) or cancelled()
+
         parts = []
         step = self.embedder.batch_size * _EMBED_SLICE_BATCHES
         for i in range(0, len(chunks), step):
-            if (should_stop is not None and should_stop()) or cancelled():
+            if stop():
                 raise IngestCancelled("ingestion cancelled")
             piece = chunks[i : i + step]
-            parts.append(self.embedder.embed([c.text for c in piece]))
+            try:
+                parts.append(self.embedder.embed([c.text for c in piece], should_stop=stop))
+            except Cancelled:
+                raise IngestCancelled("ingestion cancelled") from None
             if progress is not None:
                 progress(len(piece))
         return np.concatenate(parts) if parts else np.zeros((0, self.embedder.dimension), np.float32)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 
+from pipelines.cancellation import current_flag, detached
 from pipelines.documents import Document
 from pipelines.errors import CollectionNotFound, StoreUnavailable
 from pipelines.scope import SHARED, KeyScope
@@ -89,9 +90,16 @@ class InlineCollections:
         # recorded before ingesting: from now on no process takes it for idle
         self._record_use(name)
         if not self.holds(name, docs):
-            with self._ingesting.hold(name):
+            # one ingestion for every request with these documents: a request that leaves while waiting for it
+            # stops waiting; the ingestion itself stops once no request holding or waiting for it is left
+            with self._ingesting.hold(name, current_flag()) as held:
                 if not self.holds(name, docs):
-                    self.store.ingest(name, docs, should_stop=should_stop, engine=engine)
+
+                    def stop() -> bool:
+                        return (should_stop is not None and should_stop()) or held.abandoned()
+
+                    with detached():
+                        self.store.ingest(name, docs, should_stop=stop, engine=engine)
                     self._drop_foreign(name, docs)
                     self._drop_idle()  # only a new collection can take the store past the cap
         return name

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipelines.cancellation import Cancelled
 from pipelines.chunk_search import CHUNK_COLUMNS, fuse_rankings
 from pipelines.chunking import Chunk, ScoredChunk, chunk_document
 from pipelines.documents import Document
@@ -285,7 +286,10 @@ class PendingInline:
             if self._stop.is_set():
                 raise IngestCancelled("ingestion cancelled")
             piece = missing[start : start + step]
-            vectors = self.embedder.embed([self.chunks[i].text for i in piece])
+            try:
+                vectors = self.embedder.embed([self.chunks[i].text for i in piece], should_stop=self._stop.is_set)
+            except Cancelled:
+                raise IngestCancelled("ingestion cancelled") from None
             with self._lock:
                 for i, vector in zip(piece, vectors, strict=True):
                     self._vectors.setdefault(i, vector)

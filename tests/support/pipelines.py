@@ -46,10 +46,10 @@ class CountingEmbedder(Embedder):
         self.calls = 0
         self.queries_embedded = 0
 
-    def embed(self, texts, progress=None):
+    def embed(self, texts, progress=None, should_stop=None):
         self.calls += 1
         self.texts_embedded += len(texts)
-        return self._inner.embed(texts, progress=progress)
+        return self._inner.embed(texts, progress=progress, should_stop=should_stop)
 
     def embed_queries(self, texts):
         self.queries_embedded += len(texts)
@@ -71,8 +71,8 @@ class SlowEmbedder(CountingEmbedder):
         super().__init__(inner)
         self.delay = delay
 
-    def embed(self, texts, progress=None):
+    def embed(self, texts, progress=None, should_stop=None):
         import time
 
         time.sleep(self.delay)
-        return super().embed(texts, progress)
+        return super().embed(texts, progress, should_stop)

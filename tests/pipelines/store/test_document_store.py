@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines.cancellation import cancel_scope
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.ingest import ingest_paths
@@ -146,6 +147,7 @@ _WRITER = r"""
 import hashlib, json, sys, time
 from pathlib import Path
 import numpy as np
+from pipelines.cancellation import cancel_scope
 from pipelines.documents import Document
 from pipelines.settings import ChunkingSettings, RagSettings
 from pipelines.store import DocumentStore
@@ -153,7 +155,7 @@ from pipelines.store import DocumentStore
 class HashEmbedder:
     # deterministic vectors: what is under test is the store's writes, not the model
     dimension, batch_size, space = 16, 64, "hash-16"
-    def embed(self, texts):
+    def embed(self, texts, should_stop=None):
         rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:16], np.uint8).astype(np.float32) + 1 for t in texts]
         vectors = np.stack(rows) if rows else np.zeros((0, 16), np.float32)
         return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -321,3 +323,36 @@ def test_rows_written_before_spaces_were_recorded_are_the_packaged_models_fp32_s
     int8 = DocumentStore(str(tmp_path / "db"), CountingEmbedder(Embedder(backend="onnx-int8")), SETTINGS)
     assert sorted(int8.ingest("docs", docs).updated) == ids and int8.embedder.texts_embedded > 0
     assert set(_spaces(int8, "docs").values()) == {int8.embedder.space}
+
+
+def _count_model_runs(embedder, monkeypatch, after_first=None):
+    """Counts the onnxruntime runs of the real embedder's document session; `after_first()` runs once, after the
+    first run (inside it, as if the client left mid-run)."""
+    model = embedder._inner._documents
+    real = model._run
+    runs = []
+
+    def counted(inputs):
+        runs.append(len(inputs["input_ids"]))
+        out = real(inputs)
+        if len(runs) == 1 and after_first is not None:
+            after_first()
+        return out
+
+    monkeypatch.setattr(model, "_run", counted)
+    return runs
+
+
+def test_a_request_that_leaves_mid_slice_stops_before_the_next_model_run(store, embedder, monkeypatch):
+    """The request's cancel scope (pipelines.cancellation) is asked before every model run (a few chunks), not only
+    between slices of batch_size x 4 chunks: a slice took minutes on loaded cores beside other ingestions."""
+    docs = [Document(f"d{i}", " ".join(f"word{j} of document {i} says {j * i}." for j in range(300))) for i in range(3)]
+    with cancel_scope() as flag:
+        runs = _count_model_runs(embedder, monkeypatch, after_first=flag.set)
+        with pytest.raises(IngestCancelled):
+            store.ingest("left", docs)
+    assert len(runs) == 1  # the rest of the first slice (~8 more runs) was never started
+    assert store.collection("left") is None or chunk_rows(store, "left") == 0
+    runs.clear()
+    report = store.ingest("left", docs)  # nothing half-written is taken for done: embedded whole next time
+    assert report.chunks_written > 2 * 64 and sum(runs) == report.chunks_written

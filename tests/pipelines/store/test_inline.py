@@ -2,11 +2,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from pipelines.cancellation import Cancelled
 from pipelines.documents import Document
 from pipelines.embedding import Embedder
 from pipelines.scope import SHARED
 from pipelines.settings import ChunkingSettings, RagSettings
-from pipelines.store import DocumentStore
+from pipelines.store import DocumentStore, IngestCancelled
 from tests.support.pipelines import STORE_SETTINGS as SETTINGS
 from tests.support.pipelines import distractor_documents, manual_document
 
@@ -105,10 +106,10 @@ class GatedEmbedder(Embedder):
         self.gate = threading.Event()
         self.waiting = threading.Event()
 
-    def embed(self, texts):
+    def embed(self, texts, should_stop=None):
         self.waiting.set()
         assert self.gate.wait(120), "the gate was never opened"
-        return self._inner.embed(texts)
+        return self._inner.embed(texts, should_stop=should_stop)
 
     def embed_queries(self, texts):
         return self._inner.embed_queries(texts)
@@ -218,3 +219,99 @@ def test_an_inline_collection_held_in_another_embedding_space_is_embedded_again(
     assert [r["embedding_space"] for r in rows] == [int8.embedder.space]
     embedded = int8.embedder.texts_embedded
     assert int8.inline_collection(docs) == name and int8.embedder.texts_embedded == embedded  # held now
+
+
+class _HeldRuns:
+    """The real embedder's model runs, the first one held open until `go` is set (an ingestion under way)."""
+
+    def __init__(self, embedder, monkeypatch):
+        model = embedder._inner._documents
+        real = model._run
+        self.runs, self.started, self.go = [], threading.Event(), threading.Event()
+
+        def run(inputs):
+            if not self.runs:
+                self.started.set()
+                assert self.go.wait(60), "never released"
+            self.runs.append(len(inputs["input_ids"]))
+            return real(inputs)
+
+        monkeypatch.setattr(model, "_run", run)
+
+
+def _new_documents() -> list[Document]:
+    return [
+        Document(f"n{i}", " ".join(f"entry {j} of file {i} reads {j * 7 + i}." for j in range(200))) for i in (1, 2)
+    ]
+
+
+def _in_request(work):
+    """work(flag) in a thread of its own, inside its own request's cancel scope; returns (thread, flag, outcome)."""
+    from pipelines.cancellation import cancel_scope
+
+    outcome, ready = {}, threading.Event()
+    flags = []
+
+    def run():
+        with cancel_scope() as flag:
+            flags.append(flag)
+            ready.set()
+            try:
+                outcome["value"] = work()
+            except BaseException as exc:
+                outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert ready.wait(10)
+    return thread, flags[0], outcome
+
+
+def _waiters(store, name: str) -> int:
+    entry = store.inline._ingesting._locks.get(name)
+    return 0 if entry is None else len(entry[1])
+
+
+def test_an_ingestion_another_waiting_request_needs_goes_on_when_its_starter_leaves(store, embedder, monkeypatch):
+    """Single flight: two requests with the same new documents, one ingestion. The one doing it leaves: the
+    ingestion goes on for the other (not stopped, then begun again by it), and nothing is embedded twice."""
+    docs = _new_documents()
+    name = store.inline_name(docs)
+    held = _HeldRuns(embedder, monkeypatch)
+    first, first_left, first_outcome = _in_request(lambda: store.inline_collection(docs))
+    assert held.started.wait(60)
+    second, _, second_outcome = _in_request(lambda: store.inline_collection(docs))
+    deadline = time.monotonic() + 10
+    while _waiters(store, name) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    first_left.set()  # its client left mid-ingestion
+    held.go.set()
+    first.join(120), second.join(120)
+    assert second_outcome == {"value": name} and first_outcome == {"value": name}
+    assert store.inline.holds(name, docs)
+    assert embedder.texts_embedded == sum(held.runs) == store.collection(name).chunk_count  # embedded once
+
+
+def test_a_request_that_leaves_while_waiting_for_an_ingestion_stops_at_once_and_the_last_one_stops_it(
+    store, embedder, monkeypatch
+):
+    docs = _new_documents()
+    name = store.inline_name(docs)
+    held = _HeldRuns(embedder, monkeypatch)
+    first, first_left, first_outcome = _in_request(lambda: store.inline_collection(docs))
+    assert held.started.wait(60)
+    second, second_left, second_outcome = _in_request(lambda: store.inline_collection(docs))
+    deadline = time.monotonic() + 10
+    while _waiters(store, name) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    second_left.set()
+    second.join(5)
+    assert not second.is_alive() and isinstance(second_outcome.get("error"), Cancelled)  # did not queue behind it
+    first_left.set()  # now nobody wants it
+    held.go.set()
+    first.join(60)
+    assert isinstance(first_outcome.get("error"), IngestCancelled)
+    assert len(held.runs) == 1  # stopped before its second model run
+    assert not store.inline.holds(name, docs)

@@ -110,6 +110,11 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
         if self._hooks:  # the request being parsed is the connection's last
             self._hooks[-1].body_received = True
         super().on_message_complete()
+        # uvicorn stops reading while over 64 kB of body wait unread and reads again only when the app asks for more:
+        # a body whose last part was large left the socket unread until the response ended, so a client leaving was
+        # never heard (no connection_lost). The body is whole now; read on (a queued pipelined request stays paused)
+        if not self.pipeline:
+            self.flow.resume_reading()
 
     def on_response_complete(self) -> None:
         if self._hooks:  # HTTP/1.1 answers a connection's requests in order

@@ -279,3 +279,67 @@ def test_a_client_that_left_before_the_request_was_watched_is_a_disconnect():
         assert ran == [] and hook.callback is None
 
     asyncio.run(run())
+
+
+def test_serve_protocol_reads_on_once_a_large_body_is_whole():
+    """uvicorn pauses reading while more than 64 kB of body wait unread and resumes only when the app asks for more.
+    A body whose last part was over 64 kB left the connection paused until the response ended: the client leaving
+    was never heard (no connection_lost), the request ran on and was ledgered 200 (round seven's held cheap stream
+    whose client left at 2.2 s). serve's protocol reads on once the body is whole."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    class Transport:
+        paused = False
+
+        def get_extra_info(self, name, default=None):
+            return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
+
+        def write(self, data):
+            pass
+
+        def is_closing(self):
+            return False
+
+        def close(self):
+            pass
+
+        def pause_reading(self):
+            self.paused = True
+
+        def resume_reading(self):
+            self.paused = False
+
+        def set_protocol(self, protocol):
+            pass
+
+    import asyncio
+
+    got = []
+
+    async def app(scope, receive, send):
+        while True:  # the whole body, as gateway.server.bodies reads it
+            message = await receive()
+            got.append(len(message.get("body", b"")))
+            if not message.get("more_body"):
+                break
+        await asyncio.sleep(30)  # waiting on the upstream
+
+    async def run() -> None:
+        config = Config(app, log_level="warning")
+        config.load()
+        protocol = HeaderDeadlineProtocol(config, ServerState(), app_state={})
+        transport = Transport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"POST /a HTTP/1.1\r\nhost: x\r\ncontent-length: 150000\r\n\r\n" + b"x" * 70_000)
+        await asyncio.sleep(0.05)  # the app has the first part and waits for more: reading resumed
+        assert not transport.paused
+        protocol.data_received(b"y" * 80_000)  # the last part, over 64 kB: uvicorn pauses reading
+        await asyncio.sleep(0.05)
+        assert got == [70_000, 80_000]
+        assert not transport.paused  # still reading: a client that closes now is heard (connection_lost)
+        for task in protocol.tasks:
+            task.cancel()
+        await asyncio.sleep(0)
+
+    asyncio.run(run())

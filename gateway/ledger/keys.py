@@ -17,9 +17,11 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from gateway.ledger.database import BUSY_TIMEOUT_S, connect, migrate
 from gateway.ledger.dialect import (
@@ -29,7 +31,7 @@ from gateway.ledger.dialect import (
     is_postgres,
     reachable,
 )
-from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound
+from gateway.ledger.errors import InvalidQuery, LedgerError, NotFound, Unavailable
 from gateway.settings import private_file
 
 KEY_PREFIX = "sr-"
@@ -209,6 +211,27 @@ def _positive(value: Any, name: str, kind: type = float) -> Any:
     return kind(value)
 
 
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _reconnecting(method: Callable[Concatenate[KeyStore, _P], _T]) -> Callable[Concatenate[KeyStore, _P], _T]:
+    """`reachable`, and an unavailable database drops the store's connections: the next call connects afresh. SQLite
+    opens a file it cannot write read-only and that connection stays so; before, every --rpm key was 503 for good
+    after the ledger file had been read-only a moment (the probe: 25 s immutable under a running gateway)."""
+    checked = reachable(method)
+
+    @wraps(method)
+    def wrapper(self: KeyStore, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return checked(self, *args, **kwargs)
+        except Unavailable:
+            self.close()
+            raise
+
+    return wrapper
+
+
 class KeyStore:
     """The api_keys table of one ledger database (a SQLite file or a postgresql:// URL shared by replicas); safe to
     share between threads."""
@@ -262,7 +285,7 @@ class KeyStore:
                     conn.close()
             self._conn = self._reader = None
 
-    @reachable
+    @_reconnecting
     def create(
         self,
         name: str,
@@ -322,7 +345,7 @@ class KeyStore:
                 ) from None
         return self.get(name), secret
 
-    @reachable
+    @_reconnecting
     def get(self, name: str) -> NamedKey:
         with self._lock:
             row = self._db().execute("SELECT * FROM api_keys WHERE name = ?", (name,)).fetchone()
@@ -330,18 +353,18 @@ class KeyStore:
             raise NotFound(f"no key named {name[:80]!r}", param="name", code="key_not_found")
         return _row_key(row)
 
-    @reachable
+    @_reconnecting
     def exists(self, name: str) -> bool:
         with self._lock:
             return self._db().execute("SELECT 1 FROM api_keys WHERE name = ?", (name,)).fetchone() is not None
 
-    @reachable
+    @_reconnecting
     def list(self) -> list[NamedKey]:
         with self._lock:
             rows = self._db().execute("SELECT * FROM api_keys ORDER BY created_at").fetchall()
         return [_row_key(r) for r in rows]
 
-    @reachable
+    @_reconnecting
     def revoke(self, name: str) -> NamedKey:
         with self._lock, self._db() as conn:
             cursor = conn.execute(
@@ -351,7 +374,7 @@ class KeyStore:
             self.get(name)  # raises NotFound for a name never created; a revoked key stays revoked
         return self.get(name)
 
-    @reachable
+    @_reconnecting
     def edit(
         self,
         name: str,
@@ -402,7 +425,7 @@ class KeyStore:
                 conn.execute(f"UPDATE api_keys SET {assignments} WHERE name = ?", (*changes.values(), name))
         return self.get(name)
 
-    @reachable
+    @_reconnecting
     def rotate(self, name: str) -> tuple[NamedKey, str]:
         """A new secret for a key, keeping its name, limits, grants and spend; the old secret stops working (in this
         process at once, in others within the authenticator's cache time)."""
@@ -417,7 +440,7 @@ class KeyStore:
             )
         return self.get(name), secret
 
-    @reachable
+    @_reconnecting
     def lookup(self, presented: str) -> NamedKey | None:
         """The active key this secret belongs to, or None (unknown, revoked or expired)."""
         if not presented.startswith(KEY_PREFIX) or len(presented) > 256:
@@ -434,7 +457,7 @@ class KeyStore:
                 return key if key.active() else None
         return None
 
-    @reachable
+    @_reconnecting
     def any_keys(self) -> bool:
         """Whether a key that was not revoked exists (an expired one counts: a key running out must never open
         the gateway to everyone). Revoking the last key returns the gateway to its configured mode: open when no
@@ -443,7 +466,7 @@ class KeyStore:
             row = self._read_db().execute("SELECT 1 FROM api_keys WHERE revoked_at IS NULL LIMIT 1").fetchone()
         return row is not None
 
-    @reachable
+    @_reconnecting
     def has_admin_key(self) -> bool:
         """Whether an admin key that was not revoked is stored."""
         with self._read_lock:
@@ -454,7 +477,7 @@ class KeyStore:
             )
         return row is not None
 
-    @reachable
+    @_reconnecting
     def budget_spent(self, key: NamedKey, now: float | None = None) -> float:
         """What counts against the key's budget: its spend in the current period (whole hours from the hourly
         rollups, the period's first partial hour from the requests themselves), else all its spend."""
@@ -486,7 +509,7 @@ class KeyStore:
             items.append({**key.to_dict(spend_usd=spent, now=now), "spend_total_usd": total})
         return items
 
-    @reachable
+    @_reconnecting
     def spend(self, names: builtins.list[str] | None = None) -> dict[str, float]:
         """USD recorded in the ledger per key name (from the daily rollups: one row per day and group)."""
         with self._lock:
@@ -514,7 +537,7 @@ class KeyStore:
                 )
         return {row[0]: float(row[1] or 0.0) for row in rows}
 
-    @reachable
+    @_reconnecting
     def count_request(self, key_id: str, now: float | None = None) -> tuple[int, float]:
         """Count one admitted request in the key's current minute, shared by every process on this database:
         returns the minute's count including this one, and the seconds until the next minute."""
@@ -529,7 +552,7 @@ class KeyStore:
             ).fetchone()[0]
         return int(count), (minute + 1) * 60 - now
 
-    @reachable
+    @_reconnecting
     def uncount_request(self, key_id: str, now: float | None = None) -> None:
         """Take back a request counted by count_request that was refused after all."""
         minute = int((time.time() if now is None else now) // 60)
@@ -538,7 +561,7 @@ class KeyStore:
                 "UPDATE rate_windows SET requests = requests - 1 WHERE key_id = ? AND minute = ?", (key_id, minute)
             )
 
-    @reachable
+    @_reconnecting
     def tokens_since(self, key_id: str, since: float) -> tuple[int, float]:
         """Tokens the ledger recorded for a key since a moment (the TPM window), and when the oldest of those
         requests started."""
@@ -555,7 +578,7 @@ class KeyStore:
         return int(row[0] or 0), float(row[1] if row[1] is not None else since)
 
     # -- collection ownership -------------------------------------------------------------------
-    @reachable
+    @_reconnecting
     def collection_owner(self, collection: str) -> str | None:
         with self._lock:
             row = (
@@ -563,7 +586,7 @@ class KeyStore:
             )
         return row[0] if row else None
 
-    @reachable
+    @_reconnecting
     def claim_collection(self, collection: str, owner: str) -> str:
         """Make `owner` the owner of a collection nobody owns yet; returns the owner it has now."""
         with self._lock, self._db() as conn:
@@ -574,7 +597,7 @@ class KeyStore:
             )
             return conn.execute("SELECT owner FROM collection_owners WHERE collection = ?", (collection,)).fetchone()[0]
 
-    @reachable
+    @_reconnecting
     def collection_owners(self) -> dict[str, str]:
         with self._lock:
             rows = self._db().execute("SELECT collection, owner FROM collection_owners").fetchall()

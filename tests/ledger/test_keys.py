@@ -236,3 +236,37 @@ def test_a_budget_period_counts_only_the_current_periods_spend(store, tmp_path):
     assert store.spend(["jo"]) == {"jo": pytest.approx(0.875)}
     lifetime = store.edit("jo", budget_period_s=None)
     assert lifetime.period_start() is None and store.budget_spent(lifetime) == pytest.approx(0.875)
+
+
+def _set_writable(path, writable: bool) -> None:
+    """No process may open `path` for writing (root included: the immutable attribute), or again may."""
+    import os
+    import subprocess
+
+    if os.geteuid() != 0:
+        path.chmod(0o600 if writable else 0o400)
+        return
+    done = subprocess.run(["chattr", "-i" if writable else "+i", str(path)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make a file read-only for root here: {done.stderr.decode().strip()}")
+
+
+def test_a_key_store_that_met_a_read_only_ledger_writes_again_once_it_is_writable(tmp_path):
+    """SQLite opens a file it cannot write read-only, and that connection stays read-only: the probe made the
+    ledger file immutable for 25 s under a running gateway, and every --rpm key was 503 ledger_unavailable for
+    good after it was writable again (the key store's connection, made meanwhile, was never dropped)."""
+    from gateway.ledger.errors import Unavailable
+
+    path = tmp_path / "ledger.sqlite3"
+    store = KeyStore(path)
+    store.create("team", rpm=5)
+    store.close()  # the next call connects again: while the file is read-only
+    _set_writable(path, False)
+    try:
+        with pytest.raises(Unavailable):
+            store.count_request("team")
+    finally:
+        _set_writable(path, True)
+    assert store.count_request("team")[0] == 1  # the read-only connection went with its failure
+    assert store.count_request("team")[0] == 2
+    store.close()

@@ -8,7 +8,7 @@ request that started it and stops only when every request waiting for it has gon
 
 from __future__ import annotations
 
-from contextvars import ContextVar, Token
+from contextvars import Context, ContextVar, Token, copy_context
 
 
 class StopFlag:
@@ -70,3 +70,11 @@ class detached:  # noqa: N801 - used as a function: `with detached():`
 
     def __exit__(self, *exc: object) -> None:
         _current.reset(self._token)
+
+
+def detached_context() -> Context:
+    """A copy of this context outside any request's scope: for a task that outlives its request (the learning loop's
+    shadow and judge work), which its client leaving must not stop."""
+    context = copy_context()
+    context.run(_current.set, None)
+    return context

@@ -28,6 +28,7 @@ from gateway.routing.calls import complete_upstream
 from gateway.routing.errors import RoutingError
 from gateway.routing.learning.judge import judge_body, parse_verdict, verdict_good
 from gateway.upstreams.errors import UpstreamError
+from pipelines.cancellation import detached_context
 from policies.routes import JUDGE, LONG, SHADOW
 
 if TYPE_CHECKING:
@@ -183,7 +184,9 @@ class LearningLoop:
     def _spawn(self, work: Coroutine[Any, Any, float], parent: RequestLedgerEntry) -> None:
         # right after the check, with no await between: no other answer checks meanwhile
         job = self.budget.begin(job_estimate(parent))
-        task = asyncio.get_running_loop().create_task(self._job(work, job))
+        # outside the request's cancel scope: the client leaving (after its answer) stops the request's threads, not
+        # this work, which it would have cut short (an ingestion it waits for given up) and ledgered as a failure
+        task = asyncio.get_running_loop().create_task(self._job(work, job), context=detached_context())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

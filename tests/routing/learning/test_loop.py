@@ -198,3 +198,44 @@ def test_the_live_draw_reads_the_requests_context_tokens(upstream, verifier_file
     settle(app, server)
     routes = [r["route"] for r in rows(app, "requests")]
     assert routes.count("rag") == 3 and routes.count("shadow") == shadows
+
+
+def test_a_shadow_is_not_stopped_by_its_requests_client_leaving(upstream, verifier_file, tmp_path):
+    """The shadow starts once the answer is made, inside the request's cancel scope; a client leaving then (its
+    threads told to stop) must not stop the shadow's threads: they would give up an ingestion the long route waits
+    for, and the shadow would be ledgered as a failure."""
+    import asyncio
+
+    import anyio
+
+    from gateway.ledger.entry import RequestLedgerEntry
+    from gateway.ledger.pricing import PriceBook
+    from gateway.ledger.writer import Ledger
+    from gateway.routing.learning.loop import JudgeInput, LearningLoop
+    from gateway.server.app import default_upstream
+    from pipelines.cancellation import cancel_scope, cancelled
+
+    upstream[1].state.judge_reply = '{"verdict": "as_good"}'
+    policy = learning_policy(upstream[0], verifier_file, shadow_rate=1.0)
+    recorded, seen = [], []
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+
+    async def run_long(entry) -> dict:
+        await asyncio.sleep(0.1)  # the client leaves meanwhile
+        seen.append(await anyio.to_thread.run_sync(cancelled))  # what the long route's worker threads see
+        return {"choices": [{"message": {"role": "assistant", "content": "The long answer."}}]}
+
+    async def main() -> None:
+        provider = default_upstream()
+        loop = LearningLoop(policy, provider, lambda entry, outcome: recorded.append((entry.record.route, outcome)))
+        parent = RequestLedgerEntry(ledger, PriceBook(), "req-1", "default")
+        with cancel_scope() as client_left:
+            loop.shadow(parent, JudgeInput("Q?", ["passage"], "The cheap answer."), run_long)
+            client_left.set()
+        await loop.aclose(grace_s=30)
+        await provider.aclose()
+
+    asyncio.run(main())
+    ledger.close()
+    assert seen == [False]
+    assert [(route, outcome.status) for route, outcome in recorded] == [("shadow", 200), ("judge", 200)]

@@ -7,6 +7,7 @@ no translation, bytes in, bytes out.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import functools
 import json
@@ -165,10 +166,12 @@ class DirectOpenAIUpstream:
         self._pool: http1.Pool | None = None
 
     def _plain(self) -> http1.Pool:
-        # created lazily, like the session: it belongs to the event loop it was made in
-        if self._pool is None or self._pool.closed:
-            self._pool = http1.Pool(limit=512)
-        return self._pool
+        # created lazily, like the session: it belongs to the event loop it was made in (a CLI command that runs
+        # one loop after another gets a pool for each)
+        pool = self._pool
+        if pool is None or pool.closed or pool.loop is not asyncio.get_running_loop():
+            pool = self._pool = http1.Pool(limit=512)
+        return pool
 
     def _client(self) -> aiohttp.ClientSession:
         # created lazily: a session belongs to the event loop it was made in
@@ -232,8 +235,12 @@ class DirectOpenAIUpstream:
                 ) from None
             if response.status < 400:
                 return response
-            content = await response.read()
-            response.release()
+            try:
+                content = await response.read()
+            except (TimeoutError, *CLIENT_ERRORS):
+                content = b""  # the status says what failed; its message was cut off
+            finally:
+                response.release()  # always: the lean client's connection slot is held until then
             error = upstream_error(response.status, error_message(content), config.model, _secret_env(config))
             if response.status not in RETRY_STATUSES:
                 raise error

@@ -248,6 +248,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
         self.usable = True  # False once closed, by either side
+        self.holding = False  # holds one of the pool's slots: from its request until released or lost
         self.idle_since = 0.0
         self._keep_alive = False
         self._paused = False
@@ -276,7 +277,11 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.usable = False
+        self._paused = False  # nothing to resume on a closed transport
         self.pool._forget(self)
+        if self.holding:  # a slot is never held by a connection that is gone, released or not
+            self.holding = False
+            self.pool._release_slot()
         response = self.response
         if response is None or response._complete:
             return
@@ -322,7 +327,8 @@ class _Connection(asyncio.Protocol):
 
     # -- the pool's side -------------------------------------------------------------------------------------------
     def send(self, data: bytes, timeout: float) -> Response:
-        assert self.transport is not None
+        if not self.usable or self.transport is None:  # closed by the upstream as it was made
+            raise ServerDisconnected("Server disconnected: the connection closed before the request", False)
         self.response = response = Response(self, timeout)
         self._keep_alive = False
         self.transport.write(data)
@@ -361,14 +367,18 @@ class Pool:
             self._waiting.append(waiter)
             try:
                 await waiter
-            finally:
-                if waiter in self._waiting:
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():  # woken, then cancelled: the turn goes on
+                    self._wake_next()
+                else:
                     self._waiting.remove(waiter)
+                raise
         self._in_use += 1
         connection: _Connection | None = None
         response: Response | None = None
         try:
             connection = self._reuse(head.key) or await self._connect(head.key, timeout)
+            connection.holding = True
             response = connection.send(head.request(payload), timeout)
             await response._headers()
             return response
@@ -404,7 +414,9 @@ class Pool:
         return protocol
 
     def _hand_back(self, connection: _Connection, keep: bool) -> None:
-        self._release_slot()
+        if connection.holding:
+            connection.holding = False
+            self._release_slot()
         free = self._free.setdefault(connection.key, [])
         if keep and not self.closed and len(free) < self.limit:
             connection.idle_since = self.loop.time()
@@ -421,6 +433,9 @@ class Pool:
 
     def _release_slot(self) -> None:
         self._in_use -= 1
+        self._wake_next()
+
+    def _wake_next(self) -> None:
         while self._waiting:
             waiter = self._waiting.popleft()
             if not waiter.done():

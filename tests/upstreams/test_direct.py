@@ -232,3 +232,18 @@ def test_what_orjson_cannot_write_or_read_still_goes_through(gateway, upstream):
     )
     assert response.status_code == 200
     assert upstream[1].state.received[-1]["body"]["x_big"] == big
+
+
+def test_one_direct_upstream_serves_one_event_loop_after_another(upstream):
+    """A CLI command may run several loops in turn with one upstream: each gets its own connections."""
+    import uvloop
+
+    from gateway.upstreams.direct import DirectOpenAIUpstream
+    from policies.schema import ModelConfig
+
+    base, _ = upstream
+    direct = DirectOpenAIUpstream()
+    config = ModelConfig(model="openai/m", api_base=f"{base}/v1")
+    for _ in range(2):
+        answer = uvloop.run(direct.complete(config, {"messages": [{"role": "user", "content": "x"}]}))
+        assert answer["choices"][0]["message"]["content"] == "echo: x"

@@ -306,3 +306,20 @@ def test_a_header_with_a_line_break_is_refused_and_only_plain_http_is_taken():
         http1.Head("http://127.0.0.1:9/v1", {"authorization": "Bearer k\r\nx-other: 1"})
     with pytest.raises(ValueError):
         http1.Head("https://api.openai.com/v1/chat/completions", {})
+
+
+def test_a_response_never_released_frees_its_slot_when_its_connection_goes():
+    async def serve(reader, writer, server):
+        await server.request(reader)
+        writer.write(answer(b"{}", "connection: close"))
+        await writer.drain()
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool(limit=1)
+            dropped = await pool.post(http1.Head(server.url, {}), PAYLOAD, 5.0)  # read by nobody, never released
+            assert dropped.status == 200
+            assert await asyncio.wait_for(post(pool, server.url), 3) == b"{}"  # not stuck behind it
+            await pool.close()
+
+    run(test)

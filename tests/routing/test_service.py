@@ -657,3 +657,82 @@ def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(star
         # and onnxruntime's sums differ in the last digits (measured 7e-5)
         assert live[name] == pytest.approx(offline[name], abs=5e-4), name
     assert 0.0 < live["ans_sentence_support_min"] <= live["ans_sentence_support_mean"] <= 1.0
+
+
+def _sent_then_left(port: int, body: dict, leave_when) -> float:
+    """POST `body` on a raw connection, close it once leave_when() is true; returns when it closed (monotonic)."""
+    import json
+    import socket
+
+    payload = json.dumps(body).encode()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        deadline = time.monotonic() + 120
+        while not leave_when():
+            assert time.monotonic() < deadline, "the phase was never reached"
+            time.sleep(0.02)
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("phase", ["holding the cheap answer", "during the check", "before the long answer"])
+def test_a_held_stream_whose_client_leaves_in_any_phase_is_499_at_once(
+    upstream, embedder, tmp_path, verifier_file, phase
+):
+    """A checked stream: the cheap answer held while the check decides, then relayed or escalated. Under serve's
+    protocol the client leaving in each phase (the cheap stream still coming; the verifier running in its thread;
+    escalated, the long stream not yet begun) is ledgered 499 at once, never 200 after the answer's end."""
+    import threading
+
+    from gateway.commands._http_deadline import HeaderDeadlineProtocol
+
+    models = {
+        "holding the cheap answer": dict(cheap="cheap-dribble", verifier=str(verifier_file), refusal_threshold=1.0),
+        "during the check": dict(cheap="cheap-scripted", verifier=str(verifier_file), refusal_threshold=1.0),
+        "before the long answer": dict(cheap="cheap-refuser", long="sleep-30"),
+    }[phase]
+    upstream[1].state.scripted = "The maintenance password is BLUE-HERON-42."
+    received = upstream[1].state.received
+    received.clear()
+    app = create_app(Settings(data_dir=tmp_path), policy=routing_policy(upstream[0], **models), embedder=embedder)
+    checking, release = threading.Event(), threading.Event()
+    with serve_app(app, http=HeaderDeadlineProtocol) as url:
+        check = app.state.gateway.routing.check
+        real = check.check
+
+        def slow_check(*args, **kwargs):
+            checking.set()
+            release.wait(60)
+            return real(*args, **kwargs)
+
+        if phase == "during the check":
+            check.check = slow_check
+
+        def asked(model: str) -> bool:
+            return any(model in r["body"]["model"] for r in received)
+
+        leave_when = {
+            "holding the cheap answer": lambda: asked("cheap-dribble") and time.sleep(1.0) is None,
+            "during the check": checking.is_set,
+            "before the long answer": lambda: asked("sleep-30"),
+        }[phase]
+        body = {
+            "model": "selfroute",
+            "stream": True,
+            "messages": [{"role": "user", "content": QUESTION}],
+            "selfroute": {"documents": [{"text": manual()}]},
+        }
+        try:
+            left = _sent_then_left(int(url.rsplit(":", 1)[1]), body, leave_when)
+            found = []
+            while time.monotonic() - left < 15 and not found:
+                time.sleep(0.1)
+                found = ledger_rows(app)
+            heard_after = time.monotonic() - left
+        finally:
+            release.set()
+    assert found and found[0]["status"] == 499, found
+    assert heard_after < 10  # not after the cheap stream's 10 s, the check, or the long model's 30 s

@@ -49,21 +49,31 @@ def screen_documents(
     scanner = InjectionScanner(mode)  # type: ignore[arg-type]
     found = []
     for index, document in enumerate(documents):
-        result = _scan(scanner, mode, document.text, scope)
-        if not result.findings:
-            continue
         name = document.id or f"{param}[{index}]"
-        if result.blocked:
-            raise GatewayError(
-                400,
-                f"document {name[:128]!r} holds instruction-like text the policy blocks "
-                f"(rules: {', '.join(result.rules)})",
-                param=f"{param}[{index}]",
-                code="document_injection",
-            )
-        if mode == "strip":
-            document.text = result.kept_text
-        found.append(result.report(name, MAX_FINDINGS_PER_DOCUMENT))
+        # the title and the id head the document's passages in the prompt ("title (id)"): scanned like its text
+        for part, text in (("text", document.text), ("title", document.title), ("id", document.id)):
+            if not text:
+                continue
+            result = _scan(scanner, mode, text, scope)
+            if not result.findings:
+                continue
+            # an id is a name the documents are cached and cited by: one that would need stripping is refused
+            if result.blocked or (mode == "strip" and part == "id"):
+                where = "" if part == "text" else f"'s {part}"
+                raise GatewayError(
+                    400,
+                    f"document {name[:128]!r}{where} holds instruction-like text the policy blocks "
+                    f"(rules: {', '.join(result.rules)})",
+                    param=f"{param}[{index}]" + ("" if part == "text" else f".{part}"),
+                    code="document_injection",
+                )
+            if mode == "strip":
+                if part == "text":
+                    document.text = result.kept_text
+                else:
+                    document.title = result.text.strip() or None
+            report = result.report(name, MAX_FINDINGS_PER_DOCUMENT)
+            found.append(report if part == "text" else {**report, "field": part})
     return found
 
 

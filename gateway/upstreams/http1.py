@@ -25,6 +25,9 @@ import httptools
 
 KEEP_IDLE_S = 15.0  # aiohttp's keepalive_timeout: a connection idle longer is closed, not handed out again
 HIGH_WATER = 1 << 20  # response bytes buffered and not yet read before the socket's reading pauses
+# the status line and headers together, at most (llhttp sets no limit; aiohttp refuses a line over 8 KiB): an upstream
+# sending headers without end is an error, not memory without bound
+MAX_HEAD = 1 << 18
 USER_AGENT = b"selfroute"
 
 
@@ -69,6 +72,8 @@ class Response:
         "_last_read",
         "_answered",
         "_released",
+        "_head_bytes",
+        "_gzip",
     )
 
     def __init__(self, connection: _Connection, timeout: float):
@@ -89,6 +94,8 @@ class Response:
         self._timer: asyncio.TimerHandle | None = loop.call_at(self._last_read + timeout, self._check_read)
         self._answered = False
         self._released = False
+        self._head_bytes = 0
+        self._gzip = False
 
     # -- fed by the connection -------------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -115,6 +122,7 @@ class Response:
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding in ("gzip", "x-gzip"):  # decoded as aiohttp's auto_decompress did
             self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            self._gzip = True
         elif encoding == "deflate":
             self._decoder = zlib.decompressobj()
         elif encoding not in ("", "identity"):
@@ -128,6 +136,12 @@ class Response:
         if self._decoder is not None:
             try:
                 data = self._decoder.decompress(data)
+                while self._decoder.eof and self._decoder.unused_data and self._gzip:
+                    # a gzip body may be several members, one after another (RFC 1952): each is decoded, as
+                    # aiohttp does, or all but the first would be dropped without a word
+                    rest = self._decoder.unused_data
+                    self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    data += self._decoder.decompress(rest)
             except zlib.error as exc:
                 self._fail(MalformedHTTP(f"the body does not decompress: {exc}"))
                 self._connection.close()
@@ -252,6 +266,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._keep_alive = False
         self._paused = False
+        self._informational = False  # parsing a 1xx answer, which the real one follows
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -265,6 +280,11 @@ class _Connection(asyncio.Protocol):
         response._read_now(self.loop.time())
         try:
             self.parser.feed_data(data)
+            if not response.status:
+                response._head_bytes += len(data)
+                if response._head_bytes > MAX_HEAD:
+                    response._fail(MalformedHTTP(f"the upstream's headers run over {MAX_HEAD} bytes"))
+                    self.close()
         except httptools.HttpParserUpgrade:
             response._fail(MalformedHTTP("the upstream switched protocols"))
             self.close()
@@ -307,23 +327,43 @@ class _Connection(asyncio.Protocol):
         return "chunked" in response.headers.get("transfer-encoding", "").lower()
 
     # -- httptools' callbacks --------------------------------------------------------------------------------------
+    # Only the answer to the request sent is read: bytes after its end (a second answer, a body longer than its
+    # Content-Length) would otherwise be parsed into it, and leave the parser mid-message for the next request on
+    # this connection, whosever it is. Such a connection is closed, never handed out again.
+    def _reading(self) -> Response | None:
+        response = self.response
+        return None if response is None or response._complete else response
+
+    def on_message_begin(self) -> None:
+        if self.response is not None and self.response._complete:
+            self._keep_alive = False
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self.response is not None:
-            self.response._raw_headers.append((name, value))
+        if (response := self._reading()) is not None:
+            response._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        if self.response is not None:
+        if (response := self._reading()) is not None:
+            status = self.parser.get_status_code()
+            if 100 <= status < 200:  # 100 Continue and the like: the answer follows (101 is an upgrade, refused)
+                self._informational = True
+                response._raw_headers = []
+                return
             self._keep_alive = self.parser.should_keep_alive()
-            self.response._headers_done(self.parser.get_status_code())
+            response._headers_done(status)
 
     def on_body(self, body: bytes) -> None:
-        if self.response is not None:
-            self.response._body(body)
+        if (response := self._reading()) is not None:
+            response._body(body)
 
     def on_message_complete(self) -> None:
-        if self.response is not None:
+        if self._informational:
+            self._informational = False
+            return
+        if (response := self._reading()) is not None:
             self._keep_alive = self._keep_alive and self.parser.should_keep_alive()
-            self.response._done()
+            response._done()
 
     # -- the pool's side -------------------------------------------------------------------------------------------
     def send(self, data: bytes, timeout: float) -> Response:
@@ -331,6 +371,7 @@ class _Connection(asyncio.Protocol):
             raise ServerDisconnected("Server disconnected: the connection closed before the request", False)
         self.response = response = Response(self, timeout)
         self._keep_alive = False
+        self._informational = False
         self.transport.write(data)
         return response
 

@@ -247,3 +247,38 @@ def test_one_direct_upstream_serves_one_event_loop_after_another(upstream):
     for _ in range(2):
         answer = uvloop.run(direct.complete(config, {"messages": [{"role": "user", "content": "x"}]}))
         assert answer["choices"][0]["message"]["content"] == "echo: x"
+
+
+def test_a_post_the_upstream_began_answering_is_not_sent_again():
+    """The stale-connection resend is for a connection closed before any of the answer: an upstream that started
+    answering then dropped the connection took the POST, and sending it again could run it twice."""
+    import asyncio
+
+    import uvloop
+
+    from gateway.upstreams.direct import DirectOpenAIUpstream
+    from gateway.upstreams.errors import UpstreamError
+    from policies.schema import ModelConfig
+
+    async def test():
+        requests = 0
+
+        async def serve(reader, writer):
+            nonlocal requests
+            await reader.readuntil(b"\r\n\r\n")
+            requests += 1
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")  # then the upstream dies
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstream = DirectOpenAIUpstream()
+        config = ModelConfig(model="openai/m", api_base=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=5)
+        with pytest.raises(UpstreamError):
+            await upstream.complete(config, {"messages": [{"role": "user", "content": "x"}]})
+        assert requests == 1
+        await upstream.aclose()
+        server.close()
+
+    uvloop.run(test())

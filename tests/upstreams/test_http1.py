@@ -320,6 +320,121 @@ def test_a_response_never_released_frees_its_slot_when_its_connection_goes():
             dropped = await pool.post(http1.Head(server.url, {}), PAYLOAD, 5.0)  # read by nobody, never released
             assert dropped.status == 200
             assert await asyncio.wait_for(post(pool, server.url), 3) == b"{}"  # not stuck behind it
+
+
+def test_bytes_after_an_answer_close_its_connection_and_never_reach_the_next_request():
+    """An upstream whose answer runs past its end (a second answer's head, a body longer than its Content-Length)
+    in the same write: the parser must not carry that into the next request on the connection, whosever it is (it
+    took the next answer's bytes as the stray body and the request waited for a status forever)."""
+    stray = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 13\r\n\r\n"
+
+    async def serve(reader, writer, server):
+        while await server.request(reader) is not None:
+            first = len(server.requests) == 1
+            writer.write(answer(b'{"n": %d}' % len(server.requests)) + (stray if first else b""))
+            await writer.drain()
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            response = await pool.post(http1.Head(server.url, {}), PAYLOAD, 5.0)
+            assert await response.read() == b'{"n": 1}' and response.headers["content-type"] == "application/json"
+            response.release()
+            assert await asyncio.wait_for(post(pool, server.url), 3) == b'{"n": 2}'
+            assert server.connections == 2  # the first connection was dropped, not handed out again
+            await pool.close()
+
+    run(test)
+
+
+def test_an_informational_answer_before_the_real_one_is_skipped():
+    async def serve(reader, writer, server):
+        while await server.request(reader) is not None:
+            writer.write(b"HTTP/1.1 100 Continue\r\nx-step: one\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # a read of its own: the 1xx must not pass for the answer
+            writer.write(answer(b'{"ok": 1}'))
+            await writer.drain()
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            for _ in range(2):
+                response = await pool.post(http1.Head(server.url, {}), PAYLOAD, 5.0)
+                assert response.status == 200 and "x-step" not in response.headers
+                assert await response.read() == b'{"ok": 1}'
+                response.release()
+            assert server.connections == 1
+            await pool.close()
+
+    run(test)
+
+
+def test_headers_without_end_are_malformed_not_memory_without_bound():
+    async def serve(reader, writer, server):
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        try:
+            for n in range(100_000):  # 100 MB of headers if nothing stops it
+                writer.write(b"x-%d: %s\r\n" % (n, b"y" * 1000))
+                await writer.drain()
+        except ConnectionError:
+            server.closed_by_client.set()
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            with pytest.raises(http1.MalformedHTTP, match="headers run over"):
+                await asyncio.wait_for(post(pool, server.url), 10)
+            await asyncio.wait_for(server.closed_by_client.wait(), 5)
+            await pool.close()
+
+    run(test)
+
+
+def test_a_waiter_woken_then_cancelled_passes_its_slot_on():
+    """With the pool full, a request woken for a freed slot but cancelled before it runs (its client left) must hand
+    the slot to the next waiter, or that one waits forever with nothing in use."""
+
+    async def test():
+        release = asyncio.Event()
+
+        async def serve(reader, writer, server):
+            while await server.request(reader) is not None:
+                await release.wait()
+                writer.write(answer(b"{}"))
+                await writer.drain()
+
+        async with Script(serve) as server:
+            pool = http1.Pool(limit=1)
+            first = asyncio.create_task(post(pool, server.url))
+            await asyncio.sleep(0.1)
+            woken, last = asyncio.create_task(post(pool, server.url)), asyncio.create_task(post(pool, server.url))
+            await asyncio.sleep(0.1)
+            release.set()
+            while not first.done():  # the first answer frees the slot and wakes `woken`, which has not run yet
+                await asyncio.sleep(0)
+            woken.cancel()
+            assert await asyncio.wait_for(last, 3) == b"{}"
+            await pool.close()
+
+    run(test)
+
+
+def test_a_gzip_body_of_several_members_is_decoded_whole():
+    body = b'{"choices": [], "text": "' + b"x" * 5000 + b'"}'
+    members = b"".join(gzip.compress(body[i : i + 1000]) for i in range(0, len(body), 1000))
+
+    async def serve(reader, writer, server):
+        await server.request(reader)
+        writer.write(answer(members, "content-encoding: gzip"))
+        await writer.drain()
+        await server.request(reader)
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            assert await post(pool, server.url) == body  # was the first member only: a truncated 200
             await pool.close()
 
     run(test)

@@ -124,8 +124,9 @@ def model_key(model_path: str | None, seed: str = EXPORT_FORMAT) -> str:
 SPACE_FORMAT = "space-v1"
 # how each backend's vectors relate to the model's: torch, onnx and openvino run its fp32 weights (vectors to 2e-4 of
 # torch's for onnx, cosine >= 0.99998 for OpenVINO's bfloat16: tests/pipelines/test_embedding.py, BENCHMARKS.md §2), so
-# they share one space; onnx-int8's weights are quantised (cosine ~0.99), a space of its own, per export format
-BACKEND_SPACES = {"torch": "fp32", "onnx": "fp32", "openvino": "fp32", "onnx-int8": f"int8-{EXPORT_FORMAT}"}
+# they share one space; onnx-int8's weights are quantised (cosine ~0.99), a space of its own, per export format and
+# per run shape (since round eight one text per run: its vectors no longer depend on the texts batched with it)
+BACKEND_SPACES = {"torch": "fp32", "onnx": "fp32", "openvino": "fp32", "onnx-int8": f"int8-{EXPORT_FORMAT}-text-runs"}
 
 
 def embedding_space(model_path: str | None, backend: str) -> str:
@@ -190,6 +191,11 @@ class _OnnxModel:
     def __init__(self, path: str | None, quantized: bool, cache_dir: Path | None, threads: Callable[[], int]):
         self.path, self.quantized, self.cache_dir, self.threads = path, quantized, cache_dir, threads
         self.run_tokens = RUN_TOKENS
+        # dynamic int8 quantises a run's activations with one scale for the whole run (DynamicQuantizeLinear is per
+        # tensor), so a text's vector depended on the texts run with it (cosine 0.990 between a chunk run in a batch
+        # and alone, as far as int8 is from fp32); one text per run makes it the text's own, and measured 1.2x the CPU
+        # chunks/s of batched runs (no padding; BENCHMARKS.md section 2, round eight)
+        self.one_text_runs = quantized
         self.lock = threading.Lock()
         self._session: onnxruntime.InferenceSession | None = None
 
@@ -234,6 +240,8 @@ class _OnnxModel:
 
     def encode(self, texts: list[str], batch_size: int, should_stop: Callable[[], bool] | None = None) -> np.ndarray:
         """should_stop() is asked before each model run (RUN_TOKENS word pieces at most): True gives up (Cancelled)."""
+        if self.one_text_runs:
+            batch_size = 1
         encodings = self.tokenizer.encode_batch(texts)
         lengths = np.array([len(e.ids) for e in encodings])
         order = np.argsort(lengths, kind="stable")

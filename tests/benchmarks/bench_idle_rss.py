@@ -130,7 +130,13 @@ def short_question(base: str) -> float:
 
 
 def cell(
-    policy_name: str, backend: str, data_dir: str, smaps: int = 0, settle: tuple = (20.0,), preload: bool = False
+    policy_name: str,
+    backend: str,
+    data_dir: str,
+    smaps: int = 0,
+    settle: tuple = (20.0,),
+    preload: bool = False,
+    ready_only: bool = False,
 ) -> dict:
     from gateway.server.app import create_app
     from gateway.settings import Settings
@@ -163,7 +169,7 @@ def cell(
         gc.collect()
         idle = memory()
         imported = [m for m in HEAVY if m in sys.modules]
-        if policy_name == "default":
+        if policy_name == "default" and not ready_only:
             questions = [short_question(base), short_question(base)]
             after_questions = memory()
             started = time.perf_counter()
@@ -273,6 +279,12 @@ def main() -> int:
     )
     parser.add_argument("--modes", nargs="+", default=["lazy"], choices=("lazy", "preload", "notrim"))
     parser.add_argument("--litellm-path", help="measure LiteLLM's proxy too, its extra dependencies from DIR")
+    parser.add_argument(
+        "--ready-only",
+        action="store_true",
+        help="time readiness and read RSS only, no requests (repeat --modes, e.g. lazy preload lazy preload, to "
+        "alternate them)",
+    )
     parser.add_argument("--cell", nargs=4, help=argparse.SUPPRESS)  # policy backend data_dir mode: one child process
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -283,7 +295,15 @@ def main() -> int:
             import pipelines.store.document_store as store_module
 
             store_module.release_freed_memory = lambda: False  # type: ignore[assignment]
-        row = cell(policy_name, backend, data_dir, args.smaps, tuple(args.settle), preload=mode == "preload")
+        row = cell(
+            policy_name,
+            backend,
+            data_dir,
+            args.smaps,
+            tuple(args.settle),
+            preload=mode == "preload",
+            ready_only=args.ready_only,
+        )
         row["mode"] = mode
         print(json.dumps(row))
         return 0
@@ -291,10 +311,10 @@ def main() -> int:
     parent = Path(tempfile.mkdtemp(prefix="selfroute-rss-"))
     if args.litellm_path:
         print(litellm_rss(args.litellm_path, str(parent)))
-    for policy_name, mode, backend in itertools.product(args.policies, args.modes, args.backends):
+    for n, (policy_name, mode, backend) in enumerate(itertools.product(args.policies, args.modes, args.backends)):
         if policy_name == "hosted" and mode != "lazy" and "lazy" in args.modes:
             continue  # nothing in-process to preload but the embedding session: one hosted row per backend
-        data_dir = parent / f"{policy_name}-{mode}-{backend}"
+        data_dir = parent / f"{policy_name}-{mode}-{backend}-{n}"  # a mode repeated (alternated) gets its own
         out = subprocess.run(
             [
                 sys.executable,
@@ -306,6 +326,7 @@ def main() -> int:
                 mode,
                 "--smaps",
                 str(args.smaps),
+                *(["--ready-only"] if args.ready_only else []),
                 "--settle",
             ]
             + [str(x) for x in args.settle],

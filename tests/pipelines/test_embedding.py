@@ -117,6 +117,17 @@ def test_onnx_int8_backend_stays_close_and_keeps_the_ranking(embedder, onnx_cach
     assert any(p.name.endswith("-int8.onnx") for p in onnx_cache.glob("*.onnx"))
 
 
+def test_an_onnx_int8_vector_is_the_texts_own_whatever_it_is_embedded_with(onnx_cache):
+    """Dynamic int8 quantises a run's activations with one scale for the run: batched, a text's vector moved with the
+    texts beside it (cosine 0.99); one text per run, a chunk embedded at ingestion and the same text embedded alone
+    (a question, the replay's store, the live first pass) get the same vector."""
+    int8 = Embedder(backend="onnx-int8", cache_dir=onnx_cache)
+    together = int8.embed(TEXTS)
+    alone = np.stack([int8.embed([t])[0] for t in TEXTS])
+    assert np.allclose(together, alone, atol=1e-6)
+    assert np.allclose(int8.embed(TEXTS[::-1])[::-1], together, atol=1e-6)
+
+
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="onnx-int8"):
         Embedder(backend="tensorrt")

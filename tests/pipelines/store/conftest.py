@@ -10,6 +10,12 @@ def base_embedder():
     return Embedder()
 
 
+@pytest.fixture(scope="module")
+def fp32_embedder():
+    """The fp32 export (what every release wrote by default before round eight's onnx-int8): the other space."""
+    return Embedder(backend="onnx")
+
+
 @pytest.fixture
 def embedder(base_embedder):
     return CountingEmbedder(base_embedder)

@@ -205,13 +205,13 @@ def test_inline_names_are_keyed_by_a_secret_the_store_keeps(tmp_path, embedder):
     assert "selfroute-inline-secret" not in {c.name for c in replicas[0].collections()}
 
 
-def test_an_inline_collection_held_in_another_embedding_space_is_embedded_again(tmp_path, embedder):
+def test_an_inline_collection_held_in_another_embedding_space_is_embedded_again(tmp_path, fp32_embedder):
     """A gateway whose embedder changed (backend onnx-int8, another model) does not answer from the vectors another
     space left: the collection, same name, is embedded again in its own space."""
     from tests.support.pipelines import CountingEmbedder
 
     docs = [manual_document()]
-    fp32 = DocumentStore(str(tmp_path / "db"), embedder, SETTINGS)
+    fp32 = DocumentStore(str(tmp_path / "db"), fp32_embedder, SETTINGS)
     name = fp32.inline_collection(docs)
     int8 = DocumentStore(str(tmp_path / "db"), CountingEmbedder(Embedder(backend="onnx-int8")), SETTINGS)
     assert int8.inline_collection(docs) == name and int8.embedder.texts_embedded > 0

@@ -15,6 +15,7 @@ added to the description needs a new migration (its ALTER TABLEs, then the regen
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import operator
 import sys
@@ -58,8 +59,10 @@ def _terms(measures: tuple[Measure, ...]) -> Callable[[Any], list]:
     return function
 
 
-_REQUEST_TERMS = _terms(REQUEST_MEASURES)
-_CALL_TERMS = _terms(CALL_MEASURES)
+@functools.cache
+def _row_terms() -> tuple[Callable[[Any], list], Callable[[Any], list]]:
+    """The request and the call term functions, compiled at the first batch rather than at import."""
+    return _terms(REQUEST_MEASURES), _terms(CALL_MEASURES)
 
 
 def _upsert(table: str, key: tuple[str, ...], columns: tuple[str, ...]) -> str:
@@ -117,13 +120,14 @@ def add(conn: LedgerConnection, records: list[RequestRecord]) -> None:
     calls: dict[tuple, list] = {}
     latency: dict[tuple, list] = {}
     uppers, buckets = _latency_buckets(conn)
+    request_terms, call_terms = _row_terms()
     for record in records:
         # an hour as SQL computes it (floor of the quotient, Dialect.bucket), the text dimensions '' for NULL
         hour = math.floor(record.created_at / 3600)
         dims = (record.route or "", record.policy or "", record.key_id or "", record.status)
-        _add_to(requests, (hour, *dims), _REQUEST_TERMS(record))
+        _add_to(requests, (hour, *dims), request_terms(record))
         for leg in record.calls:
-            _add_to(calls, (hour, leg.model, *dims), _CALL_TERMS(leg))
+            _add_to(calls, (hour, leg.model, *dims), call_terms(leg))
         if record.latency_ms is not None:  # the first bucket whose upper bound is >= the latency
             index = min(bisect.bisect_left(uppers, record.latency_ms), len(uppers) - 1)
             _add_to(latency, (hour, dims[0], buckets[index]), [1])

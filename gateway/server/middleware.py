@@ -44,10 +44,13 @@ ErrorHandler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 def new_request_id() -> str:
-    """req_ and 32 hex digits, as uuid4().hex gave. Ids must be unique, not secret (a key reaches only its own
-    requests' rows): 128 bits of the random module, seeded from os.urandom and re-seeded after a fork, cost a
-    sixth of uuid4, whose os.urandom call also let the ledger's threads take the GIL from the event loop."""
-    return f"req_{random.getrandbits(128):032x}"
+    """req_ and 32 hex digits, as uuid4().hex gave: the time in nanoseconds, then 64 random bits. Ids must be
+    unique, not secret (a key reaches only its own requests' rows): the random module, seeded from os.urandom and
+    re-seeded after a fork, costs a sixth of uuid4, whose os.urandom call also let the ledger's threads take the GIL
+    from the event loop. Time first, so the ledger's indexes on the id (requests, upstream_calls) take a batch's new
+    ids in a page or two, not one page a row: with random ids the writer's CPU per row doubled on a ledger of
+    100,000 rows (BENCHMARKS.md section 1, round eight)."""
+    return f"req_{time.time_ns():016x}{random.getrandbits(64):016x}"
 
 
 def client_request_id(scope: Scope) -> str | None:

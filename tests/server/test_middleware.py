@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import time
 
 import httpx
@@ -88,6 +89,9 @@ def test_without_a_valid_id_the_gateway_makes_one(gateway):
     rows = ledger_rows(app)
     assert len(rows) == 7 and {r["client_request_id"] for r in rows} == {None}
     assert answer._request_id in {r["id"] for r in rows}
+    # time first (the ledger's id indexes take new rows at their end): in the order made, and req_ + 32 hex digits
+    made = [r["id"] for r in rows]  # ledger_rows orders by created_at
+    assert made == sorted(made) and all(re.fullmatch(r"req_[0-9a-f]{32}", i) for i in made)
 
 
 def test_every_response_carries_the_id_errors_too(upstream, tmp_path):

@@ -302,7 +302,13 @@ def reserve(conn: LedgerConnection, row: InFlight, limits: Limits | None = None,
 def reserve_many(conn: LedgerConnection, rows: list[InFlight]) -> None:
     """Record rows without limits as in flight, in one transaction (the ledger's group commit of reservations)."""
     with conn:
-        conn.executemany(_INSERT, [(*row.row(), row.request_id) for row in rows])
+        insert_in_flight(conn, rows)
+
+
+def insert_in_flight(conn: LedgerConnection, rows: list[InFlight]) -> None:
+    """The inserts of reserve_many in the caller's transaction: the ledger's writer commits a cycle's new in-flight
+    rows together with the finished rows it writes (database.write_records)."""
+    conn.executemany(_INSERT, [(*row.row(), row.request_id) for row in rows])
 
 
 def release(conn: LedgerConnection, request_id: str) -> None:

@@ -12,6 +12,7 @@ import json
 import math
 import sqlite3
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from importlib import resources
 from pathlib import Path
@@ -218,16 +219,27 @@ def _pipeline(conn: Any) -> Any:
     return conn.pipeline() if dialect_of(conn) is POSTGRESQL else nullcontext()
 
 
-def write_records(conn: Any, records: list[RequestRecord], *, keep_existing: bool = False) -> int:
+def write_records(
+    conn: Any,
+    records: list[RequestRecord],
+    *,
+    keep_existing: bool = False,
+    first: Callable[[Any], None] | None = None,
+) -> int:
     """Insert a batch of records, their legs, learning rows and rollups (gateway.ledger.rollups.add) in one
     transaction, each record's in-flight row (its reservation) deleted in it. A record re-submitted under the same
     id replaces the old one; with `keep_existing`, a recorded request keeps its row (an abandoned reservation's
-    estimate never replaces the real record). Returns how many records were written."""
+    estimate never replaces the real record). `first(conn)` runs at the start of the same transaction (the writer's
+    new in-flight rows: one commit for both). Returns how many records were written."""
     records = list({r.id: r for r in records}.values())  # the last version of an id wins within a batch too
-    if not records:
+    if not records and first is None:
         return 0
     ids = [r.id for r in records]
     with conn, _pipeline(conn):
+        if first is not None:
+            first(conn)
+        if not records:
+            return 0
         # a write first: on SQLite it takes the database's write lock, so what is found existing holds until the
         # commit (on PostgreSQL another replica inserting one of these ids makes the INSERT fail, and the writer
         # retries the batch record by record)

@@ -56,7 +56,7 @@ class RequestLedgerEntry:
         )
         self.estimate = Estimate()  # the reservation: an upper bound on what the request may cost
         self._open_legs: list[tuple[ModelConfig, str, float]] = []  # upstream calls started and not yet recorded
-        self._reservation: Reservation | None = None  # its in-flight row, handed to the reserver thread
+        self._reservation: Reservation | None = None  # its in-flight row, handed to the ledger's writer thread
 
     @property
     def calls(self) -> list[UpstreamCall]:
@@ -69,7 +69,7 @@ class RequestLedgerEntry:
         return sum(c.cost_usd for c in self.record.calls)
 
     def reserve_soon(self, estimate_of: Callable[[], Estimate], limits: Limits | None = None) -> asyncio.Future[None]:
-        """Record the request as in flight with its reservation (estimate_of(), computed on the ledger's reserver
+        """Record the request as in flight with its reservation (estimate_of(), computed on the ledger's writer
         thread); await the future, on the event loop, before the first upstream call. With `limits` it fails with
         budget.BudgetExceeded or TokenLimitExceeded when the key has no room."""
 

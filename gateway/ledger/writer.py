@@ -4,6 +4,11 @@ Requests hand records to `Ledger.submit`, which only enqueues; a writer thread b
 the ledger never sits on a request's critical path. The database is a SQLite file or a shared PostgreSQL (several
 gateway replicas writing to one ledger).
 
+One thread writes both kinds of row: a request's in-flight row (its reservation, `reserve_soon`/`reserve_async`)
+at once, since the request waits on that commit, and finished rows gathered over a short window, in the same
+transaction as the in-flight rows when both are due; one thread and one connection, no second writer contending
+for SQLite's lock or the GIL.
+
 Durability: before its first upstream call a request is recorded as in flight (`Ledger.reserve`, synchronous,
 gateway/ledger/budget.py), so a process killed with kill -9 leaves a record of the spend it had started. A batch
 the database does not take goes to the dead-letter file at once, appended and fsynced (a deadlock between two
@@ -88,17 +93,21 @@ class Ledger:
         self._errors, self._transient = database_error_types()
         self._batch_size = batch_size
         self._write_window = write_window
-        self._wake = threading.Event()  # set by flush() and close(): the writer stops gathering and writes now
-        # SimpleQueue: a put on the request path is one C call, no Condition to notify
+        # set by flush(), close() and a reservation that arrives while the writer gathers: it writes now
+        self._wake = threading.Event()
+        # SimpleQueue: a put on the request path is one C call, no Condition to notify. It carries finished rows
+        # and reservations both: one thread writes a cycle's new in-flight rows and finished rows in one transaction
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # reservations waiting for the reserver thread (reserve_soon): (prepare, future), None to stop
-        self._reservations: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._reserver: threading.Thread | None = None
-        self._taking = threading.Lock()  # a Reservation's state (taken by the reserver, or skipped)
+        # a reservation is queued / the writer is waiting out its write window: each side sets its own flag before
+        # it reads the other's, so a reservation never waits out the window (and no Event is set per row)
+        self._reservation_queued = False
+        self._gathering = False
+        self._taking = threading.Lock()  # a Reservation's state (taken by the writer, or skipped)
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self._thread: threading.Thread | None = None
         self._closed = False
         self._current: list[RequestRecord] = []  # the batch the writer thread holds (dead-lettered if it hangs)
+        self._current_flights: list[tuple[InFlight, Reservation]] = []  # and the in-flight rows it writes with it
         # the database failed lately: until this monotonic moment, writes go to the dead-letter file untried
         self._down_until = 0.0
         self._failures = 0
@@ -149,12 +158,13 @@ class Ledger:
             self._dead_letter([{"error": str(exc), "in_flight": row.to_dict()}])
 
     def reserve_soon(self, prepare: Callable[[], tuple[InFlight, Limits | None]]) -> concurrent.futures.Future[None]:
-        """reserve(*prepare()) on the ledger's reserver thread; the future is done when reserve() would have
+        """reserve(*prepare()) on the ledger's writer thread; the future is done when reserve() would have
         returned (the row committed or dead-lettered) or raised. Rows without limits that arrive together go in one
-        transaction (a group commit), so concurrent requests share one commit, one thread hop each and no worker
-        pool; a row with limits keeps its own check-and-insert. A request that awaits the future before its first
-        upstream call has reserve()'s guarantee. `prepare` runs on that thread too (the estimate counts tokens).
-        From the event loop, reserve_async is the cheaper way to the same."""
+        transaction with the finished rows waiting then (a group commit), so concurrent requests share one commit,
+        one thread hop each and no worker pool; a row with limits keeps its own check-and-insert, before that
+        transaction. A request that awaits the future before its first upstream call has reserve()'s guarantee.
+        `prepare` runs on that thread too (the estimate counts tokens). From the event loop, reserve_async is the
+        cheaper way to the same."""
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._hand_over(Reservation(prepare, future))
         return future
@@ -171,48 +181,32 @@ class Ledger:
         if self._closed:  # shutting down: no thread to hand it to
             self._reserve_now([reservation])
             return
-        if self._reserver is None:
+        if self._thread is None:
             with self._state_lock:
-                if self._reserver is None:
-                    self._reserver = threading.Thread(
-                        target=self._run_reservations, name="selfroute-reserve", daemon=True
-                    )
-                    self._reserver.start()
-        self._reservations.put(reservation)
+                if self._thread is None:
+                    self.start()
+        self._queue.put(reservation)
+        self._reservation_queued = True
+        if self._gathering and not self._wake.is_set():  # the writer waits out its write window: write now
+            self._wake.set()
 
     def submit_after(self, reservation: Reservation | None, record: RequestRecord) -> None:
         """submit(record) once its request's reservation is settled. A request cancelled (its client left) while
-        the reserver thread was writing its in-flight row would otherwise hand its finished row to the writer
-        first: on PostgreSQL the writer's delete of the in-flight row does not see the reserver's uncommitted
-        insert, and the row stayed in flight (counted against its key) until its lease ran out. One the reserver
-        has not taken yet is never written."""
+        the writer was writing its in-flight row would otherwise queue its finished row before that commit (and a
+        row with limits is written on another connection: on PostgreSQL a delete beside an uncommitted insert does
+        not see it, and the row stayed in flight, counted against its key, until its lease ran out). One the writer
+        has not taken yet is never written: its finished row alone goes in."""
         if reservation is not None and reservation.loop is not None:
             with self._taking:
                 if reservation.state == _WAITING:
                     reservation.state = _SKIPPED
                 elif reservation.state == _TAKEN:
-                    reservation.then = record  # the reserver submits it once the row is committed
+                    reservation.then = record  # the writer submits it once the row is committed
                     return
         self.submit(record)
 
-    def _run_reservations(self) -> None:
-        while True:
-            item = self._reservations.get()
-            items = []
-            while item is not None:
-                items.append(item)
-                if len(items) >= self._batch_size:
-                    break
-                try:
-                    item = self._reservations.get_nowait()
-                except queue.Empty:
-                    break
-            self._reserve_now(items)
-            if item is None:
-                return
-
     def _take(self, reservation: Reservation) -> bool:
-        """Whether the reserver writes this one: not when its request was cancelled (or finished) meanwhile."""
+        """Whether the writer writes this one: not when its request was cancelled (or finished) meanwhile."""
         if reservation.loop is None:
             return reservation.future.set_running_or_notify_cancel()
         with self._taking:
@@ -223,7 +217,23 @@ class Ledger:
             return True
 
     def _reserve_now(self, items: list[Reservation]) -> None:
-        """A group of reservations: each with limits on its own, those without in one transaction."""
+        """A group of reservations: each with limits on its own, those without in one transaction (a closed
+        ledger's, on the caller's thread)."""
+        plain, settled = self._prepare(items)
+        if plain:
+            try:
+                self._reserve_plain([row for row, _ in plain])
+            except BaseException as exc:
+                settled += [(item, exc) for _, item in plain]
+            else:
+                settled += [(item, None) for _, item in plain]
+        self._settle(settled)
+
+    def _prepare(
+        self, items: list[Reservation]
+    ) -> tuple[list[tuple[InFlight, Reservation]], list[tuple[Reservation, BaseException | None]]]:
+        """The reservations still wanted, prepared: those with limits checked and written now, each on its own
+        (settled); those without returned with their rows, for one transaction."""
         plain: list[tuple[InFlight, Reservation]] = []
         settled: list[tuple[Reservation, BaseException | None]] = []
         for item in items:
@@ -238,14 +248,7 @@ class Ledger:
                     plain.append((row, item))
             except BaseException as exc:  # to the request that asked; this thread goes on
                 settled.append((item, exc))
-        if plain:
-            try:
-                self._reserve_plain([row for row, _ in plain])
-            except BaseException as exc:
-                settled += [(item, exc) for _, item in plain]
-            else:
-                settled += [(item, None) for _, item in plain]
-        self._settle(settled)
+        return plain, settled
 
     def _settle(self, settled: list[tuple[Reservation, BaseException | None]]) -> None:
         """Each reservation's future; one call into each event loop for all of its own; then the finished rows of
@@ -336,6 +339,7 @@ class Ledger:
             self._thread = None
             if thread.is_alive():
                 left = list(self._current)
+                waiting: list[Reservation] = []
                 while True:
                     try:
                         item = self._queue.get_nowait()
@@ -343,6 +347,18 @@ class Ledger:
                         break
                     if isinstance(item, RequestRecord):
                         left.append(item)
+                    elif isinstance(item, Reservation):
+                        waiting.append(item)
+                flights, self._current_flights = self._current_flights, []
+                plain, settled = self._prepare(waiting)
+                flights += plain
+                self._dead_letter(
+                    [
+                        {"error": "the ledger writer did not finish before shutdown", "in_flight": row.to_dict()}
+                        for row, _ in flights
+                    ]
+                )
+                self._settle([*settled, *((item, None) for _, item in flights)])
                 logger.error(
                     "ledger writer did not finish in %.0f s: %d records kept in %s",
                     self._close_timeout,
@@ -352,11 +368,6 @@ class Ledger:
                 self._dead_letter(
                     [{"error": "the ledger writer did not finish before shutdown", "record": asdict(r)} for r in left]
                 )
-        reserver = self._reserver
-        if reserver is not None:  # the reservations already handed over are made (or dead-lettered) first
-            self._reservations.put(None)
-            reserver.join(timeout=self._close_timeout)
-            self._reserver = None
         with self._request_lock:
             self._drop_request_conn()
 
@@ -609,41 +620,103 @@ class Ledger:
             conn = self._discard(conn)
         return conn
 
+    def _write_cycle(self, conn: Any, batch: list[RequestRecord], reservations: list[Reservation]) -> Any:
+        """One cycle: the reservations taken (those with limits each on its own), then their in-flight rows and the
+        finished rows due (`batch`, possibly none) in one transaction, then the reservations' futures. What the
+        database does not take goes to the dead-letter file first, as each kind's own path would send it. Returns
+        the connection to reuse."""
+        plain, settled = self._prepare(reservations) if reservations else ([], [])
+        flights = [row for row, _ in plain]
+        self._current_flights = plain
+        try:
+            if flights and batch:
+                conn = self._write_together(conn, batch, flights)
+            elif flights:
+                self._reserve_plain(flights)
+            elif batch:
+                conn = self._write(conn, batch)
+        except BaseException as exc:  # not the database's (a bug): the requests waiting on their rows hear of it
+            self._settle([*settled, *((item, exc) for _, item in plain)])
+            raise
+        finally:
+            self._current_flights = []
+        self._settle([*settled, *((item, None) for _, item in plain)])
+        return conn
+
+    def _write_together(self, conn: Any, batch: list[RequestRecord], flights: list[InFlight]) -> Any:
+        """New in-flight rows and finished rows in one commit. A failure falls back to each kind's own path (the
+        in-flight rows on their own transaction, the batch retried or dead-lettered by _write), so a record the
+        database refuses takes no reservation with it."""
+        if not self._database_down():
+            try:
+                if conn is None:
+                    conn = connect(self.location)
+                write_records(conn, batch, first=lambda c: budget.insert_in_flight(c, flights))
+            except self._errors as exc:
+                conn = self._discard(conn)
+                if isinstance(exc, self._transient) and getattr(exc, "sqlstate", None) not in _RETRYABLE_SQLSTATES:
+                    self._note_failure()  # both paths below dead-letter at once, without waiting on it again
+            else:
+                self._note_success()
+                return conn
+        self._reserve_plain(flights)
+        return self._write(conn, batch)
+
     def _run(self) -> None:
+        """Finished rows gather for the write window (WRITE_WINDOW_S) from the first one queued, without a wake-up
+        per row; a reservation cuts the wait short, since its request waits on the commit: it is written at once,
+        alone, or with the finished rows when they are due too (one commit)."""
         conn = None
-        backlog = False  # the last batch was full: more are waiting, no reason to gather
+        pending = self._current  # finished rows taken from the queue, not yet written (dead-lettered if it hangs)
+        due = 0.0  # when the oldest of them is to be written
         try:
             while True:
-                try:
-                    item = self._queue.get(timeout=0.5)
-                except queue.Empty:
-                    conn = self._maintain(conn)
-                    continue
-                if self._write_window > 0 and not backlog and not self._wake.is_set():
-                    # let the rows of the next few milliseconds join this one's transaction (WRITE_WINDOW_S)
-                    self._wake.wait(self._write_window)
+                if not pending:
+                    try:
+                        item = self._queue.get(timeout=0.5)
+                    except queue.Empty:
+                        conn = self._maintain(conn)
+                        continue
+                else:
+                    left = due - time.monotonic()
+                    if left > 0 and not self._wake.is_set():
+                        self._gathering = True
+                        if not self._reservation_queued:
+                            self._wake.wait(left)
+                        self._gathering = False
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        item = _NOTHING
                 self._wake.clear()
-                batch: list[RequestRecord] = []
+                self._reservation_queued = False  # those queued from here on are seen by the next cycle
+                reservations: list[Reservation] = []
                 markers: list[_FlushMarker] = []
                 stop = False
-                while True:
+                while item is not _NOTHING:
                     if item is None:
                         stop = True
+                    elif isinstance(item, Reservation):
+                        reservations.append(item)
                     elif isinstance(item, _FlushMarker):
                         markers.append(item)
                     else:
-                        batch.append(item)
-                    if len(batch) >= self._batch_size:
+                        if not pending:
+                            due = time.monotonic() + self._write_window
+                        pending.append(item)
+                    if len(pending) >= self._batch_size or len(reservations) >= self._batch_size:
                         break
                     try:
                         item = self._queue.get_nowait()
                     except queue.Empty:
                         break
-                backlog = len(batch) >= self._batch_size
-                if batch:
-                    self._current = batch
-                    conn = self._write(conn, batch)
-                    self._current = []
+                batch: list[RequestRecord] = []
+                if pending and (stop or markers or len(pending) >= self._batch_size or time.monotonic() >= due):
+                    batch = pending[:]
+                if batch or reservations:
+                    conn = self._write_cycle(conn, batch, reservations)
+                    if batch:
+                        del pending[: len(batch)]
                 for marker in markers:
                     marker.done.set()
                 if stop:
@@ -652,6 +725,9 @@ class Ledger:
         finally:
             if conn is not None:
                 conn.close()
+
+
+_NOTHING = object()  # the queue was empty when the write window ended
 
 
 @dataclass
@@ -664,7 +740,7 @@ _WAITING, _TAKEN, _SKIPPED, _SETTLED = range(4)
 
 
 class Reservation:
-    """One in-flight row on its way to the reserver thread: `prepare` gives the row and its limits; `future` is a
+    """One in-flight row on its way to the ledger's writer thread: `prepare` gives the row and its limits; `future` is a
     concurrent.futures.Future (reserve_soon) or, with `loop`, an asyncio future of that loop (reserve_async)."""
 
     __slots__ = ("prepare", "future", "loop", "state", "then")

@@ -251,13 +251,13 @@ async def reserve(
     key = caller.key
     limits = Limits(key.budget_usd, key.tpm, key.period_start()) if key is not None else None
 
-    def estimate() -> Estimate:  # on the ledger's reserver thread: counting a megabyte of input stays off the loop
+    def estimate() -> Estimate:  # on the ledger's writer thread: counting a megabyte of input stays off the loop
         if chat is not None:
             return estimate_chat(policy, prices, chat)
         return estimate_embedded(prices, embedded) if embedded is not None else Estimate()
 
     try:
-        # the ledger's reserver thread: concurrent requests' rows share a commit (Ledger.reserve_soon)
+        # the ledger's writer thread: concurrent requests' rows share a commit (Ledger.reserve_soon)
         await entry.reserve_soon(estimate, limits)
     except BudgetExceeded as exc:
         period = "" if key is None or key.budget_period_s is None else " for this period"

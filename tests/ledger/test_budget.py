@@ -146,8 +146,8 @@ def test_reservations_handed_over_together_share_one_commit_and_keep_their_limit
     once its row is committed, and a row with limits in the same group is still checked on its own."""
     ledger = Ledger(location, dead_letter_dir=tmp_path)
     batches: list[int] = []
-    real = budget.reserve_many
-    monkeypatch.setattr(budget, "reserve_many", lambda conn, rows: (batches.append(len(rows)), real(conn, rows)))
+    real = budget.insert_in_flight
+    monkeypatch.setattr(budget, "insert_in_flight", lambda conn, rows: (batches.append(len(rows)), real(conn, rows)))
     hold = threading.Event()
 
     def first():
@@ -197,6 +197,69 @@ def test_a_reservation_the_database_does_not_take_is_dead_lettered_before_its_fu
     assert done.result(timeout=30) is None
 
 
+def test_a_reservation_is_committed_at_once_while_the_writer_gathers_finished_rows(location, tmp_path):
+    """One thread writes both kinds (Ledger._run): a finished row waits out the write window for others to join its
+    transaction, but a request waits on its reservation's commit before its upstream call, so a reservation that
+    arrives meanwhile is written at once, and the finished row still waits for its window."""
+    ledger = Ledger(location, dead_letter_dir=tmp_path, write_window=20.0)
+    try:
+        ledger.submit(record("done", time.time(), "rag", [], key="k"))  # the writer gathers for 20 s from here
+        time.sleep(0.2)
+        started = time.monotonic()
+        ledger.reserve_soon(lambda: (_row("next"), None)).result(timeout=30)
+        assert time.monotonic() - started < 5
+        conn = connect(location)
+        try:
+            assert [r.request_id for r in budget.in_flight(conn)] == ["next"]  # committed: another connection sees it
+            assert conn.execute("SELECT count(*) FROM requests").fetchone()[0] == 0  # "done" still gathers others
+        finally:
+            conn.close()
+        ledger.flush()
+        conn = connect(location)
+        try:
+            assert [r[0] for r in conn.execute("SELECT id FROM requests").fetchall()] == ["done"]
+        finally:
+            conn.close()
+    finally:
+        ledger.close()
+
+
+def test_a_record_the_database_refuses_takes_no_reservation_of_its_transaction_with_it(tmp_path):
+    """In-flight rows and the finished rows due share one transaction; when the database refuses one record there,
+    the in-flight rows still go in (and the requests go on), the other records too, and the refused one is kept in
+    the dead-letter file."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(path, write_window=0.0)
+    conn = connect(path)
+    conn.execute(
+        "CREATE TRIGGER poison BEFORE INSERT ON requests WHEN NEW.reason = 'poison' "
+        "BEGIN SELECT RAISE(ABORT, 'poisoned'); END"
+    )
+    conn.commit()
+    conn.close()
+    hold = threading.Event()
+    try:
+        first = ledger.reserve_soon(lambda: (hold.wait(timeout=30), (_row("first"), None))[1])  # the writer is busy
+        time.sleep(0.2)
+        ledger.submit(record("good", time.time(), "rag", [call(CHEAP, "rag", 10, 1, 0.001)], key="k"))
+        ledger.submit(record("bad", time.time(), "rag", [], key="k", reason="poison"))
+        second = ledger.reserve_soon(lambda: (_row("second"), None))  # the same cycle as the two records
+        hold.set()
+        assert first.result(timeout=30) is None and second.result(timeout=30) is None
+        ledger.flush()
+        conn = connect(path)
+        try:
+            assert [r[0] for r in conn.execute("SELECT id FROM requests").fetchall()] == ["good"]
+            assert {r.request_id for r in budget.in_flight(conn)} == {"first", "second"}
+        finally:
+            conn.close()
+        kept = ledger.dead_letter_path.read_text()
+        assert '"id": "bad"' in kept and "poisoned" in kept and "second" not in kept
+    finally:
+        hold.set()
+        ledger.close()
+
+
 async def _reserved(entry: RequestLedgerEntry) -> None:
     """What a request does before its first upstream call (gateway.server.limits.reserve)."""
     await entry.reserve_soon(Estimate)
@@ -219,20 +282,19 @@ def _requests_row(location, request_id: str, timeout: float = 30.0):
 def test_a_request_cancelled_while_its_in_flight_row_is_written_leaves_nothing_in_flight(
     location, tmp_path, monkeypatch
 ):
-    """The client leaves while the reserver thread's group commit holds the request's in-flight row
+    """The client leaves while the writer thread's group commit holds the request's in-flight row
     (Ledger.reserve_async): its finished row reaches the writer only after that commit. Handed over at once, the
     writer's delete of the in-flight row ran beside the uncommitted insert and, on PostgreSQL, did not see it: the
     row stayed in flight, counted against its key, until its lease ran out."""
     ledger = Ledger(location, dead_letter_dir=tmp_path)
     inserted, release = threading.Event(), threading.Event()
 
-    def held_open(conn, rows):  # reserve_many, its transaction held open until the test lets it commit
-        with conn:
-            conn.executemany(budget._INSERT, [(*row.row(), row.request_id) for row in rows])
-            inserted.set()
-            release.wait(timeout=30)
+    def held_open(conn, rows):  # the in-flight inserts, their transaction held open until the test lets it commit
+        conn.executemany(budget._INSERT, [(*row.row(), row.request_id) for row in rows])
+        inserted.set()
+        release.wait(timeout=30)
 
-    monkeypatch.setattr(budget, "reserve_many", held_open)
+    monkeypatch.setattr(budget, "insert_in_flight", held_open)
     entry = RequestLedgerEntry(ledger, PriceBook(), "gone", "default")
 
     async def request() -> None:
@@ -253,10 +315,10 @@ def test_a_request_cancelled_while_its_in_flight_row_is_written_leaves_nothing_i
         ledger.close()
 
 
-def test_a_request_cancelled_before_the_reserver_takes_its_row_is_never_in_flight(location, tmp_path):
+def test_a_request_cancelled_before_the_writer_takes_its_row_is_never_in_flight(location, tmp_path):
     ledger = Ledger(location, dead_letter_dir=tmp_path)
     hold = threading.Event()
-    first = ledger.reserve_soon(lambda: (hold.wait(timeout=30), (_row("first"), None))[1])  # the reserver is busy
+    first = ledger.reserve_soon(lambda: (hold.wait(timeout=30), (_row("first"), None))[1])  # the writer is busy
     entry = RequestLedgerEntry(ledger, PriceBook(), "gone", "default")
 
     async def request() -> None:

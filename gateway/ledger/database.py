@@ -56,9 +56,10 @@ def _migrations(dialect: Dialect = SQLITE) -> list[tuple[int, str, str]]:
     return sorted(found)
 
 
-# how long a SQLite connection waits for another connection's write lock: the CLI and the writer thread may wait
+# how long a SQLite connection waits for another connection's write lock: the CLI may wait
 BUSY_TIMEOUT_S = 30.0
-# a request may not: past this, a file another process holds locked is, for the request, a database that is down
+# a request may not (nor the ledger's writer thread, which writes the requests' in-flight rows): past this, a file
+# another process holds locked is, for the request, a database that is down
 # (the outage path: rows spooled to the dead-letter file, the answer given, replayed later; a key with limits 503)
 REQUEST_BUSY_TIMEOUT_S = 2.0
 

@@ -5,6 +5,8 @@ charged at their estimate without being counted twice or as a success."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
 
@@ -257,6 +259,55 @@ def test_a_record_the_database_refuses_takes_no_reservation_of_its_transaction_w
         assert '"id": "bad"' in kept and "poisoned" in kept and "second" not in kept
     finally:
         hold.set()
+        ledger.close()
+
+
+def test_a_reservation_is_not_held_up_by_a_finished_batch_waiting_on_another_processs_lock(tmp_path):
+    """The writer thread writes the in-flight rows too, so its own connection waits on a SQLite file another process
+    holds locked only as long as a request may (REQUEST_BUSY_TIMEOUT_S), then spools: a reservation queued behind a
+    finished batch that waits on the lock is not held for SQLite's 30 s busy timeout. Both rows reach the database
+    once the lock goes."""
+    path = tmp_path / "ledger.sqlite3"
+    ledger = Ledger(path, write_window=0.5)
+    try:
+        ledger.reserve_soon(lambda: (_row("warm"), None)).result(timeout=30)  # the writer's connection is open
+        holder = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], timeout=10); c.execute('BEGIN EXCLUSIVE');"
+                " print('locked', flush=True); sys.stdin.read()",
+                str(path),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            ledger.submit(record("done", time.time(), "rag", [], key="k"))  # due in 0.5 s, then waits on the lock
+            time.sleep(1.0)
+            started = time.monotonic()
+            ledger.reserve_soon(lambda: (_row("next"), None)).result(timeout=60)
+            took = time.monotonic() - started
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=10)
+        assert took < 10, took  # the 30 s busy timeout: about 29.5 s
+        deadline = time.monotonic() + 30
+        while True:  # spooled, then replayed once the file can be written again
+            conn = connect(path)
+            try:
+                done = conn.execute("SELECT count(*) FROM requests WHERE id = 'done'").fetchone()[0]
+                flying = {r.request_id for r in budget.in_flight(conn)}
+            finally:
+                conn.close()
+            if (done, flying) == (1, {"warm", "next"}) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (done, flying) == (1, {"warm", "next"})
+    finally:
         ledger.close()
 
 

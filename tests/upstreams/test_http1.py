@@ -438,3 +438,31 @@ def test_a_gzip_body_of_several_members_is_decoded_whole():
             await pool.close()
 
     run(test)
+
+
+def test_a_stream_line_over_the_cap_is_malformed_and_lines_across_many_reads_arrive_whole():
+    long_line = b"data: " + b"x" * 300_000 + b"\n"
+
+    async def serve(reader, writer, server):
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        stream = b"data: 1\n\n" + long_line + b"\ndata: 2\n\n" + b"data: " + b"y" * (http1.MAX_LINE + 10)
+        for at in range(0, len(stream), 4096):  # many reads per line
+            piece = stream[at : at + 4096]
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        await server.request(reader)
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            response = await pool.post(http1.Head(server.url, {}), PAYLOAD, 5.0)
+            lines = []
+            with pytest.raises(http1.MalformedHTTP, match="runs over"):
+                async for line in response.lines():
+                    lines.append(line)
+            assert lines == [b"data: 1\n", b"\n", long_line, b"\n", b"data: 2\n", b"\n"]
+            response.release()
+            await pool.close()
+
+    run(test)

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from aiohttp import http_exceptions
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gateway.upstreams import http1
@@ -36,8 +37,9 @@ BACKOFF = wait_random_exponential(multiplier=0.25, max=8.0)
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http1.ServerDisconnected)
 # no connection was made at all: the upstream is unreachable (not resent)
 CONNECT_FAILED = (aiohttp.ClientConnectorError, http1.ConnectFailed)
-# an exchange that failed without an HTTP answer, from either client
-CLIENT_ERRORS = (aiohttp.ClientError, http1.HTTPClientError)
+# an exchange that failed without an HTTP answer, from either client (aiohttp's HttpProcessingError is no
+# ClientError: its LineTooLong, a streamed line over 512 KiB, was a 500 internal_error)
+CLIENT_ERRORS = (aiohttp.ClientError, http_exceptions.HttpProcessingError, http1.HTTPClientError)
 
 Response = aiohttp.ClientResponse | http1.Response
 # an upstream asking to wait longer than this is saying "not now": fail instead of holding the client

@@ -28,7 +28,7 @@ HIGH_WATER = 1 << 20  # response bytes buffered and not yet read before the sock
 # the status line and headers together, at most (llhttp sets no limit; aiohttp refuses a line over 8 KiB): an upstream
 # sending headers without end is an error, not memory without bound
 MAX_HEAD = 1 << 18
-# one line of a streamed answer, at most (aiohttp's stream reader refuses one over 128 KiB; an SSE event is a few KiB)
+# one line of a streamed answer, at most (aiohttp's stream reader refuses one over 512 KiB; an SSE event is a few KiB)
 MAX_LINE = 1 << 22
 USER_AGENT = b"selfroute"
 

@@ -282,3 +282,37 @@ def test_a_post_the_upstream_began_answering_is_not_sent_again():
         server.close()
 
     uvloop.run(test())
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_stream_line_too_long_for_either_client_is_a_502_not_a_500(tmp_path, monkeypatch, lean):
+    """One SSE line of 6 MB: over aiohttp's line limit (512 KiB here), whose LineTooLong is no ClientError and was
+    a 500 internal_error on the https path; over the lean client's 4 MiB cap. Both are the upstream's fault: 502."""
+    import json
+
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gateway.upstreams import direct
+    from tests.support.servers import serve_app
+
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunk["choices"] = [{"index": 0, "delta": {"content": "z" * 6_000_000}}]
+    events = b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n"
+
+    async def chat(request):
+        return Response(events, media_type="text/event-stream")
+
+    if not lean:  # the https path's client, over plain http
+        monkeypatch.setattr(direct, "_plain_head", lambda url, authorization: None)
+    with serve_app(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])) as base:
+        with running_gateway(tmp_path, make_policy(base)) as (url, app):
+            with pytest.raises(openai.APIError) as caught:
+                list(
+                    client(url).chat.completions.create(
+                        model="selfroute", messages=[{"role": "user", "content": "x"}], stream=True
+                    )
+                )
+            assert getattr(caught.value, "status_code", None) == 502, caught.value
+            assert [row["status"] for row in ledger_rows(app)] == [502]

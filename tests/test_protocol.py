@@ -34,6 +34,35 @@ def test_nesting_within_the_limit_and_brackets_in_strings_are_fine():
     assert parse_json_object(json.dumps(deep).encode()) == deep
 
 
+def _typed(value):
+    """A parsed body with every number's type beside it: 1 and 1.0 compare equal, and must not pass for each other."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a": 1, "a": 2}',
+        b'{"a": -0, "b": -0.0, "c": 1e5, "d": 1.5e-320, "e": 1e300}',
+        b'{"a": 18446744073709551615, "b": -9223372036854775808}',
+        b'{"a": 18446744073709551616}',  # past 64 bits: orjson would make it a float
+        b'{"a": [{"b": -9223372036854775809}]}',
+        b'{"a": 123456789012345678901234567890.5}',
+        b'{"a": "\\ud83d\\ude00 \\u00e9", "b": "\xc3\xa9"}',
+        '\ufeff{"a": 1}'.encode("utf-8"),
+        json.dumps({"a": "x"}).encode("utf-16"),
+    ],
+)
+def test_the_body_is_what_json_reads_whichever_parser_read_it(raw):
+    """parse_json_object reads with orjson where it can; every value, and every number's type, is what the json
+    module reads (integers past 64 bits stay exact integers)."""
+    assert _typed(parse_json_object(raw)) == _typed(json.loads(raw))
+
+
 @pytest.mark.parametrize("text", ["\\ud800", "abc \\udfff", "\\ud83d x"])
 def test_lone_surrogates_are_a_400_naming_the_field(text):
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "' + text.encode() + b'"}]}'

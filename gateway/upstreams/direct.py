@@ -217,8 +217,11 @@ class DirectOpenAIUpstream:
             except CONNECT_FAILED:
                 raise  # no connection was made: the upstream is unreachable, not a stale pooled connection
             except STALE_CONNECTION as exc:
-                if isinstance(exc, http1.ServerDisconnected) and exc.answered:
-                    raise  # part of an answer came: the upstream took this POST, sending it again could run it twice
+                if isinstance(exc, http1.ServerDisconnected) and (exc.answered or exc.fresh):
+                    # part of an answer came, or the connection was made for this POST (no idle timer closed it):
+                    # the upstream took it and dropped it (a proxy's timeout, a crash), sending it again could run it
+                    # twice, uncharged (the probe: every such POST reached the upstream twice)
+                    raise
                 # an upstream closes idle kept-alive connections (uvicorn after 5 s); one closed as the pool handed
                 # it out fails before any answer ("Can not write request body", "Server disconnected"). aiohttp
                 # resends only idempotent methods (RFC 9112 9.3.1), so this POST is sent once more here

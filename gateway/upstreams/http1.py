@@ -42,11 +42,13 @@ class ConnectFailed(HTTPClientError):
 
 
 class ServerDisconnected(HTTPClientError):
-    """The upstream closed the connection before its answer ended; `answered`: whether any of the answer came."""
+    """The upstream closed the connection before its answer ended; `answered`: whether any of the answer came;
+    `fresh`: whether the request went on a connection made for it (not a kept-alive one its idle timer may close)."""
 
-    def __init__(self, message: str, answered: bool):
+    def __init__(self, message: str, answered: bool, fresh: bool = False):
         super().__init__(message)
         self.answered = answered
+        self.fresh = fresh
 
 
 class MalformedHTTP(HTTPClientError):
@@ -278,6 +280,7 @@ class _Connection(asyncio.Protocol):
         self._keep_alive = False
         self._paused = False
         self._informational = False  # parsing a 1xx answer, which the real one follows
+        self.exchanges = 0  # requests sent on it: past the first, each reused a kept-alive connection
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -321,7 +324,7 @@ class _Connection(asyncio.Protocol):
             return
         answered = response._answered
         why = "the upstream closed the connection " + ("mid-answer" if answered else "before answering")
-        response._fail(ServerDisconnected(f"Server disconnected: {why}", answered))
+        response._fail(ServerDisconnected(f"Server disconnected: {why}", answered, fresh=self.exchanges == 1))
 
     def pause_reading(self) -> None:
         if not self._paused and self.transport is not None:
@@ -381,6 +384,7 @@ class _Connection(asyncio.Protocol):
         if not self.usable or self.transport is None:  # closed by the upstream as it was made
             raise ServerDisconnected("Server disconnected: the connection closed before the request", False)
         self.response = response = Response(self, timeout)
+        self.exchanges += 1
         self._keep_alive = False
         self._informational = False
         self.transport.write(data)

@@ -316,3 +316,41 @@ def test_a_stream_line_too_long_for_either_client_is_a_502_not_a_500(tmp_path, m
                 )
             assert getattr(caught.value, "status_code", None) == 502, caught.value
             assert [row["status"] for row in ledger_rows(app)] == [502]
+
+
+def test_a_post_dropped_on_a_connection_made_for_it_is_not_sent_again():
+    """The resend is for a kept-alive connection the upstream's idle timer closed. An upstream that reads a POST on a
+    new connection, works on it and drops the connection (a proxy's timeout, a crash) took it: the probe saw every
+    such POST reach the upstream twice, the first attempt unrecorded, so a client could double its work at will."""
+    import asyncio
+
+    import uvloop
+
+    from gateway.upstreams.direct import DirectOpenAIUpstream
+    from gateway.upstreams.errors import UpstreamError
+    from policies.schema import ModelConfig
+
+    async def test():
+        requests = 0
+
+        async def serve(reader, writer):
+            nonlocal requests
+            await reader.readuntil(b"\r\n\r\n")
+            requests += 1
+            writer.close()  # worked on it, answered nothing
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstream = DirectOpenAIUpstream()
+        config = ModelConfig(model="openai/m", api_base=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=5)
+        for stream in (False, True):
+            with pytest.raises(UpstreamError):
+                if stream:
+                    [chunk async for chunk in upstream.stream(config, {"messages": [{"role": "user", "content": "x"}]})]
+                else:
+                    await upstream.complete(config, {"messages": [{"role": "user", "content": "x"}]})
+        assert requests == 2  # one each
+        await upstream.aclose()
+        server.close()
+
+    uvloop.run(test())

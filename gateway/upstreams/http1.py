@@ -28,6 +28,9 @@ HIGH_WATER = 1 << 20  # response bytes buffered and not yet read before the sock
 # the status line and headers together, at most (llhttp sets no limit; aiohttp refuses a line over 8 KiB): an upstream
 # sending headers without end is an error, not memory without bound
 MAX_HEAD = 1 << 18
+# what one read of a compressed body may inflate to (a read is at most 256 KiB: over 256 to 1, past any JSON or SSE);
+# a decompression bomb is an error, not gigabytes inflated at once past the high-water mark
+MAX_INFLATE = 1 << 26
 # one line of a streamed answer, at most (aiohttp's stream reader refuses one over 512 KiB; an SSE event is a few KiB)
 MAX_LINE = 1 << 22
 USER_AGENT = b"selfroute"
@@ -139,13 +142,15 @@ class Response:
             return
         if self._decoder is not None:
             try:
-                data = self._decoder.decompress(data)
+                data = self._decoder.decompress(data, MAX_INFLATE)
                 while self._decoder.eof and self._decoder.unused_data and self._gzip:
                     # a gzip body may be several members, one after another (RFC 1952): each is decoded, as
                     # aiohttp does, or all but the first would be dropped without a word
                     rest = self._decoder.unused_data
                     self._decoder = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    data += self._decoder.decompress(rest)
+                    data += self._decoder.decompress(rest, MAX_INFLATE)
+                if self._decoder.unconsumed_tail:
+                    raise zlib.error(f"one read inflates to over {MAX_INFLATE} bytes")
             except zlib.error as exc:
                 self._fail(MalformedHTTP(f"the body does not decompress: {exc}"))
                 self._connection.close()

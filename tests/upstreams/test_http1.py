@@ -466,3 +466,23 @@ def test_a_stream_line_over_the_cap_is_malformed_and_lines_across_many_reads_arr
             await pool.close()
 
     run(test)
+
+
+def test_a_read_inflating_past_the_cap_is_malformed_not_memory_at_once(monkeypatch):
+    monkeypatch.setattr(http1, "MAX_INFLATE", 1 << 20)
+    bomb = gzip.compress(b"0" * (8 << 20), 9)  # 8 KiB that inflate to 8 MiB, in one read
+
+    async def serve(reader, writer, server):
+        await server.request(reader)
+        writer.write(answer(bomb, "content-encoding: gzip"))
+        await writer.drain()
+        await server.request(reader)
+
+    async def test():
+        async with Script(serve) as server:
+            pool = http1.Pool()
+            with pytest.raises(http1.MalformedHTTP, match="inflates to over"):
+                await post(pool, server.url)
+            await pool.close()
+
+    run(test)

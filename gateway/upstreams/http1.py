@@ -427,12 +427,15 @@ class Pool:
             waiter = self.loop.create_future()
             self._waiting.append(waiter)
             try:
-                await waiter
-            except BaseException:
+                async with asyncio.timeout(timeout):  # the wait for a slot counts too, as a connect would
+                    await waiter
+            except BaseException as exc:
                 if waiter.done() and not waiter.cancelled():  # woken, then cancelled: the turn goes on
                     self._wake_next()
-                else:
+                elif waiter in self._waiting:  # a cancelled waiter may already be dropped by _wake_next
                     self._waiting.remove(waiter)
+                if isinstance(exc, TimeoutError):
+                    raise TimeoutError(f"no connection to the upstream free within {timeout:g}s") from None
                 raise
         self._in_use += 1
         connection: _Connection | None = None

@@ -486,3 +486,35 @@ def test_a_read_inflating_past_the_cap_is_malformed_not_memory_at_once(monkeypat
             await pool.close()
 
     run(test)
+
+
+def test_waiting_for_a_slot_times_out_and_a_cancelled_waiter_leaves_quietly():
+    async def test():
+        release = asyncio.Event()
+
+        async def serve(reader, writer, server):
+            while await server.request(reader) is not None:
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+                await writer.drain()
+                await release.wait()
+                writer.write(b"{}")
+                await writer.drain()
+
+        async with Script(serve) as server:
+            pool = http1.Pool(limit=1)
+            head = http1.Head(server.url, {})
+            held = await pool.post(head, PAYLOAD, 5.0)  # the one slot, its body not yet come
+            with pytest.raises(TimeoutError, match="no connection"):  # waited without end before
+                await pool.post(head, PAYLOAD, 0.2)
+            # cancelled, and its waiter dropped by a release before the task runs: CancelledError, not ValueError
+            waiting = asyncio.create_task(pool.post(head, PAYLOAD, 5.0))
+            await asyncio.sleep(0.05)
+            waiting.cancel()
+            held.release()  # frees the slot and pops the cancelled waiter in this same turn
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            release.set()
+            assert pool._in_use == 0 and await asyncio.wait_for(post(pool, server.url), 3) == b"{}"
+            await pool.close()
+
+    run(test)

@@ -1,8 +1,8 @@
 """Sentence embeddings, loaded once per process and shared across threads.
 
-Backends: "onnx" (the default: the model exported to ONNX once, run by onnxruntime with the model's own fast
-tokenizer; the serving process never imports torch), "onnx-int8" (its weights quantised) and "torch"
-(sentence-transformers). One onnxruntime session serves documents and questions: its runs are thread-safe, so a
+Backends: "onnx-int8" (the default since round eight: the model exported to ONNX once, its weights quantised per
+channel, run by onnxruntime with the model's own fast tokenizer; the serving process never imports torch), "onnx" (the
+same export in fp32: torch's vectors), "openvino" and "torch" (sentence-transformers). One onnxruntime session serves documents and questions: its runs are thread-safe, so a
 question never waits on a lock behind another document's ingestion, and one copy of the weights is held instead of
 two (BENCHMARKS.md §2, round five). With torch, documents and queries are encoded by two copies of the model (a torch
 module and its tokenizer are not safe to call from several threads at once)."""
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
@@ -78,8 +78,13 @@ class _Model:
         return self._model
 
 
-BACKENDS = ("torch", "onnx", "onnx-int8", "openvino")
-DEFAULT_BACKEND = "onnx"  # rag.embedding_backend's default too (pipelines.settings)
+Backend = Literal["torch", "onnx", "onnx-int8", "openvino"]  # rag.embedding_backend's values
+BACKENDS: tuple[str, ...] = get_args(Backend)
+# rag.embedding_backend's default too (pipelines.settings). onnx-int8 since round eight: 2.2x fp32 onnx's CPU chunks/s,
+# recall on SQuAD/HotpotQA and the shipped router's decisions within noise of fp32's (BENCHMARKS.md section 2)
+DEFAULT_BACKEND: Backend = "onnx-int8"
+# what every release wrote by default before spaces were recorded (torch, then onnx: the fp32 weights)
+LEGACY_BACKEND = "onnx"
 
 
 # the ONNX graph's inputs and outputs and how pipelines.onnx_export makes it: part of an export's key, so a change to
@@ -141,7 +146,7 @@ def legacy_space() -> str:
     """The space a document stored before spaces were recorded is taken to be in: the packaged model's fp32 one, what
     every release wrote by default (torch, then onnx: the same vectors). A store written with the opt-in onnx-int8
     before then had to be re-ingested by hand (round six's int8 changed its vectors) and still has to."""
-    return embedding_space(None, DEFAULT_BACKEND)
+    return embedding_space(None, LEGACY_BACKEND)
 
 
 def onnx_model_file(model_path: str | None, quantized: bool, cache_dir: Path | None = None) -> Path:
@@ -343,8 +348,9 @@ class EmbedderOptions:
 class Embedder:
     """Encodes texts to float32, L2-normalised vectors (so a dot product is the cosine similarity).
 
-    backend: "onnx" (the default: the model exported to ONNX, run by onnxruntime: torch's vectors to 2e-4),
-    "torch" (sentence-transformers) or "onnx-int8" (its weights quantised to int8: faster, slightly different vectors)."""
+    backend: "onnx-int8" (the default: the model exported to ONNX, its weights quantised to int8, run by onnxruntime:
+    vectors at cosine ~0.99 to fp32's), "onnx" (the fp32 export: torch's vectors to 2e-4), "openvino" or "torch"
+    (sentence-transformers)."""
 
     def __init__(
         self,

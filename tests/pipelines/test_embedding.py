@@ -79,11 +79,13 @@ def onnx_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 
 
-def test_onnx_is_the_default_backend():
-    assert Embedder().backend == "onnx"
+def test_onnx_int8_is_the_default_backend_and_stores_written_before_are_fp32():
+    from pipelines.embedding import embedding_space, legacy_space
     from pipelines.settings import RagSettings
 
-    assert RagSettings().embedding_backend == "onnx"
+    assert Embedder().backend == "onnx-int8" and RagSettings().embedding_backend == "onnx-int8"
+    # rows written before spaces were recorded came from the fp32 default of then (torch, onnx): not the new default's
+    assert legacy_space() == embedding_space(None, "onnx") != Embedder().space
 
 
 def test_onnx_backend_gives_the_torch_vectors_from_a_cached_local_export(embedder, onnx_cache):

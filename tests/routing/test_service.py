@@ -12,6 +12,7 @@ import pytest
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
+from pipelines.embedding import Embedder
 from tests.support.gateway import ledger_rows
 from tests.support.policies import routing_policy, rule
 from tests.support.routed import QUESTION, ask, client, manual
@@ -23,10 +24,10 @@ def start(upstream, embedder, tmp_path):
     """start(cheap=..., rules=...) -> (gateway url, app); one gateway per test, sharing the model."""
     servers = []
 
-    def _start(**kwargs):
+    def _start(with_embedder=None, **kwargs):
         policy = routing_policy(upstream[0], **kwargs)
         settings = Settings(data_dir=tmp_path)
-        app = create_app(settings, policy=policy, embedder=embedder)
+        app = create_app(settings, policy=policy, embedder=with_embedder or embedder)
         server = serve_app(app)
         url = server.__enter__()
         servers.append(server)
@@ -606,10 +607,12 @@ def test_cheap_leg_logprobs_behind_the_policy_switch_reach_the_verifier(start, u
     assert kept.http_response.json()["choices"][0].get("logprobs") is None  # the client did not ask
 
 
-def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(start, upstream, embedder, tmp_path):
+def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(start, upstream, tmp_path):
     """The answer's support in embedding space (SUPPORT_FEATURES) as the live check read it (the ledger's learning
     record) equals the replay's, whose chunks sent are read from its own store and whose answer embeddings are cached
-    (gateway.evaluation.verification.CachedEmbed), within float tolerance."""
+    (gateway.evaluation.verification.CachedEmbed), within float tolerance. With fp32 vectors (`onnx`): under the
+    default onnx-int8 two of the four differed by up to 3.7e-3 here (not explained in round eight; BENCHMARKS.md §2),
+    so a verifier that reads them is for `onnx` (none shipped does)."""
     import json
     import sqlite3
 
@@ -634,7 +637,8 @@ def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(star
     save_verifier(toy, path)
     answer = "The maintenance password is BLUE-HERON-42. It is printed on the pump's lid."
     upstream[1].state.scripted = answer
-    url, app = start(cheap="cheap-scripted", verifier=str(path))
+    embedder = Embedder(backend="onnx")
+    url, app = start(cheap="cheap-scripted", verifier=str(path), with_embedder=embedder)
     ask(url, QUESTION, documents=[{"text": manual()}])
     live = None
     deadline = time.monotonic() + 30

@@ -413,16 +413,19 @@ def _rank_causal(x: np.ndarray) -> np.ndarray:
 def _summary(results) -> None:
     base = results.get("portable")
     units = [(p, u) for p, r in (base or next(iter(results.values()))).items() for u in r]
-    print("\n| variant | " + " | ".join(u for _, u in units) + " | units >= +2 | lifted to +2 | met lost by > 1 |")
-    print("|---|" + "---|" * (len(units) + 3))
+    print(
+        "\n| variant | " + " | ".join(u for _, u in units) + " | mean | units >= +2 | lifted to +2 | met lost by > 1 |"
+    )
+    print("|---|" + "---|" * (len(units) + 4))
     for name, by in results.items():
-        cells, met, lifted, lost = [], 0, [], []
+        cells, met, lifted, lost, points = [], 0, [], [], []
         for p, u in units:
             if p not in by:
                 cells.append("-")
                 continue
             g, a = by[p][u]
             met += g >= 2
+            points.append(g)
             cells.append((f"**{g:+.2f}**" if g >= 2 else f"{g:+.2f}") + f" / {'-' if a is None else f'{a:.3f}'}")
             if base is not None and p in base and not name.startswith("in-corpus"):
                 b = base[p][u][0]
@@ -432,7 +435,9 @@ def _summary(results) -> None:
                     lost.append(u)
         name = f"{name} (reference, in distribution)" if name.startswith("in-corpus") else name
         print(
-            f"| `{name}` | " + " | ".join(cells) + f" | {met} | {', '.join(lifted) or '-'} | {', '.join(lost) or '-'} |"
+            f"| `{name}` | "
+            + " | ".join(cells)
+            + f" | {np.mean(points):+.2f} | {met} | {', '.join(lifted) or '-'} | {', '.join(lost) or '-'} |"
         )
 
 

@@ -8,12 +8,15 @@ migration is generated there.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ from gateway.ledger.records import (
     request_row,
 )
 
+logger = logging.getLogger(__name__)
+
 # any constant: the advisory lock that makes two replicas starting at once migrate one after the other
 _MIGRATION_LOCK = 7_235_911
 
@@ -69,7 +74,58 @@ def connect(location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
     PostgresConnection for a postgresql:// URL."""
     if is_postgres(location):
         return connect_postgres(str(location))
-    conn = sqlite3.connect(str(location), timeout=busy_timeout, check_same_thread=False)
+    path = str(location)
+    if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        conn = _open_sqlite(path, busy_timeout)
+    else:
+        # a new file (first start, or the old one deleted under a running gateway): the -wal and -shm left at its
+        # name belong to the file that is gone, and a new file paired with them reads its pages (disk I/O error).
+        # Under a lock on the folder, so a second process reopening at the same moment keeps the first one's new ones
+        folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            if not os.path.exists(path):
+                for stale in (path + "-wal", path + "-shm"):
+                    with suppress(FileNotFoundError):
+                        os.unlink(stale)
+            conn = _open_sqlite(path, busy_timeout)
+        finally:
+            os.close(folder)  # and the lock with it
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+class SqliteConnection(sqlite3.Connection):
+    """A connection that knows which file it opened: `broken` when its path no longer names that file (deleted or
+    renamed away under the gateway), so its holders reconnect as they do for a broken PostgreSQL connection, and
+    rows go to the file at the path rather than to an unlinked inode that is gone at the next restart."""
+
+    path = ""
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file at open; None for :memory:
+    created = False  # the file was made by this connect: it needs the migrations
+    _warned = False
+
+    @property
+    def broken(self) -> bool:
+        if self.identity is None:
+            return False
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            moved = True
+        else:
+            moved = (found.st_dev, found.st_ino) != self.identity
+        if moved and not self._warned:
+            self._warned = True
+            logger.warning(
+                "ledger file %s was deleted or replaced while open: reopening it (a new file if none)", self.path
+            )
+        return moved
+
+
+def _open_sqlite(path: str, busy_timeout: float) -> SqliteConnection:
+    existed = os.path.exists(path)
+    conn = sqlite3.connect(path, timeout=busy_timeout, check_same_thread=False, factory=SqliteConnection)
     # switching a new file to WAL answers "database is locked" at once, without the busy timeout, while another
     # process (a worker or replica starting at the same moment) does the same: retry it for a while
     for attempt in Retrying(
@@ -82,7 +138,11 @@ def connect(location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
             conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA foreign_keys=ON")
-    conn.row_factory = sqlite3.Row
+    conn.path = path
+    conn.created = not existed
+    with suppress(OSError):  # the identity is taken once WAL mode has written the file (sqlite3 creates it lazily)
+        found = os.stat(path)
+        conn.identity = (found.st_dev, found.st_ino)
     return conn
 
 

@@ -513,7 +513,19 @@ class Ledger:
         # requests wait on these connections before their first upstream call (the writer thread's too: it writes
         # their in-flight rows, and a finished batch waiting on a lock holds them up): a SQLite file locked by another
         # process past a short wait takes the outage path, as a PostgreSQL that is down does (REQUEST_BUSY_TIMEOUT_S)
-        return connect(self.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)
+        conn = connect(self.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)
+        if getattr(conn, "created", False):  # the file was deleted under the gateway: a new one, as at start
+            migrate(conn)
+        return conn
+
+    def _fresh(self, conn: Any) -> Any:
+        """Once per cycle: a SQLite file deleted or renamed away under the writer is closed (the next write opens the
+        path again), so rows go to the file a restart reads, not to the unlinked one."""
+        if conn is not None and not is_postgres(self.location) and conn.broken:
+            with suppress(*self._errors):
+                conn.close()
+            return None
+        return conn
 
     def _drop_request_conn(self) -> None:
         if self._request_conn is not None:
@@ -597,6 +609,7 @@ class Ledger:
     def _maintain(self, conn: Any) -> Any:
         """Between batches: replay the dead-letter file once the database may be back; sweep now and then."""
         now = time.monotonic()
+        conn = self._fresh(conn)
         try:
             if self._replay_due and now >= self._next_replay and not self._database_down():
                 self._replay_due = False  # a failure from here on sets it again
@@ -626,6 +639,7 @@ class Ledger:
         finished rows due (`batch`, possibly none) in one transaction, then the reservations' futures. What the
         database does not take goes to the dead-letter file first, as each kind's own path would send it. Returns
         the connection to reuse."""
+        conn = self._fresh(conn)
         plain, settled = self._prepare(reservations) if reservations else ([], [])
         flights = [row for row, _ in plain]
         self._current_flights = plain

@@ -146,6 +146,29 @@ def test_a_sqlite_ledger_locked_by_another_process_is_down_after_a_short_wait(ga
     assert [row for row in ledger_rows(app, "requests_in_flight") if row["request_id"] in ids] == []
 
 
+def test_a_sqlite_ledger_deleted_under_the_gateway_is_reopened_at_its_path(upstream, tmp_path, monkeypatch):
+    """`rm ledger.sqlite3` under a running gateway: the rows of what it answers afterwards go to a new file at the
+    path (migrated as at start), not to the unlinked inode a restart never sees; a key made then, with a budget,
+    is reserved and recorded there too."""
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    auth = Authenticator(keys=["sk-env"], admin_key=ADMIN)
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=auth) as (url, app):
+        _, before = app.state.gateway.keys.create("before")
+        assert [_ask(url, k).status_code for k in ("sk-env", before)] == [200, 200]  # every connection open
+        ledger_rows(app)
+        path = app.state.gateway.ledger.path
+        path.unlink()  # its -wal and -shm stay, as after `rm ledger.sqlite3`
+        answered = [_ask(url, "sk-env", text=f"after the file went {i}") for i in range(3)]
+        _, budgeted = app.state.gateway.keys.create("budgeted", budget_usd=1.0)
+        answered.append(_ask(url, budgeted))
+        assert [r.status_code for r in answered] == [200] * 4
+        ids = {r.headers["x-selfroute-request-id"] for r in answered}
+        found = {row["id"]: row["key_id"] for row in ledger_rows(app) if row["id"] in ids}
+        assert len(found) == 4 and sorted(found.values())[0] == "budgeted"
+        assert ledger_rows(app, "requests_in_flight") == []
+        assert app.state.gateway.keys.spend(["budgeted"])["budgeted"] > 0
+
+
 def test_tpm_is_429_with_retry_after(gateway, keys):
     url, app = gateway
     _, limited = keys.create("tokens", tpm=5)

@@ -7,10 +7,13 @@ warms anything."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import ChatCompletionRequest
+from gateway.routing.embedding_model import record_embedded
 from gateway.routing.warm_cache import WarmPrefixes
 from pipelines.scope import SHARED, KeyScope
 from policies.routes import Route
@@ -70,10 +73,14 @@ def explain_plan(
     header_collection: str | None,
     warm: WarmPrefixes | None = None,
     scope: KeyScope = SHARED,
+    entry: RequestLedgerEntry | None = None,
 ) -> dict[str, Any]:
     """`warm`: the serving process's record of warm prompt prefixes; None (the CLI): nothing is known warm.
-    `scope`: the caller's key scope (pipelines.scope)."""
+    `scope`: the caller's key scope (pipelines.scope). `entry`: the request's ledger entry, which records what
+    planning embedded (None: the CLI)."""
+    started = time.perf_counter()
     plan = planner.plan(chat, messages, header_collection, scope)
+    record_embedded(entry, policy, plan.embedded_tokens, (time.perf_counter() - started) * 1000.0)
     completion = chat.max_completion_tokens or chat.max_tokens or DEFAULT_COMPLETION_ESTIMATE
     decision = plan.decision
     warm = warm if warm is not None else WarmPrefixes()

@@ -71,6 +71,8 @@ class RoutePlan:
     # and the key scope of attached documents or a conversation (scoped_key)
     documents_key: tuple = ()
     verbatim_tokens: int | None = None  # the conversation's tokens, once counted (source "prompt")
+    # the context's tokens when its retrieval pass embedded it for this request (its store did not hold it yet)
+    embedded_tokens: int = 0
     router: Router | None = None  # the router that decided (a policy reload may replace the planner's meanwhile)
 
     @property
@@ -298,16 +300,21 @@ class RoutePlanner:
         source, context, stats, key = self.resolve_context(chat, messages, header_collection, scope)
         features = extract_features(context.question, stats, None)
         retrieval = None
+        embedded = 0
         forced = chat.selfroute.route if chat.selfroute else None
         if forced is None and self._needs_retrieval(features, router):
             self._check_conversation_size(source, stats)
+            if context.documents is not None and not self.store.holds_inline(context.documents, scope):
+                embedded = stats.context_tokens  # new to the store: this pass embeds them (or starts doing so)
             retrieval = self.retrieve(context)
             features = extract_features(context.question, stats, retrieval_signals(retrieval))
         if forced is not None:
             decision = RouteDecision(Route(forced), f"forced by selfroute.route={forced}", None, None, features)
         else:
             decision = router.decide(features)
-        return RoutePlan(source, context, stats, decision, retrieval, messages, key, router=router)
+        return RoutePlan(
+            source, context, stats, decision, retrieval, messages, key, router=router, embedded_tokens=embedded
+        )
 
     # -- prompts --------------------------------------------------------------------------------
     def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:

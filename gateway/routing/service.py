@@ -10,6 +10,7 @@ This layer returns `Completed` or `Streamed` values (gateway.routing.calls); the
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from gateway.routing.calls import (
     first_answering,
     stream_upstream,
 )
+from gateway.routing.embedding_model import record_embedded
 from gateway.routing.errors import ModelNotFound
 from gateway.routing.escalation import CheapAnswer, CheapAnswerCheck, Verdict
 from gateway.routing.learning import features_record
@@ -124,7 +126,9 @@ class RoutingService:
         midway is recorded with the route it took); the server renders it and records it in the ledger."""
         planner = self.ready_planner()
         with tracing.span("selfroute.plan") as span:  # context, features, retrieval pass, decision
+            started = time.perf_counter()
             plan = await anyio.to_thread.run_sync(planner.plan, chat, body["messages"], header_collection, scope)
+            record_embedded(entry, self.policy, plan.embedded_tokens, (time.perf_counter() - started) * 1000.0)
             tracing.set_attributes(
                 span, **{"selfroute.route": plan.decision.route, "selfroute.reason": plan.decision.reason}
             )

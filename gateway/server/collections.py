@@ -25,12 +25,12 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
+from gateway.routing.embedding_model import embedding_config as policy_embedding_config
 from gateway.routing.request_limits import check_documents
 from gateway.server import headers
 from gateway.server.auth import Caller
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
-from gateway.server.embeddings import local_embedding_model
 from gateway.server.errors import collection_not_found
 from gateway.server.injection import flag_headers, screen_documents
 from gateway.server.state import Gateway
@@ -196,7 +196,7 @@ def _ingest(gateway: Gateway, name: str, documents: list[Document], entry: Reque
 
 
 def embedding_config(gateway: Gateway) -> ModelConfig:
-    return ModelConfig(model=local_embedding_model(gateway.policy), input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
+    return policy_embedding_config(gateway.policy)
 
 
 async def add_documents(ctx: RequestContext) -> Response:

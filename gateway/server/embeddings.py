@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import time
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -17,14 +16,13 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
+from gateway.routing.embedding_model import PACKAGED_EMBEDDING_MODEL, local_embedding_model
 from gateway.routing.request_limits import check_embedding_inputs
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
 from gateway.upstreams.errors import UpstreamError
 from policies.routes import PASSTHROUGH
-from policies.schema import ModelConfig, Policy
-
-PACKAGED_EMBEDDING_MODEL = "local/all-minilm-l6-v2"
+from policies.schema import ModelConfig
 
 
 class EmbeddingsRequest(BaseModel):
@@ -59,12 +57,6 @@ class EmbeddingsResponse(BaseModel):
     data: list[Embedding]
     model: str
     usage: EmbeddingsUsage
-
-
-def local_embedding_model(policy: Policy) -> str:
-    """The name clients use for the gateway's own embedding model."""
-    path = policy.rag.embedding_model
-    return PACKAGED_EMBEDDING_MODEL if path is None else "local/" + Path(path).name.lower()
 
 
 def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:

@@ -46,6 +46,7 @@ async def explain_route(ctx: RequestContext) -> Response:
         ctx.request.headers.get(headers.COLLECTION),
         gateway.routing.warm,
         ctx.scope,
+        entry,
     )
     if found:
         result["flags"] = found

@@ -17,7 +17,7 @@ import pytest
 from gateway.ledger.keys import KeyStore
 from gateway.server.auth import Authenticator
 from tests.support.gateway import ledger_rows, running_gateway
-from tests.support.policies import DROP, make_policy, policy_data
+from tests.support.policies import DROP, make_policy, policy_data, rule
 
 ADMIN = "sk-admin-test"
 
@@ -514,7 +514,59 @@ def keys_spend(app, name: str) -> float:
     return app.state.gateway.keys.spend([name])[name]
 
 
+EMBEDDER = "local/all-minilm-l6-v2"  # the gateway's own embedding model, as its legs are recorded
 WORDS = "the pump at berth seven opens the valve before the tide"  # one token a word for tiktoken and MiniLM alike
+
+
+def test_the_documents_an_explain_embeds_count_in_its_row_against_tpm(upstream, tmp_path, keys, monkeypatch):
+    """The probe (round eight): an explain's finished row released its reservation and recorded 0 tokens, so
+    explains one after another with new ~10k-token documents were limited by nothing but --rpm. Now the tokens its
+    planning embedded are a leg of the gateway's embedding model in its row, counted in the key's TPM window."""
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    # a rule on a retrieval feature: planning runs the retrieval pass, which embeds new documents (as with the
+    # shipped classifier)
+    retrieving = make_policy(upstream[0], routing={"rules": [rule("never", "top_score", ">", 2.0, "rag")]})
+    _, key = keys.create("explainer", tpm=20_000)
+    text = " ".join([WORDS] * 910)  # 10,010 tokens
+
+    def explain_body(i: int) -> dict:
+        return {
+            "model": "selfroute",
+            "messages": [{"role": "user", "content": "When does the valve open?"}],
+            "selfroute": {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]},
+        }
+
+    def explain(url: str, key: str, i: int) -> httpx.Response:
+        return httpx.post(
+            f"{url}/v1/route/explain", headers={"authorization": f"Bearer {key}"}, json=explain_body(i), timeout=300
+        )
+
+    with running_gateway(tmp_path, retrieving, auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        statuses = []
+        for i in range(3):
+            statuses.append(explain(url, key, i).status_code)
+            ledger_rows(app)  # flush: the window is what the ledger recorded
+        rows = [r for r in ledger_rows(app) if r["key_id"] == "explainer" and r["status"] == 200]
+        legs = [c for c in ledger_rows(app, "upstream_calls") if c["request_id"] in {r["id"] for r in rows}]
+        chats = []  # a chat with new documents records them too; asking again about them embeds nothing
+        for _ in range(2):
+            chats.append(
+                httpx.post(
+                    f"{url}/v1/chat/completions",
+                    headers={"authorization": f"Bearer {ADMIN}"},
+                    json={**explain_body(7), "max_tokens": 8},
+                    timeout=300,
+                ).headers["x-selfroute-request-id"]
+            )
+            app.state.gateway.store.wait_inline(60)  # its background embedding done: the store holds them
+        calls = ledger_rows(app, "upstream_calls")
+        embedded = [
+            [c["prompt_tokens"] for c in calls if c["request_id"] == i and c["model"] == EMBEDDER] for i in chats
+        ]
+    assert embedded == [[10_011], []]
+    assert statuses == [200, 200, 429]  # the window holds 20,022 tokens after two
+    assert [r["prompt_tokens"] for r in rows] == [10_011, 10_011]
+    assert [(c["model"], c["prompt_tokens"]) for c in legs] == [(EMBEDDER, 10_011)] * 2
 
 
 @pytest.mark.parametrize("endpoint", ["embeddings", "documents", "explain"])

@@ -55,6 +55,21 @@ def test_records_submitted_after_close_are_written_at_once(tmp_path):
     assert rows(path) == ["after", "before"]
 
 
+def test_a_file_renamed_away_under_the_writer_is_reopened_at_its_path(tmp_path, caplog):
+    """The writer checks once per batch that its path still names the file it has open: after a rename the next
+    batch goes to a new file at the path, migrated as at start, with a warning (before: into the renamed file)."""
+    path = tmp_path / "l.sqlite3"
+    ledger = Ledger(path)
+    ledger.submit(record("before", BASE, "rag", []))
+    ledger.flush()
+    path.rename(tmp_path / "moved.sqlite3")
+    ledger.submit(record("after", BASE + 1, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
+    ledger.flush()
+    assert rows(path) == ["after"]
+    assert "deleted or replaced while open" in caplog.text
+    ledger.close()
+
+
 # ------------------------------------------------------------------------------------------------ PostgreSQL
 
 

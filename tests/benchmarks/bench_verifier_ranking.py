@@ -55,31 +55,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-QUESTION_FEATURES = (
-    "query_words",
-    "query_chars",
-    "query_sentences",
-    "query_long_complex",
-    "qtype_what",
-    "qtype_who",
-    "qtype_when",
-    "qtype_where",
-    "qtype_which",
-    "qtype_how",
-    "qtype_why",
-    "qtype_yes_no",
-    "qtype_multiple_choice",
-    "qtype_summary",
-    "qtype_list",
-    "n_options",
-    "cue_multi_step",
-    "cue_summary",
-    "cue_implicit",
-    "cue_ordinal",
-    "cue_quantity",
-    "query_numbers",
-    "query_capitalized",
-)
+from classifier.features import QUERY_FEATURES  # noqa: E402
+
+# the pre-route classifier's question features, as the live classifier defines them
+QUESTION_FEATURES = tuple(QUERY_FEATURES)
+
 FAST = (
     "portable",
     "z-whole",

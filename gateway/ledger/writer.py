@@ -141,11 +141,7 @@ class Ledger:
             return
         try:
             with self._request_lock:
-                if self._request_conn is not None and getattr(self._request_conn, "broken", False):
-                    self._drop_request_conn()
-                if self._request_conn is None:
-                    self._request_conn = self._connect_for_requests()
-                budget.reserve(self._request_conn, row, limits)
+                budget.reserve(self._request_connection(), row, limits)
         except self._errors as exc:
             with self._request_lock:
                 self._drop_request_conn()
@@ -283,11 +279,7 @@ class Ledger:
             return
         try:
             with self._request_lock:
-                if self._request_conn is not None and getattr(self._request_conn, "broken", False):
-                    self._drop_request_conn()
-                if self._request_conn is None:
-                    self._request_conn = self._connect_for_requests()
-                budget.reserve_many(self._request_conn, rows)
+                budget.reserve_many(self._request_connection(), rows)
         except self._errors as exc:
             with self._request_lock:
                 self._drop_request_conn()
@@ -526,6 +518,15 @@ class Ledger:
                 conn.close()
             return None
         return conn
+
+    def _request_connection(self) -> LedgerConnection:
+        """The request path's connection (call under _request_lock): a broken one (a PostgreSQL connection that
+        failed, a SQLite file deleted or replaced under the gateway) is dropped and the path opened again."""
+        if self._request_conn is not None and getattr(self._request_conn, "broken", False):
+            self._drop_request_conn()
+        if self._request_conn is None:
+            self._request_conn = self._connect_for_requests()
+        return self._request_conn
 
     def _drop_request_conn(self) -> None:
         if self._request_conn is not None:

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest, InlineDocument, parse_json_object
-from gateway.routing.embedding_model import embedding_config as policy_embedding_config
+from gateway.routing.embedding_model import embedding_config
 from gateway.routing.request_limits import check_documents
 from gateway.server import headers
 from gateway.server.auth import Caller
@@ -37,7 +37,6 @@ from gateway.server.state import Gateway
 from pipelines.documents import Document
 from pipelines.tokens import count_tokens
 from policies.routes import PASSTHROUGH
-from policies.schema import ModelConfig
 
 if TYPE_CHECKING:  # pyarrow and lancedb load with the store, not with the app
     from pipelines.store import IngestReport
@@ -188,15 +187,11 @@ def _ingest(gateway: Gateway, name: str, documents: list[Document], entry: Reque
         raise GatewayError(400, str(exc), param="name", code="invalid_collection") from None
     embedded = set(report.added) | set(report.updated)
     tokens = sum(count_tokens(d.text) for d in documents if d.id in embedded)
-    model = embedding_config(gateway)
+    model = embedding_config(gateway.policy)
     entry.add_call(
         model, PASSTHROUGH, {"prompt_tokens": tokens, "completion_tokens": 0}, (time.perf_counter() - started) * 1000.0
     )
     return report
-
-
-def embedding_config(gateway: Gateway) -> ModelConfig:
-    return policy_embedding_config(gateway.policy)
 
 
 async def add_documents(ctx: RequestContext) -> Response:
@@ -209,7 +204,7 @@ async def add_documents(ctx: RequestContext) -> Response:
     _check_sources(payload.documents)
     check_documents(gateway.policy.request_limits, [d.text for d in payload.documents], "documents")
     # the gateway's own embedding model: the key's budget and rates (its TPM holds the documents' tokens), no model list
-    await ctx.admit(None, embedded=(embedding_config(gateway), [d.text for d in payload.documents]))
+    await ctx.admit(None, embedded=(embedding_config(gateway.policy), [d.text for d in payload.documents]))
     found = await anyio.to_thread.run_sync(
         screen_documents, gateway.policy.security.injection, payload.documents, "documents", ctx.scope
     )

@@ -16,7 +16,7 @@ from starlette.routing import Route
 from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import MAX_MODEL_CHARS, ChatCompletionRequest, parse_json_object, refuse_connection_params
-from gateway.routing.embedding_model import PACKAGED_EMBEDDING_MODEL, local_embedding_model
+from gateway.routing.embedding_model import PACKAGED_EMBEDDING_MODEL, embedding_config, local_embedding_model
 from gateway.routing.request_limits import check_embedding_inputs
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
@@ -115,17 +115,13 @@ async def _local(gateway, request: EmbeddingsRequest, name: str, entry: RequestL
         )
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
     entry.add_call(
-        _local_config(name),
+        embedding_config(gateway.policy),  # name is its model's: local_embedding_model(policy)
         PASSTHROUGH,
         usage,
         (time.perf_counter() - started) * 1000.0,
     )
     data = [Embedding(index=i, embedding=_encode(v, request.encoding_format)) for i, v in enumerate(vectors)]
     return EmbeddingsResponse(data=data, model=name, usage=EmbeddingsUsage(**usage)).model_dump()
-
-
-def _local_config(name: str) -> ModelConfig:
-    return ModelConfig(model=name, input_cost_per_mtok=0.0, output_cost_per_mtok=0.0)
 
 
 def _upstream_config(gateway, model: str) -> ModelConfig:
@@ -178,7 +174,7 @@ async def create_embeddings(ctx: RequestContext) -> Response:
     raw = embeddings.input
     # one text or token array, or a list of them
     inputs: list[Any] = [raw] if isinstance(raw, str) or (raw and isinstance(raw[0], int)) else list(raw)
-    config = _local_config(name) if embeddings.model == name else _priced_config(gateway, embeddings.model)
+    config = embedding_config(gateway.policy) if embeddings.model == name else _priced_config(gateway, embeddings.model)
     await ctx.admit(embeddings.model, embedded=(config, inputs))  # the inputs' tokens held against budget and TPM
     if embeddings.model == name:
         answer = await _local(gateway, embeddings, name, entry)

@@ -9,10 +9,11 @@ import anyio
 from starlette.responses import Response
 
 from gateway.protocol import parse_chat_request
+from gateway.routing.embedding_model import embedding_config
 from gateway.routing.explain import explain_plan
 from gateway.server import headers
 from gateway.server.bodies import json_response
-from gateway.server.collections import check_collection_access, embedding_config, requested_collection
+from gateway.server.collections import check_collection_access, requested_collection
 from gateway.server.context import RequestContext
 from gateway.server.injection import flag_headers, screen_attached
 from pipelines.messages import content_text
@@ -31,7 +32,7 @@ async def explain_route(ctx: RequestContext) -> Response:
     # 10 at once with ~10k-token documents each all passed TPM 20,000)
     documents = chat.selfroute.documents if chat.selfroute and chat.selfroute.documents else None
     texts = [d.text for d in documents] if documents else [content_text(m.get("content")) for m in body["messages"]]
-    await ctx.admit(chat.model, embedded=(embedding_config(gateway), texts))
+    await ctx.admit(chat.model, embedded=(embedding_config(gateway.policy), texts))
     found = await screen_attached(gateway.policy, chat, ctx.scope)
     check_collection_access(gateway, ctx.caller, requested_collection(chat, ctx.request))
     gateway.check_ready()

@@ -54,7 +54,7 @@ def model_usable(policy: Policy, caller: Caller, model: str) -> bool:
     may use."""
     if not passthrough_allowed(policy, model):
         # the gateway's own embedding model counts as the policy's; named only here, off the common path
-        from gateway.server.embeddings import local_embedding_model  # it admits through this module
+        from gateway.routing.embedding_model import local_embedding_model
 
         if model != local_embedding_model(policy):
             return False

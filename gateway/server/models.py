@@ -9,10 +9,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import GatewayError
+from gateway.routing.embedding_model import local_embedding_model
 from gateway.server.auth import Caller
 from gateway.server.bodies import json_response
 from gateway.server.context import RequestContext, keyed
-from gateway.server.embeddings import local_embedding_model
 from gateway.server.limits import model_usable
 from gateway.server.state import Gateway
 

@@ -13,3 +13,14 @@ class Document:
     title: str | None = None
     source: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# A title, id or section heading heads every unit and passage it labels in a prompt, so a long one is sent once per
+# unit while a request's reservation counts the documents' text once: a 2,000-word title made the long leg's prompt
+# 7x its documents' tokens (and its cost past the key's budget by as much). Labels show at most this much of a name.
+LABEL_NAME_CHARS = 120
+
+
+def label_name(name: str) -> str:
+    """`name` as a prompt label shows it: whole up to LABEL_NAME_CHARS characters, else cut there with an ellipsis."""
+    return name if len(name) <= LABEL_NAME_CHARS else name[: LABEL_NAME_CHARS - 1] + "…"

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.base import ContextRequest
-from pipelines.documents import Document
+from pipelines.documents import LABEL_NAME_CHARS, Document
 from pipelines.long_context import (
     LongContextPipeline,
     UnitCache,
@@ -40,6 +40,23 @@ def test_units_follow_sections_and_respect_sizes():
     spare = next(u for u in units if "HP-IK-2231" in u.text)
     assert "4.2 Spare parts" in spare.sections
     assert spare.label().startswith("[Document: Manual (manual) | Section: ")
+
+
+def test_a_long_title_id_or_heading_is_cut_in_every_label():
+    # the label heads every unit: a 2,000-word title was sent once per unit (the long prompt 7x the documents' text,
+    # past the request's reservation, which counts the text once)
+    title = " ".join(f"title{i}" for i in range(2000))
+    heading = "Heading " + " ".join(f"h{i}" for i in range(300))
+    body = "\n\n".join(
+        f"## {heading} {s}\n\n" + " ".join(f"Fact {s}-{w} is {w}." for w in range(40)) for s in range(12)
+    )
+    doc = Document("doc-" + "x" * 500, body, title=title)
+    units = split_units(doc, LongContextSettings(unit_min_tokens=60, unit_max_tokens=400))
+    assert len(units) >= 10
+    assert all(len(u.label()) <= 4 * LABEL_NAME_CHARS + 40 for u in units)
+    assert units[0].label().startswith("[Document: title0 title1 ") and "… (doc-xxx" in units[0].label()
+    text_tokens = sum(u.tokens for u in units)
+    assert count_tokens(render("What is fact 3-4?", units)) < 2 * text_tokens
 
 
 def test_oversized_sections_are_split_and_pages_labelled():

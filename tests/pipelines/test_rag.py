@@ -3,7 +3,7 @@ import json
 import pytest
 
 from pipelines.base import ContextRequest
-from pipelines.documents import Document
+from pipelines.documents import LABEL_NAME_CHARS, Document
 from pipelines.embedding import Embedder
 from pipelines.long_context import LongContextPipeline
 from pipelines.rag import RagPipeline, stitch
@@ -66,6 +66,17 @@ def test_passages_are_stitched_without_overlap_and_labelled(store):
     assert passage.text.count("HP-IK-2231") == 1
     label = passage.label(1)
     assert label.startswith("[1] Document: Harbor Pump Operations Manual (manual.md)") and "4.2 Spare parts" in label
+
+
+def test_a_long_title_or_id_is_cut_in_the_passage_label(store):
+    # a passage's label repeats its document's title and id: a long title filled the rag budget with labels
+    retrieval = RagPipeline(store, SETTINGS).retrieve("docs", QUESTION)
+    passage = next(p for p in retrieval.passages if "HP-IK-2231" in p.text)
+    passage.title = " ".join(f"title{i}" for i in range(2000))
+    passage.doc_id = "doc-" + "x" * 500
+    label = passage.label(1)
+    assert label.startswith("[1] Document: title0 title1 ") and "… (doc-xxx" in label
+    assert len(label) <= 2 * LABEL_NAME_CHARS + 40 + len("; ".join(passage.sections))
 
 
 @pytest.mark.parametrize("budget", [64, 150, 300])

@@ -8,12 +8,15 @@ no translation, bytes in, bytes out.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import email.utils
 import functools
 import json
 import logging
 import os
+import ssl
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -151,6 +154,42 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
 
 
+# whether the latest connection aiohttp handed this task was pooled (set by _ReuseTellingConnector.connect, which
+# runs in the task that posts: session.post awaits it directly)
+_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("selfroute_connection_reused", default=False)
+
+
+class _ReuseTellingConnector(aiohttp.TCPConnector):
+    """aiohttp raises the same ServerDisconnectedError whether the connection was pooled or made for the POST; this
+    connector tells which: a connection whose protocol it handed out before is a reused one. aiohttp's TraceConfig
+    (on_connection_reuseconn) says the same but builds its trace objects and URLs on every call: 58-88 us more CPU
+    per call, against 0.6 us for this one's own work (tests/benchmarks/bench_reuse_trace.py, BENCHMARKS.md)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: Any) -> aiohttp.connector.Connection:
+        _REUSED.set(False)  # a connection that fails to open was not reused either
+        connection = await super().connect(req, traces, timeout)
+        protocol = connection.protocol
+        if protocol is not None:
+            _REUSED.set(protocol in self._handed)
+            self._handed.add(protocol)
+        return connection
+
+
+def _taken(exc: BaseException) -> bool:
+    """Whether the upstream took a POST that failed unanswered: part of an answer came, or the connection was made for
+    it (no idle timer closed it). It was then dropped (a proxy's timeout, a crash), and sending it again could run it
+    twice, uncharged (the probes: every such POST reached the upstream twice, on plain http then on https)."""
+    if isinstance(exc, http1.ServerDisconnected):
+        return exc.answered or exc.fresh
+    # aiohttp's ServerDisconnectedError carries the answer's head parsed so far, or its default text when none came
+    answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
+    return answered or not _REUSED.get()
+
+
 def _secret_env(config: ModelConfig) -> tuple[str, ...]:
     """The environment variable holding this upstream's key, whose value never appears in an error."""
     return (config.api_key_env,) if config.api_key_env else ()
@@ -163,8 +202,10 @@ class DirectOpenAIUpstream:
     aiohttp rather than httpx: on this path httpx cost about 2 ms of CPU per request, over the proxy's budget.
     """
 
-    def __init__(self, session: aiohttp.ClientSession | None = None):
-        self._session = session
+    def __init__(self, ssl_context: ssl.SSLContext | None = None):
+        """`ssl_context`: whom https upstreams are trusted by (None: the system's certificate authorities)."""
+        self._ssl = ssl_context
+        self._session: aiohttp.ClientSession | None = None
         self._pool: http1.Pool | None = None
 
     def _plain(self) -> http1.Pool:
@@ -179,7 +220,7 @@ class DirectOpenAIUpstream:
         # created lazily: a session belongs to the event loop it was made in
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=512, ttl_dns_cache=300),
+                connector=_ReuseTellingConnector(limit=512, ttl_dns_cache=300, ssl=self._ssl or True),
                 auto_decompress=True,
             )
         return self._session
@@ -217,10 +258,7 @@ class DirectOpenAIUpstream:
             except CONNECT_FAILED:
                 raise  # no connection was made: the upstream is unreachable, not a stale pooled connection
             except STALE_CONNECTION as exc:
-                if isinstance(exc, http1.ServerDisconnected) and (exc.answered or exc.fresh):
-                    # part of an answer came, or the connection was made for this POST (no idle timer closed it):
-                    # the upstream took it and dropped it (a proxy's timeout, a crash), sending it again could run it
-                    # twice, uncharged (the probe: every such POST reached the upstream twice)
+                if _taken(exc):
                     raise
                 # an upstream closes idle kept-alive connections (uvicorn after 5 s); one closed as the pool handed
                 # it out fails before any answer ("Can not write request body", "Server disconnected"). aiohttp

@@ -4,6 +4,7 @@ with jitter and honour Retry-After — through the official openai client, a rea
 from __future__ import annotations
 
 import email.utils
+import ssl
 import time
 
 import httpx
@@ -350,6 +351,131 @@ def test_a_post_dropped_on_a_connection_made_for_it_is_not_sent_again():
                 else:
                     await upstream.complete(config, {"messages": [{"role": "user", "content": "x"}]})
         assert requests == 2  # one each
+        await upstream.aclose()
+        server.close()
+
+    uvloop.run(test())
+
+
+def _self_signed() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(the upstream's server context, a client context that trusts only it): a certificate for 127.0.0.1 made here."""
+    import datetime
+    import ipaddress
+    import tempfile
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    with tempfile.TemporaryDirectory() as folder:
+        cert_file, key_file = f"{folder}/cert.pem", f"{folder}/key.pem"
+        with open(cert_file, "wb") as out:
+            out.write(pem)
+        with open(key_file, "wb") as out:
+            out.write(
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(cert_file, key_file)
+    client = ssl.create_default_context(cadata=pem.decode())
+    return server, client
+
+
+async def _read_post(reader) -> bool:
+    """Read one request (head and content-length body); False when the client closed the connection first."""
+    import asyncio
+
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return False
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")),
+        0,
+    )
+    await reader.readexactly(length)
+    return True
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_https_post_is_resent_only_when_it_died_unanswered_on_a_reused_connection(stream):
+    """On https (aiohttp) a POST dropped unanswered was sent again whatever its connection: aiohttp raises the same
+    ServerDisconnectedError for a pooled connection an idle timer closed and for one made for this POST that the
+    upstream took and dropped (a proxy's timeout, a crash), where a resend may run it twice, uncharged. A local TLS
+    upstream: it drops the first POST of its first connection (fresh: not resent, an error), answers the first POST
+    of the next connection and drops that connection's second (reused: resent once, on a third connection), whose
+    second POST gets the head of an answer before the upstream dies (taken: not resent)."""
+    import asyncio
+
+    import uvloop
+
+    from gateway.upstreams.direct import DirectOpenAIUpstream
+    from gateway.upstreams.errors import UpstreamError
+    from policies.schema import ModelConfig
+    from tests.support.keepalive import COMPLETION, STREAM
+
+    server_context, client_context = _self_signed()
+    content, kind = (STREAM, "text/event-stream") if stream else (COMPLETION, "application/json")
+    answer = f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(content)}\r\n\r\n".encode() + content
+
+    async def test():
+        connections, posts = 0, []
+
+        async def serve(reader, writer):
+            nonlocal connections
+            connections += 1
+            number, served = connections, 0
+            while await _read_post(reader):
+                posts.append(number)
+                served += 1
+                if number == 1 or (number == 2 and served == 2):  # the fresh connection's POST, the reused one's
+                    break
+                if number == 3 and served == 2:  # the head of an answer, then the upstream dies
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")
+                    break
+                writer.write(answer)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        upstream = DirectOpenAIUpstream(ssl_context=client_context)
+        config = ModelConfig(model="openai/m", api_base=f"https://127.0.0.1:{port}/v1", max_retries=0, timeout=5)
+        body = {"messages": [{"role": "user", "content": "x"}]}
+
+        async def ask() -> str:
+            if stream:
+                return "".join([chunk.decode() async for chunk in upstream.stream(config, body)])
+            return (await upstream.complete(config, body))["choices"][0]["message"]["content"]
+
+        with pytest.raises(UpstreamError):
+            await ask()  # dropped on the connection made for it
+        assert posts == [1]
+        assert "ok" in await ask()  # a new connection, answered, kept alive
+        assert "ok" in await ask()  # dropped on the reused connection: sent again on a new one
+        assert posts == [1, 2, 2, 3] and connections == 3
+        with pytest.raises(UpstreamError):
+            await ask()  # the reused connection began answering: taken, not sent again
+        assert posts == [1, 2, 2, 3, 3] and connections == 3
         await upstream.aclose()
         server.close()
 

@@ -106,6 +106,20 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         help="simulate each value of this line field separately (LaRA: model), features computed once",
     )
     replay.add_argument(
+        "--sim-blend-prior",
+        type=float,
+        default=None,
+        metavar="N",
+        help="as `learn --blend-shipped ... --blend-prior N`: every refit also trains on the lines of the other corpora "
+        "(none shares a document with the stream), together weighing as N labelled answers",
+    )
+    replay.add_argument(
+        "--sim-escalation-weight",
+        type=float,
+        default=1.0,
+        help="as `learn --escalation-label-weight`: escalation labels' weight in the refits' fit (default 1)",
+    )
+    replay.add_argument(
         "--learn-estimator",
         choices=["logistic", "boosting"],
         default="logistic",
@@ -181,12 +195,20 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
         scores = verifier.scores(answers)
     items = build_items(examples, inputs, probabilities, UnanswerableDetector(policy.rag.unanswerable_patterns), scores)
     parts: dict[str, list[SimQuestion]] = {}
+    corpora: dict[str, set[str]] = {}  # each part's corpora, for the blend (the other corpora's lines)
     for example, item, row in zip(examples, items, answers):
         key = str(example.record.get(args.sim_split)) if args.sim_split else ", ".join(str(d) for d in args.data)
         parts.setdefault(key, []).append(SimQuestion(item, row))
+        corpora.setdefault(key, set()).add(example.corpus)
     out = []
     seeds = range(args.seed, args.seed + args.sim_seeds)
     for name, questions in sorted(parts.items()):
+        blend = None
+        if args.sim_blend_prior is not None:
+            blend = _other_corpora(examples, items, answers, corpora[name])
+            if not blend.labels:
+                print(f"selfroute eval replay: --sim-blend-prior: {name} has no other corpus to blend", file=sys.stderr)
+                return 2
         for seed in seeds:
             result = simulate(
                 questions,
@@ -213,6 +235,9 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
                 relative_from=args.sim_relative,
                 verifier=start_verifier,
                 route_model=model,
+                blend=blend,
+                blend_prior=args.sim_blend_prior,
+                escalation_weight=args.sim_escalation_weight,
             )
             met = targets(result)
             out.append({"part": name, **result.to_dict(), "targets": met, "questions": len(questions)})
@@ -248,3 +273,22 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
             )
         )
     return 0
+
+
+def _other_corpora(examples, items, answers, own: set[str]):
+    """The shipped lines a part's refits blend: every line of the other corpora, labelled and weighted as `learn`
+    labels and weights its --blend-shipped lines."""
+    from classifier.training import label_from_scores
+    from classifier.verifier import choice_weights
+    from gateway.evaluation.refit import Blend
+
+    keep = [k for k, e in enumerate(examples) if e.corpus not in own]
+    rag = [float(items[k].rag_score) for k in keep]
+    lc = [float(items[k].lc_score) for k in keep]
+    return Blend(
+        route_rows=[dict(items[k].features) for k in keep],
+        answer_rows=[answers[k] for k in keep],
+        labels=[label_from_scores(r, c) for r, c in zip(rag, lc)],
+        weights=[float(w) for w in choice_weights(rag, lc)],
+        groups=[items[k].group for k in keep],
+    )

@@ -112,6 +112,21 @@ def register(subparsers, parents) -> None:
         default=1.0,
         help="total weight of the shipped lines as a multiple of the ledger labels' (default 1)",
     )
+    blend.add_argument(
+        "--blend-prior",
+        type=float,
+        default=None,
+        metavar="N",
+        help="instead of --blend-weight: the shipped lines together weigh as N labelled answers (shadow labels count "
+        "as the answers they stand for), a prior towards the shipped data whose pull shrinks as labels come in",
+    )
+    parser.add_argument(
+        "--escalation-label-weight",
+        type=float,
+        default=1.0,
+        help="escalation labels' weight in the refit's fit, not in its replay (default 1; they exist only for answers "
+        "the check distrusted, shadow labels are a random sample)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="report only; write nothing")
     parser.add_argument("--json", action="store_true")
     add_ledger_argument(parser)
@@ -386,6 +401,8 @@ def _refit_verifier(args, policy, verifier, data, blend, stamp, share=None, chec
         checked=checked,
         blend=blend,
         blend_weight=args.blend_weight,
+        blend_prior=args.blend_prior,
+        escalation_weight=args.escalation_label_weight,
         card={"trained_on": f"{len(data.labels)} ledger labels since {args.since}{blended}"},
         min_model_labels=args.min_model_labels,
     )
@@ -451,6 +468,7 @@ def _refit_classifier(args, policy, found, data, blend, stamp) -> dict:
         min_labels=args.min_route_labels,
         blend=blend,
         blend_weight=args.blend_weight,
+        blend_prior=args.blend_prior,
     )
     out: dict = {"labelled": refit.labelled, "decision": refit.decision}
     if refit.quality_in_force is None or refit.quality_refit is None:

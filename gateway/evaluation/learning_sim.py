@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.evaluation.refit import (
     MIN_LABELS,
     MIN_ROUTE_LABELS,
+    Blend,
     Checked,
     LabelledAnswers,
     refit_classifier,
@@ -240,6 +241,9 @@ def simulate(
     min_labels: int = MIN_LABELS,
     min_route_labels: int = MIN_ROUTE_LABELS,
     folds: int = 5,
+    blend: Blend | None = None,
+    blend_prior: float | None = None,
+    escalation_weight: float = 1.0,
 ) -> SimulationResult:
     """Run the stream once. `policy` must have a verifier (its thresholds, else the shipped verifier card's, are the
     frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer and
@@ -261,7 +265,10 @@ def simulate(
     refit_relative, within the share as a share of the checked answers' long tokens; `out-of-fold`: the same choice
     put in force only when it holds out of fold, relative_out_of_fold, as `selfroute learn` does) or leaves them
     (`fixed`);
-    with `labels` the budget control re-chooses them for the same budget without labels (relative_for_budget)."""
+    with `labels` the budget control re-chooses them for the same budget without labels (relative_for_budget).
+    `blend` / `blend_prior` / `escalation_weight`: as `learn --blend-shipped` / `--blend-prior` /
+    `--escalation-label-weight` (the shipped lines in every refit's training, weighing as `blend_prior` labels;
+    escalation labels' weight in the fit)."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -515,6 +522,9 @@ def simulate(
             share=target,
             checked=every_checked,
             min_model_labels=min_model_labels,
+            blend=blend,
+            blend_prior=blend_prior,
+            escalation_weight=escalation_weight,
         )
         if refit.action == "model":
             verifier_now = refit.model
@@ -534,6 +544,8 @@ def simulate(
                 folds=folds,
                 seed=seed,
                 min_labels=min_route_labels,
+                blend=blend,
+                blend_prior=blend_prior,
             )
             if route.action == "model" and route.threshold is not None:
                 classifier = settings.model_copy(update={"threshold": route.threshold})

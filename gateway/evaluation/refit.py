@@ -252,17 +252,36 @@ def choose_thresholds(policy: Policy, scores: Sequence[float], data: LabelledAns
     return chosen
 
 
-def _blended(rows, data: LabelledAnswers, blend: Blend | None, blend_rows, blend_weight: float):
+def fit_weights(data: LabelledAnswers, escalation_weight: float = 1.0) -> list[float]:
+    """The labels' weights in a refit's training (not in its replay, which estimates the traffic's quality): an
+    escalation label times `escalation_weight` (they exist only for answers the check distrusted, a biased sample;
+    shadow labels are drawn at random)."""
+    return [w * (escalation_weight if e else 1.0) for w, e in zip(data.weights, data.escalated)]
+
+
+def _blended(
+    rows,
+    data: LabelledAnswers,
+    blend: Blend | None,
+    blend_rows,
+    blend_weight: float,
+    blend_prior: float | None = None,
+    escalation_weight: float = 1.0,
+):
     """(rows, labels, groups, weights, n): the labelled answers first, then any blended shipped lines."""
+    weights = fit_weights(data, escalation_weight)
     if blend is None:
-        return list(rows), list(data.labels), list(data.groups), list(data.weights), len(rows)
-    # the shipped lines together weigh blend_weight times the ledger labels, in their own proportions
-    scale = blend_weight * sum(data.weights) / (sum(blend.weights) or 1.0)
+        return list(rows), list(data.labels), list(data.groups), weights, len(rows)
+    # the shipped lines together weigh blend_weight times the ledger labels, in their own proportions; with
+    # blend_prior, as that many labelled answers whatever the ledger holds: a prior towards the shipped data whose
+    # pull shrinks as labels come in
+    total = blend_prior if blend_prior is not None else blend_weight * sum(data.weights)
+    scale = total / (sum(blend.weights) or 1.0)
     return (
         [*rows, *blend_rows],
         [*data.labels, *blend.labels],
         [*data.groups, *(f"shipped:{g}" for g in blend.groups)],
-        [*data.weights, *(w * scale for w in blend.weights)],
+        [*weights, *(w * scale for w in blend.weights)],
         len(rows),
     )
 
@@ -293,16 +312,26 @@ def refit_verifier(
     card: dict[str, Any] | None = None,
     checked: Checked | None = None,
     min_model_labels: int = 0,
+    blend_prior: float | None = None,
+    escalation_weight: float = 1.0,
 ) -> VerifierRefit:
     """The verifier's refit against the model in force (`in_force_scores`: its P(good) of the labelled answers).
     `min_model_labels`: with fewer labelled answers a refit never replaces the model in force, however it compares
-    (on a few dozen labels an out-of-fold win is often noise); only the thresholds may change."""
+    (on a few dozen labels an out-of-fold win is often noise); only the thresholds may change. `blend_prior`: the
+    blended shipped lines weigh as that many labelled answers (else `blend_weight` times the labels);
+    `escalation_weight`: escalation labels' weight in the fit (fit_weights)."""
     import numpy as np
 
     from classifier.verifier import Split, classification_metrics, new_verifier, protocol_scores
 
     rows, labels, groups, weights, n = _blended(
-        data.answer_rows, data, blend, blend.answer_rows if blend else None, blend_weight
+        data.answer_rows,
+        data,
+        blend,
+        blend.answer_rows if blend else None,
+        blend_weight,
+        blend_prior,
+        escalation_weight,
     )
     splits = [Split(train, test, "fold") for train, test in _splits(labels, groups, n, folds, seed)]
     y = np.asarray(labels)
@@ -401,6 +430,7 @@ def refit_classifier(
     min_labels: int = MIN_ROUTE_LABELS,
     blend: Blend | None = None,
     blend_weight: float = 1.0,
+    blend_prior: float | None = None,
 ) -> ClassifierRefit:
     """The pre-route classifier's refit on the labelled answers it decided (`data.route_rows` not None;
     `in_force_p`: the model in force's P(cheap) of each answer); `decided`: every recorded request it decided (its
@@ -428,7 +458,7 @@ def refit_classifier(
     )
     route_rows = [r for r in sub.route_rows if r is not None]
     rows, labels, groups, weights, n = _blended(
-        route_rows, sub, blend, blend.route_rows if blend else None, blend_weight
+        route_rows, sub, blend, blend.route_rows if blend else None, blend_weight, blend_prior
     )
     x, y, w = feature_matrix(rows), np.asarray(labels, dtype=int), np.asarray(weights, dtype=float)
     oof = np.zeros(n)

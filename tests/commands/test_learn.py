@@ -166,6 +166,17 @@ def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
     assert report["blended"] == lines and report["quality_refit"] != alone["quality_refit"]
     card = json.loads((policy.parent / report["model_path"]).with_suffix(".json").read_text())
     assert f"blended with {lines} lines of paired.jsonl" in card["trained_on"]
+    # --blend-prior: the shipped lines weigh as that many labels whatever the ledger holds
+    assert main([*args, *blend, "--blend-prior", "1e6", "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["quality_refit"] != report["quality_refit"]
+    # escalation labels out of the fit (the judged escalations), still in the replay (the verifier written above in
+    # force for both)
+    assert main([*args, "--dry-run"]) == 0
+    weighed = json.loads(capsys.readouterr().out)
+    assert main([*args, "--escalation-label-weight", "0", "--dry-run"]) == 0
+    unescalated = json.loads(capsys.readouterr().out)
+    assert unescalated["quality_refit"] != weighed["quality_refit"]
+    assert unescalated["quality_in_force"] == weighed["quality_in_force"]
     assert main([*args, "--blend-shipped", str(paired)]) == 2  # the documents are needed too
     assert "go together" in capsys.readouterr().err
 

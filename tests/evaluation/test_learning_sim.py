@@ -318,3 +318,27 @@ def test_a_minimum_of_labels_keeps_the_verifier_in_force_until_it_is_reached():
     never = simulate(stream(), POLICY, PRICES, min_model_labels=10**6, **common)
     assert {r["verifier"] for r in never.refits} <= {"thresholds", "keep"}
     assert never.trailing[LEARNING]["quality"] < free.trailing[LEARNING]["quality"]
+
+
+def test_a_blend_prior_pulls_the_refits_towards_the_shipped_lines_less_as_labels_come_in():
+    """blend / blend_prior (learn --blend-shipped --blend-prior): shipped lines that say the shipped verifier's
+    backwards direction, weighing as a million labels, keep every refit there; weighing as ten, the labels win."""
+    from gateway.evaluation.refit import Blend
+
+    names = ["ans_support_passages", "ans_refusal"]
+    common = dict(shadow_rate=0.05, judge_noise=0.0, refit_every=100, window=300, after=600, feature_names=names)
+    rng = random.Random(5)
+    support = [rng.random() for _ in range(400)]
+    backwards = Blend(
+        route_rows=[{} for _ in support],
+        answer_rows=[{"ans_support_passages": s, "ans_refusal": 0.0} for s in support],
+        labels=[int(s < 0.5) for s in support],
+        weights=[1.0] * len(support),
+        groups=[f"shipped{i % 20}" for i in range(len(support))],
+    )
+    free = simulate(stream(), POLICY, PRICES, **common)
+    weak = simulate(stream(), POLICY, PRICES, blend=backwards, blend_prior=10.0, **common)
+    strong = simulate(stream(), POLICY, PRICES, blend=backwards, blend_prior=1e6, **common)
+    assert strong.trailing[LEARNING]["quality"] < free.trailing[LEARNING]["quality"] - 5
+    assert weak.trailing[LEARNING]["quality"] > strong.trailing[LEARNING]["quality"] + 5
+    assert any(r["verifier"] == "model" for r in weak.refits)

@@ -223,4 +223,7 @@ class RequestLedgerEntry:
             # nothing was routed (or routing never got as far as sizing the context): no saving to claim
             record.counterfactual_cost_usd = record.cost_usd
             record.context_tokens = record.context_tokens or record.prompt_tokens
-        self._ledger.submit_after(self._reservation, record)  # never before its in-flight row
+        # never before its in-flight row; the entry lets go of its reservation, whose `prepare` holds the entry: no
+        # reference cycle per request for the cyclic collector to find (BENCHMARKS.md section 1, round nine)
+        reservation, self._reservation = self._reservation, None
+        self._ledger.submit_after(reservation, record)

@@ -72,14 +72,24 @@ def default_upstream() -> Upstream:
     return ProviderUpstream(DirectOpenAIUpstream(), LiteLLMUpstream(), LocalModelUpstream())
 
 
+# Allocations (less deallocations) between two young collections, CPython's default 700. Requests in flight hold a
+# few hundred objects each, and each young collection traverses the new ones still alive and moves them on, where
+# the older generations traverse them again: at 32 requests in flight the collector ran every eight requests, about
+# a tenth of the event loop's time on a pass-through request (BENCHMARKS.md section 1, round nine). A request leaves
+# no cyclic garbage (tests/server/test_disconnect.py), so what waits here is at most this many small objects.
+YOUNG_COLLECTION_THRESHOLD = 10_000
+
+
 def _freeze_when_loaded(*loaders: threading.Thread) -> None:
     """Once the start-up threads are done, move what they loaded (litellm and its cost map, the models, the
     store: ~400k long-lived objects) out of the cyclic collector's sight. Scanning them made each full
-    collection under load stall the event loop for 0.4-1 s, every few hundred requests."""
+    collection under load stall the event loop for 0.4-1 s, every few hundred requests. Then young collections
+    come every YOUNG_COLLECTION_THRESHOLD allocations (the older generations' thresholds are left as they are)."""
     for loader in loaders:
         loader.join()
     gc.collect()
     gc.freeze()
+    gc.set_threshold(max(YOUNG_COLLECTION_THRESHOLD, gc.get_threshold()[0]), *gc.get_threshold()[1:])
 
 
 # the errors Starlette's exception middleware answers through handle_error; any other exception its server-error

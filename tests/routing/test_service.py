@@ -12,7 +12,6 @@ import pytest
 
 from gateway.server.app import create_app
 from gateway.settings import Settings
-from pipelines.embedding import Embedder
 from tests.support.gateway import ledger_rows
 from tests.support.policies import routing_policy, rule
 from tests.support.routed import QUESTION, ask, client, manual
@@ -607,12 +606,13 @@ def test_cheap_leg_logprobs_behind_the_policy_switch_reach_the_verifier(start, u
     assert kept.http_response.json()["choices"][0].get("logprobs") is None  # the client did not ask
 
 
-def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(start, upstream, tmp_path):
+def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(start, upstream, embedder, tmp_path):
     """The answer's support in embedding space (SUPPORT_FEATURES) as the live check read it (the ledger's learning
     record) equals the replay's, whose chunks sent are read from its own store and whose answer embeddings are cached
-    (gateway.evaluation.verification.CachedEmbed), within float tolerance. With fp32 vectors (`onnx`): under the
-    default onnx-int8 two of the four differed by up to 3.7e-3 here (not explained in round eight; BENCHMARKS.md §2),
-    so a verifier that reads them is for `onnx` (none shipped does)."""
+    (gateway.evaluation.verification.CachedEmbed), under the shipped onnx-int8 vectors. The replay retrieves from the
+    whole index, so the live answer compared is one made on the whole index: the first question on new documents is
+    answered from the first pass (pipelines.store.pending: BM25 candidates, only those ranked by vector), which sends
+    other passages (round eight's unexplained 3.7e-3 was that: other chunks sent, not other vectors)."""
     import json
     import sqlite3
 
@@ -621,8 +621,11 @@ def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(star
     from gateway.evaluation.examples import Example, RouteInputBuilder
     from gateway.evaluation.verification import CachedEmbed, answer_rows, cheap_answers
     from gateway.routing.model_files import save_verifier
+    from gateway.server.headers import REQUEST_ID
     from pipelines.documents import Document
+    from pipelines.embedding import DEFAULT_BACKEND
 
+    assert embedder.backend == DEFAULT_BACKEND == "onnx-int8"
     rng = np.random.default_rng(0)
     rows = [{n: float(v) for n, v in zip(SUPPORT_FEATURES, rng.random(4))} for _ in range(60)]
     toy = train_verifier(
@@ -637,15 +640,18 @@ def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(star
     save_verifier(toy, path)
     answer = "The maintenance password is BLUE-HERON-42. It is printed on the pump's lid."
     upstream[1].state.scripted = answer
-    embedder = Embedder(backend="onnx")
-    url, app = start(cheap="cheap-scripted", verifier=str(path), with_embedder=embedder)
-    ask(url, QUESTION, documents=[{"text": manual()}])
+    url, app = start(cheap="cheap-scripted", verifier=str(path))
+    ask(url, QUESTION, documents=[{"text": manual()}])  # answered from the first pass; starts the whole index
+    app.state.gateway.store.wait_inline()  # the documents' whole index, as the replay's store holds it
+    later = ask(url, QUESTION, documents=[{"text": manual()}])
     live = None
     deadline = time.monotonic() + 30
     while live is None:  # the learning record is written off the request path
         app.state.gateway.ledger.flush()
         with sqlite3.connect(app.state.gateway.ledger.path) as conn:
-            found = conn.execute("SELECT data FROM request_features").fetchall()
+            found = conn.execute(
+                "SELECT data FROM request_features WHERE request_id = ?", (later.headers[REQUEST_ID],)
+            ).fetchall()
         live = json.loads(found[0][0])["verifier_features"] if found else None
         assert live is not None or time.monotonic() < deadline
         time.sleep(0.1)
@@ -657,9 +663,9 @@ def test_a_verifier_reading_the_support_gets_the_values_the_replay_computes(star
     embed = CachedEmbed(embedder, tmp_path / "vectors")
     [offline] = answer_rows(cheap_answers(builder, [example], embed=embed))
     for name in SUPPORT_FEATURES:
-        # float tolerance: the two stores embedded the chunks in batches of other shapes (the gateway's first pass),
-        # and onnxruntime's sums differ in the last digits (measured 7e-5)
-        assert live[name] == pytest.approx(offline[name], abs=5e-4), name
+        # one text per int8 run: a text's vector is its own whatever was embedded with it, so the same chunks and
+        # answer give the same vectors; the tolerance is float32's rounding in the sums
+        assert live[name] == pytest.approx(offline[name], abs=1e-5), name
     assert 0.0 < live["ans_sentence_support_min"] <= live["ans_sentence_support_mean"] <= 1.0
 
 

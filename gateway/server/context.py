@@ -12,7 +12,7 @@ Every such endpoint is an `async def handler(ctx: RequestContext) -> Response`, 
 2. opens the request's ledger entry (`metered=True`), with the caller's key id on it;
 3. reads the body of a POST under the size limit (`ctx.body`; `body_limit`, else the settings' max_body_bytes);
 4. runs the handler in the request's cancellation scope (gateway.server.disconnect): the client leaving stops
-   the work and is recorded as 499; a shutdown past its grace period is recorded as 503 and re-raised;
+   the work and is recorded as 499; a shutdown past its grace period is recorded and answered as 503;
 5. records the final status once: the response's status, or for an exception the status of the error
    `gateway.server.errors.failure` maps it to (the one exception table), and answers with that error.
    A streamed answer records its own end when the stream ends (gateway.server.streaming).
@@ -37,6 +37,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway.errors import GatewayError
 from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.server.auth import Caller
@@ -51,6 +52,7 @@ from pipelines.scope import KeyScope
 logger = logging.getLogger(__name__)
 
 SHUTDOWN = 503
+SHUT_DOWN_TEXT = "the gateway shut down before the answer was ready"
 
 Handler = Callable[["RequestContext"], Awaitable[Response]]
 
@@ -121,8 +123,11 @@ def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_
             return Response(status_code=CLIENT_CLOSED)
         except anyio.get_cancelled_exc_class():  # a shutdown past its grace period: still ledgered
             if entry is not None:
-                entry.finish(SHUTDOWN, "the gateway shut down before the answer was ready")
-            raise
+                entry.finish(SHUTDOWN, SHUT_DOWN_TEXT)
+            # answered, not re-raised: uvicorn answers a task it cancelled with a plain-text 500 (probe9)
+            return error_response(
+                GatewayError(SHUTDOWN, SHUT_DOWN_TEXT, code="shutting_down"), request_id_header(request)
+            )
         except Exception as exc:
             failed = failure(exc)
             if failed.unexpected:  # logged once here, answered with the envelope, never a traceback

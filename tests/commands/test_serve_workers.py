@@ -3,6 +3,7 @@ work cancelled and ledgered; several workers sharing the port and the ledger."""
 
 from __future__ import annotations
 
+import json
 import signal
 import sqlite3
 import threading
@@ -45,7 +46,8 @@ def test_sigterm_stops_within_the_shutdown_timeout_cancelling_and_ledgering_in_f
 
     def blocked() -> None:
         try:
-            outcome.append(ask(url, "A question the upstream takes two minutes to answer.").status_code)
+            answer = ask(url, "A question the upstream takes two minutes to answer.")
+            outcome.append((answer.status_code, answer.text))
         except httpx.HTTPError as exc:
             outcome.append(type(exc).__name__)
 
@@ -63,7 +65,9 @@ def test_sigterm_stops_within_the_shutdown_timeout_cancelling_and_ledgering_in_f
     assert "Waiting for" in output or "graceful shutdown exceeded" in output
     assert took < 60, f"took {took:.1f} s to exit"  # bounded by the timeout, not by the upstream's two minutes
     thread.join(10)
-    assert outcome and outcome[0] != 200
+    # the client is told, in OpenAI's envelope (before: uvicorn's plain-text 500 "Internal Server Error")
+    assert outcome and outcome[0][0] == 503, outcome
+    assert json.loads(outcome[0][1])["error"]["code"] == "shutting_down"
     rows = ledger(tmp_path)
     assert [r["status"] for r in rows] == [503] and "shut down" in rows[0]["error"]
 

@@ -746,3 +746,20 @@ def test_a_held_stream_whose_client_leaves_in_any_phase_is_499_at_once(
             release.set()
     assert found and found[0]["status"] == 499, found
     assert heard_after < 10  # not after the cheap stream's 10 s, the check, or the long model's 30 s
+
+
+def test_a_pass_through_name_keeps_its_policy_settings_and_other_names_get_one_default_config_each():
+    """passthrough_config builds a name's default config once (it ran twice a request: the call and its estimate);
+    the policy's own models keep their settings and an unpackaged local model is still refused."""
+    from gateway.routing.errors import ModelNotFound
+    from gateway.routing.service import passthrough_config
+    from policies.schema import ModelConfig
+
+    policy = routing_policy("http://127.0.0.1:9")
+    assert passthrough_config(policy, policy.cheap.model) is policy.cheap
+    first = passthrough_config(policy, "openai/some-model")
+    assert first == ModelConfig(model="openai/some-model")
+    assert passthrough_config(policy, "openai/some-model") is first
+    assert passthrough_config(policy, "openai/other-model").model == "openai/other-model"
+    with pytest.raises(ModelNotFound):
+        passthrough_config(policy, "local//etc/passwd")

@@ -104,24 +104,77 @@ _SEGMENT = re.compile(r"[^\x00-\x7f]+|" + _SPLIT_WORD.pattern)
 _CHAR_CACHE: dict[str, str] = {}
 
 
-def _normalise_char(ch: str) -> str:
-    out = _CHAR_CACHE.get(ch)
+def _confusables() -> dict[str, str]:
+    """Non-ASCII letters that Unicode's confusables table (TR39, as shipped by confusable-homoglyphs) says look like
+    one ASCII letter, and that NFKC leaves non-ASCII: Greek, Cyrillic, Armenian, Cherokee, IPA... Read on first use."""
+    if not _CONFUSABLE_TABLE:
+        from confusable_homoglyphs.utils import load
+
+        table: dict[str, str] = {}
+        for ch, homoglyphs in load("confusables.json").items():
+            if len(ch) != 1 or ch.isascii() or unicodedata.normalize("NFKC", ch).isascii():
+                continue
+            latin = {h["c"] for h in homoglyphs if len(h["c"]) == 1 and h["c"].isascii() and h["c"].isalpha()}
+            if len(latin) == 1:
+                table[ch] = latin.pop()
+        table.update(_CONFUSABLES)  # the hand list wins where they differ
+        _CONFUSABLE_TABLE.update(table)
+    return _CONFUSABLE_TABLE
+
+
+_CONFUSABLE_TABLE: dict[str, str] = {}
+
+
+def _normalise_char(ch: str, fold: bool) -> str:
+    cache = _CHAR_CACHE if fold else _CHAR_CACHE_NO_FOLD
+    out = cache.get(ch)
     if out is None:
         cp = ord(ch)
+        table = _confusables() if fold else {}
         if ch in _DROP:
             out = ""
         elif 0xE0020 <= cp <= 0xE007E:  # Unicode tag characters: invisible copies of ASCII ("ASCII smuggling")
             out = chr(cp - 0xE0000)
         elif 0xE0000 <= cp <= 0xE007F or 0xE0100 <= cp <= 0xE01EF:
             out = ""
-        elif ch in _CONFUSABLES:
-            out = _CONFUSABLES[ch]
+        elif ch in table:
+            out = table[ch]
         else:
             out = unicodedata.normalize("NFKC", ch)
-            out = "".join(_CONFUSABLES.get(c, c) for c in out if c not in _DROP)
-        if len(_CHAR_CACHE) < 100_000:
-            _CHAR_CACHE[ch] = out
+            out = "".join(table.get(c, c) for c in out if c not in _DROP)
+        if len(cache) < 100_000:
+            cache[ch] = out
     return out
+
+
+_CHAR_CACHE_NO_FOLD: dict[str, str] = {}
+
+
+def _near_latin(text: str, a: int, b: int) -> bool:
+    """Whether the look-alikes of the non-ASCII run text[a:b] are folded: where it shares a word with a Latin letter
+    (at most two characters away: "іgnоrе"), or is made of look-alikes only and follows Latin text ("tenez ρаѕ
+    compte"). Greek or Russian prose keeps its own letters for its own rules."""
+    for side in ((a - 1, a - 2), (b, b + 1)):
+        for i in side:
+            if not 0 <= i < len(text) or text[i].isspace() or text[i] in "<>":  # a tag's name is not the word
+                break
+            if text[i].isascii() and text[i].isalpha():
+                return True
+    table = _confusables()
+    return all(c in table or not c.isalpha() for c in text[a:b]) and any(
+        c.isascii() and c.isalpha() for c in text[max(0, a - 12) : a]
+    )
+
+
+# HTML markup in the text view: tags, comment delimiters, and whole short comments inside a word ("ig<!-- -->nore",
+# "ig</span><span>nore"). A run of markup between two letters goes; elsewhere it becomes one space. Comment bodies
+# otherwise stay (html_comment_instruction reads them on the markup view; the phrase rules see their words here).
+_LETTER = r"[^\W\d_]"
+# (every branch opens with "<" or "-": re then skips to those characters instead of trying each branch everywhere)
+_MARKUP_RUN = re.compile(
+    rf"(?:<(?:!--\s*-->|(?<={_LETTER}<)!--[^\n<>]{{0,40}}?-->(?={_LETTER}|<)|!--|/?[A-Za-z][\w:-]*(?:\s[^<>]{{0,300}})?/?>)"
+    r"|-->)+"
+)
 
 
 class _Normalised:
@@ -145,9 +198,10 @@ class _Normalised:
                 parts.append(original[pos:a])
                 n += a - pos
             split_word = original[a].isascii()  # a letter-split word: its separators go
+            fold = not split_word and _near_latin(original, a, b)
             for i in range(a, b):
                 ch = original[i]
-                rep = (ch if ch.isalpha() else "") if split_word else _normalise_char(ch)
+                rep = (ch if ch.isalpha() else "") if split_word else _normalise_char(ch, fold)
                 for j in range(len(rep)):
                     delta = i - (n + j)
                     if delta != deltas[-1]:
@@ -174,9 +228,62 @@ class _Normalised:
         return min(self.orig_start(k - 1) + 1, self._orig_len)
 
 
-def normalise(text: str) -> str:
-    """The view the text rules run on (NFKC per character, invisible characters removed, look-alikes folded)."""
-    return _Normalised(text).text
+_TAG_BEFORE_LETTER = re.compile(r"<[A-Za-z!/][^<>\n]{0,300}>(?=[^\W\d_])")
+
+
+def _has_markup(text: str) -> bool:
+    """Closing tags, comments or a tag against a letter: HTML worth a second view. A contract's "<Serial No.>" placeholder
+    is none of these, and a text without markup is scanned once."""
+    return (
+        "</" in text or "<!--" in text or "-->" in text or "/>" in text or _TAG_BEFORE_LETTER.search(text) is not None
+    )
+
+
+class _WithoutMarkup:
+    """A normalised view with HTML markup runs removed (between two letters) or made one space (elsewhere); offsets
+    map through the view it was made from back to the original."""
+
+    __slots__ = ("text", "_base", "_starts", "_deltas")
+
+    def __init__(self, base: _Normalised):
+        self._base = base
+        source = base.text
+        parts: list[str] = []
+        starts, deltas = [0], [0]
+        n = pos = 0
+        for run in _MARKUP_RUN.finditer(source):
+            a, b = run.span()
+            parts.append(source[pos:a])
+            n += a - pos
+            if not (a > 0 and source[a - 1].isalpha() and b < len(source) and source[b].isalpha()):
+                starts.append(n)  # one space, pointing at the run's first character
+                deltas.append(a - n)
+                parts.append(" ")
+                n += 1
+            starts.append(n)
+            deltas.append(b - n)
+            pos = b
+        parts.append(source[pos:])
+        self.text = "".join(parts)
+        self._starts, self._deltas = starts, deltas
+
+    def _local(self, k: int) -> int:
+        return k + self._deltas[bisect_right(self._starts, k) - 1]
+
+    def orig_start(self, k: int) -> int:
+        return self._base.orig_start(self._local(k))
+
+    def orig_end(self, k: int) -> int:
+        if k <= 0:
+            return 0
+        return self._base.orig_end(self._local(k - 1) + 1)
+
+
+def normalise(text: str, markup: bool = False) -> str:
+    """The view the text rules run on (NFKC per character, invisible characters removed, look-alikes folded); with
+    ``markup`` the phrase rules' view: HTML tags and comment delimiters removed too."""
+    base = _Normalised(text)
+    return _WithoutMarkup(base).text if markup else base.text
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -304,6 +411,7 @@ _RULE_SPECS: list[dict] = []
 _T_IGNORE = (
     r"gn[o0]r|[e3]g[a4@]rd|rg[e3]t|skip|bypass|overr|scard|glect|bandon"
     r"|set\s+aside|throw\s+away|no\s+attention|t\s+follow|stop\s+follow|longer\s+follow|t\s+obey|stop\s+obey"
+    r"|overlook|never\s+mind|drop\s|t\s+(?:worry|bother)"
 )
 
 
@@ -477,20 +585,21 @@ _rule(
 # sent to ... at legal@acme.com") are not imperatives, and name no data to send.
 # within one sentence: a full stop only inside a host name or number (www.bank.com, 2.5)
 _IN_SENTENCE = r"(?:[^\n.!?]|\.(?=\S))"
-_SEND = r"(?:send|e-?mail|forward|upload|post|transmit|share|leak|exfiltrate)"
+_SEND = r"(?:send|e-?mail|forward|upload|post|transmit|share|leak|exfiltrate|copy|paste)"
 _IMPERATIVE_LEAD = (
     r"(?:^|(?<=[.!?:;])\s+|\n\s*|(?://|#)\s*(?:TODO|FIXME)?:?\s*|\b(?:please|then|and\s+then|also|now|"
     r"and|can\s+you|could\s+you|you\s+(?:must|should|will)|instructions?\s*:)\s+)"
 )
 _DATA = (
     r"(?:(?:the|all|any|every|my|your|their|his|her|its|this|these|those|our|user'?s?|the\s+user'?s?|real|full|"
-    r"entire|complete|saved|stored|private|personal|confidential|new)\s+){0,4}"
+    r"entire|complete|saved|stored|private|personal|confidential|new|whole|a\s+copy\s+of(?:\s+the)?|full\s+text\s+of)\s+){0,4}"
     r"(?:passwords?|pass\s*codes?|credentials?|api\s*keys?|tokens?|secrets?|source\s+code|code|files?|data|contents?|"
     r"information|details|conversation|chat|history|summary|records?|names?|messages?|e-?mails?|addresses|"
-    r"documents?|notes|results?|answers?|logs?)"
+    r"documents?|notes|results?|answers?|logs?|text|passages?|pages?|contracts?|agreements?|questions?|"
+    r"everything\s+(?:above|here|in\s+this\s+(?:document|file|page))|conversations?)"
 )
 _DESTINATION = (
-    r"(?:[\w.+-]+@[\w-]+(?:\.[\w-]+)+|https?://\S+|(?:www\.)?[\w-]+\.(?:com|net|org|io|edu|ru|cn|xyz|info|co|me|app|dev)"
+    r"(?:[\w.+-]+@[\w-]+(?:\.[\w-]+)+|(?:https?|ftp|sftp)://\S+|(?:www\.)?[\w-]+\.(?:com|net|org|io|edu|ru|cn|xyz|info|co|me|app|dev)"
     r"(?:/\S*)?|\S+\.(?:com|net|org|io)/\S*)"
 )
 _rule(
@@ -502,7 +611,7 @@ _rule(
     r"|\b(?:trigger|make|send|issue|perform|execute|fire)\s+(?:a|an|the)\s+(?:URL|HTTP|GET|POST|web|fetch)\s+(?:query|request|call)\s+to\b"
     rf"{_TAIL}",
     description="send/e-mail/upload <data> to <e-mail address | URL> as an instruction; trigger a URL query to …",
-    trigger=r"(?:send|mail|forward|upload|post|transmit|share|leak|exfiltrate)\s|"
+    trigger=r"(?:send|mail|forward|upload|post|transmit|share|leak|exfiltrate|copy|paste)\s|"
     r"(?:url|http|get|post|web|fetch)\s+(?:query|request|call)\s+to",
     back=40,
 )
@@ -551,6 +660,210 @@ _rule(
     "reply (BIPIA's task hijacks)",
     trigger=r"your\s+(?:response|reply|answer|output)",
     back=120,
+)
+
+# ---- round nine: paraphrased overrides, fake refusals, decode lures (bench_injection_hostile.py) ----
+_VERB_IGNORE_WIDE = (
+    rf"(?:{_IGNORE_VERBS}|{_IGNORE_VERB_PHRASES}|overlook|never\s+mind|drop|don'?t\s+(?:worry|bother)\s+about)"
+)
+_rule(
+    "override_paraphrase",
+    "override",
+    # what the user asked, named as the thing to ignore
+    rf"(?:\b{_VERB_IGNORE_WIDE}\s+(?:(?:the|this|that|their|any|his|her)\s+)?(?:(?:user|reader|human|customer|client)(?:'?s)?|"
+    r"original|actual|real|incoming)\s+(?:questions?|requests?|query|queries|prompts?|tasks?|messages?|instructions?)"
+    rf"|\b{_VERB_IGNORE_WIDE}\s+(?:the\s+)?(?:questions?|requests?|query|task)\s+(?:entirely|completely|altogether|above|"
+    r"you\s+(?:were|have\s+been|'ve\s+been|are\s+being)\s+(?:asked|given|sent))"
+    rf"|\b{_VERB_IGNORE_WIDE}\s+(?:(?:all|any|the|your|of)\s+){{0,3}}(?:{_OBJECTS}|guidance|orders?)\s+(?:(?:that\s+)?you\s+"
+    r"(?:received|got|were\s+given|have\s+been\s+given|were\s+told)|(?:that\s+)?(?:came|come|was\s+given|were\s+given)\s+"
+    r"(?:earlier|before|above|previously|first))"
+    rf"|\b{_VERB_IGNORE_WIDE}\s+what(?:ever)?\s+(?:(?:you|u)\s+(?:were|are|have\s+been|'ve\s+been|got)|(?:the\s+)?"
+    r"(?:user|reader|human|customer)\s+(?:is|has)?)\s*(?:asked|told|given|wants?|asks?|said|says|requested|requests|"
+    r"doing|instructed)"
+    r")"
+    rf"{_TAIL}",
+    description="disregard the user question / forget what you were asked / set aside the guidance that came before",
+    trigger=_T_IGNORE,
+    words_back=3,
+)
+_rule(
+    "override_scope",
+    "override",
+    # whatever the question, do this instead
+    r"(?:\b(?:whatever|regardless\s+of|no\s+matter)\s+(?:what\s+)?(?:the\s+|their\s+)?(?:user|reader|human|question|"
+    r"they|you\s+are|you're|anyone|people)\s*(?:asks?|asked|says?|wants?|is)?\s*[,;:]?\s*(?:you\s+(?:must|should|will)\s+)?"
+    r"(?:always\s+)?(?:answer|reply|respond|say|state|tell|claim|output|write|insist)\b"
+    r"|\b(?:do\s+not|don'?t|never)\s+answer\s+(?:the|their|this|that|any)\s+(?:(?:user|reader|human)(?:'?s)?\s+)?"
+    r"(?:questions?|requests?)\b"
+    r"|\binstead\s+of\s+(?:answering|replying|responding)\b"
+    r"|\bbefore\s+(?:you\s+)?(?:answer|reply|respond)(?:ing)?\b,?\s+(?:you\s+must\s+)?(?:first\s+)?(?:replace|add|say|"
+    r"write|include|insert|mention|state|call|send|visit|change|prefix|open)\b"
+    r"|\b(?:your|all|the|my)\s+(?:previous|prior|earlier|original|old|initial|former)\s+(?:instructions?|orders?|prompts?|"
+    r"rules|tasks?|directives?|guidelines)\s+(?:are|is|were|was|have\s+been|has\s+been)\s+(?:now\s+)?(?:cancel+ed|void|"
+    r"revoked|obsolete|no\s+longer\s+valid|superseded|replaced|overridden|a\s+mistake|wrong|withdrawn|invalid|outdated)"
+    r"|\bnew\s+(?:tasks?|orders?|objectives?|goals?|missions?)\s*[:：]"
+    r"|\bthe\s+(?:question|request|query)\s+(?:above|below|you\s+(?:were|have\s+been)\s+(?:asked|given))\s+(?:is|was)\s+"
+    r"(?:only\s+|just\s+|merely\s+)?(?:a\s+)?(?:test|fake|irrelevant|a\s+distraction|not\s+important|cancel+ed))"
+    rf"{_TAIL}",
+    description="whatever the user asks, answer … / do not answer the question / instead of answering / your previous "
+    "orders are cancelled / new task: / the question above is only a test",
+    trigger=r"whatever|regardless|no\s+matter|instead\s+of\s+(?:answer|repl|respond)|before\s+(?:you\s+)?(?:answer|repl|"
+    r"respond)|n[o']t\s+answer|never\s+answer|new\s+(?:task|order|objective|goal|mission)|(?:question|request|query)\s+"
+    r"(?:above|below|you)|(?:instructions?|orders?|prompts?|rules|tasks?|directives?|guidelines)\s+(?:are|is|were|was|"
+    r"have\s+been|has\s+been)\s+(?:now\s+)?(?:cancel|void|revoked|obsolete|no\s+longer|superseded|replaced|overridden|"
+    r"a\s+mistake|wrong|withdrawn|invalid|outdated)",
+    words_back=8,
+)
+# Self-Route escalates a cheap answer that says the passages lack the answer: a document that orders that answer
+# sends every question about it to the long (expensive) model, and hides what it says.
+_ABSENT = (
+    r"[\"'“‘«]?\s*(?:(?:it|this|that|the\s+question)\s+is\s+|(?:it|this)\s+(?:was|'s)\s+)?(?:unanswerable|not\s+answerable)"
+    r"|(?:the\s+)?(?:answer|information|answers)\s+(?:is|are)\s+not\s+(?:in|available|present|provided|contained|given)"
+    r"|(?:the\s+)?(?:passages?|context|documents?|text|contract|sources?)\s+(?:does|do|did)\s+not\s+(?:contain|include|"
+    r"mention|provide|say)|(?:you|it|they|we)\s+(?:cannot|can'?t|could\s+not|couldn'?t)\s+(?:find|answer|determine|locate)"
+    r"|(?:the\s+)?question\s+(?:cannot|can'?t|could\s+not)\s+be\s+answered|i\s+(?:do\s+not|don'?t)\s+know"
+    r"|there\s+is\s+(?:not\s+enough|insufficient|no)\s+(?:information|context|data)|(?:not\s+enough|insufficient)\s+"
+    r"(?:information|context)"
+)
+_rule(
+    "fake_unanswerable",
+    "override",
+    r"\b(?:answer|reply|respond|say|state|claim|pretend|insist|tell\s+(?:the\s+)?(?:user|reader|them|everyone|people)|"
+    r"always\s+(?:answer|reply|respond|say|claim|state))\b[^.\n!?]{0,60}?"
+    rf"(?:\bwith\s+|\bthat\s+|[:,]\s*)?(?:{_ABSENT})"
+    r"|\b(?:respond|reply|answer)\s+[\"'“‘«]\s*(?:unanswerable|i\s+don'?t\s+know|no\s+answer)"
+    rf"{_TAIL}",
+    description="answer that it is unanswerable / say the passages do not contain the answer (forces escalation)",
+    trigger=r"unanswerable|answerable|(?:is|are)\s+not\s+(?:in|available|present|provided|contained|given)\b|"
+    r"(?:does|do|did)\s+not\s+(?:contain|include|mention|provide|say)|(?:cannot|can'?t|could\s+not|couldn'?t)\s+"
+    r"(?:find|answer|determine|locate|be\s+answered)|n'?t\s+know|not\s+enough|insufficient|[\"'“‘«]\s*(?:i\s+don|no\s+answer)",
+    words_back=14,
+)
+_rule(
+    "decode_and_follow",
+    "override",
+    r"\b(?:decode|decipher|decrypt|unscramble|de-?obfuscate|base-?64[\s-]*decode|rot-?13|translate|reverse|unhex)\b"
+    r"[^.\n!?]{0,80}?(?:\band\s+(?:then\s+)?|\bthen\s+|[,;:]\s*(?:then\s+)?)(?:(?:follow|obey|execute|run|carry\s+out|"
+    r"act\s+(?:on|upon)|perform|comply\s+with)\s*(?:it\b|them\b|this\b|that\b|these\b|those\b|its\s+instructions|exactly|"
+    r"the\s+(?:instructions?|commands?|result|decoded\s+\w+|text|message|line|string)\b|[.:!]|$)"
+    r"|do\s+(?:what|as)\s+it\s+(?:says|tells|asks|instructs))"
+    r"|\b(?:decode|decrypt|decipher)\s+and\s+(?:run|execute|follow|obey)\b"
+    rf"{_TAIL}",
+    description="decode this (base64, hex, ROT13, reversed) and follow it",
+    trigger=r"decode|decipher|decrypt|unscramble|obfuscate|rot-?13|translate|reverse|unhex",
+    words_back=0,
+)
+
+# ---- other languages (round nine): French, German, Spanish, Italian, Portuguese, Dutch, Russian ----
+# Each: the override verb with instructions/rules (or the user's question) as object, "you are now …", "from now on
+# you …", "new instructions:", "do not tell the user", "reveal your system prompt". No French, German or Spanish text
+# is in the shared corpora: their false-positive rate is unmeasured (tests/pipelines/safety has benign sentences).
+_rule(
+    "override_fr",
+    "override",
+    r"(?:\b(?:ignor(?:e|ez|er|es)|oubli(?:e|ez|er|es)|n[e']\s*(?:tenez|tiens|tenir)\s+(?:pas|plus)\s+compte\s+(?:de|des|du)|"
+    r"fai(?:s|tes)\s+abstraction\s+(?:de|des|du)|ne\s+(?:suivez|suis|respectez|respecte)\s+(?:plus|pas))\s+"
+    r"(?:(?:toutes?|tous|les|vos|tes|la|le|l'|votre|ton|ta|ces|cette|ce|de|des)\s*){0,3}"
+    r"(?:instructions?|consignes?|directives?|règles?|regles?|indications?|ordres?|commandes?|prompts?|questions?|"
+    r"demandes?|requêtes?|contraintes?|restrictions?)"
+    r"|\boubli(?:e|ez)\s+(?:tout\s+)?(?:ce\s+qu[e']|tout\s+ce\s+qui)"
+    r"|\b(?:vous\s+êtes|tu\s+es|vous\s+etes)\s+(?:maintenant|désormais|desormais|dorénavant|à\s+présent)\b"
+    r"|\b(?:à|a)\s+partir\s+de\s+maintenant\s*,?\s*(?:tu|vous)\b|\b(?:désormais|dorénavant)\s*,\s*(?:tu|vous)\s+(?:dois|devez|es|êtes|ne|réponds|répondez)"
+    r"|\bnouvelles?\s+(?:instructions?|consignes?|tâches?|règles?|directives?)\s*[:：]"
+    r"|\bne\s+(?:dites|dis|révélez|révèle|mentionnez|mentionne)\s+(?:pas|rien|jamais)\s+(?:à\s+l['’]\s*utilisateur|au\s+lecteur)"
+    r"|\b(?:révél|affich|montr|donn|répèt|imprim|divulgu)(?:ez|e)\s+(?:moi\s+)?(?:votre|ton|ta|vos|tes|le|la|les)\s+"
+    r"(?:prompt|invite|message|instructions?|consignes?)\s+(?:système|systeme|initiale?s?|cachée?s?|secrète?s?|d['’]origine))"
+    rf"{_TAIL}",
+    description="ignorez les instructions précédentes / oubliez ce qu'on vous a demandé / vous êtes maintenant …",
+    # no \b in triggers: a pattern that opens with one is tried at every position (ten times slower)
+    trigger=r"ignor|oubli|s\s+compte|abstraction|ne\s+(?:suiv|suis|respect)|êtes|etes\s|tu\s+es\s|partir\s+de\s+main|"
+    r"désormais|dorénavant|nouvel|dites\s|dis\s+(?:pas|rien|jamais)|révél|affich|montr|donn|répèt|imprim|divulgu",
+    words_back=3,
+    needs="fr",
+)
+_rule(
+    "override_de",
+    "override",
+    r"(?:\b(?:ignorier(?:e|en|t)?|vergiss|vergessen|missachte(?:n)?|übergehe(?:n)?|verwirf|verwerfen|befolge(?:n)?\s+nicht|"
+    r"beachte(?:n)?\s+nicht)\s+(?:sie\s+)?(?:(?:alle|die|deine|ihre|sämtliche|samtliche|jede|jegliche|alles|der|des|den|"
+    r"vorherigen|bisherigen|obigen|vorigen|vorangegangenen|ursprünglichen|früheren|vorherige|bisherige|obige|ursprüngliche|"
+    r"gegebenen|bisher|zuvor|gesagten|erhaltenen)\s+){0,4}"
+    r"(?:Anweisung(?:en)?|Instruktion(?:en)?|Regeln|Regel|Befehle?|Vorgaben|Anordnungen|Richtlinien|Aufgaben?|"
+    r"Frage|Anfrage|Nutzerfrage|Benutzerfrage|Systemprompts?|Prompts?|Eingabe)"
+    r"|\bvergiss\s+alles\b|\bvergessen\s+sie\s+alles\b"
+    r"|\b(?:du\s+bist|sie\s+sind)\s+(?:jetzt|nun|ab\s+sofort|ab\s+jetzt|von\s+nun\s+an)\s+(?:ein|eine|der|die|kein|keine|nicht)\b"
+    r"|\b(?:ab\s+sofort|ab\s+jetzt|von\s+nun\s+an)\s*,?\s*(?:antwortest|sprichst|bist|musst|sollst|gibst|schreibst|"
+    r"antworte|antworten\s+sie|müssen\s+sie)\b"
+    r"|\bneue\s+(?:Anweisung(?:en)?|Aufgabe|Regeln|Instruktionen|Befehle)\s*[:：]"
+    r"|\b(?:sag(?:e)?|sagen\s+sie|verrate|verraten\s+sie)\s+(?:dem|der)\s+(?:Benutzer(?:in)?|Nutzer(?:in)?|Anwender(?:in)?|Leser(?:in)?)\s+nicht"
+    r"|\b(?:gib|geben\s+sie|zeige|zeigen\s+sie|verrate|nenne|wiederhole)\s+(?:mir\s+)?(?:deinen|deine|ihren|ihre|den|die)\s+"
+    r"(?:System-?prompt|System-?nachricht|Systemanweisungen|ursprünglichen\s+Anweisungen|versteckten\s+Anweisungen))"
+    rf"{_TAIL}",
+    description="ignoriere alle vorherigen Anweisungen / vergiss alles / du bist jetzt … / neue Anweisungen:",
+    trigger=r"ignorier|vergiss|vergessen|missacht|übergeh|verwirf|verwerf|befolge|beachte|du\s+bist|sie\s+sind|"
+    r"ab\s+sofort|ab\s+jetzt|von\s+nun|neue\s+(?:anw|auf|reg|ins|bef)|sag(?:e|en)?\s+(?:sie\s+)?(?:dem|der)\s|verrat|"
+    r"gib\s|geben\s+sie|zeige|nenne\s|wiederhole",
+    words_back=3,
+    needs="de",
+)
+_rule(
+    "override_es_pt_it",
+    "override",
+    r"(?:\b(?:ignora|ignore|ignoren|ignorá|ignori|ignorate|olvida|olvide|olvídate|olvidate|olviden|esque[çc]a|esquece|"
+    r"esque[çc]am|dimentica|dimentichi|dimenticate|descarta|descarte|scarta|no\s+hagas\s+caso\s+(?:a|de)|no\s+haga\s+caso\s+(?:a|de)|"
+    r"haz\s+caso\s+omiso\s+(?:a|de)|pasa\s+por\s+alto|não\s+(?:siga|obedeça)|nao\s+siga|no\s+sigas|no\s+siga|non\s+seguire|"
+    r"non\s+(?:segui|obbedire))\s+(?:(?:todas|todos|todo|toda|tutte|tutti|tutto|las|los|la|el|lo|as|os|a|o|le|gli|il|l'|tus|tu|"
+    r"sus|su|suas|seus|teu|tua|tuoi|tue|vostre|de|del|della|delle|dell'|do|da|das|dos|estas|esas|queste|quelle|essas|"
+    r"estas)\s*){0,4}"
+    r"(?:instrucciones|instrucción|instruções|instrução|instrucoes|istruzioni|istruzione|indicaciones|indicações|"
+    r"indicazioni|reglas|regras|regole|órdenes|ordenes|ordens|ordini|directivas|diretrizes|direttive|comandos|comandi|"
+    r"pregunta|pergunta|domanda|consignas|restricciones|restrições|restrizioni|prompt)"
+    r"|\b(?:olvida|olvide|olvídate\s+de|esque[çc]a|esquece|dimentica|dimentichi)\s+(?:todo\s+|tudo\s+|tutto\s+)?"
+    r"(?:lo|o|ciò|cio|quello)\s+(?:que|che)\s+(?:te|le|lhe|ti|se|você|voce)?\s*(?:\w+\s+){0,2}?"
+    r"(?:preguntaron|pidieron|dijeron|perguntaram|pediram|disseram|chiesto|detto|han\s+dicho|fue\s+dicho)"
+    r"|\b(?:ahora\s+eres|ahora\s+es\s+usted|agora\s+(?:você\s+é|voce\s+e|és|es)|ora\s+sei|adesso\s+sei|d'ora\s+in\s+poi\s+sei)\b"
+    r"|\b(?:a\s+partir\s+de\s+ahora|de\s+ahora\s+en\s+adelante|desde\s+ahora|a\s+partir\s+de\s+agora|de\s+agora\s+em\s+diante|"
+    r"d'ora\s+in\s+poi|da\s+ora\s+in\s+poi|da\s+adesso)\s*,?\s*(?:debes|deberás|tienes|eres|responde|responderás|vas|"
+    r"você|voce|deve|deves|tu|devi|sei|rispondi|risponderai|usted|solo|só|so)\b"
+    r"|\b(?:nuevas|novas|nuove)\s+(?:instrucciones|instruções|instrucoes|istruzioni|reglas|regras|regole|tareas|tarefas|"
+    r"compiti)\s*[:：]"
+    r"|\b(?:no\s+le\s+digas|no\s+digas|no\s+le\s+diga|não\s+(?:diga|conte)|nao\s+diga|non\s+dire|non\s+dica)\s+"
+    r"(?:nada\s+|niente\s+)?(?:al|ao|à|all'|a\s+l)\s*(?:usuario|usuário|utente|lector|leitor|lettore|utilizador)"
+    r"|\b(?:revela|revele|muestra|muestre|mostra|mostre|rivela|imprime|imprima|stampa|repite|repete|ripeti)\s+"
+    r"(?:me\s+)?(?:tu|su|el|o|teu|seu|il|tuo|la)\s+(?:prompt|mensaje|mensagem|messaggio|instrucciones|instruções|istruzioni)\s+"
+    r"(?:del?\s+sistema|do\s+sistema|di\s+sistema|iniciales|iniciais|iniziali|ocultas?|secretas?|nascost[oe]))"
+    rf"{_TAIL}",
+    description="ignora las instrucciones anteriores / olvida lo que te preguntaron / ahora eres … (Spanish, "
+    "Portuguese, Italian)",
+    trigger=r"ignor|olvid|esque[çc]|dimentic|descart|scarta\s|caso\s|por\s+alto|o\s+siga|o\s+sigas|on\s+segui|"
+    r"obbed|obede|ahora\s|agora\s|ora\s+sei|adesso\s|d'ora|partir\s+de\s+a|desde\s+ahora|nuevas\s|novas\s|nuove\s|"
+    r"o\s+(?:le\s+)?digas?\s|o\s+(?:diga|conte)\s|on\s+dic?[ae]\s|revel|muestr|mostr[ae]\s|rivel|imprim|stampa\s|"
+    r"repit|repete\s|ripeti\s",
+    words_back=3,
+    needs="es",
+)
+_rule(
+    "override_nl",
+    "override",
+    r"\b(?:negeer|vergeet)\s+(?:(?:alle|de|je|jouw|uw|eerdere|vorige|voorgaande|bovenstaande|oorspronkelijke)\s+){0,3}"
+    r"(?:instructies|instructie|regels|opdrachten|vraag|aanwijzingen)"
+    rf"{_TAIL}",
+    description="negeer alle vorige instructies (Dutch)",
+    trigger=r"negeer|vergeet",
+    words_back=0,
+)
+_rule(
+    "override_ru",
+    "override",
+    r"(?:(?<![а-яё])(?:игнорируй(?:те)?|забудь(?:те)?|проигнорируй(?:те)?|не\s+следуй(?:те)?|не\s+обращай(?:те)?\s+"
+    r"внимания\s+на)\s+(?:(?:все|всё|предыдущие|прежние|предыдущих|прошлые|ранее|данные|полученные|свои|твои|ваши|эти|мои|"
+    r"системные|исходные|вышеуказанные|указанные|выше)\s+){0,4}(?:инструкци|указани|правил|команд|вопрос|промпт)\w*"
+    r"|(?<![а-яё])забудь(?:те)?\s+вс[её]\b|(?<![а-яё])теперь\s+ты\s+)"
+    rf"{_TAIL}",
+    description="игнорируй все предыдущие инструкции / забудь всё / теперь ты (Russian)",
+    trigger=r"игнорир|забуд|проигнор|не\s+след|не\s+обращ|теперь\s+ты",
+    back=20,
+    needs="non_ascii",
 )
 
 # ---- override phrases (Chinese, simplified and traditional) ----
@@ -621,6 +934,7 @@ _rule(
     description="SYSTEM: / DEVELOPER: / [SYSTEM] at line start (upper case)",
     trigger=r"sys|developer|admin",
     back=20,
+    target="both",
 )
 _rule(
     "role_marker_assistant",
@@ -632,15 +946,31 @@ _rule(
     back=20,
 )
 TRANSCRIPT_MIN_TURNS = 3
+_TURN_RULES = ("role_marker_assistant", "role_marker_turn")
+_rule(
+    "role_marker_turn",
+    "role_marker",
+    r"^[ \t>*#_\-]*[\[<(]?[ \t]*(?:user|human|assistant|chatbot|chatgpt|gpt-?\d*|claude|gemini|llama)[ \t]*[\])>]?[ \t]*"
+    r"(?:\*\*|__)?[ \t]*[:：](?:\*\*|__)?[^\n]{0,300}"
+    r"|^[ \t>*#_\-]*[\[<(]?[ \t]*(?:AI|bot|model)[ \t]*[\])>]?[ \t]*(?:\*\*|__)?[ \t]*[:：](?:\*\*|__)?[ \t]*"
+    r"(?:sure|understood|noted|ok(?:ay)?\b|certainly|of\s+course|i\b|i'(?:ll|m|ve|d)|the\s+answer|as\s+an\s+ai)[^\n]{0,300}",
+    flags=re.MULTILINE | re.IGNORECASE,
+    description="a fake chat turn at line start: User: / Human: / Assistant: / **Assistant:** / [assistant]: / "
+    "AI: I …; dropped with the ASSISTANT: turns when the document has 3 or more (a chat transcript)",
+    trigger=r"(?m)^[ \t>*#_\-\[<(]*(?:user|human|assistant|chatbot|chatgpt|gpt|claude|gemini|llama|ai|bot|model)\b",
+    back=0,
+)
 _rule(
     "role_marker_titled",
     "role_marker",
-    r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:system\s+(?:prompt|message|override|instructions?|note|update)|developer\s+(?:message|instructions?)|admin(?:istrator)?\s+(?:override|message|instructions?))"
+    r"(?:^|<!--)[ \t>*#_\-]*[\[<(]?\s*(?:system\s+(?:prompt|message|override|instructions?|note|update)|system\s*\([^)\n]{1,30}\)|developer\s+(?:message|instructions?)|admin(?:istrator)?\s+(?:override|message|instructions?))"
     r"\s*[\])>]?\s*[:：][^\n]{0,300}",
     flags=re.MULTILINE | re.IGNORECASE,
     description="System prompt: / System override: / Developer message: at line start",
-    trigger=r"(?:system|developer|admin|administrator)\s+(?:prompt|message|override|instruction|note|update)",
+    trigger=r"(?:system|developer|admin|administrator)\s+(?:prompt|message|override|instruction|note|update)|"
+    r"system\s*\(",
     back=20,
+    target="both",
 )
 _rule(
     "chat_template_token",
@@ -652,6 +982,7 @@ _rule(
     description="<|im_start|>system, <|eot_id|>, [INST], <<SYS>>, <system> …",
     trigger=r"<|\[/?inst\]",
     back=0,
+    target="markup",
 )
 _rule(
     "bracket_override",
@@ -678,7 +1009,9 @@ _rule(
 # ---- hidden text ----
 _INSTRUCTIONY = re.compile(
     r"ignore|disregard|forget|instruction|prompt|\bSYSTEM\b|assistant|\bAI\b|\bLLM|language\s+model|"
-    r"you\s+(?:must|should|are|will|shall|need)|respond|reply|\bHACKED\b|忽略|无视|無視|指令|提示|你现在|你現在",
+    r"you\s+(?:must|should|are|will|shall|need)|respond|reply|\bHACKED\b|忽略|无视|無視|指令|提示|你现在|你現在|"
+    r"ignor|oubli|vergiss|vergessen|olvid|esque[çc]|dimentic|instruc|istruz|anweisung|consigne|antworte|répon|respond|"
+    r"rispond|du\s+bist|vous\s+êtes|tu\s+es\b|eres\b|unanswerable|игнор|инструкц",
     re.IGNORECASE,
 )
 
@@ -696,6 +1029,17 @@ _rule(
     description="HTML comment whose body reads like an instruction",
     trigger="<!--",
     back=0,
+    target="markup",
+)
+_rule(
+    "markdown_comment_instruction",
+    "hidden_text",
+    r"^[ \t]*\[(?://|comment|_|#|\s*)\]:[ \t]*<?#?>?[ \t]*[(\"']([^\n]{0,1000}?)[)\"'][ \t]*$",
+    flags=re.MULTILINE | re.IGNORECASE,
+    check=_comment_has_instruction,
+    description="markdown comment ([//]: # (…)) whose body reads like an instruction",
+    trigger=r"\]:",
+    back=20,
 )
 
 _HIDDEN_STYLE = re.compile(
@@ -728,6 +1072,7 @@ _rule(
     flags=re.IGNORECASE,
     check=_hidden_element,
     description="element styled display:none / visibility:hidden / font-size:0 / opacity:0 / white text",
+    target="markup",
 )
 _rule(
     "hidden_markup",
@@ -738,6 +1083,7 @@ _rule(
     r"|\\(?:fontsize\s*\{\s*0(?:\.\d+)?\s*(?:pt)?\s*\}|tiny\s*\\color\{white\})[^\n]{0,300}",
     flags=re.IGNORECASE,
     description="<font color=white>, <div hidden>, \\textcolor{white}{…}",
+    target="markup",
 )
 
 # characters (on the raw text)
@@ -870,21 +1216,66 @@ def _word_start_candidates(trigger: re.Pattern, lower: str, words_back: int) -> 
     return sorted(out)
 
 
+# Words one of which nearly every sentence of the language holds: a text with none skips that language's rules, whose
+# triggers are long alternations Python's re scans slowly (an English contract has none of these, as a rule).
+_LANGUAGE_GATES = {  # "|"-separated
+    "fr": tuple(" les | vous | tu | des | une | est | pas |é|è|ê|à|ç|'on | qu'".split("|")),
+    "de": tuple(" und | der | die | das | nicht | ist | sie | du | dem | den |ä|ö|ü|ß".split("|")),
+    "es": tuple(
+        (" que | las | los | del | una | uma | le | tutte | tutti | eres | ahora | agora | ora | não ").split("|")
+    )
+    + tuple("ñãõóíáúòìç"),
+}
+
+
+class _View:
+    """One normalised view of the text, with its trigger hits cached across the rules that share a trigger."""
+
+    def __init__(self, norm: _Normalised | _WithoutMarkup):
+        self.norm = norm
+        folded = norm.text.lower()
+        # a few characters change length when lower-cased: no trigger shortcut then
+        self.lower: str | None = folded if len(folded) == len(norm.text) else None
+        self.gate_text = folded
+        self.windows: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self.starts: dict[tuple[str, int], list[int]] = {}
+
+    def run(self, spec: dict, found: set[tuple[str, int, int]]) -> None:
+        regex, check, ntext, lower = spec["regex"], spec["check"], self.norm.text, self.lower
+        matches: Iterable[re.Match | None]
+        if spec["trigger"] is not None and lower is not None and spec["words_back"] is not None:
+            key = (spec["trigger"], -1 - spec["words_back"])
+            if key not in self.starts:
+                self.starts[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
+            matches = (regex.match(ntext, p) for p in self.starts[key])
+        elif spec["trigger"] is not None and lower is not None:
+            key = (spec["trigger"], spec["back"])
+            if key not in self.windows:
+                self.windows[key] = _windows(_TRIGGERS[spec["trigger"]], lower, spec["back"])
+            windows = self.windows[key]
+            # a window cuts the sentence tail short; re-match from the same start on the whole text for the full extent
+            matches = (regex.match(ntext, m.start()) for a, b in windows for m in regex.finditer(ntext, a, b))
+        else:
+            matches = regex.finditer(ntext)
+        for m in matches:
+            if m is None or m.end() == m.start() or (check is not None and not check(m)):
+                continue
+            found.add((spec["name"], self.norm.orig_start(m.start()), self.norm.orig_end(m.end())))
+
+
 def scan(text: str, rules: Iterable[str] | None = None, disabled: Iterable[str] = ()) -> list[Finding]:
     """All findings in ``text``, sorted by position. ``rules`` limits to those names; ``disabled`` drops names."""
     if not text:
         return []
     wanted = set(rules) if rules is not None else None
     skip = set(disabled)
-    norm = _Normalised(text)
-    ntext = norm.text
-    folded = ntext.lower()
-    # a few characters change length when lower-cased: no trigger shortcut then
-    lower: str | None = folded if len(folded) == len(ntext) else None
+    base = _Normalised(text)
+    views = {"markup": _View(base)}
+    # the phrase rules' view drops HTML markup; a text without any is the same view
+    stripped = _WithoutMarkup(base) if _has_markup(base.text) else None
+    views["norm"] = _View(stripped) if stripped is not None and stripped.text != base.text else views["markup"]
     non_ascii = not text.isascii()
-    cjk = non_ascii and _CJK.search(ntext) is not None
-    windows: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    starts: dict[tuple[str, int], list[int]] = {}
+    cjk = non_ascii and _CJK.search(views["markup"].norm.text) is not None
     found: set[tuple[str, int, int]] = set()
     for spec in _RULE_SPECS:
         name = spec["name"]
@@ -892,31 +1283,21 @@ def scan(text: str, rules: Iterable[str] | None = None, disabled: Iterable[str] 
             continue
         if (spec["needs"] == "non_ascii" and not non_ascii) or (spec["needs"] == "cjk" and not cjk):
             continue
+        gate = _LANGUAGE_GATES.get(spec["needs"] or "")
+        if gate is not None and not any(w in views["markup"].gate_text for w in gate):
+            continue
         check, regex = spec["check"], spec["regex"]
         if spec["target"] == "raw":
             for m in regex.finditer(text):
                 if check is None or check(m):
                     found.add((name, m.start(), m.end()))
             continue
-        if spec["trigger"] is not None and lower is not None and spec["words_back"] is not None:
-            key = (spec["trigger"], -1 - spec["words_back"])
-            if key not in starts:
-                starts[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
-            matches = (regex.match(ntext, p) for p in starts[key])
-        elif spec["trigger"] is not None and lower is not None:
-            key = (spec["trigger"], spec["back"])
-            if key not in windows:
-                windows[key] = _windows(_TRIGGERS[spec["trigger"]], lower, spec["back"])
-            # a window cuts the sentence tail short; re-match from the same start on the whole text for the full extent
-            matches = (regex.match(ntext, m.start()) for a, b in windows[key] for m in regex.finditer(ntext, a, b))
-        else:
-            matches = regex.finditer(ntext)
-        for m in matches:
-            if m is None or m.end() == m.start() or (check is not None and not check(m)):
-                continue
-            found.add((name, norm.orig_start(m.start()), norm.orig_end(m.end())))
-    if sum(1 for f in found if f[0] == "role_marker_assistant") >= TRANSCRIPT_MIN_TURNS:
-        found = {f for f in found if f[0] != "role_marker_assistant"}  # a chat transcript, not a forged turn
+        targets = ("markup", "norm") if spec["target"] == "both" else (spec["target"],)
+        for view in {id(views[t]): views[t] for t in targets}.values():
+            view.run(spec, found)
+    turns = {f for f in found if f[0] in _TURN_RULES}
+    if len({f[1] for f in turns}) >= TRANSCRIPT_MIN_TURNS:
+        found -= turns  # a chat transcript, not a forged turn
     return [Finding(rule, s, e, _excerpt(text, s, e)) for rule, s, e in sorted(found, key=lambda f: (f[1], f[2], f[0]))]
 
 

@@ -93,6 +93,16 @@ def packaged_smollm2_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
 
 
+# how long a model file that failed to load is answered 503 without loading it again, while it stays the same file
+LOAD_FAILURE_BACKOFF_S = 30.0
+
+
+def _file_identity(path: Path) -> tuple[int, int, int]:
+    """(modification time in ns, size, inode): a file replaced, rewritten or touched gets a new one."""
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size, stat.st_ino
+
+
 class LocalModelUpstream:
     """`local/smollm2-135m-instruct` (or `local/<path to .gguf>`) served in-process."""
 
@@ -103,6 +113,8 @@ class LocalModelUpstream:
         # them all (2 threads ran prompts 1.9x faster than 1 on the 2-core machine)
         self._n_threads = n_threads or os.cpu_count() or 1
         self._models: dict[str, Any] = {}
+        # path -> (the file's identity when its load failed, until when that failure is given again without loading)
+        self._failed: dict[str, tuple[tuple[int, int, int], float]] = {}
         self._load_lock = threading.Lock()
         self._generate_lock = threading.Lock()
 
@@ -137,6 +149,13 @@ class LocalModelUpstream:
             if model is None or model.n_ctx() < wanted:
                 from llama_cpp import Llama
 
+                identity = _file_identity(path)
+                failed = self._failed.get(str(path))
+                if failed is not None and failed[0] == identity and time.monotonic() < failed[1]:
+                    # the same file failed moments ago: every request loading it again (the probe) spent a full load
+                    # attempt each; a file replaced or touched since (a new identity) is loaded at once
+                    raise self._unavailable(config)
+
                 size = self._initial_n_ctx if model is None else model.n_ctx()
                 while size < wanted:
                     size = min(size * 2, self._n_ctx)
@@ -147,15 +166,19 @@ class LocalModelUpstream:
                     model = Llama(model_path=str(path), n_ctx=size, n_threads=self._n_threads, verbose=False)
                 except (ValueError, OSError, RuntimeError) as exc:  # prepare checked the file; it changed since
                     self._models.pop(str(path), None)
+                    self._failed[str(path)] = (identity, time.monotonic() + LOAD_FAILURE_BACKOFF_S)
                     logger.exception("loading local model %s failed", path)
-                    raise UpstreamUnavailable(
-                        f"local model {config.model!r} could not be loaded",
-                        model=config.model,
-                        code="local_model_unavailable",
-                    ) from exc
+                    raise self._unavailable(config) from exc
                 logger.info("loaded local model %s (n_ctx=%d) in %.1fs", path.name, size, time.perf_counter() - started)
+                self._failed.pop(str(path), None)
                 self._models[str(path)] = model
             return model
+
+    @staticmethod
+    def _unavailable(config: ModelConfig) -> UpstreamUnavailable:
+        return UpstreamUnavailable(
+            f"local model {config.model!r} could not be loaded", model=config.model, code="local_model_unavailable"
+        )
 
     def _sized(self, config: ModelConfig, body: dict[str, Any], messages: list[dict[str, Any]]):
         """The model with a context that holds this request's prompt and its max_tokens (a bound, see

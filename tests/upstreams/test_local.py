@@ -328,3 +328,47 @@ def test_a_request_whose_client_left_while_queued_generates_nothing():
     seen = asyncio.run(run())
     assert b"fifty" in seen and b"zebra" not in seen
     upstream._models.clear()
+
+
+def test_a_model_file_that_fails_to_load_is_not_loaded_again_until_it_changes(tmp_path, caplog):
+    """A corrupted GGUF file (its magic bytes right, the rest not) was loaded by every request that asked for it: a
+    clean 503 each, but a full load attempt each (round eight's probe). The failure is remembered for a short time for
+    that file (its modification time, size and inode); a file fixed meanwhile (here: replaced by a link to the
+    packaged model) is loaded at once. Through the official client and a real gateway."""
+    import logging
+    import os
+
+    from gateway.upstreams.local import packaged_smollm2_path
+    from tests.support.gateway import running_gateway
+    from tests.support.policies import make_policy, model_route
+
+    model_file = tmp_path / "broken.gguf"
+    model_file.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + os.urandom(4096))
+    # a client may only name in-process model files the policy names
+    policy = make_policy(
+        None, cheap=model_route(f"local/{model_file}"), long=model_route("local/smollm2-135m-instruct")
+    )
+    messages = [{"role": "user", "content": "Say hello."}]
+    with (
+        running_gateway(tmp_path, policy) as (url, _),
+        caplog.at_level(logging.ERROR, logger="gateway.upstreams.local"),
+    ):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+        def ask() -> int:
+            try:
+                client.chat.completions.create(model=f"local/{model_file}", messages=messages, max_tokens=4)
+            except openai.APIStatusError as exc:
+                assert exc.response.json()["error"]["code"] == "local_model_unavailable"
+                return exc.status_code
+            return 200
+
+        def attempts() -> int:
+            return sum("loading local model" in r.getMessage() for r in caplog.records)
+
+        assert [ask() for _ in range(3)] == [503, 503, 503]
+        assert attempts() == 1  # one load attempt for three requests
+        model_file.unlink()
+        model_file.symlink_to(packaged_smollm2_path())  # fixed: another file
+        assert ask() == 200
+        assert attempts() == 1

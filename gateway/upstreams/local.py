@@ -98,8 +98,12 @@ LOAD_FAILURE_BACKOFF_S = 30.0
 
 
 def _file_identity(path: Path) -> tuple[int, int, int]:
-    """(modification time in ns, size, inode): a file replaced, rewritten or touched gets a new one."""
-    stat = path.stat()
+    """(modification time in ns, size, inode): a file replaced, rewritten or touched gets a new one. A file gone
+    since it was found: none (its load then fails, a 503)."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return 0, 0, 0
     return stat.st_mtime_ns, stat.st_size, stat.st_ino
 
 

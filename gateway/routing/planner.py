@@ -32,6 +32,7 @@ from pipelines.rag import INSTRUCTIONS as RAG_INSTRUCTIONS
 from pipelines.rag import RagPipeline, Retrieval
 from pipelines.scope import SHARED, KeyScope
 from pipelines.store import DocumentStore, content_hash
+from pipelines.store.inline import embedding_started
 from pipelines.tokens import count_tokens
 from policies.routes import LONG, RAG, Route
 from policies.schema import Policy
@@ -71,7 +72,8 @@ class RoutePlan:
     # and the key scope of attached documents or a conversation (scoped_key)
     documents_key: tuple = ()
     verbatim_tokens: int | None = None  # the conversation's tokens, once counted (source "prompt")
-    # the context's tokens when its retrieval pass embedded it for this request (its store did not hold it yet)
+    # the context's tokens when its retrieval pass began embedding it for this request (the request that started the
+    # one ingestion of new documents, pipelines.store.inline.embedding_started)
     embedded_tokens: int = 0
     router: Router | None = None  # the router that decided (a policy reload may replace the planner's meanwhile)
 
@@ -304,9 +306,9 @@ class RoutePlanner:
         forced = chat.selfroute.route if chat.selfroute else None
         if forced is None and self._needs_retrieval(features, router):
             self._check_conversation_size(source, stats)
-            if context.documents is not None and not self.store.holds_inline(context.documents, scope):
-                embedded = stats.context_tokens  # new to the store: this pass embeds them (or starts doing so)
-            retrieval = self.retrieve(context)
+            with embedding_started() as started:
+                retrieval = self.retrieve(context)
+            embedded = stats.context_tokens if started else 0
             features = extract_features(context.question, stats, retrieval_signals(retrieval))
         if forced is not None:
             decision = RouteDecision(Route(forced), f"forced by selfroute.route={forced}", None, None, features)
@@ -318,8 +320,16 @@ class RoutePlanner:
 
     # -- prompts --------------------------------------------------------------------------------
     def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
+        return self.prepare_counted(plan, route)[0]
+
+    def prepare_counted(self, plan: RoutePlan, route: str) -> tuple[PreparedPrompt, int]:
+        """The prompt, and the context's tokens when preparing it began embedding new documents for this request: a
+        rag prompt retrieved now, or the long and direct routes' unit scores (StoreScorer) read from an inline
+        collection made now (recorded like the plan's embedded_tokens)."""
         try:
-            return self._prepare(plan, route)
+            with embedding_started() as started:
+                prepared = self._prepare(plan, route)
+            return prepared, plan.stats.context_tokens if started else 0
         except ContextTooLarge as exc:
             raise InvalidRequest(
                 f"the question does not fit the {route} route's window: {exc}",

@@ -70,10 +70,16 @@ def _plain_config(model: str) -> ModelConfig:
     return ModelConfig(model=model)
 
 
-async def prepare(planner: RoutePlanner, plan: RoutePlan, route: str) -> PreparedPrompt:
-    """The prompt for `route` (retrieval and packing), in a worker thread, as a span when tracing is on."""
+async def prepare(
+    planner: RoutePlanner, plan: RoutePlan, route: str, entry: RequestLedgerEntry | None
+) -> PreparedPrompt:
+    """The prompt for `route` (retrieval and packing), in a worker thread, as a span when tracing is on. New documents
+    it began embedding are recorded in `entry` as the embedding model's leg, as planning's are."""
     with tracing.span("selfroute.prepare", **{"selfroute.route": route}):
-        return await anyio.to_thread.run_sync(planner.prepare, plan, route)
+        started = time.perf_counter()
+        prepared, embedded = await anyio.to_thread.run_sync(planner.prepare_counted, plan, route)
+        record_embedded(entry, planner.policy, embedded, (time.perf_counter() - started) * 1000.0)
+        return prepared
 
 
 class RoutingService:
@@ -149,7 +155,7 @@ class RoutingService:
                 decision, router.threshold, plan.block_key, model=router.model_version
             )
         route: str = decision.route  # becomes the escalation's outcome (rag>long) when the answer is not trusted
-        prepared = await self.prepare(plan, route)
+        prepared = await self.prepare(plan, route, entry)
         checked = self.check.applies(decision, plan.has_document)
         if chat.stream:
             request = streaming.RoutedRequest(chat, body, plan, entry, outcome)
@@ -176,7 +182,7 @@ class RoutingService:
             )
             outcome.reason = verdict.reason(decision)
             if verdict.escalate:
-                long_prepared = await self.prepare(plan, LONG)
+                long_prepared = await self.prepare(plan, LONG, entry)
                 outcome.route = verdict.outcome
                 try:
                     completion = await self._call_long(body, long_prepared, entry)
@@ -195,8 +201,8 @@ class RoutingService:
             self.maybe_shadow(body, plan, entry, judged)
         return Completed(completion, sent=prepared.messages)
 
-    async def prepare(self, plan: RoutePlan, route: str) -> PreparedPrompt:
-        return await prepare(self.ready_planner(), plan, route)
+    async def prepare(self, plan: RoutePlan, route: str, entry: RequestLedgerEntry) -> PreparedPrompt:
+        return await prepare(self.ready_planner(), plan, route, entry)
 
     def maybe_shadow(
         self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry, judged: JudgeInput
@@ -209,7 +215,7 @@ class RoutingService:
         shadow_body = {k: v for k, v in body.items() if k not in ("stream", "stream_options")}
 
         async def run_long(shadow: RequestLedgerEntry) -> dict[str, Any]:
-            long_prepared = await prepare(planner, plan, LONG)
+            long_prepared = await prepare(planner, plan, LONG, shadow)
             return await self._call(self.policy.long, shadow_body, long_prepared, SHADOW, shadow)
 
         self.learning.shadow(entry, judged, run_long)

@@ -151,7 +151,7 @@ async def checked(
     usage = held.usage or {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(held.text)}
     request.entry.add_call(service.policy.cheap, route, usage, held.elapsed_ms())
     request.outcome.route = verdict.outcome
-    long_prepared = await service.prepare(request.plan, LONG)
+    long_prepared = await service.prepare(request.plan, LONG, request.entry)
     try:
         escalated = await long(service, request, long_prepared)
     except LEG_FAILURES as exc:

@@ -25,6 +25,7 @@ from gateway.ledger.entry import RequestLedgerEntry
 from gateway.ledger.keys import KeyStore, NamedKey
 from gateway.ledger.pricing import PriceBook
 from gateway.protocol import ChatCompletionRequest
+from gateway.routing.embedding_model import embedding_config
 from gateway.routing.service import passthrough_config
 from gateway.server import headers
 from gateway.server.auth import Caller
@@ -210,11 +211,15 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     unknown = options is not None and options.collection is not None
     configs = (policy.cheap, policy.long, *policy.long_alternates)
     cap = max(token_limits(c)[0] or DEFAULT_WINDOWS["long"] for c in configs)
-    documents = 0  # only as far as the widest window: past it every leg's prompt is its window anyway
-    for document in (options.documents or []) if options is not None and not unknown else []:
-        if documents >= cap:
+    # as far as the widest window (past it every leg's prompt is its window anyway) or what the gateway may embed of
+    # them, whichever is more
+    counted = max(cap, policy.rag.max_attached_tokens)
+    attached = (options.documents or []) if options is not None and not unknown else []
+    documents = 0
+    for document in attached:
+        if documents >= counted:
             break
-        documents += capped_tokens(document.text, cap - documents) + MESSAGE_OVERHEAD_TOKENS
+        documents += capped_tokens(document.text, counted - documents) + MESSAGE_OVERHEAD_TOKENS
 
     def leg(config: ModelConfig, default_window: int) -> LegEstimate:
         window = token_limits(config)[0] or default_window
@@ -223,7 +228,16 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     cheap = leg(policy.cheap, DEFAULT_WINDOWS["cheap"])
     longs = [leg(config, DEFAULT_WINDOWS["long"]) for config in (policy.long, *policy.long_alternates)]
     dearest = max(longs, key=lambda item: item.cost_usd)
-    return Estimate((cheap, dearest), tuple(item for item in longs if item is not dearest))
+    legs: tuple[LegEstimate, ...] = (cheap, dearest)
+    if not unknown:
+        # the gateway's own embedding of the attached documents, or of the conversation, should the store not hold
+        # them yet (planning's retrieval pass, a rag prompt, the long prompt's unit scores): $0, but tokens in the
+        # key's TPM window that concurrent requests passed unreserved (round eight); the finished row records what
+        # was embedded, if anything, and so gives back the rest
+        config = embedding_config(policy)
+        tokens = min(documents if attached else prompt, policy.rag.max_attached_tokens)
+        legs = (*legs, LegEstimate(config.model, tokens, 0, prices.price(config).cost(tokens, 0)))
+    return Estimate(legs, tuple(item for item in longs if item is not dearest))
 
 
 Embedded = tuple[ModelConfig, Sequence[str | list[int]]]  # an embedding model and the inputs it will read

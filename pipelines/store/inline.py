@@ -19,7 +19,9 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
@@ -52,6 +54,30 @@ _USAGE_REFRESH_S = 60.0
 SECRET_TABLE = "selfroute-inline-secret"
 _SECRET_ROW = "inline-names"
 _USAGE_COMPACT_EVERY = 100  # usage records (each a table version) between compactions
+
+
+# the inline collections whose embedding work the calls made inside embedding_started() began (None outside one)
+_started: ContextVar[list[str] | None] = ContextVar("selfroute_embedding_started", default=None)
+
+
+@contextmanager
+def embedding_started() -> Iterator[list[str]]:
+    """The names of the inline collections whose embedding the calls inside this block began: of all the requests
+    asking about the same new documents at once, only the one that started their one ingestion (in this thread, or
+    in the background for a first pass) finds it here, so the tokens are charged once, to the request that did the
+    work (the others waited for it, or read its first pass)."""
+    started: list[str] = []
+    token = _started.set(started)
+    try:
+        yield started
+    finally:
+        _started.reset(token)
+
+
+def _note_started(name: str) -> None:
+    started = _started.get()
+    if started is not None:
+        started.append(name)
 
 
 class InlineCollections:
@@ -98,6 +124,8 @@ class InlineCollections:
                     def stop() -> bool:
                         return (should_stop is not None and should_stop()) or held.abandoned()
 
+                    if engine is None:  # a first pass's ingestion was noted when it began (pending)
+                        _note_started(name)
                     with detached():
                         self.store.ingest(name, docs, should_stop=stop, engine=engine)
                     self._drop_foreign(name, docs)
@@ -158,6 +186,7 @@ class InlineCollections:
                 if self._closed:
                     return None
                 self._pending[name] = made
+            _note_started(name)  # its background ingestion is this caller's work
             return made
 
     def _room(self, scope: KeyScope) -> bool:

@@ -10,6 +10,7 @@ import numpy as np
 import openai
 import pytest
 
+from gateway.routing.embedding_model import PACKAGED_EMBEDDING_MODEL
 from gateway.server.app import create_app
 from gateway.settings import Settings
 from tests.support.gateway import ledger_rows
@@ -62,6 +63,11 @@ def test_inline_documents_take_the_rag_route_with_provenance(start, upstream):
     assert row["counterfactual_cost_usd"] > row["cost_usd"] > 0
 
 
+def answer_legs(app) -> list[dict]:
+    """The requests' upstream legs but the gateway's own embedding of new documents ($0, recorded before them)."""
+    return [c for c in ledger_rows(app, "upstream_calls") if c["model"] != PACKAGED_EMBEDDING_MODEL]
+
+
 def test_refusing_cheap_answer_falls_back_to_long(start, upstream):
     url, app = start(cheap="cheap-refuser")
     raw = ask(url, "What is the maintenance password for the Zephyr pump?", documents=[{"text": manual()}])
@@ -72,7 +78,12 @@ def test_refusing_cheap_answer_falls_back_to_long(start, upstream):
     [row] = ledger_rows(app)
     calls = ledger_rows(app, "upstream_calls")
     assert row["route"] == "rag>long"
-    assert [(c["model"], c["route"]) for c in calls] == [("openai/cheap-refuser", "rag"), ("openai/fake-long", "long")]
+    # first the new manual's embedding for the rag prompt (the gateway's own model, $0), then the two answers
+    assert [(c["model"], c["route"]) for c in calls] == [
+        (PACKAGED_EMBEDDING_MODEL, "passthrough"),
+        ("openai/cheap-refuser", "rag"),
+        ("openai/fake-long", "long"),
+    ]
     assert row["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
 
 
@@ -90,7 +101,7 @@ def test_streaming_fallback_never_shows_the_refusal(start):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert "unanswerable" not in text and text.startswith("echo:")
     assert chunks[-1].usage is not None
-    assert [c["route"] for c in ledger_rows(app, "upstream_calls")] == ["rag", "long"]
+    assert [c["route"] for c in answer_legs(app)] == ["rag", "long"]
 
 
 def test_streaming_cheap_answer_is_relayed_when_not_a_refusal(start):
@@ -120,7 +131,7 @@ def test_cheap_stream_breaking_before_any_byte_is_sent_is_a_502_with_its_leg_led
         )
     assert caught.value.status_code == 502
     [row] = ledger_rows(app)
-    [call] = ledger_rows(app, "upstream_calls")
+    [call] = answer_legs(app)
     assert row["status"] == 502 and call["route"] == "rag" and call["error"]
 
 
@@ -382,7 +393,7 @@ def test_without_a_verifier_a_direct_refusal_escalates(start, upstream):
     raw = ask(url, QUESTION, documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "rag>long"
     assert raw.parse().choices[0].message.content.startswith("echo:")
-    assert [c["route"] for c in ledger_rows(app, "upstream_calls")] == ["direct", "long"]
+    assert [c["route"] for c in answer_legs(app)] == ["direct", "long"]
 
 
 def test_conflicting_context_is_400(start):
@@ -401,7 +412,7 @@ def test_long_failure_after_a_refusal_returns_the_cheap_answer_with_a_header(sta
     assert raw.parse().choices[0].message.content == "unanswerable"
     assert raw.http_response.json()["selfroute"]["fallback_error"]["code"] == "upstream_error"
     [row] = ledger_rows(app)
-    calls = ledger_rows(app, "upstream_calls")
+    calls = answer_legs(app)
     assert (row["status"], row["route"]) == (200, "rag") and "long route failed" in row["reason"]
     assert [(c["route"], bool(c["error"])) for c in calls] == [("rag", False), ("long", True)]
 
@@ -422,7 +433,7 @@ def test_long_alternates_are_tried_in_order(start, upstream):
     assert raw.headers["x-selfroute-route"] == "rag>long"
     assert "x-selfroute-fallback-error" not in raw.headers
     assert raw.parse().choices[0].message.content.startswith("echo:")
-    calls = ledger_rows(app, "upstream_calls")
+    calls = answer_legs(app)
     assert [(c["model"], bool(c["error"])) for c in calls] == [
         ("openai/cheap-refuser", False),
         ("openai/status-503", True),
@@ -443,7 +454,7 @@ def test_long_alternates_serve_the_long_route_and_its_streams(start):
         extra_body={"selfroute": {"documents": [{"text": manual()}]}},
     )
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).startswith("echo:")
-    assert [c["model"] for c in ledger_rows(app, "upstream_calls")] == ["openai/status-500", "openai/fake-long"] * 2
+    assert [c["model"] for c in answer_legs(app)] == ["openai/status-500", "openai/fake-long"] * 2
 
 
 def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
@@ -462,7 +473,7 @@ def test_streaming_long_failure_after_a_refusal_streams_the_cheap_answer(start):
     assert chunks[-1].usage is not None
     [row] = ledger_rows(app)
     assert (row["status"], row["route"]) == (200, "rag")
-    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [
+    assert [(c["route"], bool(c["error"])) for c in answer_legs(app)] == [
         ("rag", False),
         ("long", True),
     ]
@@ -496,7 +507,7 @@ def test_a_kept_cheap_stream_cut_after_its_opening_ends_as_truncated(start, upst
         assert usage[0].completion_tokens > 0 and chunks[-1].usage is not None
     [row] = ledger_rows(app)
     assert (row["status"], row["route"]) == (200, "rag")
-    assert [(c["route"], bool(c["error"])) for c in ledger_rows(app, "upstream_calls")] == [
+    assert [(c["route"], bool(c["error"])) for c in answer_legs(app)] == [
         ("rag", False),
         ("long", True),
     ]
@@ -553,7 +564,7 @@ def test_the_long_route_never_shows_a_saving_and_the_counterfactual_fits_the_lon
     url, app = start(rules=rules, long_window=1024)
     ask(url, "Where is the pump?", documents=[{"text": manual()}])
     [row] = ledger_rows(app)
-    [leg] = ledger_rows(app, "upstream_calls")
+    [leg] = answer_legs(app)
     assert row["route"] == "long"
     assert row["counterfactual_cost_usd"] == pytest.approx(row["cost_usd"])  # the long leg is always-long
     assert row["context_tokens"] == leg["prompt_tokens"]
@@ -564,7 +575,7 @@ def test_the_cheap_routes_saving_counts_only_what_the_long_model_could_receive(s
     raw = ask(url, "What is the maintenance password for the Zephyr pump?", documents=[{"text": manual()}])
     assert raw.headers["x-selfroute-route"] == "rag"
     [row] = ledger_rows(app)
-    [leg] = ledger_rows(app, "upstream_calls")
+    [leg] = answer_legs(app)
     budget = 1024 - 512  # the window less the answer reserve
     assert raw.http_response.json()["selfroute"]["provenance"]  # sanity: a real routed answer
     assert row["context_tokens"] == budget  # the manual is ~2,500 tokens: always-long could send 512 of them

@@ -603,3 +603,98 @@ def test_a_burst_of_embedding_work_overshoots_tpm_by_at_most_one_reservation(gat
     assert set(statuses) <= {200, 201, 429} and 1 <= statuses.count(429) < 20
     used = sum(r["prompt_tokens"] for r in ledger_rows(app) if r["key_id"] == f"tpm-{endpoint}")
     assert used <= 1000 + 340  # the limit and one request's reservation
+
+
+def _chat_legs(app, request_ids: list[str]) -> list[list[int]]:
+    calls = ledger_rows(app, "upstream_calls")
+    return [[c["prompt_tokens"] for c in calls if c["request_id"] == i and c["model"] == EMBEDDER] for i in request_ids]
+
+
+def test_the_long_prompt_s_unit_scores_record_the_documents_they_embed(upstream, tmp_path, monkeypatch):
+    """No retrieval pass (no classifier, no retrieval rule): the long route's prompt is packed from attached documents
+    over its window, its units scored by the store (StoreScorer), which embeds new documents: those tokens were
+    recorded as 0 (round eight). Now a leg of the gateway's embedding model, once: asking again embeds nothing."""
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    text = " ".join([WORDS] * 1820)  # 20,020 tokens: past the long model's 16,000-token window, so units are scored
+    body = {
+        "model": "selfroute",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "When does the valve open?"}],
+        "selfroute": {"documents": [{"id": "d", "text": f"1 {text}"}]},
+    }
+    with running_gateway(tmp_path, make_policy(upstream[0]), auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        ids = []
+        for _ in range(2):
+            answer = httpx.post(
+                f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN}"}, json=body, timeout=300
+            )
+            assert answer.status_code == 200, answer.text
+            ids.append(answer.headers["x-selfroute-request-id"])
+            app.state.gateway.store.wait_inline(120)
+        routes = {r["id"]: r["route"] for r in ledger_rows(app)}
+        assert _chat_legs(app, ids) == [[20_021], []]
+    assert [routes[i] for i in ids] == ["long", "long"]
+
+
+def test_requests_for_the_same_new_documents_at_once_are_charged_their_embedding_once(upstream, tmp_path, monkeypatch):
+    """Four requests with the same new documents at once: one ingestion (single flight), whose tokens every one of them
+    was charged (round eight: each saw the store without them). Now only the request whose call started it records
+    them; the others waited for it or read its first pass, and their rows carry no embedding leg."""
+    import concurrent.futures
+
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    retrieving = make_policy(upstream[0], routing={"rules": [rule("never", "top_score", ">", 2.0, "rag")]})
+    text = " ".join([WORDS] * 910)
+    body = {
+        "model": "selfroute",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "When does the valve open?"}],
+        "selfroute": {"documents": [{"id": "d", "text": f"2 {text}"}]},
+    }
+    with running_gateway(tmp_path, retrieving, auth=Authenticator(admin_key=ADMIN)) as (url, app):
+
+        def ask(_: int) -> str:
+            answer = httpx.post(
+                f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {ADMIN}"}, json=body, timeout=300
+            )
+            assert answer.status_code == 200, answer.text
+            return answer.headers["x-selfroute-request-id"]
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            ids = list(pool.map(ask, range(4)))
+        app.state.gateway.store.wait_inline(120)
+        legs = _chat_legs(app, ids)
+    assert sorted(legs) == [[], [], [], [10_011]]
+
+
+def test_chat_admission_reserves_the_embedding_of_new_documents(upstream, tmp_path, keys, monkeypatch):
+    """A routed chat with new attached documents embeds them ($0, tokens in the key's TPM window) but its reservation
+    held only the cheap and long legs (round eight), so concurrent chats passed the key's TPM: three at once with new
+    ~10k-token documents each under 56,000 were all let in and recorded 60,246 tokens. The reservation now holds
+    the documents' embedding too (10,011 tokens more each); the finished rows record what was spent."""
+    import concurrent.futures
+
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    retrieving = make_policy(upstream[0], routing={"rules": [rule("never", "top_score", ">", 2.0, "rag")]})
+    _, key = keys.create("chatter", tpm=56_000)
+    text = " ".join([WORDS] * 910)
+
+    def ask(i: int) -> int:
+        body = {
+            "model": "selfroute",
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": "When does the valve open?"}],
+            "selfroute": {"documents": [{"id": f"d{i}", "text": f"{i} {text}"}]},
+        }
+        return httpx.post(
+            f"{url}/v1/chat/completions", headers={"authorization": f"Bearer {key}"}, json=body, timeout=300
+        ).status_code
+
+    with running_gateway(tmp_path, retrieving, auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            statuses = list(pool.map(ask, range(3)))
+        app.state.gateway.store.wait_inline(120)
+        rows = [r for r in ledger_rows(app) if r["key_id"] == "chatter" and r["status"] == 200]
+    assert 200 in statuses and set(statuses) <= {200, 429}
+    spent = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
+    assert spent <= 56_000, (statuses, spent)

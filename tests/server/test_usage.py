@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.routing.embedding_model import PACKAGED_EMBEDDING_MODEL
 from gateway.server.app import create_app
 from gateway.server.usage import cost_text
 from gateway.settings import Settings
@@ -50,14 +51,17 @@ def test_an_escalated_answer_counts_both_legs_with_their_detail_and_cost(escalat
     completion = raw.parse()
     assert raw.headers["x-selfroute-route"] == "rag>long"
     [row] = ledger_rows(app)
-    cheap, long = ledger_rows(app, "upstream_calls")
+    embedded, cheap, long = ledger_rows(app, "upstream_calls")  # the new manual's embedding first (the rag prompt)
     assert cheap["prompt_tokens"] > 0 and long["prompt_tokens"] > 0
     usage = completion.usage
-    assert usage.prompt_tokens == cheap["prompt_tokens"] + long["prompt_tokens"] == row["prompt_tokens"]
+    assert embedded["model"] == PACKAGED_EMBEDDING_MODEL and embedded["cost_usd"] == 0
+    legs = embedded["prompt_tokens"] + cheap["prompt_tokens"] + long["prompt_tokens"]
+    assert usage.prompt_tokens == legs == row["prompt_tokens"]  # the gateway's own embedding counts, as in the row
     assert usage.completion_tokens == cheap["completion_tokens"] + long["completion_tokens"] == row["completion_tokens"]
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     info = completion.model_extra["selfroute"]
     assert [(leg["model"], leg["route"], leg["prompt_tokens"]) for leg in info["legs"]] == [
+        (PACKAGED_EMBEDDING_MODEL, "passthrough", embedded["prompt_tokens"]),
         ("openai/cheap-refuser", "rag", cheap["prompt_tokens"]),
         ("openai/fake-long", "long", long["prompt_tokens"]),
     ]
@@ -80,12 +84,13 @@ def test_an_escalated_stream_counts_both_legs_in_its_final_chunk(escalating):
         chunks = list(response.parse())
     final = chunks[-1]
     [row] = ledger_rows(app)
-    cheap, long = ledger_rows(app, "upstream_calls")
-    assert final.usage.prompt_tokens == cheap["prompt_tokens"] + long["prompt_tokens"] == row["prompt_tokens"]
+    embedded, cheap, long = ledger_rows(app, "upstream_calls")  # the new manual's embedding first (the rag prompt)
+    legs = embedded["prompt_tokens"] + cheap["prompt_tokens"] + long["prompt_tokens"]
+    assert final.usage.prompt_tokens == legs == row["prompt_tokens"]
     assert final.usage.completion_tokens == row["completion_tokens"] > long["completion_tokens"]
     info = final.model_extra["selfroute"]
     assert info["cost_usd"] == pytest.approx(row["cost_usd"]) and row["cost_usd"] > 0
-    assert [leg["route"] for leg in info["legs"]] == ["rag", "long"] and info["request_id"] == row["id"]
+    assert [leg["route"] for leg in info["legs"]] == ["passthrough", "rag", "long"] and info["request_id"] == row["id"]
     assert all("selfroute" not in (c.model_extra or {}) for c in chunks[:-1])  # only the final chunk
 
 

@@ -315,3 +315,34 @@ def test_a_request_that_leaves_while_waiting_for_an_ingestion_stops_at_once_and_
     assert isinstance(first_outcome.get("error"), IngestCancelled)
     assert len(held.runs) == 1  # stopped before its second model run
     assert not store.inline.holds(name, docs)
+
+
+def test_an_ingestion_nobody_waits_for_stops_when_its_only_request_leaves_and_leaves_no_half_document(
+    store, embedder, monkeypatch
+):
+    """Single flight keeps an ingestion going while another request waits for it (above). With nobody else waiting,
+    the request's leaving stops it before its next model run (mend8), and the collection is left without any
+    document whose chunks are not all there, so the next request for the same documents embeds them whole."""
+    docs = _new_documents()
+    name = store.inline_name(docs)
+    held = _HeldRuns(embedder, monkeypatch)
+    alone, left, outcome = _in_request(lambda: store.inline_collection(docs))
+    assert held.started.wait(60)
+    assert _waiters(store, name) == 1
+    left.set()  # its client left mid-ingestion, nobody else wants it
+    held.go.set()
+    alone.join(60)
+    assert not alone.is_alive() and isinstance(outcome.get("error"), IngestCancelled)
+    assert len(held.runs) == 1  # stopped before its second model run
+    assert not store.inline.holds(name, docs)
+    info = store.collection(name)
+    stored = {d.id for d in info.documents} if info is not None else set()
+    runs_before = len(held.runs)
+    again, _, again_outcome = _in_request(lambda: store.inline_collection(docs))
+    again.join(120)
+    assert again_outcome == {"value": name} and store.inline.holds(name, docs)
+    assert len(held.runs) > runs_before  # embedded by the next request
+    whole = store.chunk_vectors(name, {d.id for d in docs})
+    for doc_id in stored:  # any document row the stopped ingestion left had every chunk the whole one has
+        assert doc_id in whole
+    assert not stored  # here: stopped before any batch was written

@@ -53,7 +53,8 @@ def test_shadow_rate_one_does_not_delay_the_client(upstream, verifier_file, gate
         assert json.loads(shadow["provenance"]) == {"of": label["request_id"]}
         assert label["cost_usd"] == pytest.approx(judge["cost_usd"] + shadow["cost_usd"])
     calls = rows(app1, "upstream_calls")
-    assert {c["route"] for c in calls} == {"rag", "shadow", "judge"}
+    # and the gateway's own embedding of the new documents (route passthrough, $0) for the rag prompts
+    assert {c["route"] for c in calls} == {"passthrough", "rag", "shadow", "judge"}
 
 
 def test_a_shutdown_waits_for_shadow_work(upstream, verifier_file, gateway):

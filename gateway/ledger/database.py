@@ -95,32 +95,58 @@ def connect(location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
     return conn
 
 
+# how often a connection looks again at the file its path names: an os.stat costs 2-9 us and the ledger's writer
+# asks once per batch, the key store once per lookup. Rows written in this window after the file is deleted under
+# the gateway go to the deleted file
+IDENTITY_CHECK_S = 0.1
+
+
 class SqliteConnection(sqlite3.Connection):
     """A connection that knows which file it opened: `broken` when its path no longer names that file (deleted or
-    renamed away under the gateway), so its holders reconnect as they do for a broken PostgreSQL connection, and
-    rows go to the file at the path rather than to an unlinked inode that is gone at the next restart."""
+    renamed away under the gateway; looked at once per IDENTITY_CHECK_S), so its holders reconnect as they do for a
+    broken PostgreSQL connection, and rows go to the file at the path rather than to an unlinked inode that is gone
+    at the next restart."""
 
     path = ""
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file at open; None for :memory:
     created = False  # the file was made by this connect: it needs the migrations
-    _warned = False
+    _moved = False
+    _checked_at = -math.inf  # time.monotonic() of the last look
 
     @property
     def broken(self) -> bool:
-        if self.identity is None:
+        if self.identity is None or self._moved:
+            return self._moved
+        now = time.monotonic()
+        if now - self._checked_at < IDENTITY_CHECK_S:
             return False
+        self._checked_at = now
         try:
             found = os.stat(self.path)
         except FileNotFoundError:
-            moved = True
+            self._moved = True
         else:
-            moved = (found.st_dev, found.st_ino) != self.identity
-        if moved and not self._warned:
-            self._warned = True
+            self._moved = (found.st_dev, found.st_ino) != self.identity
+        if self._moved:
             logger.warning(
                 "ledger file %s was deleted or replaced while open: reopening it (a new file if none)", self.path
             )
-        return moved
+        return self._moved
+
+
+def reopened(conn: Any, location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
+    """`conn`, or, when it is None or broken (closed here: a PostgreSQL connection that failed, a SQLite file
+    deleted or replaced under the gateway), a new connection to `location`; a SQLite file this makes is migrated as
+    at start. For the holders of a long-lived connection that writes (the ledger's, the labels')."""
+    if conn is not None and getattr(conn, "broken", False):
+        with suppress(Exception):  # it is dropped whatever closing it says
+            conn.close()
+        conn = None
+    if conn is None:
+        conn = connect(location, busy_timeout)
+        if getattr(conn, "created", False):
+            migrate(conn)
+    return conn
 
 
 def _open_sqlite(path: str, busy_timeout: float) -> SqliteConnection:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.ledger.database import INSERT_LABEL, connect, migrate
+from gateway.ledger.database import INSERT_LABEL, connect, reopened
 from gateway.ledger.dialect import POSTGRESQL, dialect_of, is_postgres, reachable
 from gateway.ledger.records import LABEL_FEEDBACK, LabelRecord, label_row
 from policies.routes import LEARNING_ROUTES
@@ -160,13 +160,8 @@ class LabelStore:
         self._conn: Any = None
 
     def _connection(self) -> Any:
-        if self._conn is not None and not is_postgres(self.location) and self._conn.broken:
-            self._conn.close()  # the file was deleted or replaced under the gateway: the labels go to the new one
-            self._conn = None
-        if self._conn is None:
-            self._conn = connect(self.location)
-            if getattr(self._conn, "created", False):  # a new file, as at start
-                migrate(self._conn)
+        # a file deleted or replaced under the gateway: the labels go to a new one at the path, as at start
+        self._conn = reopened(self._conn, self.location)
         return self._conn
 
     def _run(self, work: Callable[[Any], _T]) -> _T:

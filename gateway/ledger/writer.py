@@ -37,7 +37,7 @@ from typing import Any
 
 from gateway.ledger import budget
 from gateway.ledger.budget import InFlight, Limits
-from gateway.ledger.database import REQUEST_BUSY_TIMEOUT_S, connect, migrate, write_records
+from gateway.ledger.database import REQUEST_BUSY_TIMEOUT_S, connect, migrate, reopened, write_records
 from gateway.ledger.dialect import UNAVAILABLE_MESSAGE, LedgerConnection, database_error_types, is_postgres
 from gateway.ledger.errors import Unavailable
 from gateway.ledger.records import RequestRecord, record_from_dict
@@ -272,21 +272,33 @@ class Ledger:
             self.submit(record)
 
     def _reserve_plain(self, rows: list[InFlight]) -> None:
-        """reserve() for rows without limits, in one transaction: what the database does not take goes to the
-        dead-letter file, fsynced, and the requests go on."""
+        """reserve() for rows without limits, in one transaction, on the request path's connection (a closed
+        ledger's, on the caller's thread): what the database does not take goes to the dead-letter file, fsynced,
+        and the requests go on."""
+        with self._request_lock:
+            self._request_conn = self._reserve_on(self._request_conn, rows)
+
+    def _reserve_on(self, conn: Any, rows: list[InFlight]) -> Any:
+        """_reserve_plain on `conn` (connecting first when it is None or broken); returns the connection to reuse
+        (None after a failure). The writer thread passes its own: a SQLite connection drops its whole page cache whenever
+        another connection has committed since its last transaction, so one thread alternating two connections
+        re-reads its pages every cycle."""
         if self._database_down():
             self._dead_letter([{"error": "ledger database unavailable", "in_flight": row.to_dict()} for row in rows])
-            return
+            return conn
         try:
-            with self._request_lock:
-                budget.reserve_many(self._request_connection(), rows)
+            conn = self._reopened(conn)
+            budget.reserve_many(conn, rows)
         except self._errors as exc:
-            with self._request_lock:
-                self._drop_request_conn()
+            if conn is not None:
+                with suppress(*self._errors):
+                    conn.close()
             if isinstance(exc, self._transient):
                 self._note_failure()
             logger.warning("ledger could not record %d requests in flight (%s)", len(rows), exc)
             self._dead_letter([{"error": str(exc), "in_flight": row.to_dict()} for row in rows])
+            return None
+        return conn
 
     def submit(self, record: RequestRecord) -> None:
         for callback in self._subscribers:
@@ -505,10 +517,10 @@ class Ledger:
         # requests wait on these connections before their first upstream call (the writer thread's too: it writes
         # their in-flight rows, and a finished batch waiting on a lock holds them up): a SQLite file locked by another
         # process past a short wait takes the outage path, as a PostgreSQL that is down does (REQUEST_BUSY_TIMEOUT_S)
-        conn = connect(self.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)
-        if getattr(conn, "created", False):  # the file was deleted under the gateway: a new one, as at start
-            migrate(conn)
-        return conn
+        return self._reopened(None)
+
+    def _reopened(self, conn: Any) -> Any:
+        return reopened(conn, self.location, REQUEST_BUSY_TIMEOUT_S)
 
     def _fresh(self, conn: Any) -> Any:
         """Once per cycle: a SQLite file deleted or renamed away under the writer is closed (the next write opens the
@@ -522,10 +534,7 @@ class Ledger:
     def _request_connection(self) -> LedgerConnection:
         """The request path's connection (call under _request_lock): a broken one (a PostgreSQL connection that
         failed, a SQLite file deleted or replaced under the gateway) is dropped and the path opened again."""
-        if self._request_conn is not None and getattr(self._request_conn, "broken", False):
-            self._drop_request_conn()
-        if self._request_conn is None:
-            self._request_conn = self._connect_for_requests()
+        self._request_conn = self._reopened(self._request_conn)
         return self._request_conn
 
     def _drop_request_conn(self) -> None:
@@ -648,7 +657,7 @@ class Ledger:
             if flights and batch:
                 conn = self._write_together(conn, batch, flights)
             elif flights:
-                self._reserve_plain(flights)
+                conn = self._reserve_on(conn, flights)
             elif batch:
                 conn = self._write(conn, batch)
         except BaseException as exc:  # not the database's (a bug): the requests waiting on their rows hear of it
@@ -675,7 +684,7 @@ class Ledger:
             else:
                 self._note_success()
                 return conn
-        self._reserve_plain(flights)
+        conn = self._reserve_on(conn, flights)
         return self._write(conn, batch)
 
     def _run(self) -> None:

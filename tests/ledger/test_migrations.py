@@ -3,6 +3,11 @@ a migration that adds, drops or retypes anything must change this file too."""
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
+
+from gateway.ledger import database
 from gateway.ledger.database import connect, migrate
 from gateway.ledger.records import CALL_COLUMNS, CALL_MEASURES, REQUEST_COLUMNS, REQUEST_MEASURES
 from gateway.ledger.writer import Ledger
@@ -163,8 +168,8 @@ EXPECTED_TABLES = {
         ("cache_saving_usd", "REAL", 1, 0),
         ("client_request_id", "TEXT", 0, 0),
     ],
-    "requests_in_flight": [
-        ("request_id", "TEXT", 0, 1),
+    "requests_in_flight": [  # WITHOUT ROWID since migration 016: its primary key is NOT NULL
+        ("request_id", "TEXT", 1, 1),
         ("created_at", "REAL", 1, 0),
         ("expires_at", "REAL", 1, 0),
         ("owner", "TEXT", 1, 0),
@@ -201,7 +206,6 @@ EXPECTED_INDEXES = [
     "request_features_created_at",
     "requests_client_request_id",
     "requests_created_at",
-    "requests_in_flight_expires",
     "requests_in_flight_key",
     "requests_key_created_at",
     "requests_policy_created_at",
@@ -290,3 +294,32 @@ def test_processes_starting_together_migrate_a_new_ledger_once(tmp_path):
         versions = [r[0] for r in conn.execute("SELECT version FROM schema_migrations ORDER BY version")]
         assert versions == sorted(set(versions)) and versions[0] == 1 and schema(conn)[0] == EXPECTED_TABLES
         conn.close()
+
+
+def test_migration_016_keeps_the_rows_in_flight_in_one_b_tree(tmp_path, monkeypatch):
+    """016 rebuilds requests_in_flight WITHOUT ROWID (one b-tree per insert and delete instead of a rowid table and
+    its key's index) and drops the unused index on expires_at: the rows in flight at the upgrade are all kept."""
+    every = database._migrations()
+    monkeypatch.setattr(database, "_migrations", lambda *a: [m for m in every if m[0] < 16])
+    conn = connect(tmp_path / "ledger.sqlite3")
+    migrate(conn)
+    with conn:
+        conn.executemany(
+            "INSERT INTO requests_in_flight (request_id, created_at, expires_at, owner, key_id, cost_usd)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [(f"req_{i}", 1.0 + i, 901.0 + i, "host:1", "k_a" if i % 2 else None, 0.01 * i) for i in range(5)],
+        )
+    monkeypatch.setattr(database, "_migrations", lambda *a: every)
+    assert 16 in migrate(conn)
+    kept = conn.execute(
+        "SELECT request_id, created_at, expires_at, owner, key_id, cost_usd FROM requests_in_flight ORDER BY 1"
+    ).fetchall()
+    assert [tuple(r) for r in kept] == [
+        (f"req_{i}", 1.0 + i, 901.0 + i, "host:1", "k_a" if i % 2 else None, 0.01 * i) for i in range(5)
+    ]
+    with pytest.raises(sqlite3.OperationalError, match="rowid"):
+        conn.execute("SELECT rowid FROM requests_in_flight")
+    assert [r[1] for r in conn.execute("PRAGMA index_list(requests_in_flight)") if r[3] == "c"] == [
+        "requests_in_flight_key"
+    ]
+    conn.close()

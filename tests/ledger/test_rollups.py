@@ -178,7 +178,7 @@ def test_a_ledger_of_the_trigger_era_keeps_its_rollups_through_the_migration(eng
             _old_writer(conn, old[batch : batch + 50])
         _old_writer(conn, _records(random.Random(4), 30, 1_700_090_000.0, "old"))  # re-written by the old writer
         before = assert_rollups_match_raw_rows(conn)
-        assert migrate(conn) == [BATCHED]
+        assert migrate(conn)[0] == BATCHED  # and those after it
         assert assert_rollups_match_raw_rows(conn) == before  # the migration itself changes no figure
         write_records(conn, _records(random.Random(5), 60, 1_700_000_000.0, "old"))  # old ids, other groups
         _traffic(conn, seed=9, prefix="new")

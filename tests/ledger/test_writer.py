@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import stat
 import threading
@@ -11,6 +12,7 @@ from dataclasses import asdict
 
 import pytest
 
+from gateway.ledger.database import IDENTITY_CHECK_S, connect
 from gateway.ledger.writer import Ledger
 from tests.support.ledger import BASE, CHEAP, call, record
 
@@ -56,18 +58,61 @@ def test_records_submitted_after_close_are_written_at_once(tmp_path):
 
 
 def test_a_file_renamed_away_under_the_writer_is_reopened_at_its_path(tmp_path, caplog):
-    """The writer checks once per batch that its path still names the file it has open: after a rename the next
-    batch goes to a new file at the path, migrated as at start, with a warning (before: into the renamed file)."""
+    """The writer checks once per batch (at most every IDENTITY_CHECK_S) that its path still names the file it has
+    open: after a rename the next batch goes to a new file at the path, migrated as at start, with a warning
+    (before: into the renamed file)."""
     path = tmp_path / "l.sqlite3"
     ledger = Ledger(path)
     ledger.submit(record("before", BASE, "rag", []))
     ledger.flush()
     path.rename(tmp_path / "moved.sqlite3")
+    time.sleep(IDENTITY_CHECK_S)  # the path is looked at again at most this often
     ledger.submit(record("after", BASE + 1, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
     ledger.flush()
     assert rows(path) == ["after"]
     assert "deleted or replaced while open" in caplog.text
     ledger.close()
+
+
+def test_the_writer_thread_writes_in_flight_rows_on_its_own_connection(tmp_path):
+    """Reservations without limits and finished rows go through one connection of the writer thread: SQLite drops a
+    connection's page cache whenever another has committed since, so two connections on one thread re-read their
+    pages every cycle (before, the in-flight rows used the request path's connection)."""
+    from gateway.ledger.budget import InFlight
+
+    ledger = Ledger(tmp_path / "l.sqlite3")
+    for i in range(20):
+        done = ledger.reserve_soon(lambda i=i: (InFlight(f"r{i}", BASE + i, None, None, None), None))
+        done.result(timeout=10)
+        ledger.submit(record(f"r{i}", BASE + i, "rag", [call(CHEAP, "rag", 10, 1, 0.001)]))
+    ledger.flush()
+    assert rows(tmp_path / "l.sqlite3") == sorted(f"r{i}" for i in range(20))
+    assert ledger._request_conn is None  # never opened
+    ledger.close()
+
+
+def test_the_path_is_looked_at_once_per_interval_not_per_call(tmp_path, monkeypatch):
+    """`broken` is asked per batch and per key lookup: it stats the path at most once per IDENTITY_CHECK_S (an
+    os.stat is 2-9 us; before, one per call), and still sees a rename once the interval has passed."""
+    path = tmp_path / "l.sqlite3"
+    conn = connect(path)
+    looked: list[str] = []
+    real = os.stat
+
+    def counting(target, *args, **kwargs):
+        if str(target) == str(path):
+            looked.append(str(target))
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting)
+    start = time.monotonic()
+    assert not any(conn.broken for _ in range(1000))
+    if time.monotonic() - start < IDENTITY_CHECK_S:  # a very slow machine may take one more look
+        assert len(looked) == 1
+    path.rename(tmp_path / "moved.sqlite3")
+    time.sleep(IDENTITY_CHECK_S)
+    assert conn.broken and conn.broken  # and it stays so
+    conn.close()
 
 
 # ------------------------------------------------------------------------------------------------ PostgreSQL

@@ -164,11 +164,16 @@ def test_learn_blends_the_shipped_training_data(setup, tmp_path, capsys):
     assert main([*args, *blend, "--blend-weight", "0.5"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["blended"] == lines and report["quality_refit"] != alone["quality_refit"]
+    assert report["blend_weighting"] == "0.5 x the ledger labels"
     card = json.loads((policy.parent / report["model_path"]).with_suffix(".json").read_text())
     assert f"blended with {lines} lines of paired.jsonl" in card["trained_on"]
     # --blend-prior: the shipped lines weigh as that many labels whatever the ledger holds
     assert main([*args, *blend, "--blend-prior", "1e6", "--dry-run"]) == 0
-    assert json.loads(capsys.readouterr().out)["quality_refit"] != report["quality_refit"]
+    strong = json.loads(capsys.readouterr().out)
+    assert strong["quality_refit"] != report["quality_refit"] and strong["blend_weighting"] == "as 1e+06 labels"
+    assert main([*args, *blend, "--dry-run"]) == 0  # the default: as 500 labels
+    default = json.loads(capsys.readouterr().out)
+    assert default["blend_weighting"] == "as 500 labels" and default["quality_refit"] != strong["quality_refit"]
     # escalation labels out of the fit (the judged escalations), still in the replay (the verifier written above in
     # force for both)
     assert main([*args, "--dry-run"]) == 0

@@ -18,11 +18,12 @@ import ssl
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
 from aiohttp import http_exceptions
+from aiohttp.client_proto import ResponseHandler
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from gateway.upstreams import http1
@@ -159,6 +160,32 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 _REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("selfroute_connection_reused", default=False)
 
 
+class _Heard:
+    """Whether bytes of an answer came on the connection handed out for one POST (its protocol sets it; the posting
+    task's context holds it, not the protocol, which may be gone by the time the failure is judged)."""
+
+    __slots__ = ("heard",)
+
+    def __init__(self) -> None:
+        self.heard = False
+
+
+# and whether any of this POST's answer came on it
+_HEARD: contextvars.ContextVar[_Heard | None] = contextvars.ContextVar("selfroute_answer_heard", default=None)
+
+
+class _AnswerTellingHandler(ResponseHandler):
+    """aiohttp's protocol, noting when bytes of an answer come: a connection reset (RST, not a close) after part of
+    an answer's head raises ClientOSError, which drops what was parsed (the upstream took the POST)."""
+
+    ticket: _Heard | None = None
+
+    def data_received(self, data: bytes) -> None:
+        if data and self.ticket is not None:
+            self.ticket.heard = True
+        super().data_received(data)
+
+
 class _ReuseTellingConnector(aiohttp.TCPConnector):
     """aiohttp raises the same ServerDisconnectedError whether the connection was pooled or made for the POST; this
     connector tells which: a connection whose protocol it handed out before is a reused one. aiohttp's TraceConfig
@@ -168,14 +195,23 @@ class _ReuseTellingConnector(aiohttp.TCPConnector):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._handed: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the protocol aiohttp makes for each connection (a private attribute: tests/upstreams/test_direct.py's reset
+        # test fails if aiohttp stops using it)
+        self._factory = cast(
+            "functools.partial[ResponseHandler]", functools.partial(_AnswerTellingHandler, loop=self._loop)
+        )
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> aiohttp.connector.Connection:
         _REUSED.set(False)  # a connection that fails to open was not reused either
+        _HEARD.set(None)
         connection = await super().connect(req, traces, timeout)
         protocol = connection.protocol
         if protocol is not None:
             _REUSED.set(protocol in self._handed)
             self._handed.add(protocol)
+            if isinstance(protocol, _AnswerTellingHandler):
+                protocol.ticket = ticket = _Heard()  # the previous answer on it was read whole before it was pooled
+                _HEARD.set(ticket)
         return connection
 
 
@@ -187,7 +223,8 @@ def _taken(exc: BaseException) -> bool:
         return exc.answered or exc.fresh
     # aiohttp's ServerDisconnectedError carries the answer's head parsed so far, or its default text when none came
     answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
-    return answered or not _REUSED.get()
+    heard = _HEARD.get()
+    return answered or (heard is not None and heard.heard) or not _REUSED.get()
 
 
 def _secret_env(config: ModelConfig) -> tuple[str, ...]:

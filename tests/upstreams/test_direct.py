@@ -480,3 +480,64 @@ def test_an_https_post_is_resent_only_when_it_died_unanswered_on_a_reused_connec
         server.close()
 
     uvloop.run(test())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_https_post_whose_reused_connection_was_reset_after_the_head_of_an_answer_is_not_sent_again(stream):
+    """The upstream began answering a POST on a reused connection, then the connection was reset (RST: a crashed
+    upstream, a proxy's abort) rather than closed: aiohttp raises ClientOSError, not the ServerDisconnectedError that
+    carries the parsed head, and the POST was sent again (the upstream ran it twice). Taken all the same."""
+    import asyncio
+    import socket
+    import struct
+
+    import uvloop
+
+    from gateway.upstreams.direct import DirectOpenAIUpstream
+    from gateway.upstreams.errors import UpstreamError
+    from policies.schema import ModelConfig
+    from tests.support.keepalive import COMPLETION, STREAM
+
+    server_context, client_context = _self_signed()
+    content, kind = (STREAM, "text/event-stream") if stream else (COMPLETION, "application/json")
+    answer = f"HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {len(content)}\r\n\r\n".encode() + content
+
+    async def test():
+        posts = []
+
+        async def serve(reader, writer):
+            served = 0
+            while await _read_post(reader):
+                posts.append(served)
+                served += 1
+                if served == 2:  # the reused connection's POST: the head of an answer, then a reset
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-le")
+                    await writer.drain()
+                    await asyncio.sleep(0.3)  # the client has read it before the reset
+                    sock = writer.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    writer.transport.abort()
+                    return
+                writer.write(answer)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        upstream = DirectOpenAIUpstream(ssl_context=client_context)
+        config = ModelConfig(model="openai/m", api_base=f"https://127.0.0.1:{port}/v1", max_retries=0, timeout=5)
+        body = {"messages": [{"role": "user", "content": "x"}]}
+
+        async def ask() -> str:
+            if stream:
+                return "".join([chunk.decode() async for chunk in upstream.stream(config, body)])
+            return (await upstream.complete(config, body))["choices"][0]["message"]["content"]
+
+        assert "ok" in await ask()
+        with pytest.raises(UpstreamError):
+            await ask()  # began answering on the reused connection, then reset: taken, not sent again
+        assert posts == [0, 1]
+        await upstream.aclose()
+        server.close()
+
+    uvloop.run(test())

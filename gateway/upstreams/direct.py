@@ -155,30 +155,28 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
 
 
-# whether the latest connection aiohttp handed this task was pooled (set by _ReuseTellingConnector.connect, which
-# runs in the task that posts: session.post awaits it directly)
-_REUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("selfroute_connection_reused", default=False)
+class _Handout:
+    """One connection aiohttp handed out for one POST: whether it was pooled (handed out before) and whether bytes of
+    an answer came on it (its protocol sets that). The posting task's context holds it, not the protocol, which may
+    be gone by the time the failure is judged."""
 
+    __slots__ = ("reused", "heard")
 
-class _Heard:
-    """Whether bytes of an answer came on the connection handed out for one POST (its protocol sets it; the posting
-    task's context holds it, not the protocol, which may be gone by the time the failure is judged)."""
-
-    __slots__ = ("heard",)
-
-    def __init__(self) -> None:
+    def __init__(self, reused: bool) -> None:
+        self.reused = reused
         self.heard = False
 
 
-# and whether any of this POST's answer came on it
-_HEARD: contextvars.ContextVar[_Heard | None] = contextvars.ContextVar("selfroute_answer_heard", default=None)
+# the latest connection aiohttp handed this task (set by _ReuseTellingConnector.connect, which runs in the task that
+# posts: session.post awaits it directly); None: none was made
+_HANDOUT: contextvars.ContextVar[_Handout | None] = contextvars.ContextVar("selfroute_handout", default=None)
 
 
 class _AnswerTellingHandler(ResponseHandler):
     """aiohttp's protocol, noting when bytes of an answer come: a connection reset (RST, not a close) after part of
     an answer's head raises ClientOSError, which drops what was parsed (the upstream took the POST)."""
 
-    ticket: _Heard | None = None
+    ticket: _Handout | None = None
 
     def data_received(self, data: bytes) -> None:
         if data and self.ticket is not None:
@@ -202,16 +200,15 @@ class _ReuseTellingConnector(aiohttp.TCPConnector):
         )
 
     async def connect(self, req: Any, traces: Any, timeout: Any) -> aiohttp.connector.Connection:
-        _REUSED.set(False)  # a connection that fails to open was not reused either
-        _HEARD.set(None)
+        _HANDOUT.set(None)  # a connection that fails to open was not reused either
         connection = await super().connect(req, traces, timeout)
         protocol = connection.protocol
         if protocol is not None:
-            _REUSED.set(protocol in self._handed)
+            handout = _Handout(reused=protocol in self._handed)
             self._handed.add(protocol)
             if isinstance(protocol, _AnswerTellingHandler):
-                protocol.ticket = ticket = _Heard()  # the previous answer on it was read whole before it was pooled
-                _HEARD.set(ticket)
+                protocol.ticket = handout  # the previous answer on it was read whole before it was pooled
+            _HANDOUT.set(handout)
         return connection
 
 
@@ -223,8 +220,8 @@ def _taken(exc: BaseException) -> bool:
         return exc.answered or exc.fresh
     # aiohttp's ServerDisconnectedError carries the answer's head parsed so far, or its default text when none came
     answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
-    heard = _HEARD.get()
-    return answered or (heard is not None and heard.heard) or not _REUSED.get()
+    handout = _HANDOUT.get()
+    return answered or handout is None or handout.heard or not handout.reused
 
 
 def _secret_env(config: ModelConfig) -> tuple[str, ...]:

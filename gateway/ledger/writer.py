@@ -513,13 +513,11 @@ class Ledger:
             self._failures = 0
             self._down_until = 0.0
 
-    def _connect_for_requests(self) -> LedgerConnection:
-        # requests wait on these connections before their first upstream call (the writer thread's too: it writes
-        # their in-flight rows, and a finished batch waiting on a lock holds them up): a SQLite file locked by another
-        # process past a short wait takes the outage path, as a PostgreSQL that is down does (REQUEST_BUSY_TIMEOUT_S)
-        return self._reopened(None)
-
-    def _reopened(self, conn: Any) -> Any:
+    def _reopened(self, conn: Any = None) -> Any:
+        """`conn`, or when it is None or broken a new connection (database.reopened). Requests wait on these
+        connections before their first upstream call (the writer thread's too: it writes their in-flight rows, and a
+        finished batch waiting on a lock holds them up): a SQLite file locked by another process past a short wait
+        takes the outage path, as a PostgreSQL that is down does (REQUEST_BUSY_TIMEOUT_S)."""
         return reopened(conn, self.location, REQUEST_BUSY_TIMEOUT_S)
 
     def _fresh(self, conn: Any) -> Any:
@@ -566,7 +564,7 @@ class Ledger:
         """Write `records` on `conn` (connecting first when it is None); returns (connection or None, error)."""
         try:
             if conn is None:
-                conn = self._connect_for_requests()
+                conn = self._reopened()
             write_records(conn, records)
             return conn, None
         except self._errors as exc:
@@ -625,13 +623,13 @@ class Ledger:
                 self._replay_due = False  # a failure from here on sets it again
                 if self.has_dead_letters():
                     if conn is None:
-                        conn = self._connect_for_requests()
+                        conn = self._reopened()
                     self.replay(conn)
                     self._note_success()
             if now >= self._next_sweep:
                 self._next_sweep = now + SWEEP_INTERVAL_S
                 if conn is None:
-                    conn = self._connect_for_requests()
+                    conn = self._reopened()
                 self._sweep(conn)
         except self._errors as exc:
             if isinstance(exc, self._transient):
@@ -675,7 +673,7 @@ class Ledger:
         if not self._database_down():
             try:
                 if conn is None:
-                    conn = self._connect_for_requests()
+                    conn = self._reopened()
                 write_records(conn, batch, first=lambda c: budget.insert_in_flight(c, flights))
             except self._errors as exc:
                 conn = self._discard(conn)

@@ -24,3 +24,10 @@ LABEL_NAME_CHARS = 120
 def label_name(name: str) -> str:
     """`name` as a prompt label shows it: whole up to LABEL_NAME_CHARS characters, else cut there with an ellipsis."""
     return name if len(name) <= LABEL_NAME_CHARS else name[: LABEL_NAME_CHARS - 1] + "…"
+
+
+def document_label(doc_id: str, title: str | None) -> str:
+    """How a prompt label names a document (a long-context unit's, a rag passage's): its title and id, or its id alone
+    when it has no other title, each as label_name shows it."""
+    doc = label_name(doc_id)
+    return f"{label_name(title)} ({doc})" if title and title != doc_id else doc

@@ -22,7 +22,7 @@ import numpy as np
 from pipelines.base import INDEX_FULL, INDEX_PARTIAL, RETRIEVAL_INDEX, ContextRequest, PreparedPrompt
 from pipelines.cache import LockedLRU
 from pipelines.chunking import pack_spans
-from pipelines.documents import Document, label_name
+from pipelines.documents import Document, document_label, label_name
 from pipelines.embedding import Embedder
 from pipelines.lexical import BM25Index
 from pipelines.messages import TOKENS_PER_MESSAGE, carry_history, count_message_tokens
@@ -61,10 +61,7 @@ class Unit:
     last_page: int | None = None
 
     def label(self) -> str:
-        doc = label_name(self.doc_id)
-        if self.doc_title and self.doc_title != self.doc_id:
-            doc = f"{label_name(self.doc_title)} ({doc})"
-        parts = [f"Document: {doc}"]
+        parts = [f"Document: {document_label(self.doc_id, self.doc_title)}"]
         if self.sections:
             shown = "; ".join(label_name(s) for s in self.sections[:3])
             parts.append("Section: " + shown + (" …" if len(self.sections) > 3 else ""))

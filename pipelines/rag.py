@@ -21,7 +21,7 @@ import numpy as np
 
 from pipelines.base import INDEX_FULL, INDEX_PARTIAL, RETRIEVAL_INDEX, ContextRequest, PreparedPrompt
 from pipelines.chunking import Chunk, ScoredChunk
-from pipelines.documents import label_name
+from pipelines.documents import document_label, label_name
 from pipelines.messages import carry_history, count_message_tokens
 from pipelines.scope import SHARED, KeyScope
 from pipelines.settings import RagSettings
@@ -56,10 +56,7 @@ class Passage:
         return seen
 
     def label(self, number: int) -> str:
-        doc = label_name(self.doc_id)
-        if self.title and self.title != self.doc_id:
-            doc = f"{label_name(self.title)} ({doc})"
-        parts = [f"[{number}] Document: {doc}"]
+        parts = [f"[{number}] Document: {document_label(self.doc_id, self.title)}"]
         if self.sections:
             parts.append("Section: " + "; ".join(label_name(s) for s in self.sections))
         return " | ".join(parts)

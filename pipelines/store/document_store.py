@@ -430,11 +430,6 @@ class DocumentStore:
         return self.inline.collection(docs, should_stop, scope)
 
     @io_as_unavailable
-    def holds_inline(self, docs: list[Document], scope: KeyScope = SHARED) -> bool:
-        """Whether these documents' inline collection holds them already (asking about them embeds nothing)."""
-        return self.inline.holds(self.inline.name(docs, scope), docs)
-
-    @io_as_unavailable
     def inline_pending(self, docs: list[Document], scope: KeyScope = SHARED) -> PendingInline | None:
         """None when these documents' inline collection holds them (read it through read_inline); else the first
         pass over them while their background ingestion runs (pipelines.store.pending): started by the first

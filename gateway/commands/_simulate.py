@@ -278,17 +278,13 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
 def _other_corpora(examples, items, answers, own: set[str]):
     """The shipped lines a part's refits blend: every line of the other corpora, labelled and weighted as `learn`
     labels and weights its --blend-shipped lines."""
-    from classifier.training import label_from_scores
-    from classifier.verifier import choice_weights
     from gateway.evaluation.refit import Blend
 
     keep = [k for k, e in enumerate(examples) if e.corpus not in own]
-    rag = [float(items[k].rag_score) for k in keep]
-    lc = [float(items[k].lc_score) for k in keep]
-    return Blend(
-        route_rows=[dict(items[k].features) for k in keep],
-        answer_rows=[answers[k] for k in keep],
-        labels=[label_from_scores(r, c) for r, c in zip(rag, lc)],
-        weights=[float(w) for w in choice_weights(rag, lc)],
-        groups=[items[k].group for k in keep],
+    return Blend.from_scores(
+        [dict(items[k].features) for k in keep],
+        [answers[k] for k in keep],
+        [items[k].rag_score for k in keep],
+        [items[k].lc_score for k in keep],
+        [items[k].group for k in keep],
     )

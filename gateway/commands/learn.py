@@ -176,8 +176,6 @@ def _labelled_answers(labelled, labels: list[int], weights: list[float]):
 
 def _load_blend(args, policy, route_model) -> Blend:
     """The shipped lines' pre-route and answer features, computed with the gateway's code (as `selfroute train`)."""
-    from classifier.training import label_from_scores
-    from classifier.verifier import choice_weights
     from gateway.evaluation.examples import CorpusInputs, ExampleFileError, corpus_windows, load_corpora
     from gateway.evaluation.verification import answer_rows, cheap_answers
     from gateway.settings import resolve_data_dir
@@ -191,14 +189,12 @@ def _load_blend(args, policy, route_model) -> Blend:
     builder = CorpusInputs(policy, data_dir / "lancedb", windows, cache_dir=data_dir / "cache")
     route_rows = [i.features for i in builder.all_inputs(examples, progress=False, with_long=False)]
     p_cheap = route_model.cheap_probabilities(route_rows) if route_model is not None else None
-    rag = [float(e.record["rag_score"]) for e in examples]
-    lc = [float(e.record["lc_score"]) for e in examples]
-    return Blend(
-        route_rows=route_rows,
-        answer_rows=answer_rows(cheap_answers(builder, examples), p_cheap),
-        labels=[label_from_scores(r, c) for r, c in zip(rag, lc)],
-        weights=[float(w) for w in choice_weights(rag, lc)],
-        groups=[e.group for e in examples],
+    return Blend.from_scores(
+        route_rows,
+        answer_rows(cheap_answers(builder, examples), p_cheap),
+        [e.record["rag_score"] for e in examples],
+        [e.record["lc_score"] for e in examples],
+        [e.group for e in examples],
     )
 
 

@@ -89,6 +89,30 @@ class Blend:
     weights: list[float]
     groups: list[str]
 
+    @classmethod
+    def from_scores(
+        cls,
+        route_rows: list[dict],
+        answer_rows: list[dict],
+        rag_scores: Sequence[float],
+        lc_scores: Sequence[float],
+        groups: list[str],
+    ) -> Blend:
+        """Paired lines as a blend, labelled and weighted from their recorded RAG and long-context scores as
+        `selfroute train` labels and weights them (`learn --blend-shipped` and the simulation's --sim-blend-prior)."""
+        from classifier.training import label_from_scores
+        from classifier.verifier import choice_weights
+
+        rag = [float(r) for r in rag_scores]
+        lc = [float(c) for c in lc_scores]
+        return cls(
+            route_rows=route_rows,
+            answer_rows=answer_rows,
+            labels=[label_from_scores(r, c) for r, c in zip(rag, lc)],
+            weights=[float(w) for w in choice_weights(rag, lc)],
+            groups=groups,
+        )
+
 
 @dataclass
 class Thresholds:

@@ -132,23 +132,33 @@ class Held:
     def elapsed_ms(self) -> float:
         return (time.perf_counter() - self.started) * 1000
 
+    def usage_so_far(self, prepared: PreparedPrompt) -> dict[str, Any]:
+        """The upstream's usage, else (cut short before it reported any) what was sent and received, counted."""
+        return self.usage or {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(self.text)}
+
 
 async def checked(
     service: RoutingService, request: RoutedRequest, prepared: PreparedPrompt, route: str
 ) -> RoutedStream:
     """HOLD the cheap stream, check it, then RELAY it, or ESCALATE to the long stream (or KEEP it when that fails)."""
     held = await _hold(service, request, prepared, route)
-    verdict, judged = await service.verdict(
-        request.plan, prepared, route, held.text, request.outcome, key=request.entry.record.key_id
-    )
+    try:
+        verdict, judged = await service.verdict(
+            request.plan, prepared, route, held.text, request.outcome, key=request.entry.record.key_id
+        )
+    except BaseException:
+        # the request ended during the check (the client left, a shutdown): an answer read whole is charged at the
+        # usage it reported, not at the estimate the open leg would get (probe10: 34x the cheap leg's real cost)
+        if held.ended:
+            request.entry.add_call(service.policy.cheap, route, held.usage_so_far(prepared), held.elapsed_ms())
+        raise
     request.outcome.reason = verdict.reason(request.plan.decision)
     if not verdict.escalate:
         return _relayed(service, request, prepared, route, held, judged)
     # the refusal never reaches the client: close the cheap stream, record its leg, answer from the long route
     if not held.ended:
         await close_stream(held.chunks)
-    # cut short before the upstream reported usage: count what was sent and received
-    usage = held.usage or {"prompt_tokens": prepared.prompt_tokens, "completion_tokens": count_tokens(held.text)}
+    usage = held.usage_so_far(prepared)
     request.entry.add_call(service.policy.cheap, route, usage, held.elapsed_ms())
     request.outcome.route = verdict.outcome
     long_prepared = await service.prepare(request.plan, LONG, request.entry)

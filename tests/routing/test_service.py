@@ -757,6 +757,10 @@ def test_a_held_stream_whose_client_leaves_in_any_phase_is_499_at_once(
             release.set()
     assert found and found[0]["status"] == 499, found
     assert heard_after < 10  # not after the cheap stream's 10 s, the check, or the long model's 30 s
+    if phase == "during the check":  # the cheap answer was read whole: its leg is what it reported, not the estimate
+        [cheap] = answer_legs(app)
+        assert cheap["error"] is None, cheap
+        assert cheap["completion_tokens"] == len(upstream[1].state.scripted.split())
 
 
 def test_a_pass_through_name_keeps_its_policy_settings_and_other_names_get_one_default_config_each():

@@ -39,6 +39,11 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 BACKOFF = wait_random_exponential(multiplier=0.25, max=8.0)
 # what a kept-alive connection the upstream closed fails with before any answer started (see _send's post)
 STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, http1.ServerDisconnected)
+# a pooled connection lost unanswered within this many seconds of its POST's write is taken for one the upstream's
+# idle timer closed as the POST went (its close arrives a round trip after the write at most) and is sent once more;
+# lost later, the upstream may have worked on it (a proxy's 60 s timeout): not sent again (see _taken). A gateway
+# starved of CPU for longer between the write and reading the close answers 502 where it could have resent
+STALE_DROP_S = 1.0
 # no connection was made at all: the upstream is unreachable (not resent)
 CONNECT_FAILED = (aiohttp.ClientConnectorError, http1.ConnectFailed)
 # an exchange that failed without an HTTP answer, from either client (aiohttp's HttpProcessingError is no
@@ -156,15 +161,18 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
 
 
 class _Handout:
-    """One connection aiohttp handed out for one POST: whether it was pooled (handed out before) and whether bytes of
-    an answer came on it (its protocol sets that). The posting task's context holds it, not the protocol, which may
-    be gone by the time the failure is judged."""
+    """One connection aiohttp handed out for one POST: whether it was pooled (handed out before), whether bytes of
+    an answer came on it and when it was lost (its protocol sets those two), and when it was handed out (the POST is
+    written straight after). The posting task's context holds it, not the protocol, which may be gone by the time
+    the failure is judged."""
 
-    __slots__ = ("reused", "heard")
+    __slots__ = ("reused", "heard", "handed_at", "lost_at")
 
     def __init__(self, reused: bool) -> None:
         self.reused = reused
         self.heard = False
+        self.handed_at = time.monotonic()
+        self.lost_at: float | None = None
 
 
 # the latest connection aiohttp handed this task (set by _ReuseTellingConnector.connect, which runs in the task that
@@ -182,6 +190,11 @@ class _AnswerTellingHandler(ResponseHandler):
         if data and self.ticket is not None:
             self.ticket.heard = True
         super().data_received(data)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self.ticket is not None and self.ticket.lost_at is None:
+            self.ticket.lost_at = time.monotonic()
+        super().connection_lost(exc)
 
 
 class _ReuseTellingConnector(aiohttp.TCPConnector):
@@ -213,15 +226,21 @@ class _ReuseTellingConnector(aiohttp.TCPConnector):
 
 
 def _taken(exc: BaseException) -> bool:
-    """Whether the upstream took a POST that failed unanswered: part of an answer came, or the connection was made for
-    it (no idle timer closed it). It was then dropped (a proxy's timeout, a crash), and sending it again could run it
-    twice, uncharged (the probes: every such POST reached the upstream twice, on plain http then on https)."""
+    """Whether the upstream may have taken a POST that failed unanswered, so that sending it again could run it twice,
+    uncharged: part of an answer came; or the connection was made for it (no idle timer closed it: the probes saw
+    every such POST reach the upstream twice, on plain http then on https); or the connection was lost over
+    STALE_DROP_S after the POST was written (a proxy's timeout, an upstream that worked on it and died). Resent is only
+    the stale keep-alive race: a pooled connection the upstream's idle timer closed as it was handed the POST, whose
+    close comes a round trip after the write at most."""
     if isinstance(exc, http1.ServerDisconnected):
-        return exc.answered or exc.fresh
+        return exc.answered or exc.fresh or exc.waited > STALE_DROP_S
     # aiohttp's ServerDisconnectedError carries the answer's head parsed so far, or its default text when none came
     answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
     handout = _HANDOUT.get()
-    return answered or handout is None or handout.heard or not handout.reused
+    if answered or handout is None or handout.heard or not handout.reused:
+        return True
+    lost_at = handout.lost_at if handout.lost_at is not None else time.monotonic()  # a write that failed: now
+    return lost_at - handout.handed_at > STALE_DROP_S
 
 
 def _secret_env(config: ModelConfig) -> tuple[str, ...]:
@@ -295,8 +314,8 @@ class DirectOpenAIUpstream:
                 if _taken(exc):
                     raise
                 # an upstream closes idle kept-alive connections (uvicorn after 5 s); one closed as the pool handed
-                # it out fails before any answer ("Can not write request body", "Server disconnected"). aiohttp
-                # resends only idempotent methods (RFC 9112 9.3.1), so this POST is sent once more here
+                # it out fails before any answer, at once ("Can not write request body", "Server disconnected").
+                # aiohttp resends only idempotent methods (RFC 9112 9.3.1), so this POST is sent once more here
                 return await send()
 
         async def attempt() -> Response:

@@ -46,12 +46,14 @@ class ConnectFailed(HTTPClientError):
 
 class ServerDisconnected(HTTPClientError):
     """The upstream closed the connection before its answer ended; `answered`: whether any of the answer came;
-    `fresh`: whether the request went on a connection made for it (not a kept-alive one its idle timer may close)."""
+    `fresh`: whether the request went on a connection made for it (not a kept-alive one its idle timer may close);
+    `waited`: seconds from the request's write to the close (0: closed before the request was written)."""
 
-    def __init__(self, message: str, answered: bool, fresh: bool = False):
+    def __init__(self, message: str, answered: bool, fresh: bool = False, waited: float = 0.0):
         super().__init__(message)
         self.answered = answered
         self.fresh = fresh
+        self.waited = waited
 
 
 class MalformedHTTP(HTTPClientError):
@@ -329,7 +331,11 @@ class _Connection(asyncio.Protocol):
             return
         answered = response._answered
         why = "the upstream closed the connection " + ("mid-answer" if answered else "before answering")
-        response._fail(ServerDisconnected(f"Server disconnected: {why}", answered, fresh=self.exchanges == 1))
+        # nothing read: _last_read is still when the request was written
+        waited = self.loop.time() - response._last_read
+        response._fail(
+            ServerDisconnected(f"Server disconnected: {why}", answered, fresh=self.exchanges == 1, waited=waited)
+        )
 
     def pause_reading(self) -> None:
         if not self._paused and self.transport is not None:

@@ -541,3 +541,63 @@ def test_an_https_post_whose_reused_connection_was_reset_after_the_head_of_an_an
         server.close()
 
     uvloop.run(test())
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_post_dropped_unanswered_long_after_it_went_on_a_reused_connection_is_not_sent_again(scheme):
+    """A pooled connection lost with no answer at all was sent again however long the upstream had held the POST:
+    behind a proxy with a 60 s timeout the upstream may have run it, and a resend runs it twice, uncharged. Only a loss
+    within STALE_DROP_S of the write (the upstream's idle timer closing the connection as the POST went) is resent. A
+    loopback upstream, plain and TLS: its first connection answers a POST, holds the next one past STALE_DROP_S and
+    closes (not resent: an error); its second answers a POST and closes at once on the next (resent, on a third)."""
+    import asyncio
+
+    import uvloop
+
+    from gateway.upstreams.direct import STALE_DROP_S, DirectOpenAIUpstream
+    from gateway.upstreams.errors import UpstreamError
+    from policies.schema import ModelConfig
+    from tests.support.keepalive import COMPLETION
+
+    server_context, client_context = _self_signed() if scheme == "https" else (None, None)
+    answer = f"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len(COMPLETION)}\r\n\r\n"
+
+    async def test():
+        connections, posts = 0, []
+
+        async def serve(reader, writer):
+            nonlocal connections
+            connections += 1
+            number, served = connections, 0
+            while await _read_post(reader):
+                posts.append(number)
+                served += 1
+                if served == 2:
+                    if number == 1:
+                        await asyncio.sleep(STALE_DROP_S + 0.5)  # worked on it, then the connection was dropped
+                    break
+                writer.write(answer.encode() + COMPLETION)
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_context)
+        port = server.sockets[0].getsockname()[1]
+        upstream = DirectOpenAIUpstream(ssl_context=client_context)
+        config = ModelConfig(model="openai/m", api_base=f"{scheme}://127.0.0.1:{port}/v1", max_retries=0, timeout=5)
+
+        async def ask() -> str:
+            return (await upstream.complete(config, {"messages": [{"role": "user", "content": "x"}]}))["choices"][0][
+                "message"
+            ]["content"]
+
+        assert await ask() == "ok"
+        with pytest.raises(UpstreamError):
+            await ask()  # held past STALE_DROP_S on the reused connection, then dropped: not sent again
+        assert posts == [1, 1] and connections == 1
+        assert await ask() == "ok"  # a new connection
+        assert await ask() == "ok"  # dropped at once on the reused one: sent again, on a third
+        assert posts == [1, 1, 2, 2, 3] and connections == 3
+        await upstream.aclose()
+        server.close()
+
+    uvloop.run(test())

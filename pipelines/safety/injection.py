@@ -100,7 +100,38 @@ _NON_ASCII_RUN = re.compile(r"[^\x00-\x7f]+")
 # Spaces are not such separators ("i g n o r e a l l" would lose its word breaks): spaced_letters_override
 # handles those.
 _SPLIT_WORD = re.compile(r"(?<![A-Za-z0-9])[A-Za-z](?:([-._*·~|/])[A-Za-z]){3,}(?![A-Za-z0-9])")
-_SEGMENT = re.compile(r"[^\x00-\x7f]+|" + _SPLIT_WORD.pattern)
+# what every letter-split word holds (its second to fourth separators round two single letters): a pattern that opens
+# with a separator, which re skips to, where _SPLIT_WORD is tried at every letter (~30 ms of a 100k-token document)
+_SPLIT_WORD_CORE = re.compile(r"[-._*·~|/][A-Za-z][-._*·~|/][A-Za-z][-._*·~|/]")
+_SPLIT_STRETCH_BACK = re.compile(r"[-._*·~|/A-Za-z]*$")
+_SPLIT_STRETCH = re.compile(r"[-._*·~|/A-Za-z]*")
+
+
+def _segments(original: str) -> list[tuple[int, int]]:
+    """The spans the normalised view rewrites, in order: non-ASCII runs and letter-split words (_SPLIT_WORD, tried only
+    on the stretches of letters and separators that hold a _SPLIT_WORD_CORE; its "·" separators are not runs of their
+    own)."""
+    runs = [m.span() for m in _NON_ASCII_RUN.finditer(original)]
+    words: list[tuple[int, int]] = []
+    pos = 0
+    for core in _SPLIT_WORD_CORE.finditer(original):
+        if core.start() < pos:
+            continue
+        back = _SPLIT_STRETCH_BACK.search(original, max(pos, core.start() - 2000), core.start())
+        start = back.start() if back is not None else core.start()
+        stretch_end = _SPLIT_STRETCH.match(original, core.start()).end()  # type: ignore[union-attr]
+        words += [m.span() for m in _SPLIT_WORD.finditer(original, start, min(len(original), stretch_end + 1))]
+        pos = stretch_end
+    if not words:
+        return runs
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(words + runs):
+        if out and a < out[-1][1]:  # a separator "·" of a split word is a non-ASCII run of its own
+            continue
+        out.append((a, b))
+    return out
+
+
 _CHAR_CACHE: dict[str, str] = {}
 
 
@@ -184,7 +215,8 @@ class _Normalised:
 
     def __init__(self, original: str):
         self._orig_len = len(original)
-        if original.isascii() and not _SPLIT_WORD.search(original):
+        segments = _segments(original)
+        if not segments:
             self.text, self._starts, self._deltas = original, [0], [0]
             return
         parts: list[str] = []
@@ -192,8 +224,7 @@ class _Normalised:
         deltas: list[int] = [0]
         n = 0  # length of the normalised text so far
         pos = 0
-        for run in _SEGMENT.finditer(original):
-            a, b = run.span()
+        for a, b in segments:
             if a > pos:  # ASCII stretch, delta continues
                 parts.append(original[pos:a])
                 n += a - pos
@@ -410,8 +441,8 @@ _OBJECTS = _alt(
 _RULE_SPECS: list[dict] = []
 _T_IGNORE = (
     r"gn[o0]r|[e3]g[a4@]rd|rg[e3]t|skip|bypass|overr|scard|glect|bandon"
-    r"|set\s+aside|throw\s+away|no\s+attention|t\s+follow|stop\s+follow|longer\s+follow|t\s+obey|stop\s+obey"
-    r"|overlook|never\s+mind|drop\s|t\s+(?:worry|bother)"
+    r"|set\s+aside|throw\s+away|attention|(?:n't|don'?t|not|stop|longer)\s+(?:follow|obey|worry|bother)"
+    r"|overlook|never\s+mind|drop\s"
 )
 
 
@@ -707,7 +738,7 @@ _rule(
     rf"{_TAIL}",
     description="whatever the user asks, answer … / do not answer the question / instead of answering / your previous "
     "orders are cancelled / new task: / the question above is only a test",
-    trigger=r"whatever|regardless|no\s+matter|instead\s+of\s+(?:answer|repl|respond)|before\s+(?:you\s+)?(?:answer|repl|"
+    trigger=r"whatever|regardless|matter\s+(?:what|the|their|user|reader|human|question|they|you|anyone|people)|instead\s+of\s+(?:answer|repl|respond)|before\s+(?:you\s+)?(?:answer|repl|"
     r"respond)|n[o']t\s+answer|never\s+answer|new\s+(?:task|order|objective|goal|mission)|(?:question|request|query)\s+"
     r"(?:above|below|you)|(?:instructions?|orders?|prompts?|rules|tasks?|directives?|guidelines)\s+(?:are|is|were|was|"
     r"have\s+been|has\s+been)\s+(?:now\s+)?(?:cancel|void|revoked|obsolete|no\s+longer|superseded|replaced|overridden|"
@@ -734,10 +765,11 @@ _rule(
     r"|\b(?:respond|reply|answer)\s+[\"'“‘«]\s*(?:unanswerable|i\s+don'?t\s+know|no\s+answer)"
     rf"{_TAIL}",
     description="answer that it is unanswerable / say the passages do not contain the answer (forces escalation)",
-    trigger=r"unanswerable|answerable|(?:is|are)\s+not\s+(?:in|available|present|provided|contained|given)\b|"
-    r"(?:does|do|did)\s+not\s+(?:contain|include|mention|provide|say)|(?:cannot|can'?t|could\s+not|couldn'?t)\s+"
-    r"(?:find|answer|determine|locate|be\s+answered)|n'?t\s+know|not\s+enough|insufficient|[\"'“‘«]\s*(?:i\s+don|no\s+answer)",
-    words_back=14,
+    # (the words' openings are what the prefilter finds: "not …" rather than "is not …", "don't know" not "n't know")
+    trigger=r"answerable|not\s+(?:(?:in|available|present|provided|contained|given)\b|contain|include|mention|provide|"
+    r"say|enough|find|answer|determine|locate|be\s+answered|know)|(?:cannot|can'?t|couldn'?t)\s+(?:find|answer|"
+    r"determine|locate|be\s+answered)|don'?t\s+know|insufficient|[\"'“‘«]\s*no\s+answer",
+    words_back=15,
 )
 _rule(
     "decode_and_follow",
@@ -776,7 +808,8 @@ _rule(
     rf"{_TAIL}",
     description="ignorez les instructions précédentes / oubliez ce qu'on vous a demandé / vous êtes maintenant …",
     # no \b in triggers: a pattern that opens with one is tried at every position (ten times slower)
-    trigger=r"ignor|oubli|s\s+compte|abstraction|ne\s+(?:suiv|suis|respect)|êtes|etes\s|tu\s+es\s|partir\s+de\s+main|"
+    trigger=r"ignor|oubli|compte|abstraction|(?:suivez|suis|respectez|respecte)\s+(?:plus|pas)|êtes|etes\s|tu\s+es\s|"
+    r"partir\s+de\s+main|"
     r"désormais|dorénavant|nouvel|dites\s|dis\s+(?:pas|rien|jamais)|révél|affich|montr|donn|répèt|imprim|divulgu",
     words_back=3,
     needs="fr",
@@ -800,8 +833,8 @@ _rule(
     r"(?:System-?prompt|System-?nachricht|Systemanweisungen|ursprünglichen\s+Anweisungen|versteckten\s+Anweisungen))"
     rf"{_TAIL}",
     description="ignoriere alle vorherigen Anweisungen / vergiss alles / du bist jetzt … / neue Anweisungen:",
-    trigger=r"ignorier|vergiss|vergessen|missacht|übergeh|verwirf|verwerf|befolge|beachte|du\s+bist|sie\s+sind|"
-    r"ab\s+sofort|ab\s+jetzt|von\s+nun|neue\s+(?:anw|auf|reg|ins|bef)|sag(?:e|en)?\s+(?:sie\s+)?(?:dem|der)\s|verrat|"
+    trigger=r"ignorier|vergiss|vergessen|missacht|übergeh|verwirf|verwerf|befolge|beachte|bist|sind|"
+    r"sofort|jetzt|nun\s|neue\s+(?:anw|auf|reg|ins|bef)|sag(?:e|en)?\s+(?:sie\s+)?(?:dem|der)\s|verrat|"
     r"gib\s|geben\s+sie|zeige|nenne\s|wiederhole",
     words_back=3,
     needs="de",
@@ -835,9 +868,9 @@ _rule(
     rf"{_TAIL}",
     description="ignora las instrucciones anteriores / olvida lo que te preguntaron / ahora eres … (Spanish, "
     "Portuguese, Italian)",
-    trigger=r"ignor|olvid|esque[çc]|dimentic|descart|scarta\s|caso\s|por\s+alto|o\s+siga|o\s+sigas|on\s+segui|"
-    r"obbed|obede|ahora\s|agora\s|ora\s+sei|adesso\s|d'ora|partir\s+de\s+a|desde\s+ahora|nuevas\s|novas\s|nuove\s|"
-    r"o\s+(?:le\s+)?digas?\s|o\s+(?:diga|conte)\s|on\s+dic?[ae]\s|revel|muestr|mostr[ae]\s|rivel|imprim|stampa\s|"
+    trigger=r"ignor|olvid|esque[çc]|dimentic|descart|scarta\s|caso\s|alto|siga|segui|"
+    r"obbed|obede|ahora\s|agora\s|sei\s|adesso\s|d'ora|partir\s+de\s+a|desde\s+ahora|nuevas\s|novas\s|nuove\s|"
+    r"digas?\s|conte\s|dire\s|dica\s|revel|muestr|mostr[ae]\s|rivel|imprim|stampa\s|"
     r"repit|repete\s|ripeti\s",
     words_back=3,
     needs="es",
@@ -957,8 +990,9 @@ _rule(
     flags=re.MULTILINE | re.IGNORECASE,
     description="a fake chat turn at line start: User: / Human: / Assistant: / **Assistant:** / [assistant]: / "
     "AI: I …; dropped with the ASSISTANT: turns when the document has 3 or more (a chat transcript)",
-    trigger=r"(?m)^[ \t>*#_\-\[<(]*(?:user|human|assistant|chatbot|chatgpt|gpt|claude|gemini|llama|ai|bot|model)\b",
-    back=0,
+    trigger=r"(?:user|human|assistant|chatbot|chatgpt|gpt|claude|gemini|llama|ai|bot|model)[ \t]*[\])>]?[ \t]*"
+    r"(?:\*\*|__)?[ \t]*[:：]",
+    back=20,
 )
 _rule(
     "role_marker_titled",
@@ -1141,6 +1175,9 @@ _rule(
 
 
 # ---- encoded payloads ----
+_BASE64_RUN = r"[a-z0-9+/]{24}"  # the base64 rule's trigger (found by _base64_run_hits)
+
+
 def _base64_override(m: re.Match) -> bool:
     blob = m.group(0)
     try:
@@ -1163,7 +1200,7 @@ _rule(
     flags=0,
     check=_base64_override,
     description="base64 blob that decodes to an override phrase",
-    trigger=r"[a-z0-9+/]{24}",
+    trigger=_BASE64_RUN,
     back=0,
 )
 
@@ -1178,12 +1215,119 @@ RULE_CATEGORIES: dict[str, str] = {spec["name"]: spec["category"] for spec in _R
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 _WINDOW_AFTER = 200  # longest phrase after its trigger; the tail past it is recovered by re-matching
 
+# ---- the prefilter: the literal openings of each trigger, found with str.find ----
+# Python's re tries a trigger such as "gn[o0]r|[e3]g[a4@]rd|skip|…" at nearly every position of the text (its first
+# characters are most letters), so the triggers alone took ~170 of a 100k-token document's ~210 ms. Every match of a
+# trigger opens with one of a few literal strings ("gnor", "gn0r", "egard", …), read off its parsed form once; str.find
+# locates those at C speed, and the trigger is only tried where one occurs.
+_OPENINGS_MAX = 64  # literal openings per trigger at most; past that, or with none, the trigger scans the whole text
+_OPENINGS: dict[str, tuple[str, ...] | None] = {}
 
-def _windows(trigger: re.Pattern, lower: str, back: int) -> list[tuple[int, int]]:
+
+def _opening_set(items: Iterable) -> tuple[set[str], bool]:
+    """Literal strings one of which every match of a parsed sequence (re's parser output) opens with, and whether they
+    are the whole matches (so what follows the sequence extends them)."""
+    from re import _constants as c  # type: ignore[attr-defined]  # the parser's opcodes, read once per trigger
+
+    run = {""}
+    for op, av in items:
+        if op is c.LITERAL:
+            ext, whole = {chr(av)}, True
+        elif op is c.IN and all(o is c.LITERAL for o, _ in av) and len(av) <= 6:
+            ext, whole = {chr(v) for _, v in av}, True
+        elif op in (c.AT, c.ASSERT, c.ASSERT_NOT):  # zero width: match() at the opening checks them
+            continue
+        elif op is c.SUBPATTERN:
+            ext, whole = _opening_set(av[-1])
+        elif op is c.BRANCH:
+            parts = [_opening_set(branch) for branch in av[1]]
+            ext, whole = set().union(*(p for p, _ in parts)), all(w for _, w in parts)
+        elif op is c.MAX_REPEAT and av[:2] == (0, 1):
+            ext, whole = _opening_set(av[2])
+            if not whole:
+                return run, False
+            ext = ext | {""}
+        else:  # a class, a category, any character, a loop: no literal past here
+            return run, False
+        grown = {a + b for a in run for b in ext}
+        if len(grown) > _OPENINGS_MAX:
+            return run, False
+        run = grown
+        if not whole:
+            return run, False
+    return run, True
+
+
+def _openings(trigger: str) -> tuple[str, ...] | None:
+    """The literal openings of ``trigger``'s matches, none a prefix of another (None: scan the whole text)."""
+    if trigger not in _OPENINGS:
+        from re import _parser  # type: ignore[attr-defined]
+
+        found, _ = _opening_set(_parser.parse(trigger, 0))
+        # an opening that may be empty, or a single letter or digit (in every few characters), filters nothing
+        if "" in found or any(len(o) == 1 and o.isalnum() for o in found):
+            _OPENINGS[trigger] = None
+        else:
+            _OPENINGS[trigger] = tuple(sorted(o for o in found if not any(o != p and o.startswith(p) for p in found)))
+    return _OPENINGS[trigger]
+
+
+# the base64 rule's trigger: 24 characters of its alphabet in a row. It has no literal opening; its runs are found on a
+# bytes copy of the text with the alphabet made "a" and the rest " " (one byte a character), where find is C speed.
+_BASE64_BYTES = (
+    bytes(0x61 if chr(i).islower() or chr(i).isdigit() or chr(i) in "+/" else 0x20 for i in range(128)) + b" " * 128
+)
+
+
+def _base64_run_hits(lower: str) -> list[tuple[int, int]]:
+    pattern, view, n = _TRIGGERS[_BASE64_RUN], lower.encode("ascii", "replace").translate(_BASE64_BYTES), len(lower)
+    hits: list[tuple[int, int]] = []
+    i = view.find(b"a" * 24)
+    while i >= 0:
+        end = view.find(b" ", i)
+        end = n if end < 0 else end
+        hits += [m.span() for m in pattern.finditer(lower, i, end)]
+        i = view.find(b"a" * 24, end)
+    return hits
+
+
+def _occurrences(text: str, literal: str) -> list[int]:
+    out, find = [], text.find
+    i = find(literal)
+    while i >= 0:
+        out.append(i)
+        i = find(literal, i + 1)
+    return out
+
+
+def _trigger_hits(trigger: str, lower: str, found: dict[str, list[int]] | None = None) -> list[tuple[int, int]]:
+    """The spans of ``trigger``'s matches in ``lower``, tried only where one of its openings occurs (``found``: the
+    occurrences of openings already looked for, shared by the triggers of one text). Matches may overlap (a scan would
+    have skipped a later one inside an earlier one): each is a place to try the rule."""
+    pattern = _TRIGGERS[trigger]
+    if trigger == _BASE64_RUN:
+        return _base64_run_hits(lower)
+    openings = _openings(trigger)
+    if openings is None:
+        return [m.span() for m in pattern.finditer(lower)]
+    found = {} if found is None else found
+    hits: dict[int, int] = {}
+    match = pattern.match
+    for opening in openings:
+        if opening not in found:
+            found[opening] = _occurrences(lower, opening)
+        for i in found[opening]:
+            m = match(lower, i)
+            if m is not None:
+                hits[i] = m.end()
+    return sorted(hits.items())
+
+
+def _windows(hits: list[tuple[int, int]], n: int, back: int) -> list[tuple[int, int]]:
     """Merged [start, end) windows around trigger hits in which the full rule pattern is searched."""
     out: list[tuple[int, int]] = []
-    for m in trigger.finditer(lower):
-        a, b = max(0, m.start() - back), min(len(lower), m.end() + _WINDOW_AFTER)
+    for start, end in hits:
+        a, b = max(0, start - back), min(n, end + _WINDOW_AFTER)
         if out and a <= out[-1][1]:
             out[-1] = (out[-1][0], max(out[-1][1], b))
         else:
@@ -1195,11 +1339,10 @@ def _is_word_char(ch: str) -> bool:
     return ch.isalnum() or ch in "'’@$|!+"
 
 
-def _word_start_candidates(trigger: re.Pattern, lower: str, words_back: int) -> list[int]:
+def _word_start_candidates(hits: list[tuple[int, int]], lower: str, words_back: int) -> list[int]:
     """Start offsets of the word holding each trigger hit and of the ``words_back`` words before it."""
     out: set[int] = set()
-    for m in trigger.finditer(lower):
-        i = m.start()
+    for i, _ in hits:
         while i > 0 and _is_word_char(lower[i - 1]):
             i -= 1
         out.add(i)
@@ -1237,8 +1380,15 @@ class _View:
         # a few characters change length when lower-cased: no trigger shortcut then
         self.lower: str | None = folded if len(folded) == len(norm.text) else None
         self.gate_text = folded
+        self.hits: dict[str, list[tuple[int, int]]] = {}
+        self.occurrences: dict[str, list[int]] = {}  # of the triggers' openings
         self.windows: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self.starts: dict[tuple[str, int], list[int]] = {}
+
+    def trigger_hits(self, trigger: str, lower: str) -> list[tuple[int, int]]:
+        if trigger not in self.hits:
+            self.hits[trigger] = _trigger_hits(trigger, lower, self.occurrences)
+        return self.hits[trigger]
 
     def run(self, spec: dict, found: set[tuple[str, int, int]]) -> None:
         regex, check, ntext, lower = spec["regex"], spec["check"], self.norm.text, self.lower
@@ -1246,12 +1396,13 @@ class _View:
         if spec["trigger"] is not None and lower is not None and spec["words_back"] is not None:
             key = (spec["trigger"], -1 - spec["words_back"])
             if key not in self.starts:
-                self.starts[key] = _word_start_candidates(_TRIGGERS[spec["trigger"]], lower, spec["words_back"])
+                hits = self.trigger_hits(spec["trigger"], lower)
+                self.starts[key] = _word_start_candidates(hits, lower, spec["words_back"])
             matches = (regex.match(ntext, p) for p in self.starts[key])
         elif spec["trigger"] is not None and lower is not None:
             key = (spec["trigger"], spec["back"])
             if key not in self.windows:
-                self.windows[key] = _windows(_TRIGGERS[spec["trigger"]], lower, spec["back"])
+                self.windows[key] = _windows(self.trigger_hits(spec["trigger"], lower), len(lower), spec["back"])
             windows = self.windows[key]
             # a window cuts the sentence tail short; re-match from the same start on the whole text for the full extent
             matches = (regex.match(ntext, m.start()) for a, b in windows for m in regex.finditer(ntext, a, b))

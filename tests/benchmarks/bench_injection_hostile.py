@@ -93,7 +93,7 @@ def obfuscations(rng: random.Random) -> dict[str, object]:
     }
 
 
-def load_module(rev: str):
+def load_module(rev: str, name: str = "injection_baseline"):
     """pipelines/safety/injection.py as of git revision ``rev``, imported under another name."""
     source = subprocess.run(
         ["git", "-C", str(ROOT), "show", f"{rev}:pipelines/safety/injection.py"],
@@ -101,9 +101,9 @@ def load_module(rev: str):
         capture_output=True,
         text=True,
     ).stdout
-    path = Path(tempfile.mkdtemp()) / "injection_baseline.py"
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("injection_baseline", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -120,7 +120,12 @@ def main() -> None:
     ap.add_argument("--strings", default=str(HERE / "injection_hostile.jsonl"))
     ap.add_argument("--hosts", type=int, default=3, help="benign host windows per (line, obfuscation)")
     ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--baseline", default="", help="git revision whose scanner is measured alongside (e.g. main)")
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="git revision(s), comma-separated, whose scanner is measured alongside (e.g. 8c22184,main); the first is "
+        "'before' in the recall tables",
+    )
     ap.add_argument("--rounds", type=int, default=5, help="timed scans of each 100k-token document per module")
     ap.add_argument("--show-misses", action="store_true")
     ap.add_argument("--speed-only", action="store_true", help="only the timing of the 100k-token documents")
@@ -128,7 +133,10 @@ def main() -> None:
     print(f"load average at start: {load()}")
     modules = {"now": current}
     if args.baseline:
-        modules = {"before": load_module(args.baseline), "now": current}
+        revs = args.baseline.split(",")
+        modules = {"before": load_module(revs[0])}
+        modules.update({rev: load_module(rev, f"injection_{i}") for i, rev in enumerate(revs[1:], 1)})
+        modules["now"] = current
 
     corpora = benign_corpora(Path(args.data))
     strings = [json.loads(line) for line in open(args.strings) if line.strip()]

@@ -192,6 +192,28 @@ class VerifierSettings(_Strict):
     )
 
 
+class ShadowBackoff(_Strict):
+    """The shadow rate follows the refits (gateway.routing.learning.loop.shadow_scale_after): each `selfroute learn`
+    run whose refit loses to the model in force multiplies `scale` by `factor`, one whose refit wins divides it by
+    `factor`, within [min_scale, 1]; shadows are drawn at shadow_rate x scale. Shadows buy labels only for refits;
+    where no refit beats the model in force (L-Eval in round nine: 0 of 22), they are a cost the escalations pay."""
+
+    factor: float = Field(
+        0.5,
+        gt=0.0,
+        lt=1.0,
+        description="a refit that loses to the model in force multiplies the shadow rate by this, one that wins "
+        "divides it by this (never above shadow_rate)",
+    )
+    min_scale: float = Field(0.1, ge=0.0, le=1.0, description="the least share of shadow_rate it falls to")
+    scale: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="in force: shadows are drawn at shadow_rate x this (selfroute learn writes it after each refit)",
+    )
+
+
 class LearningSettings(_Strict):
     """The router learning from its traffic (gateway.routing.learning): what it records and which labels it makes."""
 
@@ -220,6 +242,11 @@ class LearningSettings(_Strict):
         "feature, what always-long would send) is longer than this is shadowed with probability shadow_rate x this / "
         "its tokens, so the shadows' expected long-leg tokens per accepted answer stay at most shadow_rate x this "
         "(learn weighs each shadow label by 1 / its probability); null: shadow_rate for every request",
+    )
+    shadow_backoff: ShadowBackoff | None = Field(
+        None,
+        description="lower the shadow rate while refits lose to the model in force, raise it when they win "
+        "(selfroute learn writes its scale); null: shadow_rate always",
     )
     daily_budget_usd: float = Field(
         1.0,

@@ -90,6 +90,22 @@ def add_arguments(replay: argparse.ArgumentParser) -> None:
         "shadow-rate x this / its tokens (default: the policy's, else every context at --shadow-rate)",
     )
     replay.add_argument(
+        "--sim-shadow-backoff",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="as routing.learning.shadow_backoff.factor: each refit that loses to the model in force multiplies the "
+        "shadow rate by FACTOR, one that wins divides it (up to --shadow-rate), as `selfroute learn` writes it "
+        "(default: the policy's shadow_backoff, else the rate never moves)",
+    )
+    replay.add_argument(
+        "--sim-shadow-min-scale",
+        type=float,
+        default=None,
+        help="as routing.learning.shadow_backoff.min_scale: the least share of --shadow-rate it falls to (default: the "
+        "policy's, else 0.1)",
+    )
+    replay.add_argument(
         "--start-from",
         choices=[SHIPPED, HELD_OUT],
         default=SHIPPED,
@@ -148,6 +164,11 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
             "selfroute eval replay: --start-from held-out needs --protocol corpus or --protocol model",
             file=sys.stderr,
         )
+        return 2
+    try:
+        backoff = _shadow_backoff(args, policy)
+    except ValueError as exc:
+        print(f"selfroute eval replay: {exc}", file=sys.stderr)
         return 2
     model, verifier = load_route_model(policy, policy_file), load_verifier_model(policy, policy_file)
     if verifier is None:
@@ -238,6 +259,7 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
                 blend=blend,
                 blend_prior=args.sim_blend_prior,
                 escalation_weight=args.sim_escalation_weight,
+                shadow_backoff=backoff,
             )
             met = targets(result)
             out.append({"part": name, **result.to_dict(), "targets": met, "questions": len(questions)})
@@ -273,6 +295,30 @@ def run(args: argparse.Namespace, policy, policy_file, examples, prices, splits=
             )
         )
     return 0
+
+
+def _shadow_backoff(args: argparse.Namespace, policy):
+    """The simulation's shadow_backoff: the policy's, with --sim-shadow-backoff / --sim-shadow-min-scale over it
+    (either given without one in the policy: a new one, starting at scale 1); None: the rate never moves."""
+    from pydantic import ValidationError
+
+    from policies.schema import ShadowBackoff
+
+    found = policy.routing.learning.shadow_backoff
+    updates = {
+        k: v
+        for k, v in (("factor", args.sim_shadow_backoff), ("min_scale", args.sim_shadow_min_scale))
+        if v is not None
+    }
+    if found is None and not updates:
+        return None
+    try:
+        return ShadowBackoff.model_validate({**(found.model_dump() if found else {}), **updates})
+    except ValidationError as exc:
+        raise ValueError(
+            "--sim-shadow-backoff in (0, 1), --sim-shadow-min-scale in [0, 1]: "
+            + "; ".join(e["msg"] for e in exc.errors())
+        ) from exc
 
 
 def _other_corpora(examples, items, answers, own: set[str]):

@@ -139,8 +139,9 @@ def register(subparsers, parents) -> None:
 
 
 def _weights(requests, settings) -> list[float]:
-    """A shadow label stands for 1 / the chance its request was shadowed (the live rule, from its recorded context
-    tokens: gateway.routing.learning.loop.shadow_probability); any other label for itself."""
+    """A shadow label stands for 1 / the chance its request was shadowed: as recorded with the checked answer (the
+    shadow_backoff scale then in force), else the live rule in force now from its recorded context tokens
+    (gateway.routing.learning.loop.shadow_probability); any other label for itself."""
     from gateway.routing.learning.loop import shadow_probability
 
     out = []
@@ -148,7 +149,13 @@ def _weights(requests, settings) -> list[float]:
         judged = [lab for lab in r.labels if lab["source"] != "feedback"]
         shadow = bool(judged) and judged[-1]["source"] == "shadow"
         tokens = (r.features.get("features") or {}).get("context_tokens")
-        p = shadow_probability(settings, tokens if isinstance(tokens, int | float) else None) if shadow else 0.0
+        recorded = r.features.get("shadow_chance")
+        if not shadow:
+            p = 0.0
+        elif isinstance(recorded, int | float) and recorded > 0:
+            p = float(recorded)
+        else:
+            p = shadow_probability(settings, tokens if isinstance(tokens, int | float) else None)
         out.append(1.0 / p if p > 0 else 1.0)
     return out
 
@@ -258,6 +265,11 @@ def run(args: argparse.Namespace) -> int:
     report["relative"] = _refit_relative(args, policy, verifier, requests, labelled, data, verifier_part, stamp)
     if "_write" in report["relative"]:
         edits["verifier.relative"] = report["relative"].pop("_write")
+    backoff = _shadow_backoff(policy, verifier_part["_refit"], report["classifier"].pop("_refit", None))
+    if backoff is not None:
+        report["shadow_backoff"] = backoff
+        if backoff["scale"] != backoff["scale_in_force"]:
+            edits["learning.shadow_backoff"] = {"scale": backoff["scale"]}
     if not edits:
         return _print(args, report)
     if args.dry_run:
@@ -282,7 +294,31 @@ def run(args: argparse.Namespace) -> int:
         report["classifier"]["written"] = str(policy_file.parent / edits["classifier"]["model_path"])
     if "verifier.relative" in edits:
         report["relative"]["written"] = str(policy_file)
+    if "learning.shadow_backoff" in edits:
+        report["shadow_backoff"]["written"] = str(policy_file)
     return _print(args, report)
+
+
+def _shadow_backoff(policy, verifier_refit, classifier_refit) -> dict | None:
+    """With routing.learning.shadow_backoff: the shadow scale after this refit (gateway.routing.learning.loop.
+    shadow_scale_after, which the simulation calls too): lower when the refit lost to the model in force, higher
+    when it won (gateway.evaluation.refit.refit_won)."""
+    from gateway.evaluation.refit import refit_won
+    from gateway.routing.learning.loop import shadow_scale_after
+
+    settings = policy.routing.learning.shadow_backoff
+    if settings is None:
+        return None
+    won = refit_won(verifier_refit, classifier_refit)
+    scale = shadow_scale_after(settings, won)
+    return {
+        "won": won,
+        "scale_in_force": settings.scale,
+        "scale": scale,
+        "shadow_rate_now": policy.routing.learning.shadow_rate * scale,
+        "decision": f"the refit {'won' if won else 'lost'}: shadows at {scale:g} x shadow_rate "
+        f"(was {settings.scale:g})",
+    }
 
 
 def _every_checked(requests, verifier, share: float | None):
@@ -413,6 +449,7 @@ def _refit_verifier(args, policy, verifier, data, blend, stamp, share=None, chec
         min_model_labels=args.min_model_labels,
     )
     out: dict = {
+        "_refit": refit,
         "escalated_share": refit.share,
         "quality_recorded": refit.quality_recorded,
         "quality_in_force": refit.quality_in_force,
@@ -476,7 +513,7 @@ def _refit_classifier(args, policy, found, data, blend, stamp) -> dict:
         blend_weight=args.blend_weight or 1.0,
         blend_prior=None if args.blend_weight is not None else args.blend_prior,
     )
-    out: dict = {"labelled": refit.labelled, "decision": refit.decision}
+    out: dict = {"_refit": refit, "labelled": refit.labelled, "decision": refit.decision}
     if refit.quality_in_force is None or refit.quality_refit is None:
         return out
     out.update(
@@ -551,6 +588,11 @@ def _print(args, report: dict) -> int:
         print(f"relative rule: {relative['decision']}")
         if relative.get("written"):
             print(f"wrote routing.verifier.relative's pool and refusal_spend to {relative['written']}")
+    shadow = report.get("shadow_backoff")
+    if shadow:
+        print(f"shadow rate: {shadow['decision']}")
+        if shadow.get("written"):
+            print(f"wrote routing.learning.shadow_backoff's scale to {shadow['written']}")
     if report["blended"]:
         print(f"blended {report['blended']} shipped lines into every refit, weighing {report['blend_weighting']}")
     return 0

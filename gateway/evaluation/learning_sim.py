@@ -42,6 +42,7 @@ from gateway.evaluation.refit import (
     LabelledAnswers,
     refit_classifier,
     refit_verifier,
+    refit_won,
     threshold_for_share,
     with_verifier_thresholds,
 )
@@ -65,10 +66,10 @@ from gateway.evaluation.replay import (
 from gateway.routing.decision import RouteDecision, Router
 from gateway.routing.escalation import CheapAnswerCheck
 from gateway.routing.learning.judge import ANSWER_CHARS, JUDGE_PROMPT, PASSAGE_CHARS
-from gateway.routing.learning.loop import shadow_probability
+from gateway.routing.learning.loop import shadow_probability, shadow_scale_after
 from gateway.routing.score_window import Seen
 from policies.routes import FALLBACK, KEPT_REFUSAL, RAG
-from policies.schema import LearningSettings, Policy
+from policies.schema import LearningSettings, Policy, ShadowBackoff
 
 if TYPE_CHECKING:
     from classifier.estimators import Estimator
@@ -244,6 +245,7 @@ def simulate(
     blend: Blend | None = None,
     blend_prior: float | None = None,
     escalation_weight: float = 1.0,
+    shadow_backoff: ShadowBackoff | None = None,
 ) -> SimulationResult:
     """Run the stream once. `policy` must have a verifier (its thresholds, else the shipped verifier card's, are the
     frozen router's); `questions[i].item.verifier_score` is the shipped verifier's score of that answer and
@@ -268,7 +270,10 @@ def simulate(
     with `labels` the budget control re-chooses them for the same budget without labels (relative_for_budget).
     `blend` / `blend_prior` / `escalation_weight`: as `learn --blend-shipped` / `--blend-prior` /
     `--escalation-label-weight` (the shipped lines in every refit's training, weighing as `blend_prior` labels;
-    escalation labels' weight in the fit)."""
+    escalation labels' weight in the fit). `shadow_backoff`: as the policy's routing.learning.shadow_backoff (its
+    `scale` the start), the shadow scale moved after each refit by the function `selfroute learn` uses
+    (gateway.routing.learning.loop.shadow_scale_after: lower when the refit lost to the model in force,
+    refit.refit_won), the draws made at the scale in force and each shadow label weighted by 1 / its chance then."""
     from classifier.answer_features import ANSWER_FEATURE_NAMES
     from classifier.model import RouteModel
     from classifier.verifier import label_good
@@ -285,7 +290,12 @@ def simulate(
     names = list(feature_names or ANSWER_FEATURE_NAMES)
     shipped_refusal = policy.routing.verifier.refusal_threshold
     rng = random.Random(seed)
-    shadows = LearningSettings(judge=True, shadow_rate=shadow_rate, shadow_reference_tokens=shadow_reference_tokens)
+    shadows = LearningSettings(
+        judge=True,
+        shadow_rate=shadow_rate,
+        shadow_reference_tokens=shadow_reference_tokens,
+        shadow_backoff=shadow_backoff,
+    )
     router = Router(policy)
     shipped_check = CheapAnswerCheck(policy)
     frozen = router_strategy(router, True, shipped_check)
@@ -555,6 +565,10 @@ def simulate(
                 p_cheap = RouteModel(route.pipeline).cheap_probabilities([dict(q.item.features) for q in questions])
         if refit.action == "model" or (route is not None and route.action == "model"):
             rescore()
+        if shadows.shadow_backoff is not None:  # as `selfroute learn` writes it after this refit
+            scale = shadow_scale_after(shadows.shadow_backoff, refit_won(refit, route))
+            backoff = shadows.shadow_backoff.model_copy(update={"scale": scale})
+            shadows = shadows.model_copy(update={"shadow_backoff": backoff})
         relative_note = None
         if relative_refits:
             at = {q: k for k, q in enumerate(seen_cheap)}
@@ -597,6 +611,7 @@ def simulate(
                 "classifier": route.action if route is not None else None,
                 "classifier_labels": route.labelled if route is not None else 0,
                 "classifier_threshold": settings.threshold if settings is not None else None,
+                "shadow_scale": shadows.shadow_backoff.scale if shadows.shadow_backoff is not None else None,
                 **(
                     {
                         "pool": verifier_settings.relative.pool,

@@ -430,6 +430,13 @@ def refit_verifier(
     return out
 
 
+def refit_won(verifier: VerifierRefit, classifier: ClassifierRefit | None = None) -> bool:
+    """Whether a refit beat the model in force out of fold (what the shadow rate follows: routing.learning.
+    shadow_backoff): the verifier's gain reached MIN_GAIN_POINTS, whether or not it had the labels to go into force
+    (below --min-model-labels a win says more labels would pay), or the classifier's refit was better."""
+    return verifier.gain_points >= MIN_GAIN_POINTS or (classifier is not None and classifier.action == "model")
+
+
 def _route_fit_predict(estimator, seed: int, x_train, y_train, w_train, x_test):
     """A pre-route pipeline (classifier.estimators, the shipped model's settings) fitted with the labels' weights."""
     import numpy as np

@@ -101,12 +101,13 @@ class RoutingService:
         self.planner = planner
 
     def use_models(self, policy: Policy, router: Router, check: CheapAnswerCheck) -> None:
-        """A policy reload's models and thresholds (gateway.server.startup): requests that start from now on use
-        them; one already planning finishes with the ones it started with."""
+        """A policy reload's models and thresholds, and its learning settings (gateway.server.startup): requests that
+        start from now on use them; one already planning finishes with the ones it started with."""
         planner = self.ready_planner()
         self.policy = policy
         self.check = check
         planner.router = router
+        self.learning.use_settings(policy.routing.learning)  # the shadow scale `learn` wrote
 
     def ready_planner(self) -> RoutePlanner:
         """The planner; routed work is asked for only once start-up is done (the server checks readiness first)."""
@@ -277,7 +278,13 @@ class RoutingService:
 
             verdict, answer = await anyio.to_thread.run_sync(verify)
         if outcome.features is not None:
-            features_record.add_verdict(outcome.features, verdict, check.threshold, model=check.model_version)
+            features_record.add_verdict(
+                outcome.features,
+                verdict,
+                check.threshold,
+                model=check.model_version,
+                shadow_chance=self.learning.shadow_chance(plan.decision.features.get("context_tokens")),
+            )
             if self.policy.ledger.store_texts:
                 features_record.add_texts(outcome.features, answer.query, list(answer.passages), text)
         return verdict, JudgeInput(answer.query or plan.context.question, list(answer.passages), text or "")

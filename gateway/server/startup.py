@@ -146,7 +146,8 @@ class Startup:
 
     def reload_models(self) -> Policy:
         """Put the policy file's routing.classifier and routing.verifier (model files and thresholds, as `selfroute
-        learn` and `calibrate` write them) in force without a restart; everything else in the file waits for one.
+        learn` and `calibrate` write them) and routing.learning.shadow_backoff (the shadow scale learn writes) in force
+        without a restart; everything else in the file waits for one.
         Blocking (reads and checks the model files): from a worker thread. Raises ReloadError, keeping the models in
         force, when the file or a model does not load or a model was turned on or off."""
         with self._reload_lock:
@@ -168,8 +169,10 @@ class Startup:
         for name in ("classifier", "verifier"):
             if (getattr(current.routing, name) is None) != (getattr(found.routing, name) is None):
                 raise ReloadError(f"routing.{name} was turned on or off: that needs a restart")
+        # the models, their thresholds, and the shadow scale `selfroute learn` writes (routing.learning.shadow_backoff)
+        learning = current.routing.learning.model_copy(update={"shadow_backoff": found.routing.learning.shadow_backoff})
         routing = current.routing.model_copy(
-            update={"classifier": found.routing.classifier, "verifier": found.routing.verifier}
+            update={"classifier": found.routing.classifier, "verifier": found.routing.verifier, "learning": learning}
         )
         policy = current.model_copy(update={"routing": routing})
         try:

@@ -23,10 +23,11 @@ def learned_policy(
     classifier_threshold: float | None = None,
     refusal_threshold: float = 1.0,
     relative: dict | None = None,
+    shadow_backoff: dict | None = None,
 ) -> Path:
     """Both routes on the local model, the shipped verifier at `threshold` (refusals below `refusal_threshold`
-    escalate; with `relative`, its routing.verifier.relative), the judge on; the shipped pre-route classifier at
-    `classifier_threshold` if given, else none."""
+    escalate; with `relative`, its routing.verifier.relative), the judge on (with `shadow_backoff`, its
+    routing.learning.shadow_backoff); the shipped pre-route classifier at `classifier_threshold` if given, else none."""
     local = model_route("local/smollm2-135m-instruct", context_window=8192)
     classifier = None
     if classifier_threshold is not None:
@@ -41,7 +42,11 @@ def learned_policy(
             "threshold_source": "shipped",
             **({"relative": relative} if relative is not None else {}),
         },
-        learning={"judge": True, "shadow_rate": 0.2},
+        learning={
+            "judge": True,
+            "shadow_rate": 0.2,
+            **({"shadow_backoff": shadow_backoff} if shadow_backoff is not None else {}),
+        },
     )
     return write_policy(path, None, name="learned", cheap=local, long=local, routing=routing, passthrough=DROP)
 
@@ -254,6 +259,51 @@ def test_a_shadow_label_weighs_one_over_the_chance_its_request_was_shadowed():
     tied = LearningSettings(judge=True, shadow_rate=0.05, shadow_reference_tokens=16_000)
     assert _weights(requests, tied) == pytest.approx([20.0, 80.0, 1.0, 1.0])
     assert _weights(requests, LearningSettings(judge=True, shadow_rate=0.05)) == pytest.approx([20.0, 20.0, 1.0, 1.0])
+
+
+def test_learn_moves_the_shadow_scale_with_its_refit(tmp_path, capsys):
+    """routing.learning.shadow_backoff: a refit that beats the verifier in force out of fold doubles the scale in
+    force (a dry run writes nothing); once that refit is in force, the next on the same labels has nothing to win and
+    halves it again."""
+    ledger = tmp_path / "ledger.sqlite3"
+    backoff = {"factor": 0.5, "min_scale": 0.1, "scale": 0.5}
+    policy = learned_policy(tmp_path / "policy.yaml", recorded_ledger(ledger), shadow_backoff=backoff)
+    args = ["learn", "--policy", str(policy), "--ledger-url", str(ledger), "--min-model-labels", "50", "--json"]
+    assert main([*args, "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["shadow_backoff"] | {"decision": None} == {
+        "won": True,
+        "scale_in_force": 0.5,
+        "scale": 1.0,
+        "shadow_rate_now": 0.2,
+        "decision": None,
+    }
+    assert load_policy(policy)[0].routing.learning.shadow_backoff.scale == 0.5
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["model_path"] and report["shadow_backoff"]["written"] == str(policy)
+    assert load_policy(policy)[0].routing.learning.shadow_backoff.scale == 1.0
+    assert main(args) == 0  # the learned verifier in force: the refit does not beat it
+    report = json.loads(capsys.readouterr().out)
+    assert report["gain_points"] < 0.5 and report["shadow_backoff"]["won"] is False, report
+    learned = load_policy(policy)[0].routing.learning
+    assert learned.shadow_backoff.scale == 0.5 and learned.shadow_backoff.factor == 0.5
+
+
+def test_a_shadow_label_weighs_one_over_its_recorded_chance():
+    """A checked answer records the chance it had of a shadow (the backoff's scale then in force): learn weighs its
+    shadow label by 1 / that, not by the scale in force now; without one recorded, by the rule in force."""
+    from types import SimpleNamespace
+
+    from gateway.commands.learn import _weights
+    from policies.schema import LearningSettings, ShadowBackoff
+
+    def request(chance):
+        features = {"features": {"context_tokens": 4_000}} | ({"shadow_chance": chance} if chance else {})
+        return SimpleNamespace(labels=[{"source": "shadow"}], features=features)
+
+    now = LearningSettings(judge=True, shadow_rate=0.2, shadow_backoff=ShadowBackoff(scale=0.25))
+    assert _weights([request(0.2), request(0.1), request(None)], now) == pytest.approx([5.0, 10.0, 20.0])
 
 
 def test_learn_sets_a_kept_verifiers_threshold_from_every_recorded_score(setup, capsys):

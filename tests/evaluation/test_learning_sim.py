@@ -22,7 +22,7 @@ from gateway.evaluation.learning_sim import (
     targets,
 )
 from gateway.evaluation.replay import Prices, ReplayItem
-from policies.schema import ClassifierSettings, Policy
+from policies.schema import ClassifierSettings, Policy, ShadowBackoff
 
 PRICES = Prices(1.0, 2.0, 10.0, 20.0, "test")
 POLICY = Policy.model_validate(
@@ -342,3 +342,27 @@ def test_a_blend_prior_pulls_the_refits_towards_the_shipped_lines_less_as_labels
     assert strong.trailing[LEARNING]["quality"] < free.trailing[LEARNING]["quality"] - 5
     assert weak.trailing[LEARNING]["quality"] > strong.trailing[LEARNING]["quality"] + 5
     assert any(r["verifier"] == "model" for r in weak.refits)
+
+
+def test_a_shadow_backoff_slows_shadows_where_refits_lose_and_keeps_them_while_they_win():
+    """shadow_backoff (as the policy's, moved after each refit by the function `learn` uses): where the shipped
+    verifier already ranks the answers right, no refit beats it and the shadows fall to min_scale of the rate, their
+    legs' cost with them. Where it ranks them backwards every refit wins, and holds the rate, until one is in force
+    (here from 300 labels); then, with nothing left to win, the rate falls."""
+    names = ["ans_support_passages", "ans_refusal"]
+    common = dict(shadow_rate=0.2, judge_noise=0.0, refit_every=100, window=300, after=600, feature_names=names)
+    backoff = ShadowBackoff(factor=0.5, min_scale=0.1)
+    right = [
+        SimQuestion(replace(q.item, verifier_score=1.0 - float(q.item.verifier_score or 0.0)), q.answer_row)
+        for q in stream()
+    ]
+    flat = simulate(right, POLICY, PRICES, **common)
+    slowed = simulate(right, POLICY, PRICES, shadow_backoff=backoff, **common)
+    assert flat.refits and all(r["gain_points"] < 0.5 for r in flat.refits)  # nothing to win against it
+    assert [r["shadow_scale"] for r in slowed.refits][-1] == 0.1 and flat.refits[0]["shadow_scale"] is None
+    assert slowed.labels["shadow"] < flat.labels["shadow"] / 2
+    assert slowed.total[LEARNING]["learning_cost_usd"] < 0.6 * flat.total[LEARNING]["learning_cost_usd"]
+    kept = simulate(stream(), POLICY, PRICES, shadow_backoff=backoff, min_model_labels=300, **common)
+    in_force = next(k for k, r in enumerate(kept.refits) if r["verifier"] == "model")
+    assert in_force > 2 and all(r["gain_points"] >= 0.5 and r["shadow_scale"] == 1.0 for r in kept.refits[:in_force])
+    assert kept.refits[-1]["shadow_scale"] < 0.5 and kept.labels["shadow"] > 2 * slowed.labels["shadow"]

@@ -178,14 +178,16 @@ def test_routes_are_mounted_in_the_real_app(tmp_path):
         assert "# TYPE selfroute_requests_total counter" in httpx.get(f"{url}/metrics").text
 
 
-def reload_policy(path, base: str, threshold: float):
-    """Both routes on the fake upstream (unpriced), the shipped classifier and verifier, learning on."""
+def reload_policy(path, base: str, threshold: float, shadow_backoff: dict | None = None):
+    """Both routes on the fake upstream (unpriced), the shipped classifier and verifier, learning on (with
+    `shadow_backoff`, its routing.learning.shadow_backoff)."""
     unpriced = {"input_cost_per_mtok": DROP, "output_cost_per_mtok": DROP}
+    backoff = {"shadow_backoff": shadow_backoff} if shadow_backoff is not None else {}
     routing = Whole(
         classifier={"model_path": "builtin:default", "threshold": 0.0},
         default_route="rag",
         verifier={"model_path": "builtin:verifier", "threshold": threshold},
-        learning={"judge": True, "shadow_rate": 0.2},
+        learning={"judge": True, "shadow_rate": 0.2, **backoff},
     )
     return write_policy(path, base, name="learned", cheap=unpriced, long=unpriced, routing=routing, passthrough=DROP)
 
@@ -244,3 +246,28 @@ def test_the_policy_reload_puts_the_model_learn_wrote_in_force(upstream, tmp_pat
         assert failed.status_code == 409 and failed.json()["error"]["code"] == "reload_failed"
         assert "missing.skops" not in failed.text  # paths stay in the log
         assert explained(url)["probability"] == pytest.approx(after["probability"])
+
+
+def test_the_policy_reload_puts_the_shadow_scale_learn_wrote_in_force(upstream, tmp_path, capsys):
+    """routing.learning.shadow_backoff: `selfroute learn` doubles the scale after a winning refit and writes it; the
+    gateway draws shadows at the old scale until POST /v1/admin/reload, then at the new one."""
+    import httpx
+
+    from gateway.cli import main
+    from tests.support.gateway import running_gateway
+    from tests.support.ledger import recorded_ledger
+
+    labels = tmp_path / "labels.sqlite3"
+    backoff = {"factor": 0.5, "min_scale": 0.1, "scale": 0.5}
+    policy_file = reload_policy(tmp_path / "policy.yaml", upstream[0], recorded_ledger(labels), backoff)
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    auth = Authenticator([USER_KEY], ADMIN_KEY)
+    with running_gateway(tmp_path / "data", None, policy_path=policy_file, auth=auth) as (url, app):
+        loop = app.state.gateway.routing.learning
+        assert loop.shadow_chance(None) == pytest.approx(0.1)  # 0.2 x 0.5
+        args = ["learn", "--policy", str(policy_file), "--ledger-url", str(labels), "--min-model-labels", "50"]
+        assert main([*args, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["shadow_backoff"]["scale"] == 1.0
+        assert loop.shadow_chance(None) == pytest.approx(0.1)  # nothing changes before the reload
+        assert httpx.post(f"{url}/v1/admin/reload", headers=admin).status_code == 200
+        assert loop.shadow_chance(None) == pytest.approx(0.2)

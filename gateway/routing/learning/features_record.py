@@ -37,12 +37,18 @@ def pre_route(
 
 
 def add_verdict(
-    record: dict[str, Any], verdict: Verdict, threshold: float | None, model: str | None = None
+    record: dict[str, Any],
+    verdict: Verdict,
+    threshold: float | None,
+    model: str | None = None,
+    shadow_chance: float | None = None,
 ) -> dict[str, Any]:
     """The check's part: what the verifier read, its score, its version (CheapAnswerCheck.model_version) and the
     outcome. The threshold is the one the answer was decided with (a relative threshold's value for this key, else
     the policy's); `long_tokens`, what a relative threshold charged the answer's long leg (its key's window reads it
-    back at start-up: gateway.ledger.labels.recent_answers)."""
+    back at start-up: gateway.ledger.labels.recent_answers); `shadow_chance`, with shadows on, the chance an accepted
+    answer was shadowed under the settings in force (a shadow label stands for 1 / it; the shadow_backoff scale
+    changes it between refits)."""
     record.update(
         {
             "verifier_features": verdict.features,
@@ -56,6 +62,8 @@ def add_verdict(
     )
     if verdict.long_tokens is not None:
         record["long_tokens"] = verdict.long_tokens
+    if shadow_chance is not None:
+        record["shadow_chance"] = shadow_chance
     return record
 
 

@@ -34,7 +34,7 @@ from policies.routes import JUDGE, LONG, SHADOW
 if TYPE_CHECKING:
     from gateway.ledger.entry import RequestLedgerEntry
     from gateway.upstreams.base import Upstream
-    from policies.schema import LearningSettings, ModelConfig, Policy
+    from policies.schema import LearningSettings, ModelConfig, Policy, ShadowBackoff
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +44,25 @@ SHUTDOWN_ERROR = "the gateway shut down before this learning request finished"
 
 
 def shadow_probability(settings: LearningSettings, context_tokens: float | None) -> float:
-    """The chance an accepted cheap answer is shadowed: shadow_rate, scaled down by shadow_reference_tokens / the
-    request's context tokens when it is longer, so a 128k-token document is shadowed 1/8 as often as a 16k one and
-    the expected shadow spend per request stays bounded. The live draw, `learn`'s label weights (1 / this, from the
-    recorded features) and the simulation all use this."""
+    """The chance an accepted cheap answer is shadowed: shadow_rate (times shadow_backoff's scale in force), scaled
+    down by shadow_reference_tokens / the request's context tokens when it is longer, so a 128k-token document is
+    shadowed 1/8 as often as a 16k one and the expected shadow spend per request stays bounded. The live draw, the
+    chance recorded with each checked answer (`learn` weighs a shadow label by 1 / it) and the simulation all use
+    this."""
     rate, reference = settings.shadow_rate, settings.shadow_reference_tokens
+    if settings.shadow_backoff is not None:
+        rate *= settings.shadow_backoff.scale
     if reference is None or context_tokens is None or context_tokens <= reference:
         return rate
     return rate * reference / float(context_tokens)
+
+
+def shadow_scale_after(backoff: ShadowBackoff, won: bool) -> float:
+    """The shadow scale after a refit: times `factor` when it lost to the model in force, divided by it when it won,
+    within [min_scale, 1]. `selfroute learn` writes it into the policy after each refit (the gateway's reload puts it
+    in force for the draw, shadow_probability); the simulation calls it at each of its refits."""
+    scale = backoff.scale / backoff.factor if won else backoff.scale * backoff.factor
+    return min(1.0, max(backoff.min_scale, scale))
 
 
 def learning_request_id() -> str:
@@ -200,9 +211,21 @@ class LearningLoop:
     def wants_judge(self) -> bool:
         return self.settings.judge and not self._closing and self.budget.allows()
 
+    def use_settings(self, settings: LearningSettings) -> None:
+        """A policy reload's learning settings (its shadow_backoff scale, which `selfroute learn` writes): answers
+        checked from now on are drawn with them; the day's budget goes on."""
+        self.settings = settings
+
+    def shadow_chance(self, context_tokens: float | None) -> float | None:
+        """The chance an accepted cheap answer with this context is shadowed now (shadow_probability), recorded with
+        the checked answer so `learn` weighs its label by what was in force; None when shadows are off."""
+        if self.settings.shadow_rate <= 0:
+            return None
+        return shadow_probability(self.settings, context_tokens)
+
     def wants_shadow(self, context_tokens: float | None = None) -> bool:
-        """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate (less for a
-        context over shadow_reference_tokens: shadow_probability)."""
+        """Drawn once per accepted cheap answer: run the long route too, with probability shadow_rate (times the
+        shadow_backoff scale in force; less for a context over shadow_reference_tokens: shadow_probability)."""
         rate = shadow_probability(self.settings, context_tokens)
         return rate > 0 and not self._closing and self._rng.random() < rate and self.wants_judge()
 

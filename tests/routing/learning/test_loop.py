@@ -183,6 +183,45 @@ def test_the_shadow_rate_falls_with_the_context_over_the_reference():
     assert max(shadow_probability(tied, t) * t for t in (1e3, 16e3, 64e3, 1e6)) == pytest.approx(0.05 * 16_000)
 
 
+def test_the_shadow_backoff_scales_the_rate_and_follows_the_refits():
+    """shadow_backoff: shadows drawn at shadow_rate x scale (with the reference tokens' cut on top); a losing refit
+    multiplies the scale by the factor, a winning one divides by it, never under min_scale nor over 1."""
+    from gateway.routing.learning.loop import shadow_probability, shadow_scale_after
+    from policies.schema import LearningSettings, ShadowBackoff
+
+    backoff = ShadowBackoff(factor=0.5, min_scale=0.2, scale=0.5)
+    settings = LearningSettings(judge=True, shadow_rate=0.1, shadow_reference_tokens=16_000, shadow_backoff=backoff)
+    assert shadow_probability(settings, 8_000) == pytest.approx(0.05)
+    assert shadow_probability(settings, 32_000) == pytest.approx(0.025)
+    assert shadow_scale_after(backoff, won=False) == pytest.approx(0.25)
+    assert shadow_scale_after(backoff, won=True) == pytest.approx(1.0)
+    scale = 1.0
+    for _ in range(5):
+        scale = shadow_scale_after(backoff.model_copy(update={"scale": scale}), won=False)
+    assert scale == pytest.approx(0.2)  # the floor
+    assert shadow_scale_after(backoff.model_copy(update={"scale": 1.0}), won=True) == 1.0  # never above shadow_rate
+
+
+@pytest.mark.parametrize(("scale", "shadows"), [(0.0, 0), (1.0, 2)])
+def test_the_live_draw_is_at_the_backoffs_scale_and_records_its_chance(
+    upstream, verifier_file, gateway, scale, shadows
+):
+    """shadow_rate 1.0 at the backoff's scale: 0 shadows none, 1 every accepted answer; each checked answer records
+    the chance it had (what `learn` weighs its shadow label by, whatever scale is in force when learn runs)."""
+    from policies.schema import ShadowBackoff
+
+    upstream[1].state.scripted = TRUSTED
+    upstream[1].state.judge_reply = '{"verdict": "as_good"}'
+    backoff = ShadowBackoff(factor=0.5, min_scale=0.0, scale=scale)
+    url, app, server = gateway(learning_policy(upstream[0], verifier_file, shadow_rate=1.0, shadow_backoff=backoff))
+    for i in range(2):
+        ask(url, f"{QUESTION} {i}", documents=[{"text": manual()}])
+    settle(app, server)
+    assert [r["route"] for r in rows(app, "requests")].count("shadow") == shadows
+    chances = [json.loads(r["data"])["shadow_chance"] for r in rows(app, "request_features")]
+    assert chances == [scale, scale]
+
+
 @pytest.mark.parametrize(("reference", "shadows"), [(10**7, 3), (1, 0)])
 def test_the_live_draw_reads_the_requests_context_tokens(upstream, verifier_file, gateway, reference, shadows):
     """shadow_rate 1.0: every answer shadowed while its context is under the reference; with a reference of one token

@@ -92,7 +92,9 @@ class RequestContext:
             self.entry.record.alias = model
         self.rate_limits = await admit(self.gateway.policy, self.gateway.keys, self.caller, model)
         if self.entry is not None:
-            await reserve(self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat, embedded)
+            await reserve(
+                self.gateway.policy, self.gateway.prices, self.entry, self.caller, chat, embedded, len(self.body)
+            )
 
 
 def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_limit: int | None = None):

@@ -10,14 +10,17 @@ own databases each enforce the limits on their own share of the traffic.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import anyio
+from cachetools import LRUCache
 
 from gateway.errors import GatewayError
 from gateway.ledger.budget import BudgetExceeded, Estimate, LegEstimate, Limits, TokenLimitExceeded
@@ -35,6 +38,8 @@ from policies.passthrough import passthrough_allowed
 from policies.schema import ModelConfig, Policy
 
 TPM_WINDOW_S = 60.0
+# a request body past this size has its reservation's estimate counted in a worker thread, not the ledger's
+WRITER_COUNT_BYTES = 32_768
 # a completion's bound when neither the request (max_tokens) nor the model's known limits give one
 DEFAULT_COMPLETION_BOUND = 4096
 # the routed prompts' windows when the policy gives none (policies/limits.py assumes these for made-up names)
@@ -191,6 +196,29 @@ def capped_tokens(text: str, cap: int) -> int:
     return count_tokens(text)
 
 
+# A document past this many characters has its count kept, by key and content digest: the same contract asked
+# about again is hashed (~1 ms per 500 kB), not tokenised again (~100 ms). Kept per key so that no key can learn
+# from the time of its reservation whether another key sent a document.
+COUNTED_CHARS = 16_384
+_counts: LRUCache[tuple[str | None, bytes, int], int] = LRUCache(maxsize=1024)
+_counts_lock = threading.Lock()
+
+
+def document_tokens(text: str, cap: int, key_id: str | None) -> int:
+    """capped_tokens(text, cap), kept for long documents (COUNTED_CHARS) per key."""
+    if len(text) < COUNTED_CHARS:
+        return capped_tokens(text, cap)
+    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    with _counts_lock:
+        known = _counts.get((key_id, digest, cap))
+    if known is not None:
+        return known
+    counted = capped_tokens(text, cap)
+    with _counts_lock:
+        _counts[(key_id, digest, cap)] = counted
+    return counted
+
+
 def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
     _, output_limit = token_limits(config)
     asked = chat.max_completion_tokens or chat.max_tokens
@@ -198,7 +226,9 @@ def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompleti
     return LegEstimate(config.model, prompt, completion, prices.price(config).cost(prompt, completion))
 
 
-def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest) -> Estimate:
+def estimate_chat(
+    policy: Policy, prices: PriceBook, chat: ChatCompletionRequest, key_id: str | None = None
+) -> Estimate:
     """An upper bound on what a chat request can cost: a pass-through call of its prompt; for a routed alias the
     cheap leg and the dearest long leg (a rag>long request makes both; a long alternate is called only when the
     long model failed, unbilled), each prompt the context (messages and attached documents; a named collection's
@@ -219,7 +249,7 @@ def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest
     for document in attached:
         if documents >= counted:
             break
-        documents += capped_tokens(document.text, counted - documents) + MESSAGE_OVERHEAD_TOKENS
+        documents += document_tokens(document.text, counted - documents, key_id) + MESSAGE_OVERHEAD_TOKENS
 
     def leg(config: ModelConfig, default_window: int) -> LegEstimate:
         window = token_limits(config)[0] or default_window
@@ -258,6 +288,7 @@ async def reserve(
     caller: Caller,
     chat: ChatCompletionRequest | None = None,
     embedded: Embedded | None = None,
+    body_bytes: int = 0,
 ) -> None:
     """Record the request in flight with its reservation before any upstream call: the key's budget and TPM hold
     it atomically in the ledger database (429 when there is no room), and a request that ends without usage (the
@@ -265,14 +296,22 @@ async def reserve(
     key = caller.key
     limits = Limits(key.budget_usd, key.tpm, key.period_start()) if key is not None else None
 
-    def estimate() -> Estimate:  # on the ledger's writer thread: counting a megabyte of input stays off the loop
+    def estimate() -> Estimate:
         if chat is not None:
-            return estimate_chat(policy, prices, chat)
+            return estimate_chat(policy, prices, chat, caller.key_id)
         return estimate_embedded(prices, embedded) if embedded is not None else Estimate()
 
+    estimate_of = estimate
+    if body_bytes > WRITER_COUNT_BYTES:
+        # counted in a worker thread first: on the ledger's one writer thread, which every request's reservation
+        # waits on, 30 routed requests with a 479 kB document kept it in tiktoken 71-75% of the time and other
+        # keys' pass-through requests waited seconds behind them (probe10)
+        computed = await anyio.to_thread.run_sync(estimate)
+        estimate_of = lambda: computed  # noqa: E731
     try:
-        # the ledger's writer thread: concurrent requests' rows share a commit (Ledger.reserve_soon)
-        await entry.reserve_soon(estimate, limits)
+        # a small request's estimate is counted on the ledger's writer thread: no thread hop of its own, and
+        # concurrent requests' rows share a commit (Ledger.reserve_soon)
+        await entry.reserve_soon(estimate_of, limits)
     except BudgetExceeded as exc:
         period = "" if key is None or key.budget_period_s is None else " for this period"
         raise GatewayError(

@@ -700,3 +700,66 @@ def test_chat_admission_reserves_the_embedding_of_new_documents(upstream, tmp_pa
     assert 200 in statuses and set(statuses) <= {200, 429}
     spent = sum(r["prompt_tokens"] + r["completion_tokens"] for r in rows)
     assert spent <= 56_000, (statuses, spent)
+
+
+def test_a_large_request_is_counted_off_the_ledger_writer_so_other_keys_do_not_wait(gateway, keys, monkeypatch):
+    """probe10: a reservation's estimate was counted on the ledger's one writer thread, so routed requests with a
+    479 kB document held every other key's request behind their tiktoken passes (pass-through p50 34 ms alone,
+    2.3-6.0 s beside them). A large body is now counted in a worker thread: here three requests whose counting
+    takes 1.5 s each do not hold up another key's small request, and none is counted on the writer thread."""
+    import concurrent.futures
+    import threading
+
+    from gateway.server import limits
+
+    url, _ = gateway
+    counted_on: list[str] = []
+    count = limits.count_tokens
+
+    def slow_count(text: str) -> int:
+        if len(text) > limits.WRITER_COUNT_BYTES:
+            counted_on.append(threading.current_thread().name)
+            time.sleep(1.5)
+        return count(text)
+
+    monkeypatch.setattr(limits, "count_tokens", slow_count)
+    _, heavy = keys.create("heavy")
+    _, light = keys.create("light")
+    big = " ".join(["clause"] * 8_000)  # 56 kB
+
+    def timed(key: str, text: str) -> tuple[int, float]:
+        started = time.perf_counter()
+        status = _ask(url, key, text=text).status_code
+        return status, time.perf_counter() - started
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        heavies = [pool.submit(timed, heavy, big) for _ in range(3)]
+        time.sleep(0.4)  # the three are counting
+        status, waited = timed(light, "a b c")
+        assert [f.result()[0] for f in heavies] == [200, 200, 200]
+    assert status == 200
+    assert waited < 1.0, f"the small request waited {waited:.2f} s behind the large ones' counting"
+    assert len(counted_on) == 3 and "selfroute-ledger" not in counted_on, counted_on
+
+
+def test_a_long_document_s_count_is_kept_per_key(monkeypatch):
+    """The same long document in a key's next request is hashed, not tokenised again; another key's request
+    counts it for itself (no key learns from its reservation's time what another key sent)."""
+    from gateway.server import limits
+
+    calls: list[int] = []
+    capped = limits.capped_tokens
+
+    def counting(text: str, cap: int) -> int:
+        calls.append(len(text))
+        return capped(text, cap)
+
+    monkeypatch.setattr(limits, "capped_tokens", counting)
+    monkeypatch.setattr(limits, "_counts", limits.LRUCache(maxsize=8))
+    document = "the valve opens at dawn. " * 1_000  # 25 kB, past COUNTED_CHARS
+    first = limits.document_tokens(document, 100_000, "a")
+    assert limits.document_tokens(document, 100_000, "a") == first and len(calls) == 1
+    assert limits.document_tokens(document, 100_000, "b") == first and len(calls) == 2
+    assert limits.document_tokens(document + ".", 100_000, "a") >= first and len(calls) == 3
+    assert limits.document_tokens("short", 100_000, "a") == limits.document_tokens("short", 100_000, "a")
+    assert len(calls) == 5  # short texts are counted, not kept

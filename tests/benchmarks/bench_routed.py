@@ -193,6 +193,18 @@ def megabyte_document(min_bytes: int = 1_000_000) -> str:
     return "\n\n".join(parts)
 
 
+def rag_setup(work: Path, long_window: int, name: str):
+    """(the instant upstream's process, started; the policy file) for routed benchmarks: rag by default, no
+    classifier, no fallback."""
+    import multiprocessing
+
+    port = free_port()
+    upstream = multiprocessing.get_context("spawn").Process(target=run_upstream, args=(port,), daemon=True)
+    upstream.start()
+    routing = {"classifier": None, "default_route": "rag", "fallback": {"enabled": False}}
+    return upstream, bench_policy(work / "policy.yaml", port, long_window, name=name, routing=routing)
+
+
 THROUGHPUT_SETUPS = ("1-worker", "2-workers", "1-replica-pg", "2-replicas-pg")
 
 
@@ -285,20 +297,9 @@ def main() -> int:
     )
     parser.add_argument("--skip", nargs="*", default=[], choices=["ingest-compare", "during-ingest", "throughput"])
     args = parser.parse_args()
-    import multiprocessing
-
     text = args.doc.read_text()
     work = Path(tempfile.mkdtemp(prefix="selfroute-bench-routed-"))
-    upstream_port = free_port()
-    upstream = multiprocessing.get_context("spawn").Process(target=run_upstream, args=(upstream_port,), daemon=True)
-    upstream.start()
-    policy = bench_policy(
-        work / "policy.yaml",
-        upstream_port,
-        args.long_window,
-        name="bench-routed",
-        routing={"classifier": None, "default_route": "rag", "fallback": {"enabled": False}},
-    )
+    upstream, policy = rag_setup(work, args.long_window, "bench-routed")
     from pipelines.tokens import count_tokens
 
     print(

@@ -1,7 +1,7 @@
 """One in-memory cache for the whole gateway: a cachetools LRUCache guarded by a lock.
 
 Every cache of derived work (question vectors, a document's units, statistics and term index, injection scans,
-stored chunk vectors, the warm-prefix record) is one of these, so eviction and locking are written once. The
+stored chunk vectors, the warm-prefix record, a reservation's document token counts) is one of these, so eviction and locking are written once. The
 value is computed outside the lock: two threads missing the same key both compute it (the work is idempotent)
 rather than one waiting on the other's slow work. Keys that must stay apart per API key carry the caller's
 pipelines.scope.KeyScope.

@@ -13,14 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import anyio
-from cachetools import LRUCache
 
 from gateway.errors import GatewayError
 from gateway.ledger.budget import BudgetExceeded, Estimate, LegEstimate, Limits, TokenLimitExceeded
@@ -32,6 +30,8 @@ from gateway.routing.embedding_model import embedding_config
 from gateway.routing.service import passthrough_config
 from gateway.server import headers
 from gateway.server.auth import Caller
+from pipelines.cache import LockedLRU
+from pipelines.scope import KeyScope
 from pipelines.tokens import count_tokens
 from policies.limits import model_info
 from policies.passthrough import passthrough_allowed
@@ -197,26 +197,18 @@ def capped_tokens(text: str, cap: int) -> int:
 
 
 # A document past this many characters has its count kept, by key and content digest: the same contract asked
-# about again is hashed (~1 ms per 500 kB), not tokenised again (~100 ms). Kept per key so that no key can learn
-# from the time of its reservation whether another key sent a document.
+# about again is hashed (~1 ms per 500 kB), not tokenised again (~100 ms). Kept per key (as injection scans are)
+# so that no key can learn from the time of its reservation whether another key sent a document.
 COUNTED_CHARS = 16_384
-_counts: LRUCache[tuple[str | None, bytes, int], int] = LRUCache(maxsize=1024)
-_counts_lock = threading.Lock()
+_counts: LockedLRU[tuple[KeyScope, bytes, int], int] = LockedLRU(1024)
 
 
-def document_tokens(text: str, cap: int, key_id: str | None) -> int:
+def document_tokens(text: str, cap: int, scope: KeyScope) -> int:
     """capped_tokens(text, cap), kept for long documents (COUNTED_CHARS) per key."""
     if len(text) < COUNTED_CHARS:
         return capped_tokens(text, cap)
     digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    with _counts_lock:
-        known = _counts.get((key_id, digest, cap))
-    if known is not None:
-        return known
-    counted = capped_tokens(text, cap)
-    with _counts_lock:
-        _counts[(key_id, digest, cap)] = counted
-    return counted
+    return _counts.get_or_make((scope, digest, cap), lambda: capped_tokens(text, cap))
 
 
 def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
@@ -226,9 +218,7 @@ def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompleti
     return LegEstimate(config.model, prompt, completion, prices.price(config).cost(prompt, completion))
 
 
-def estimate_chat(
-    policy: Policy, prices: PriceBook, chat: ChatCompletionRequest, key_id: str | None = None
-) -> Estimate:
+def estimate_chat(policy: Policy, prices: PriceBook, chat: ChatCompletionRequest, scope: KeyScope) -> Estimate:
     """An upper bound on what a chat request can cost: a pass-through call of its prompt; for a routed alias the
     cheap leg and the dearest long leg (a rag>long request makes both; a long alternate is called only when the
     long model failed, unbilled), each prompt the context (messages and attached documents; a named collection's
@@ -249,7 +239,7 @@ def estimate_chat(
     for document in attached:
         if documents >= counted:
             break
-        documents += document_tokens(document.text, counted - documents, key_id) + MESSAGE_OVERHEAD_TOKENS
+        documents += document_tokens(document.text, counted - documents, scope) + MESSAGE_OVERHEAD_TOKENS
 
     def leg(config: ModelConfig, default_window: int) -> LegEstimate:
         window = token_limits(config)[0] or default_window
@@ -298,7 +288,7 @@ async def reserve(
 
     def estimate() -> Estimate:
         if chat is not None:
-            return estimate_chat(policy, prices, chat, caller.key_id)
+            return estimate_chat(policy, prices, chat, KeyScope(caller.key_id))
         return estimate_embedded(prices, embedded) if embedded is not None else Estimate()
 
     estimate_of = estimate

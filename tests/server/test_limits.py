@@ -746,7 +746,10 @@ def test_a_long_document_s_count_is_kept_per_key(monkeypatch):
     """The same long document in a key's next request is hashed, not tokenised again; another key's request
     counts it for itself (no key learns from its reservation's time what another key sent)."""
     from gateway.server import limits
+    from pipelines.cache import LockedLRU
+    from pipelines.scope import KeyScope
 
+    a, b = KeyScope("a"), KeyScope("b")
     calls: list[int] = []
     capped = limits.capped_tokens
 
@@ -755,11 +758,11 @@ def test_a_long_document_s_count_is_kept_per_key(monkeypatch):
         return capped(text, cap)
 
     monkeypatch.setattr(limits, "capped_tokens", counting)
-    monkeypatch.setattr(limits, "_counts", limits.LRUCache(maxsize=8))
+    monkeypatch.setattr(limits, "_counts", LockedLRU(8))
     document = "the valve opens at dawn. " * 1_000  # 25 kB, past COUNTED_CHARS
-    first = limits.document_tokens(document, 100_000, "a")
-    assert limits.document_tokens(document, 100_000, "a") == first and len(calls) == 1
-    assert limits.document_tokens(document, 100_000, "b") == first and len(calls) == 2
-    assert limits.document_tokens(document + ".", 100_000, "a") >= first and len(calls) == 3
-    assert limits.document_tokens("short", 100_000, "a") == limits.document_tokens("short", 100_000, "a")
+    first = limits.document_tokens(document, 100_000, a)
+    assert limits.document_tokens(document, 100_000, a) == first and len(calls) == 1
+    assert limits.document_tokens(document, 100_000, b) == first and len(calls) == 2
+    assert limits.document_tokens(document + ".", 100_000, a) >= first and len(calls) == 3
+    assert limits.document_tokens("short", 100_000, a) == limits.document_tokens("short", 100_000, a)
     assert len(calls) == 5  # short texts are counted, not kept

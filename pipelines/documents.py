@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +16,15 @@ class Document:
     title: str | None = None
     source: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def content_hash(self) -> str:
+        """The digest of what the document says (text, title, metadata; not its id), once per instance: a request's
+        attached document is looked up by it in several caches (the planner's key, its inline collection's name,
+        what is pending), and a 479 kB document took ~8 ms of CPU each time (JSON and SHA-256; py-spy, round
+        eleven). A Document is frozen; its metadata is never changed once it is built."""
+        payload = json.dumps([self.text, self.title, self.metadata], sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 # A title, id or section heading heads every unit and passage it labels in a prompt, so a long one is sent once per

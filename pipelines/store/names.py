@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
 from pipelines.documents import Document
@@ -38,5 +36,4 @@ def is_inline(collection: str) -> bool:
 
 
 def content_hash(doc: Document) -> str:
-    payload = json.dumps([doc.text, doc.title, doc.metadata], sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return doc.content_hash  # computed once per Document (pipelines.documents)

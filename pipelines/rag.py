@@ -127,8 +127,7 @@ class RagPipeline:
         hits = reader.search(collection, question, self.settings.top_k, query_vector=query_vector)
         candidates = self._expand(reader, collection, hits, query_vector)
         titles = {d: t for d, (t, _) in reader.titles(collection, {c.chunk.doc_id for c in candidates}).items()}
-        selected, passages, text = self._select(candidates, titles)
-        tokens = count_tokens(text) if text else 0
+        selected, passages, text, tokens = self._select(candidates, titles)
         index = INDEX_FULL if pending is None else INDEX_PARTIAL
         return Retrieval(collection, question, hits, selected, passages, text, tokens, index)
 
@@ -166,11 +165,12 @@ class RagPipeline:
         while True:
             passages = self._passages(chosen, titles)
             text = render_passages(passages)
-            if not chosen or count_tokens(text) <= budget:
+            tokens = count_tokens(text) if text else 0  # the retrieval's count too: the text is counted once
+            if not chosen or tokens <= budget:
                 break
             chosen.remove(min(chosen, key=lambda c: c.score))  # labels pushed it over: drop the weakest
         selected = [c for p in passages for c in p.chunks]
-        return selected, passages, text
+        return selected, passages, text, tokens
 
     @staticmethod
     def _passages(chosen: list[ScoredChunk], titles: dict[str, str | None]) -> list[Passage]:

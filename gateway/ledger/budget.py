@@ -244,7 +244,14 @@ def _lock_number(key_id: str) -> int:
     return int.from_bytes(hashlib.sha256(b"selfroute-budget:" + key_id.encode()).digest()[:8], "big", signed=True)
 
 
-def _check(conn: LedgerConnection, key_id: str, limits: Limits, estimate_tokens: int, now: float) -> None:
+def _check(
+    conn: LedgerConnection, key_id: str, limits: Limits, estimate_tokens: int, estimate_usd: float, now: float
+) -> None:
+    """Let the request in only if its reservation fits in what the key has left: its recorded spend (this period)
+    and reservations plus this request's bound within the budget, and the last minute's tokens and reservations plus
+    its tokens within the TPM. Before round eleven only what was already spent or reserved was compared, so the
+    last request let in could be of any size: one request with a 200 kB document spent $0.37 of a $0.01 budget, and
+    a TPM of 50 let a 2,000-token request through (probe11)."""
     if limits.budget_usd is not None:
         if limits.period_start is None:
             found = conn.execute(_SPENT, (key_id, key_id)).fetchone()
@@ -254,19 +261,34 @@ def _check(conn: LedgerConnection, key_id: str, limits: Limits, estimate_tokens:
                 _SPENT_SINCE, (key_id, first_hour, key_id, limits.period_start, first_hour * 3600.0, key_id)
             ).fetchone()
         spent = float(found[0] or 0.0)
+        budget = f"this key's budget of ${limits.budget_usd:g}" + (
+            " for this period" if limits.period_start is not None else ""
+        )
         if spent >= limits.budget_usd:
             raise BudgetExceeded(
-                f"this key's budget of ${limits.budget_usd:g} is spent (${spent:.4f} recorded or reserved by requests"
-                " in flight)",
+                f"{budget} is spent (${spent:.4f} recorded or reserved by requests in flight)", code="budget_exceeded"
+            )
+        if spent + estimate_usd > limits.budget_usd:
+            raise BudgetExceeded(
+                f"this request could cost up to ${estimate_usd:.4f} (its prompt and completion bound), more than the"
+                f" ${limits.budget_usd - spent:.4f} left of {budget}; set a lower max_tokens or send less",
                 code="budget_exceeded",
             )
     if limits.tpm is not None:
+        if estimate_tokens > limits.tpm:  # OpenAI's "Request too large": waiting does not help
+            raise TokenLimitExceeded(
+                f"this request's {estimate_tokens} tokens (its prompt and completion bound) are more than this key's"
+                f" limit of {limits.tpm} tokens per minute; set a lower max_tokens or send less",
+                retry_after=TPM_WINDOW_S,
+                code="rate_limit_exceeded",
+            )
         since = now - TPM_WINDOW_S
         used, oldest = conn.execute(_TOKENS, (key_id, since, key_id, key_id, since)).fetchone()
-        if int(used or 0) >= limits.tpm:
+        if int(used or 0) + estimate_tokens > limits.tpm:
             retry = (float(oldest) + TPM_WINDOW_S - now) if oldest is not None else 1.0
             raise TokenLimitExceeded(
-                f"this key's limit of {limits.tpm} tokens per minute is reached",
+                f"this key's limit of {limits.tpm} tokens per minute is reached ({int(used or 0)} used or reserved in"
+                f" the last minute, {estimate_tokens} asked for)",
                 retry_after=retry,
                 code="rate_limit_exceeded",
             )
@@ -284,14 +306,14 @@ def reserve(conn: LedgerConnection, row: InFlight, limits: Limits | None = None,
     if dialect_of(conn) is POSTGRESQL:
         with conn:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_number(row.key_id),))
-            _check(conn, row.key_id, limits, row.prompt_tokens + row.completion_tokens, now)
+            _check(conn, row.key_id, limits, row.prompt_tokens + row.completion_tokens, row.cost_usd, now)
             conn.execute(_INSERT, params)
         return
     # SQLite: BEGIN IMMEDIATE takes the database's write lock before reading, so no two reservers (or a reserver and
     # the writer) interleave between the check and the insert
     conn.execute("BEGIN IMMEDIATE")
     try:
-        _check(conn, row.key_id, limits, row.prompt_tokens + row.completion_tokens, now)
+        _check(conn, row.key_id, limits, row.prompt_tokens + row.completion_tokens, row.cost_usd, now)
         conn.execute(_INSERT, params)
     except BaseException:
         conn.rollback()

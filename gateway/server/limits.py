@@ -213,7 +213,9 @@ def document_tokens(text: str, cap: int, scope: KeyScope) -> int:
 
 def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
     _, output_limit = token_limits(config)
-    asked = chat.max_completion_tokens or chat.max_tokens
+    # both bounds go upstream as sent, and a provider may honour either: the larger bounds the completion (probe11:
+    # max_tokens 100000 beside max_completion_tokens 1 was reserved at one token)
+    asked = max(chat.max_completion_tokens or 0, chat.max_tokens or 0)
     completion = (asked or output_limit or DEFAULT_COMPLETION_BOUND) * max(chat.n or 1, 1)
     return LegEstimate(config.model, prompt, completion, prices.price(config).cost(prompt, completion))
 
@@ -303,10 +305,14 @@ async def reserve(
         # concurrent requests' rows share a commit (Ledger.reserve_soon)
         await entry.reserve_soon(estimate_of, limits)
     except BudgetExceeded as exc:
-        period = "" if key is None or key.budget_period_s is None else " for this period"
-        raise GatewayError(
-            429, exc.message.replace(" is spent", f"{period} is spent", 1), code="budget_exceeded"
-        ) from None
+        start = key.period_start() if key is not None else None
+        # a budget per period comes back when the period ends: say when (no Retry-After for a budget for life)
+        until = (
+            {}
+            if start is None or key is None or key.budget_period_s is None
+            else (_retry_after(start + key.budget_period_s - time.time()))
+        )
+        raise GatewayError(429, exc.message, code="budget_exceeded", headers=until) from None
     except TokenLimitExceeded as exc:
         window = RateLimits(tokens=(key.tpm, 0, exc.retry_after)) if key is not None and key.tpm else RateLimits()
         raise GatewayError(

@@ -96,8 +96,8 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
             f"{a}/v1/admin/keys",
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=30,
-            json={"name": "budgeted", "budget_usd": 1e-9},
-        )  # less than any one request costs
+            json={"name": "budgeted", "budget_usd": 1.0},
+        )  # room for the one request's reservation ($0.09); lowered below its spend once it is recorded
         assert created.status_code == 201, created.text
         budgeted = {"Authorization": f"Bearer {created.json()['key']}"}
         assert httpx.get(f"{b}/v1/models", headers=budgeted, timeout=30).status_code == 200  # B knows the key
@@ -115,13 +115,26 @@ def test_two_replicas_share_one_postgres_ledger(upstream, postgres_url, tmp_path
                 break
             time.sleep(0.2)
         assert recorded > 1e-9
-        over = httpx.post(
-            f"{b}/v1/chat/completions",
-            headers=budgeted,
+        lowered = httpx.patch(
+            f"{a}/v1/admin/keys/budgeted",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
             timeout=30,
-            json={"model": "selfroute", "messages": [{"role": "user", "content": "more"}]},
+            json={"budget_usd": 1e-9},
         )
+        assert lowered.status_code == 200, lowered.text
+        deadline = time.monotonic() + 30
+        while True:  # B reads the key's limits again once its short look-up cache (2 s) has passed
+            over = httpx.post(
+                f"{b}/v1/chat/completions",
+                headers=budgeted,
+                timeout=30,
+                json={"model": "selfroute", "messages": [{"role": "user", "content": "more"}]},
+            )
+            if over.status_code != 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         assert over.status_code == 429, over.text
+        assert "is spent" in over.json()["error"]["message"]
         assert over.json()["error"]["code"] == "budget_exceeded"
         ok = httpx.post(
             f"{b}/v1/chat/completions",

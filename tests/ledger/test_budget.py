@@ -58,10 +58,11 @@ def _concurrently(location, rows: list[InFlight], limits: Limits) -> tuple[list[
 
 
 def test_twenty_concurrent_reservations_stop_at_the_budget(location, tmp_path):
-    """20 reservers at once, $0.03 each against $0.05: two get in (0 < 0.05, 0.03 < 0.05), never more."""
+    """20 reservers at once, $0.03 each against $0.05: one gets in (0.03 fits in 0.05; 0.06 does not), never more:
+    a reservation must fit in what is left (before round eleven a second one got in, since 0.03 < 0.05)."""
     Ledger(location, dead_letter_dir=tmp_path).close()
     admitted, refused = _concurrently(location, [_row(f"r{i}") for i in range(20)], Limits(budget_usd=0.05))
-    assert len(admitted) == 2 and len(refused) == 18
+    assert len(admitted) == 1 and len(refused) == 19
     assert all(exc.code == "budget_exceeded" for exc in refused)
     conn = connect(location)
     try:
@@ -73,7 +74,7 @@ def test_twenty_concurrent_reservations_stop_at_the_budget(location, tmp_path):
 def test_twenty_concurrent_reservations_stop_at_the_tpm(location, tmp_path):
     Ledger(location, dead_letter_dir=tmp_path).close()
     admitted, refused = _concurrently(location, [_row(f"t{i}", tokens=(100, 30)) for i in range(20)], Limits(tpm=300))
-    assert len(admitted) == 3  # 0, 130 and 260 tokens are below 300; 390 is not
+    assert len(admitted) == 2  # 130 and 260 tokens fit in 300; 390 does not
     assert all(exc.code == "rate_limit_exceeded" and exc.retry_after >= 1 for exc in refused)
 
 

@@ -101,17 +101,21 @@ def _refused_alike(url: str, app, key: str, name: str, code: str) -> None:
 
 def test_a_spent_budget_is_refused_by_every_family_alike(gateway):
     url, app = gateway
-    _, small = app.state.gateway.keys.create("small", budget_usd=0.00001)  # one chat costs $0.000011
+    _, small = app.state.gateway.keys.create("small", budget_usd=1.0)  # one chat costs $0.000011
     assert _post(url, small, "chat").status_code == 200
     ledger_rows(app)  # flushed: spend is what the ledger recorded
+    app.state.gateway.keys.edit("small", budget_usd=0.00001)  # now spent (a reservation must fit to be let in)
+    app.state.gateway.auth.forget()  # as the admin API's edit does
     _refused_alike(url, app, small, "small", "budget_exceeded")
 
 
 def test_a_reached_token_rate_is_refused_by_every_family_alike(gateway):
     url, app = gateway
-    _, limited = app.state.gateway.keys.create("tokens", tpm=5)
+    _, limited = app.state.gateway.keys.create("tokens", tpm=100_000)
     assert _post(url, limited, "chat").status_code == 200  # 3 prompt + 4 completion tokens
     ledger_rows(app)
+    app.state.gateway.keys.edit("tokens", tpm=5)  # now reached
+    app.state.gateway.auth.forget()
     _refused_alike(url, app, limited, "tokens", "rate_limit_exceeded")
 
 

@@ -10,7 +10,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.errors import GatewayError
-from gateway.server.disconnect import disconnect_hook
+from gateway.server.disconnect import ClientDisconnected, disconnect_hook
 
 JSON_HEADERS = {"content-type": "application/json"}
 # the whole body must arrive within this many seconds of the handler asking for it: a Content-Length larger than
@@ -52,7 +52,8 @@ async def _read(request: Request, limit: int) -> bytes:
             if len(body) > limit:
                 raise _too_large(limit)
     except ClientDisconnect:
-        raise GatewayError(400, "client disconnected while sending the body", code="client_disconnected") from None
+        # nobody to answer: ledgered as 499 like any client that left (a 400 said the client sent something wrong)
+        raise ClientDisconnected("client disconnected while sending the body") from None
     return bytes(body)
 
 

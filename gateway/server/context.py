@@ -119,9 +119,9 @@ def keyed(handler: Handler, *, metered: bool = False, admin: bool = False, body_
             if request.method in ("POST", "PUT", "PATCH"):
                 ctx.body = await read_body(request, body_limit or gateway.settings.max_body_bytes)
             response = await unless_disconnected(request, lambda: handler(ctx))
-        except ClientDisconnected:  # nobody to answer: the work was stopped
+        except ClientDisconnected as exc:  # nobody to answer: the work was stopped
             if entry is not None:
-                entry.finish(CLIENT_CLOSED, "client disconnected before the answer was ready")
+                entry.finish(CLIENT_CLOSED, str(exc) or "client disconnected before the answer was ready")
             return Response(status_code=CLIENT_CLOSED)
         except anyio.get_cancelled_exc_class():  # a shutdown past its grace period: still ledgered
             if entry is not None:

@@ -72,6 +72,7 @@ def _parse(raw: bytes) -> tuple[EmbeddingsRequest, dict[str, Any]]:
         ) from None
     if request.input == [] or request.input == "":
         raise GatewayError(400, "'input' must not be empty", param="input", code="invalid_value")
+    body.pop("selfroute", None)  # the gateway's own extension, as chat drops it: never sent to a provider (probe11)
     return request, body
 
 

@@ -347,3 +347,32 @@ def test_serve_protocol_reads_on_once_a_large_body_is_whole():
         await asyncio.sleep(0)
 
     asyncio.run(run())
+
+
+@PROTOCOLS
+def test_a_client_that_resets_the_connection_mid_body_is_ledgered_as_499(upstream, tmp_path, http):
+    """probe11: a client that sent half its body and reset the connection was ledgered as a 400, as if it had sent
+    something wrong; it left, like any other client that leaves (499)."""
+    import socket
+    import struct
+
+    with running_gateway(tmp_path, make_policy(upstream[0], **POLICY), http=http) as (url, app):
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"model": "openai/fake-cheap", "messages": [{"role": "user", "content": "x" * 5000}]})
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nX-Request-Id: half-body\r\n\r\n"
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(head + body[: len(body) // 2].encode())
+        time.sleep(0.3)  # the gateway is reading the body
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+        sock.close()
+        rows: list[dict] = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not rows:
+            time.sleep(0.1)
+            rows = [r for r in ledger_rows(app) if r["client_request_id"] == "half-body"]
+        assert len(rows) == 1, "the request never reached the ledger"
+        assert (rows[0]["status"], rows[0]["error"]) == (499, "client disconnected while sending the body")
+        assert ledger_rows(app, "requests_in_flight") == []

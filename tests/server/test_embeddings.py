@@ -63,6 +63,14 @@ def test_other_models_pass_through_to_the_upstream(gateway, upstream):
     assert sent["model"] == "text-embedding-3-small" and sent["input"] == "two words"
     row = [r for r in ledger_rows(app) if r["alias"] == "text-embedding-3-small"][-1]
     assert row["status"] == 200 and row["prompt_tokens"] == 2
+    # the gateway's own extension stays here, as chat's does; a provider's own fields go as sent (probe11)
+    client(url).embeddings.create(
+        model="text-embedding-3-small",
+        input="two words",
+        extra_body={"selfroute": {"documents": [{"id": "d", "text": "secret"}]}, "input_type": "query"},
+    )
+    sent = upstream[1].state.received[-1]["body"]
+    assert "selfroute" not in sent and sent["input_type"] == "query"
 
 
 def test_upstream_errors_keep_their_status(gateway):

@@ -44,6 +44,7 @@ class ChatMessage(_Open):
 
 
 class StreamOptions(_Open):
+    model_config = ConfigDict(extra="allow", strict=True)  # see ChatCompletionRequest
     include_usage: bool | None = None
 
 
@@ -151,6 +152,11 @@ def rejected_param(name: str) -> bool:
 
 
 class ChatCompletionRequest(_Open):
+    # strict types: the body goes upstream as sent, so what the gateway validated must be what was sent. Lax
+    # validation read "max_tokens": "10" (or true) as 10 for the reservation and forwarded the string, and took
+    # "stream": "yes" for a stream (probe11); OpenAI answers these with a 400, and so does the gateway now. An integer
+    # still passes where a number is asked for (temperature: 1)
+    model_config = ConfigDict(extra="allow", strict=True)
     messages: list[ChatMessage] = Field(min_length=1)
     model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     audio: dict[str, Any] | None = None

@@ -83,7 +83,6 @@ def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
         ("max_tokens", 0),
         ("max_tokens", 2**31),
         ("max_tokens", 2**70),  # past int64: the reservation's row was a 500
-        ("max_tokens", 1e300),  # an integral float is taken as an int
         ("max_completion_tokens", -(10**9)),  # a disconnect charged at it gave the key spend back
         ("max_completion_tokens", 2**70),
         ("n", 129),
@@ -93,6 +92,33 @@ def test_surrogate_bytes_are_a_400_and_pairs_are_fine():
 def test_completion_bounds_are_positive_and_bounded(field, value):
     error = _error(_chat(**{field: value}))
     assert (error.status, error.code, error.param) == (400, "invalid_value", field)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", "10"),  # lax validation reserved 10 and forwarded the string (probe11)
+        ("max_tokens", True),
+        ("max_tokens", 1e300),
+        ("max_tokens", 10.0),
+        ("n", "2"),
+        ("stream", "yes"),  # was taken for a stream
+        ("stream", 1),
+        ("temperature", "0.5"),
+        ("logprobs", "true"),
+        ("stream_options", {"include_usage": "yes"}),
+    ],
+)
+def test_values_are_validated_as_sent_not_coerced(field, value):
+    """The body goes upstream as the client sent it, so the gateway must not read it as something else."""
+    error = _error(_chat(**{field: value}))
+    assert (error.status, error.code) == (400, "invalid_type")
+    assert error.param == (field if field != "stream_options" else "stream_options.include_usage")
+
+
+def test_an_integer_is_a_number():
+    chat, body = parse_chat_request(_chat(temperature=1, top_p=1, frequency_penalty=0))
+    assert (chat.temperature, body["temperature"]) == (1.0, 1)
 
 
 def test_completion_bounds_at_their_limits_pass():

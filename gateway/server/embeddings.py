@@ -28,7 +28,7 @@ from policies.schema import ModelConfig
 class EmbeddingsRequest(BaseModel):
     """OpenAI's embeddings request; unknown fields go upstream as sent."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)  # as chat's: validated as sent (gateway.protocol)
     model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None

@@ -27,7 +27,7 @@ MAX_KEYS_BODY = 64 * 1024
 
 
 class CreateKeyRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "admin": "yes" made an admin key (probe11)
     name: str = Field(min_length=1, max_length=64)
     models: list[str] | None = None
     collections: list[str] | None = None
@@ -42,7 +42,7 @@ class CreateKeyRequest(BaseModel):
 class EditKeyRequest(BaseModel):
     """What is given changes; null clears a limit (models: any model; expires: never)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     models: list[str] | None = None
     collections: list[str] | None = None
     budget_usd: float | None = None

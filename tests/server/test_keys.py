@@ -71,6 +71,8 @@ def test_create_use_list_and_revoke_a_key(gateway):
         ({"name": "ok", "expires": "soon"}, 400, "expires"),
         ({"name": "ok", "extra": 1}, 400, "extra"),
         ({}, 400, "name"),
+        ({"name": "ok", "admin": "yes"}, 400, "admin"),  # made an admin key (probe11): types as sent
+        ({"name": "ok", "rpm": "10"}, 400, "rpm"),
     ],
 )
 def test_bad_key_requests_are_400(gateway, body, status, param):

@@ -69,11 +69,13 @@ BUSY_TIMEOUT_S = 30.0
 REQUEST_BUSY_TIMEOUT_S = 2.0
 
 
-def connect(location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
-    """A writable connection: sqlite3's for a path (waiting up to `busy_timeout` seconds for a lock), a
-    PostgresConnection for a postgresql:// URL."""
+def connect(location: str | Path, busy_timeout: float | None = None) -> Any:
+    """A writable connection: sqlite3's for a path (waiting up to `busy_timeout` seconds for a lock, else
+    BUSY_TIMEOUT_S), a PostgresConnection for a postgresql:// URL (no call waiting longer than `busy_timeout`, else
+    as long as the server takes: the CLI's migrations and reports may run for minutes)."""
     if is_postgres(location):
-        return connect_postgres(str(location))
+        return connect_postgres(str(location), stall_s=busy_timeout)
+    busy_timeout = BUSY_TIMEOUT_S if busy_timeout is None else busy_timeout
     path = str(location)
     if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
         conn = _open_sqlite(path, busy_timeout)
@@ -134,7 +136,7 @@ class SqliteConnection(sqlite3.Connection):
         return self._moved
 
 
-def reopened(conn: Any, location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S) -> Any:
+def reopened(conn: Any, location: str | Path, busy_timeout: float | None = None) -> Any:
     """`conn`, or, when it is None or broken (closed here: a PostgreSQL connection that failed, a SQLite file
     deleted or replaced under the gateway), a new connection to `location`; a SQLite file this makes is migrated as
     at start. For the holders of a long-lived connection that writes (the ledger's, the labels')."""

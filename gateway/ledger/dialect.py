@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import re
+import socket
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,29 +137,114 @@ def _to_sql(sql: str) -> str:
     return sql.replace("%", "%%").replace("?", "%s")
 
 
-class PostgresConnection:
-    """A psycopg connection that takes SQLite-style queries; `with conn:` is one transaction, as in sqlite3."""
+class _StallWatch:
+    """Cuts the socket of a PostgreSQL connection whose call has waited past its limit, so the thread blocked in it
+    gets an OperationalError (the outage path) instead of waiting for as long as the server does.
 
-    def __init__(self, raw: Any) -> None:
+    A server that hangs (stopped, swapped out, a network that drops packets without a reset) keeps its TCP
+    connections open, so no timeout of the driver or the kernel ends a call: under a SIGSTOPped PostgreSQL every
+    request waited for as long as it hung (45 s in the probe), keys without limits too, and a SIGTERM never exited
+    (probe11). One thread per process looks every POLL_S at the calls being watched; a call arms and disarms with
+    two dict operations under a lock."""
+
+    POLL_S = 0.1
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._due: dict[int, tuple[float, Any]] = {}  # id(connection) -> (monotonic deadline, psycopg connection)
+        self._thread: threading.Thread | None = None
+
+    def arm(self, key: int, raw: Any, seconds: float) -> None:
+        with self._lock:
+            self._due[key] = (time.monotonic() + seconds, raw)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="selfroute-ledger-stalls", daemon=True)
+                self._thread.start()
+
+    def disarm(self, key: int) -> None:
+        with self._lock:
+            self._due.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.POLL_S)
+            now = time.monotonic()
+            with self._lock:
+                late = [(key, raw) for key, (due, raw) in self._due.items() if due <= now]
+                for key, _ in late:
+                    del self._due[key]
+            for _, raw in late:
+                _cut(raw)
+
+
+def _cut(raw: Any) -> None:
+    """Shut the connection's socket down under the thread waiting on it (a duplicate of the descriptor, so the
+    driver still owns and closes its own): its wait ends at once with "server closed the connection"."""
+    try:
+        fd = os.dup(raw.pgconn.socket)
+    except Exception:  # closed meanwhile: nothing waits on it
+        return
+    logger.warning("ledger database did not answer in time: its connection is cut (the outage path follows)")
+    try:
+        with socket.socket(fileno=fd) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+_STALLS = _StallWatch()
+
+
+class PostgresConnection:
+    """A psycopg connection that takes SQLite-style queries; `with conn:` is one transaction, as in sqlite3.
+
+    With `stall_s`, a call (a statement, a commit, a pipeline block) that waits past it is cut (_StallWatch): the
+    gateway's connections pass database.REQUEST_BUSY_TIMEOUT_S, as a locked SQLite file is waited for; the CLI's
+    (migrations, reports) wait as long as the server takes."""
+
+    def __init__(self, raw: Any, stall_s: float | None = None) -> None:
         self.raw = raw
         self._transactions: list = []  # open `with conn:` blocks on an autocommit connection
+        self._stall_s = stall_s
+        self._watching = 0  # nested watched calls (a statement inside a pipeline block): the outermost arms
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        if self._stall_s is None:
+            yield
+            return
+        if not self._watching:
+            _STALLS.arm(id(self), self.raw, self._stall_s)
+        self._watching += 1
+        try:
+            yield
+        finally:
+            self._watching -= 1
+            if not self._watching:
+                _STALLS.disarm(id(self))
 
     def execute(self, sql: str, params: Sequence | None = None) -> Any:
-        return self.raw.execute(_to_sql(sql), params if params else None)
+        with self._watched():
+            return self.raw.execute(_to_sql(sql), params if params else None)
 
     def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
         rows = list(rows)
         if rows:
-            self.raw.cursor().executemany(_to_sql(sql), rows)
+            with self._watched():
+                self.raw.cursor().executemany(_to_sql(sql), rows)
 
-    def pipeline(self) -> Any:
+    @contextmanager
+    def pipeline(self) -> Iterator[Any]:
         """psycopg's pipeline mode for the block: statements are sent without waiting for each answer; reading a
-        result (or the block's end) waits for what was sent before it. Errors surface there too."""
-        return self.raw.pipeline()
+        result (or the block's end) waits for what was sent before it. Errors surface there too. The whole block
+        is one watched call."""
+        with self._watched(), self.raw.pipeline() as pipeline:
+            yield pipeline
 
     def script(self, sql: str) -> None:
         """Several statements, sent as one string without parameters (the simple query protocol)."""
-        self.raw.execute(sql)
+        with self._watched():
+            self.raw.execute(sql)
 
     @property
     def in_transaction(self) -> bool:
@@ -164,10 +253,12 @@ class PostgresConnection:
         return self.raw.info.transaction_status != TransactionStatus.IDLE
 
     def commit(self) -> None:
-        self.raw.commit()
+        with self._watched():
+            self.raw.commit()
 
     def rollback(self) -> None:
-        self.raw.rollback()
+        with self._watched():
+            self.raw.rollback()
 
     def close(self) -> None:
         self.raw.close()
@@ -184,7 +275,8 @@ class PostgresConnection:
     def __enter__(self) -> PostgresConnection:
         if self.raw.autocommit:  # otherwise the block is the transaction psycopg opens at the first statement
             transaction = self.raw.transaction()
-            transaction.__enter__()
+            with self._watched():
+                transaction.__enter__()
             self._transactions.append(transaction)
         return self
 
@@ -192,14 +284,16 @@ class PostgresConnection:
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         if self._transactions:
-            self._transactions.pop().__exit__(kind, value, traceback)
+            with self._watched():
+                self._transactions.pop().__exit__(kind, value, traceback)
             return
         if self.raw.closed:
             return
-        if kind is None:
-            self.raw.commit()
-        else:
-            self.raw.rollback()
+        with self._watched():
+            if kind is None:
+                self.raw.commit()
+            else:
+                self.raw.rollback()
 
 
 def _numeric_loader() -> type:
@@ -242,21 +336,25 @@ def redact(message: str, url: str) -> str:
     return _PASSWORD_OPTION.sub(r"\1***", message)
 
 
-def connect_postgres(url: str, *, autocommit: bool = False, connect_timeout: float = 10) -> PostgresConnection:
+def connect_postgres(
+    url: str, *, autocommit: bool = False, connect_timeout: float = 10, stall_s: float | None = None
+) -> PostgresConnection:
+    """`stall_s`: no call waits longer (PostgresConnection), and connecting not longer either."""
     try:
         import psycopg
     except ImportError as exc:  # the dependency is declared; this only helps a broken install
         raise RuntimeError("a postgresql:// ledger needs psycopg: pip install 'psycopg[binary]'") from exc
     try:
+        timeout = connect_timeout if stall_s is None else min(connect_timeout, stall_s)
         raw = psycopg.connect(
-            url, autocommit=autocommit, connect_timeout=int(max(1, connect_timeout)), row_factory=_row_factory
+            url, autocommit=autocommit, connect_timeout=int(max(1, timeout)), row_factory=_row_factory
         )
     except psycopg.Error as exc:
         # the same type (callers tell transient failures by it), its message without the password, and no chained
         # original that a traceback would print in full
         raise type(exc)(redact(str(exc), url)) from None
     raw.adapters.register_loader("numeric", _numeric_loader())
-    return PostgresConnection(raw)
+    return PostgresConnection(raw, stall_s)
 
 
 LedgerConnection = sqlite3.Connection | PostgresConnection

@@ -23,7 +23,7 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from gateway.ledger.database import BUSY_TIMEOUT_S, connect, migrate
+from gateway.ledger.database import connect, migrate
 from gateway.ledger.dialect import (
     LedgerConnection,
     connect_postgres,
@@ -236,9 +236,10 @@ class KeyStore:
     """The api_keys table of one ledger database (a SQLite file or a postgresql:// URL shared by replicas); safe to
     share between threads."""
 
-    def __init__(self, location: str | Path, busy_timeout: float = BUSY_TIMEOUT_S):
-        """busy_timeout: how long a SQLite lock held by another process is waited for (the gateway's request path
-        passes database.REQUEST_BUSY_TIMEOUT_S: past it, a locked file is a database that is down)."""
+    def __init__(self, location: str | Path, busy_timeout: float | None = None):
+        """busy_timeout: how long a SQLite lock held by another process, or a PostgreSQL call, is waited for (the
+        gateway's request path passes database.REQUEST_BUSY_TIMEOUT_S: past it, the database is down); None: the
+        CLI's SQLite 30 s, and PostgreSQL as long as it takes."""
         self.location: str | Path = location if is_postgres(location) else Path(location)
         self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
@@ -255,7 +256,7 @@ class KeyStore:
         if self._conn is None:
             if is_postgres(self.location):
                 # autocommit: a lone SELECT does not leave a transaction open; `with conn:` blocks are transactions
-                conn = connect_postgres(str(self.location), autocommit=True)
+                conn = connect_postgres(str(self.location), autocommit=True, stall_s=self._busy_timeout)
             else:
                 path = Path(self.location)  # not PostgreSQL: __init__ made it a Path
                 path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -272,7 +273,7 @@ class KeyStore:
             with self._lock:
                 self._db()  # the schema exists before the first read
             self._reader = (
-                connect_postgres(str(self.location), autocommit=True)
+                connect_postgres(str(self.location), autocommit=True, stall_s=self._busy_timeout)
                 if is_postgres(self.location)
                 else connect(self.location, self._busy_timeout)
             )

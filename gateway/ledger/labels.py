@@ -154,14 +154,15 @@ class LabelStore:
     client is told its label is kept). A request keeps one feedback label, the latest: a client re-sending its
     judgement changes it, so no number of calls grows the table past one row per request."""
 
-    def __init__(self, location: str | Path):
+    def __init__(self, location: str | Path, busy_timeout: float | None = None):
         self.location = location
+        self._busy_timeout = busy_timeout  # as KeyStore's
         self._lock = threading.Lock()
         self._conn: Any = None
 
     def _connection(self) -> Any:
         # a file deleted or replaced under the gateway: the labels go to a new one at the path, as at start
-        self._conn = reopened(self._conn, self.location)
+        self._conn = reopened(self._conn, self.location, self._busy_timeout)
         return self._conn
 
     def _run(self, work: Callable[[Any], _T]) -> _T:

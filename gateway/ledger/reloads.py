@@ -34,15 +34,18 @@ _PUBLISH = (
 class ReloadLog:
     """One connection, used from one thread at a time (the reload watcher, or the admin call's worker thread)."""
 
-    def __init__(self, location: str | Path):
+    def __init__(self, location: str | Path, busy_timeout: float | None = None):
+        """busy_timeout: as KeyStore's. The watcher holds the lock while it reads; a call to a hung PostgreSQL
+        that never ended kept a shutdown waiting for the lock for good (probe11)."""
         self.location = location
+        self._busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self._conn: Any = None
 
     def _run(self, work: Callable[[Any], _T]) -> _T:
         with self._lock:
             if self._conn is None:
-                self._conn = connect(self.location)
+                self._conn = connect(self.location, self._busy_timeout)
             try:
                 with self._conn:  # one short transaction: nothing is left open between checks
                     return work(self._conn)

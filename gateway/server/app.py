@@ -154,7 +154,7 @@ def create_app(
     routing = RoutingService(policy, upstream, record_learning)
     startup = Startup(settings, policy, policy_path, upstream, routing, embedder=embedder)
     routing.learning.budget.read_spend = functools.partial(learning_spend, ledger.location)
-    labels = LabelStore(ledger.location)
+    labels = LabelStore(ledger.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S)
     metrics = metrics or GatewayMetrics()
     gateway = Gateway(
         settings, policy, policy_path, upstream, ledger, auth, prices, routing, metrics, keys, labels, startup
@@ -164,7 +164,9 @@ def create_app(
     def use_policy(reloaded: Policy) -> None:  # a reload's policy, for the handlers that read gateway.policy
         gateway.policy = reloaded
 
-    reloads = gateway.reloads = PolicyReloads(startup, ReloadLog(ledger.location), metrics, use_policy)
+    reloads = gateway.reloads = PolicyReloads(
+        startup, ReloadLog(ledger.location, busy_timeout=REQUEST_BUSY_TIMEOUT_S), metrics, use_policy
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):

@@ -7,10 +7,12 @@ dead-letter file and 297 lost; after kill -9 all were lost; the file was never r
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 
@@ -152,6 +154,72 @@ def test_kill_9_in_an_outage_leaves_one_row_per_answered_request_and_one_per_req
         # the four requests in flight at the kill: recorded at their estimate (status 0), none lost, none twice
         assert len(left) == 4 and all(rows[rid][0] == 0 for rid in left)
         assert _in_flight(postgres_url) == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def _freeze(postgres_server, sig: int) -> None:
+    """SIGSTOP / SIGCONT the server and its backends: a database that hangs with its connections open."""
+    import os
+
+    postmaster = int((postgres_server.datadir / "postmaster.pid").read_text().split()[0])
+    children = [int(p) for p in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()]
+    for pid in [postmaster, *children] if sig == signal.SIGSTOP else [*children, postmaster]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def test_a_postgres_that_hangs_holds_no_request_for_long_and_sigterm_still_exits(
+    upstream, postgres_server, postgres_url, tmp_path
+):
+    """probe11: with PostgreSQL stopped by SIGSTOP (its sockets open, nothing answering) no request was answered for
+    the whole hang, keys without limits too (45 s), and a SIGTERM never exited (the reload watcher held its lock in
+    a call that never ended). Now a ledger call is cut after 2 s (database.REQUEST_BUSY_TIMEOUT_S) and the outage
+    path follows: answered, the rows spooled and replayed."""
+    proc, url = _serve(tmp_path, postgres_url, upstream)
+    answered: list[str] = []
+    slowest: list[float] = []
+    lock = threading.Lock()
+    frozen = threading.Event()
+    stop = threading.Event()
+
+    def client() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            during = frozen.is_set()
+            status, rid = _ask(url, timeout=60)
+            with lock:
+                if status == 200:
+                    answered.append(rid)
+                if during:
+                    slowest.append(time.monotonic() - started)
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(client) for _ in range(4)]
+            _until(lambda: len(answered) >= 40)
+            _freeze(postgres_server, signal.SIGSTOP)
+            frozen.set()
+            time.sleep(12)
+            stop.set()
+            for future in futures:
+                future.result()
+        assert slowest and max(slowest) < 8, sorted(slowest)[-5:]
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # the database still hangs
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert time.monotonic() - started < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _freeze(postgres_server, signal.SIGCONT)
+    proc, url = _serve(tmp_path, postgres_url, upstream)  # the restart replays what was spooled
+    try:
+        rows = _until(lambda: (lambda r: r if all(i in r for i in answered) else None)(_rows(postgres_url)))
+        assert rows, "not every answered request reached the database"
+        assert all(rows[i][0] == 200 for i in answered)
+        assert _until(lambda: _in_flight(postgres_url) == 0)
     finally:
         proc.terminate()
         proc.wait(timeout=60)

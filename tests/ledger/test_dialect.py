@@ -56,3 +56,48 @@ def test_a_failed_connection_keeps_its_error_type():
 
     with pytest.raises(psycopg.OperationalError):
         connect_postgres(f"postgresql://app:{PASSWORD}@127.0.0.1:1/db", connect_timeout=2)
+
+
+def test_a_call_to_a_server_that_hangs_is_cut_after_its_limit(postgres_url):
+    """probe11: a PostgreSQL that hangs (here its backend is stopped) keeps the TCP connection open, so no driver or
+    kernel timeout ends a call, and every request waited for as long as it hung. With stall_s the call fails (the
+    outage path) in about that time; without it (the CLI's migrations and reports) it waits for the server."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import psycopg
+
+    for stall_s in (1.0, None):
+        conn = connect_postgres(postgres_url, autocommit=True, stall_s=stall_s)
+        backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        os.kill(backend, signal.SIGSTOP)
+        try:
+            outcome: list = []
+
+            def call(conn=conn, outcome=outcome) -> None:
+                started = time.monotonic()
+                try:
+                    outcome.append(conn.execute("SELECT 1").fetchone()[0])
+                except psycopg.OperationalError as exc:
+                    outcome.append(exc)
+                outcome.append(time.monotonic() - started)
+
+            thread = threading.Thread(target=call, daemon=True)
+            thread.start()
+            thread.join(timeout=3.0)
+            if stall_s is not None:
+                assert not thread.is_alive() and isinstance(outcome[0], psycopg.OperationalError)
+                assert 0.9 <= outcome[1] < 2.5 and conn.broken
+            else:
+                assert thread.is_alive()  # still waiting on the server
+        finally:
+            os.kill(backend, signal.SIGCONT)
+        thread.join(timeout=10)
+        if stall_s is None:
+            assert outcome[0] == 1  # answered once the server went on
+        conn.close()
+    fresh = connect_postgres(postgres_url, autocommit=True, stall_s=1.0)
+    assert fresh.execute("SELECT 2").fetchone()[0] == 2  # the server is fine
+    fresh.close()

@@ -6,6 +6,7 @@ routes."""
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
@@ -92,7 +93,10 @@ def from_upstream_error(exc: UpstreamError) -> GatewayError:
         status = exc.provider_status or 400
     else:
         status = next((s for kind, s in UPSTREAM_STATUS.items() if isinstance(exc, kind)), 502)
-    return GatewayError(status, exc.message, param=exc.param, code=exc.code)
+    # a rate-limited or unavailable provider's Retry-After, passed on (the gateway's own retries already waited)
+    wait = exc.retry_after if status in (429, 503) and exc.retry_after is not None else None
+    headers = {} if wait is None else {"retry-after": str(max(1, math.ceil(wait)))}
+    return GatewayError(status, exc.message, param=exc.param, code=exc.code, headers=headers)
 
 
 @dataclass(frozen=True)

@@ -362,6 +362,7 @@ class DirectOpenAIUpstream:
         try:
             return await retrying(replay_then_attempt)
         except _Retryable as exc:
+            exc.error.retry_after = exc.retry_after  # the client hears when to come back (probe11: it was dropped)
             raise exc.error from None
 
     async def complete(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ class UpstreamError(Exception):
         self.param = param
         self.code = code or type(self).code
         self.provider_status = provider_status  # the provider's HTTP status, when it answered with one
+        self.retry_after: float | None = None  # the provider's Retry-After, in seconds, when it sent one
 
 
 class UpstreamUnreachable(UpstreamError):

@@ -92,9 +92,11 @@ def test_a_retry_after_beyond_the_cap_is_not_waited_for(upstream, tmp_path):
     with running_gateway(tmp_path, policy) as (url, _):
         before = len(fake.state.received)
         started = time.monotonic()
-        with pytest.raises(openai.RateLimitError):
+        with pytest.raises(openai.RateLimitError) as refused:
             client(url).chat.completions.create(model=policy.cheap.model, messages=[{"role": "user", "content": "x"}])
         assert len(fake.state.received) - before == 1 and time.monotonic() - started < 5
+        # the provider's wait reaches the client (probe11: the 429 came without it)
+        assert refused.value.response.headers["retry-after"] == str(int(MAX_RETRY_AFTER_S) + 60)
 
 
 def test_retry_after_forms():

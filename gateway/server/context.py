@@ -42,7 +42,13 @@ from gateway.ledger.entry import RequestLedgerEntry
 from gateway.protocol import ChatCompletionRequest
 from gateway.server.auth import Caller
 from gateway.server.bodies import read_body
-from gateway.server.disconnect import CLIENT_CLOSED, ClientDisconnected, unless_disconnected
+from gateway.server.disconnect import (
+    CLIENT_CLOSED,
+    SHUT_DOWN_TEXT,
+    SHUTDOWN,
+    ClientDisconnected,
+    unless_disconnected,
+)
 from gateway.server.errors import error_response, failure, request_id_header
 from gateway.server.limits import Embedded, RateLimits, admit, reserve
 from gateway.server.middleware import start_entry
@@ -51,8 +57,6 @@ from pipelines.scope import KeyScope
 
 logger = logging.getLogger(__name__)
 
-SHUTDOWN = 503
-SHUT_DOWN_TEXT = "the gateway shut down before the answer was ready"
 
 Handler = Callable[["RequestContext"], Awaitable[Response]]
 

@@ -21,6 +21,8 @@ from pipelines.cancellation import cancel_scope
 T = TypeVar("T")
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its answer was ready
+SHUTDOWN = 503  # the gateway shut down past its grace period before the answer was done
+SHUT_DOWN_TEXT = "the gateway shut down before the answer was ready"
 DISCONNECT_HOOK = "selfroute.disconnect"  # the scope["extensions"] key of a server's DisconnectHook
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -13,7 +14,7 @@ from gateway.errors import GatewayError
 from gateway.protocol import chunk_has_choices, chunk_usage, truncated_chunks
 from gateway.routing.calls import Streamed, StreamFinish, close_stream
 from gateway.routing.streaming import chunk_text
-from gateway.server.disconnect import CLIENT_CLOSED, CancelledIfClientLeaves
+from gateway.server.disconnect import CLIENT_CLOSED, SHUT_DOWN_TEXT, SHUTDOWN, CancelledIfClientLeaves
 from gateway.server.errors import failure
 from gateway.server.sse import DONE, sse_event, sse_json
 from gateway.upstreams.base import client_safe, malformed_chunk
@@ -28,19 +29,37 @@ class EventStreamResponse(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], headers: dict[str, str] | None = None):
+    def __init__(
+        self, content: AsyncIterator[bytes], headers: dict[str, str] | None = None, watch: Leaving | None = None
+    ):
         super().__init__(content, headers={"cache-control": "no-cache", **(headers or {})})
+        self.watch = watch
 
     async def __call__(self, scope, receive, send) -> None:
         # the stream runs in this task; the client leaving cancels it (gateway.server.disconnect: serve's hook, or a
         # plain task waiting on receive()) and the relay records it (499). An anyio task group (a task for the
         # stream, a cancel scope, its cancel formatting the task's repr) was a tenth of the event loop's time on a
         # pass-through stream (py-spy).
-        with CancelledIfClientLeaves(scope, receive):
+        with CancelledIfClientLeaves(scope, receive) as leaving:
+            if self.watch is not None:
+                self.watch.leaving = leaving
             try:
                 await self.stream_response(send)
             except OSError:  # the socket went away mid-write
                 pass
+
+
+class Leaving:
+    """Tells the relay whether a cancellation was the client leaving (499) or a shutdown past its grace (503)."""
+
+    __slots__ = ("leaving",)
+
+    def __init__(self) -> None:
+        self.leaving: CancelledIfClientLeaves | None = None
+
+    @property
+    def client_left(self) -> bool:
+        return self.leaving is None or self.leaving.left
 
 
 # (the stream's first chunk, its whole text) -> a trailing chunk to send before the usage chunk and [DONE], or None
@@ -65,9 +84,11 @@ def stream_response(
     chunks = streamed.chunks
     if streamed.cut_short is not None and streamed.first is not None:
         chunks = then_truncated(chunks, streamed.first, streamed.cut_short)
+    watch = Leaving()
     return EventStreamResponse(
-        relay_stream(streamed.first, chunks, streamed.client_wants_usage, streamed.finish, final, after_text),
+        relay_stream(streamed.first, chunks, streamed.client_wants_usage, streamed.finish, final, after_text, watch),
         headers=headers,
+        watch=watch,
     )
 
 
@@ -90,6 +111,7 @@ async def relay_stream(
     finish: StreamFinish,
     final: Callable[[bytes], bytes] | None = None,
     after_text: AfterText | None = None,
+    watch: Leaving | None = None,
 ) -> AsyncIterator[bytes]:
     """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
 
@@ -144,6 +166,14 @@ async def relay_stream(
         await end(None, 200)
         if held is not None and final is not None:  # held only with `final`
             yield sse_event(final(held))
+        yield DONE
+    except asyncio.CancelledError:
+        if watch is None or watch.client_left:  # the client left: the finally records it (499)
+            raise
+        # a shutdown past its grace period: recorded and told as one (a non-stream request gets the same 503), not
+        # as the client leaving, and the stream ends with an error event and [DONE] instead of a cut (probe11)
+        await end(SHUT_DOWN_TEXT, SHUTDOWN)
+        yield sse_json(GatewayError(SHUTDOWN, SHUT_DOWN_TEXT, code="shutting_down").body())
         yield DONE
     except (GatewayError, UpstreamError) as exc:  # an upstream's failure mid-stream, as the error table says
         error = failure(exc).error

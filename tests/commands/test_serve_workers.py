@@ -72,6 +72,43 @@ def test_sigterm_stops_within_the_shutdown_timeout_cancelling_and_ledgering_in_f
     assert [r["status"] for r in rows] == [503] and "shut down" in rows[0]["error"]
 
 
+def test_a_stream_cut_by_the_shutdown_ends_with_an_error_event_and_is_ledgered_as_503(upstream, tmp_path):
+    """probe11: a stream still open at the end of the grace period ended with a cut body (no error event, no [DONE])
+    and was ledgered as 499, the client's fault, with a traceback in the log. Now as a non-stream request: 503
+    shutting_down, told in the stream."""
+    base, fake = upstream
+    served = serve(tmp_path, base, "fake-dribble", "--shutdown-timeout", "1")
+    process, url = served.process, served.url
+    events: list[str] = []
+    started = threading.Event()
+
+    def streamed() -> None:
+        body = {
+            "model": "selfroute",
+            "stream": True,
+            "messages": [{"role": "user", "content": "Go on."}],
+            "selfroute": {"route": "long"},
+        }
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+
+    thread = threading.Thread(target=streamed, daemon=True)
+    thread.start()
+    assert started.wait(60), "the stream never started"
+    output = served.stop()  # 40 words at 0.25 s: the stream outlasts the 1 s grace
+    assert process.returncode in (0, -signal.SIGTERM), output[-3000:]
+    thread.join(10)
+    assert events[-1] == "[DONE]", events[-3:]
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+    assert len(events) < 40  # cut short
+    assert "Exception in ASGI application" not in output, output[-3000:]
+    rows = ledger(tmp_path)
+    assert [(r["status"], r["error"]) for r in rows] == [(503, "the gateway shut down before the answer was ready")]
+
+
 def test_two_workers_share_the_port_and_the_ledger(upstream, tmp_path):
     base, _ = upstream
     served = serve(tmp_path, base, "fake-long", workers=2)

@@ -91,10 +91,14 @@ class RequestLedgerEntry:
                 del self._open_legs[index]
                 return
 
-    def _charge_estimate(self, config: ModelConfig, route: str | None, latency_ms: float, error: str) -> UpstreamCall:
-        """A leg the provider may bill but whose usage never arrived: charged at its estimate."""
+    def _charge_estimate(
+        self, config: ModelConfig, route: str | None, latency_ms: float, error: str, completion: int | None = None
+    ) -> UpstreamCall:
+        """A leg the provider may bill but whose usage never arrived: charged at its estimate (with `completion`, the
+        estimate's prompt and that many completion tokens)."""
         leg = self.estimate.leg(config.model)
-        prompt, completion = (leg.prompt_tokens, leg.completion_tokens) if leg is not None else (0, 0)
+        prompt, bound = (leg.prompt_tokens, leg.completion_tokens) if leg is not None else (0, 0)
+        completion = bound if completion is None else completion
         call = self.add_call(
             config, route, {"prompt_tokens": prompt, "completion_tokens": completion}, latency_ms, error
         )
@@ -147,14 +151,21 @@ class RequestLedgerEntry:
         latency_ms: float,
         error: str | None,
         status: int,
+        relayed: int = 0,
     ) -> UpstreamCall:
-        """A streamed leg's end: its usage, or, when the client left before the usage event came, its estimate."""
-        if usage is None and status == CLIENT_CLOSED:
+        """A streamed leg's end: its usage or, when it ended before the usage event came (the client left, the
+        upstream broke or timed out mid-stream), its prompt's estimate and a token for each chunk relayed. A stream
+        was charged its whole completion bound when the client left (a 32,768-token completion for one chunk, about
+        1,000x a whole answer, held against the key's TPM) and nothing at all when the upstream broke after sending
+        (probe11); the provider stops when the stream is closed and bills what it sent."""
+        if usage is None and (status == CLIENT_CLOSED or error is not None):
             return self._charge_estimate(
                 config,
                 route,
                 latency_ms,
-                f"{error or 'client disconnected'}; no usage reported: charged at the estimate",
+                f"{error or 'client disconnected'}; no usage reported: charged at the estimate's prompt and the"
+                f" {relayed} chunks relayed",
+                completion=relayed,
             )
         return self.add_call(config, route, usage, latency_ms, error)
 

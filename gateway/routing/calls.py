@@ -22,8 +22,9 @@ T = TypeVar("T")
 LEG_FAILURES = (UpstreamError, GatewayError)
 LegFailure = UpstreamError | GatewayError
 
-# finish(usage, error, status): runs exactly once when a stream ends, however it ends
-StreamFinish = Callable[[dict[str, Any] | None, str | None, int], None]
+# finish(usage, error, status, relayed): runs exactly once when a stream ends, however it ends; `relayed` counts the
+# chunks with choices the client was sent (what a stream that ends without usage is charged for)
+StreamFinish = Callable[[dict[str, Any] | None, str | None, int, int], None]
 
 
 @dataclass
@@ -144,9 +145,9 @@ async def stream_upstream(
             span.end()
         raise
 
-    def finish(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
-        # a client that left before the usage event came is charged the leg's estimate
-        entry.stream_ended(config, route, usage, (time.perf_counter() - started) * 1000, error, status)
+    def finish(usage: dict[str, Any] | None, error: str | None, status: int, relayed: int) -> None:
+        # a stream that ends before its usage event came is charged its prompt's estimate and what was relayed
+        entry.stream_ended(config, route, usage, (time.perf_counter() - started) * 1000, error, status, relayed)
         if span is not None:
             tracing.set_attributes(span, **{"selfroute.status": status, "selfroute.error": error})
             span.end()

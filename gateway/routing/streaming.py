@@ -222,8 +222,8 @@ def _relayed(
         finally:
             await close_stream(held.chunks)  # closing this generator must close the upstream stream too
 
-    def finish(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
-        entry.stream_ended(cheap, route, usage, held.elapsed_ms(), error, status)
+    def finish(usage: dict[str, Any] | None, error: str | None, status: int, relayed: int) -> None:
+        entry.stream_ended(cheap, route, usage, held.elapsed_ms(), error, status, relayed)
         service.counterfactual(entry, plan, request.outcome)
         entry.finish(status, error)
         if status == 200 and error is None:  # the client has the whole answer now
@@ -249,7 +249,7 @@ def _kept(
         for item in held.read[1:]:
             yield item
 
-    def finish(_usage: dict[str, Any] | None, error: str | None, status: int) -> None:
+    def finish(_usage: dict[str, Any] | None, error: str | None, status: int, _relayed: int) -> None:
         service.counterfactual(entry, plan, outcome)
         entry.finish(status, error)
 
@@ -278,11 +278,11 @@ def _judged(service: RoutingService, streamed: Streamed, request: RoutedRequest,
         finally:
             await close_stream(chunks)
 
-    def finish_judged(usage: dict[str, Any] | None, error: str | None, status: int) -> None:
+    def finish_judged(usage: dict[str, Any] | None, error: str | None, status: int, relayed: int) -> None:
         whole = status == 200 and error is None
         if whole:
             service.keep_texts(request.outcome, long_answer="".join(parts))
-        finish(usage, error, status)
+        finish(usage, error, status, relayed)
         if whole:
             service.learning.judge_escalation(request.entry, judged, "".join(parts))
 

@@ -115,7 +115,8 @@ async def relay_stream(
 ) -> AsyncIterator[bytes]:
     """Forward upstream chunks; note usage for the ledger; drop the usage chunk the client did not ask for.
 
-    `finish(usage, error, status)` runs exactly once, however the stream ends. The HTTP status was 200
+    `finish(usage, error, status, relayed)` runs exactly once, however the stream ends (`relayed`: the chunks with
+    choices sent). The HTTP status was 200
     when the headers went out; the ledger records how the request really ended (an error's status, or
     499 when the client left), so failed streams show up as failures in the reports.
     With `final`, the usage chunk the client asked for is held until the stream has ended and its leg is in the
@@ -125,6 +126,7 @@ async def relay_stream(
     chunk and [DONE], and before the ledger entry is settled (so the entry can record what it found).
     """
     usage = None
+    relayed = 0  # chunks with choices sent: about one token each, what an answer ending without usage is charged
     finished = False
     held: bytes | None = None  # the usage chunk, while `final` waits for the stream's end
     parts: list[str] | None = [] if after_text is not None else None  # the text, only when something reads it
@@ -137,7 +139,7 @@ async def relay_stream(
             closer = getattr(chunks, "aclose", None)
             if closer is not None:
                 await closer()
-        finish(usage, error, status)
+        finish(usage, error, status, relayed)
 
     try:
         data = first
@@ -151,6 +153,8 @@ async def relay_stream(
                 usage = found
                 if forward and final is not None:
                     held, forward = data, False
+            else:
+                relayed += 1
             if forward:
                 yield sse_event(data)
             if parts is not None:

@@ -408,14 +408,46 @@ def test_clients_that_leave_early_are_charged_and_refused_once_the_budget_is_spe
                 and len([x for x in rows() if x["key_id"] == "leaver"]) > seen
             ),
         )
-    assert outcomes == ["left", "refused"]  # one charged $0.03: the next $0.03 reservation does not fit in $0.02
-    left = [r for r in rows() if r["key_id"] == "leaver" and r["status"] == 499]
+    # the stream is charged its prompt's estimate and a token a chunk it was sent, the plain request its whole
+    # reservation ($0.03: nobody knows how much of it the provider wrote); a third $0.03 reservation does not fit
+    assert outcomes == ["left", "left", "refused"]
+    left = sorted((r for r in rows() if r["key_id"] == "leaver" and r["status"] == 499), key=lambda r: r["created_at"])
     assert len(left) == len(outcomes) - 1
-    assert all(r["cost_usd"] == pytest.approx(RESERVATION_USD) for r in left)  # no usage came: the estimate
+    streamed, plain = left
+    assert 10 * 0.001 < streamed["cost_usd"] <= 10 * 0.001 + 3 * 0.002  # 10 prompt tokens, 1-3 chunks relayed
+    assert plain["cost_usd"] == pytest.approx(RESERVATION_USD)
     legs = [c for c in rows("upstream_calls") if c["request_id"] in {r["id"] for r in left}]
     assert len(legs) == len(left) and all("charged at the estimate" in c["error"] for c in legs)
     assert 0.05 - RESERVATION_USD <= sum(r["cost_usd"] for r in left) <= 0.05
     assert rows("requests_in_flight") == []
+
+
+def test_a_stream_the_upstream_breaks_is_charged_its_prompt_and_what_it_sent(upstream, tmp_path, monkeypatch):
+    """probe11: a stream the upstream cut after sending content (or that timed out) was recorded at $0 and 0 prompt
+    tokens, though the provider had read the prompt. Now, as for a client that leaves: the prompt's estimate and a
+    token a chunk relayed."""
+    monkeypatch.setenv("OPENAI_API_BASE", f"{upstream[0]}/v1")
+    policy = make_policy(upstream[0], cheap={"model": "openai/breaks-cheap", **PRICED}, passthrough=DROP)
+    with running_gateway(tmp_path, policy, auth=Authenticator(admin_key=ADMIN)) as (url, app):
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {ADMIN}"},
+            json={
+                "model": "openai/breaks-cheap",
+                "stream": True,
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "a b c"}],
+            },
+            timeout=30,
+        ) as response:
+            events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert "error" in events[-2] and events[-1] == "data: [DONE]"
+        [row] = ledger_rows(app)
+        [leg] = ledger_rows(app, "upstream_calls")
+    assert row["status"] == 502 and "charged at the estimate's prompt" in leg["error"]
+    assert (leg["prompt_tokens"], leg["completion_tokens"]) == (10, 1)  # one chunk was sent before the cut
+    assert row["cost_usd"] == pytest.approx(10 * 0.001 + 1 * 0.002)
 
 
 def test_a_request_that_fails_before_any_upstream_call_releases_its_reservation(priced):

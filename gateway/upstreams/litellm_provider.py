@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from gateway.protocol import OPENAI_PARAMS
-from gateway.upstreams.base import upstream_error
+from gateway.upstreams.base import malformed_answer, upstream_error
 from gateway.upstreams.errors import UnsupportedRequest, UpstreamError, UpstreamTimeout
 from policies.schema import ModelConfig
 
@@ -84,6 +84,16 @@ def _string_values(value: Any):
             yield from _string_values(item)
 
 
+def _says_something(chunk: dict[str, Any]) -> bool:
+    if chunk.get("usage"):
+        return True
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("tool_calls") or delta.get("function_call"):
+            return True
+    return False
+
+
 class LiteLLMUpstream:
     def _kwargs(self, config: ModelConfig, body: dict[str, Any]) -> dict[str, Any]:
         _check_no_remote_urls(body.get("messages"))
@@ -113,8 +123,15 @@ class LiteLLMUpstream:
         litellm = await _imported()
         try:
             response = await litellm.acompletion(**self._kwargs(config, {**body, "stream": True}))
+            said = False  # a chunk with text, a tool call or usage came
             async for chunk in response:
-                yield json.dumps(chunk.model_dump(exclude_none=True)).encode()
+                data = chunk.model_dump(exclude_none=True)
+                said = said or _says_something(data)
+                yield json.dumps(data).encode()
+            if not said:
+                # litellm turns a reply that is no event stream (a JSON error page, plain text) into an empty stream
+                # that ends with finish_reason "stop": an empty 200 at $0 (probe11), where the direct path says 502
+                raise malformed_answer(config.model, "the stream carried no text, no tool call and no usage")
         except UpstreamError:
             raise
         except Exception as exc:

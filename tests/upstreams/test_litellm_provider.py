@@ -87,3 +87,29 @@ def test_litellm_stream_answered_without_events_is_a_502(gateway, model):
     assert caught.value.status_code == 502
     [row] = ledger_rows(app)
     assert row["status"] == 502 and ledger_rows(app, "upstream_calls")[0]["error"]
+
+
+@pytest.mark.parametrize("model", ["text-stream"])  # (a JSON completion, litellm streams whole)
+def test_a_provider_whose_stream_litellm_empties_is_a_502_not_an_empty_answer(upstream, tmp_path, monkeypatch, model):
+    """probe11: through litellm's deepseek provider, a stream request answered with JSON or plain text came back as an
+    empty 200 (finish_reason "stop", $0); the direct path and custom_openai say 502."""
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-from-env")
+    keyed = {"api_base": f"{upstream[0]}/v1", "api_key_env": "FAKE_UPSTREAM_KEY"}
+    hosted = make_policy(
+        upstream[0],
+        name="litellm-deepseek",
+        cheap=model_route(f"deepseek/{model}", **keyed),
+        long=model_route("deepseek/fake-long", **keyed),
+        routing=Whole(classifier=None),
+        passthrough={"allow": ["deepseek/*"]},
+    )
+    with running_gateway(tmp_path, hosted) as (url, app):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        texts = []
+        with pytest.raises(openai.APIError):
+            for chunk in client.chat.completions.create(
+                model=f"deepseek/{model}", stream=True, messages=[{"role": "user", "content": "x"}]
+            ):
+                texts.append(chunk.choices[0].delta.content if chunk.choices else None)
+        [row] = ledger_rows(app)
+    assert row["status"] == 502 and not any(texts)

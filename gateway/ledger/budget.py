@@ -144,6 +144,7 @@ _COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "cost_usd",
+    "client_request_id",
 )
 
 
@@ -162,6 +163,7 @@ class InFlight:
     cost_usd: float = 0.0
     owner: str = field(default_factory=owner_id)
     expires_at: float = 0.0
+    client_request_id: str | None = None  # the client's X-Request-Id, kept by the row settled from this one
 
     def __post_init__(self) -> None:
         if not self.expires_at:
@@ -179,6 +181,7 @@ class InFlight:
             estimate.prompt_tokens,
             estimate.completion_tokens,
             estimate.cost_usd,
+            client_request_id=record.client_request_id,
         )
 
     def row(self) -> tuple:
@@ -210,6 +213,7 @@ class InFlight:
             context_tokens=self.prompt_tokens,
             counterfactual_cost_usd=self.cost_usd,
             provenance={"in_flight": {"charged": "estimate", "owner": self.owner}},
+            client_request_id=self.client_request_id,
         )
 
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gateway.ledger.budget import Estimate, InFlight, Limits
+from gateway.ledger.budget import Estimate, InFlight, LegEstimate, Limits
 from gateway.ledger.pricing import PriceBook
 from gateway.ledger.records import CLIENT_CLOSED, RequestRecord, UpstreamCall
 from gateway.ledger.writer import Ledger, Reservation
@@ -79,6 +79,14 @@ class RequestLedgerEntry:
 
         self._reservation = self._ledger.reserve_async(prepare)
         return self._reservation.future
+
+    def expect(self, config: ModelConfig, prompt_tokens: int, completion_tokens: int = 0) -> None:
+        """What a request with no reservation of its own (a learning request: a shadow long answer) is charged if it
+        ends before its usage came (a shutdown cancels it): before, such a leg said "charged at the estimate" and
+        cost $0 (probe11: ten shadow legs of ~1,780 prompt tokens at $10/Mtok recorded nothing), so the learning
+        loop's daily budget under-counted."""
+        cost = self._prices.price(config).cost(prompt_tokens, completion_tokens)
+        self.estimate = Estimate((LegEstimate(config.model, prompt_tokens, completion_tokens, cost),))
 
     def leg_started(self, config: ModelConfig, route: str) -> None:
         """An upstream call is about to start: if the request ends before the call is recorded (the client left,

@@ -217,6 +217,8 @@ class RoutingService:
 
         async def run_long(shadow: RequestLedgerEntry) -> dict[str, Any]:
             long_prepared = await prepare(planner, plan, LONG, shadow)
+            bound = max(shadow_body.get("max_tokens") or 0, shadow_body.get("max_completion_tokens") or 0)
+            shadow.expect(self.policy.long, long_prepared.prompt_tokens, bound)  # charged if a shutdown cuts it
             return await self._call(self.policy.long, shadow_body, long_prepared, SHADOW, shadow)
 
         self.learning.shadow(entry, judged, run_long)

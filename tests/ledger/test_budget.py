@@ -102,7 +102,9 @@ def test_rows_left_by_a_dead_process_are_charged_once_and_never_a_success(locati
     ledger.close()
     conn = connect(location)
     try:
-        dead = _row("dead", cost=0.03, owner=f"{budget.owner_id().rpartition(':')[0]}:999999999")
+        dead = _row(
+            "dead", cost=0.03, owner=f"{budget.owner_id().rpartition(':')[0]}:999999999", client_request_id="mine-7"
+        )
         alive = _row("alive", cost=0.02)  # this process: still being served
         elsewhere = _row("elsewhere", cost=0.02, owner="another-host:1")  # another host: only its lease ends it
         expired = _row("expired", cost=0.01, owner="another-host:2", expires_at=time.time() - 1)
@@ -118,8 +120,11 @@ def test_rows_left_by_a_dead_process_are_charged_once_and_never_a_success(locati
         assert reports.costs(conn, "route", reports.Filters.parse(status="0"))["total"]["requests"] == 2
         totals = summary.summary(conn, window=3600)["totals"]
         assert (totals["unfinished"], totals["errors"]) == (2, 2)
-        row = conn.execute("SELECT status, error, cost_usd FROM requests WHERE id = ?", ("dead",)).fetchone()
+        row = conn.execute(
+            "SELECT status, error, cost_usd, client_request_id FROM requests WHERE id = ?", ("dead",)
+        ).fetchone()
         assert row["cost_usd"] == pytest.approx(0.03)
+        assert row["client_request_id"] == "mine-7"  # found by the id the client logged (probe11: it was lost)
         assert row["status"] == IN_FLIGHT and "charged at its estimate" in row["error"]
         # the process was not dead after all (a request outliving its lease): its real row replaces the estimate
         write_records(conn, [record("expired", expired.created_at, "rag", [call(CHEAP, "rag", 1, 1, 0.002)], key="k")])

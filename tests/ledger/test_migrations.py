@@ -180,6 +180,7 @@ EXPECTED_TABLES = {
         ("prompt_tokens", "INTEGER", 1, 0),
         ("completion_tokens", "INTEGER", 1, 0),
         ("cost_usd", "REAL", 1, 0),
+        ("client_request_id", "TEXT", 0, 0),
     ],
     "schema_migrations": [("version", "INTEGER", 0, 1), ("name", "TEXT", 1, 0), ("applied_at", "REAL", 1, 0)],
     "sqlite_sequence": [("name", "", 0, 0), ("seq", "", 0, 0)],

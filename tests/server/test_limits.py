@@ -25,14 +25,14 @@ ADMIN = "sk-admin-test"
 
 
 def _ask(
-    url: str, key: str, model: str = "openai/fake-cheap", text: str = "a b c", max_tokens: int | None = None
+    url: str, key: str, model: str = "openai/fake-cheap", text: str = "a b c", max_tokens: int | None = None, **fields
 ) -> httpx.Response:
     bound = {} if max_tokens is None else {"max_tokens": max_tokens}
     return httpx.post(
         f"{url}/v1/chat/completions",
         headers={"authorization": f"Bearer {key}"},
         timeout=30,
-        json={"model": model, "messages": [{"role": "user", "content": text}], **bound},
+        json={"model": model, "messages": [{"role": "user", "content": text}], **bound, **fields},
     )
 
 
@@ -485,17 +485,7 @@ def test_a_request_whose_bound_does_not_fit_what_the_key_has_left_is_refused(gat
     assert _ask(url, small, text=" ".join(["word"] * 2000), max_tokens=4).status_code == 429  # $0.002 of prompt
     assert _ask(url, small, max_tokens=4).status_code == 200  # $0.000018: fits
     # both bounds go upstream: the larger is reserved (it was max_completion_tokens alone, 1 token)
-    both = httpx.post(
-        f"{url}/v1/chat/completions",
-        headers={"authorization": f"Bearer {small}"},
-        timeout=30,
-        json={
-            "model": "openai/fake-cheap",
-            "messages": [{"role": "user", "content": "a b c"}],
-            "max_tokens": 100_000,
-            "max_completion_tokens": 1,
-        },
-    )
+    both = _ask(url, small, max_tokens=100_000, max_completion_tokens=1)
     assert both.status_code == 429 and both.json()["error"]["code"] == "budget_exceeded"
     _, narrow = keys.create("tiny-tpm", tpm=50)
     too_large = _ask(url, narrow, text=" ".join(["word"] * 2000), max_tokens=4)

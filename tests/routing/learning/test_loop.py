@@ -77,6 +77,10 @@ def test_a_shutdown_past_its_grace_cancels_and_ledgers_shadow_work(upstream, ver
     shadow = next(r for r in rows(app, "requests") if r["route"] == "shadow")
     assert shadow["status"] == 503 and "shut down" in shadow["error"]
     assert rows(app, "labels") == []
+    # the cut leg is charged its long prompt, which the provider read (probe11: 0 tokens, $0)
+    [leg] = [c for c in rows(app, "upstream_calls") if c["request_id"] == shadow["id"]]
+    assert leg["prompt_tokens"] > 100 and "charged at the estimate" in leg["error"]
+    assert shadow["prompt_tokens"] == leg["prompt_tokens"]
 
 
 def test_the_daily_budget_stops_shadows(upstream, verifier_file, gateway):

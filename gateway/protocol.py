@@ -213,6 +213,12 @@ class ChatCompletionRequest(_Open):
         return value
 
     @property
+    def completion_asked(self) -> int | None:
+        """The completion's bound the request sets, or None: the larger of max_tokens and max_completion_tokens, since
+        both go upstream as sent and a provider may honour either (probe11: 100000 beside 1 was reserved at 1)."""
+        return max(self.max_completion_tokens or 0, self.max_tokens or 0) or None
+
+    @property
     def wants_usage_in_stream(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 

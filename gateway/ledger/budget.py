@@ -265,19 +265,8 @@ def _check(
                 _SPENT_SINCE, (key_id, first_hour, key_id, limits.period_start, first_hour * 3600.0, key_id)
             ).fetchone()
         spent = float(found[0] or 0.0)
-        budget = f"this key's budget of ${limits.budget_usd:g}" + (
-            " for this period" if limits.period_start is not None else ""
-        )
-        if spent >= limits.budget_usd:
-            raise BudgetExceeded(
-                f"{budget} is spent (${spent:.4f} recorded or reserved by requests in flight)", code="budget_exceeded"
-            )
-        if spent + estimate_usd > limits.budget_usd:
-            raise BudgetExceeded(
-                f"this request could cost up to ${estimate_usd:.4f} (its prompt and completion bound), more than the"
-                f" ${limits.budget_usd - spent:.4f} left of {budget}; set a lower max_tokens or send less",
-                code="budget_exceeded",
-            )
+        if spent + estimate_usd > limits.budget_usd or spent >= limits.budget_usd:
+            raise _over_budget(limits, spent, estimate_usd)
     if limits.tpm is not None:
         if estimate_tokens > limits.tpm:  # OpenAI's "Request too large": waiting does not help
             raise TokenLimitExceeded(
@@ -296,6 +285,23 @@ def _check(
                 retry_after=retry,
                 code="rate_limit_exceeded",
             )
+
+
+def _over_budget(limits: Limits, spent: float, estimate_usd: float) -> BudgetExceeded:
+    """The refusal of a request whose reservation does not fit in what is left of the key's budget."""
+    assert limits.budget_usd is not None
+    budget = f"this key's budget of ${limits.budget_usd:g}" + (
+        " for this period" if limits.period_start is not None else ""
+    )
+    if spent >= limits.budget_usd:
+        return BudgetExceeded(
+            f"{budget} is spent (${spent:.4f} recorded or reserved by requests in flight)", code="budget_exceeded"
+        )
+    return BudgetExceeded(
+        f"this request could cost up to ${estimate_usd:.4f} (its prompt and completion bound), more than the"
+        f" ${limits.budget_usd - spent:.4f} left of {budget}; set a lower max_tokens or send less",
+        code="budget_exceeded",
+    )
 
 
 def reserve(conn: LedgerConnection, row: InFlight, limits: Limits | None = None, now: float | None = None) -> None:

@@ -199,14 +199,19 @@ class RoutingService:
         self.counterfactual(entry, plan, outcome)
         if outcome.fallback_error is None and judged is not None:
             # the cheap answer stood: maybe answer again on the long route in the background
-            self.maybe_shadow(body, plan, entry, judged)
+            self.maybe_shadow(chat, body, plan, entry, judged)
         return Completed(completion, sent=prepared.messages)
 
     async def prepare(self, plan: RoutePlan, route: str, entry: RequestLedgerEntry) -> PreparedPrompt:
         return await prepare(self.ready_planner(), plan, route, entry)
 
     def maybe_shadow(
-        self, body: dict[str, Any], plan: RoutePlan, entry: RequestLedgerEntry, judged: JudgeInput
+        self,
+        chat: ChatCompletionRequest,
+        body: dict[str, Any],
+        plan: RoutePlan,
+        entry: RequestLedgerEntry,
+        judged: JudgeInput,
     ) -> None:
         """For routing.learning.shadow_rate of the accepted cheap answers, once the client has its answer: the long
         model answers too (its own ledgered request, route shadow), then the judge compares the two."""
@@ -217,8 +222,8 @@ class RoutingService:
 
         async def run_long(shadow: RequestLedgerEntry) -> dict[str, Any]:
             long_prepared = await prepare(planner, plan, LONG, shadow)
-            bound = max(shadow_body.get("max_tokens") or 0, shadow_body.get("max_completion_tokens") or 0)
-            shadow.expect(self.policy.long, long_prepared.prompt_tokens, bound)  # charged if a shutdown cuts it
+            # charged if a shutdown cuts it
+            shadow.expect(self.policy.long, long_prepared.prompt_tokens, chat.completion_asked or 0)
             return await self._call(self.policy.long, shadow_body, long_prepared, SHADOW, shadow)
 
         self.learning.shadow(entry, judged, run_long)

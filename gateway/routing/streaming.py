@@ -227,7 +227,7 @@ def _relayed(
         service.counterfactual(entry, plan, request.outcome)
         entry.finish(status, error)
         if status == 200 and error is None:  # the client has the whole answer now
-            service.maybe_shadow(request.body, plan, entry, judged)
+            service.maybe_shadow(request.chat, request.body, plan, entry, judged)
 
     streamed = Streamed(held.read[0], held_then_rest(), request.chat.wants_usage_in_stream, finish)
     return RoutedStream(streamed, route, prepared)

@@ -213,10 +213,7 @@ def document_tokens(text: str, cap: int, scope: KeyScope) -> int:
 
 def _leg(prices: PriceBook, config: ModelConfig, prompt: int, chat: ChatCompletionRequest) -> LegEstimate:
     _, output_limit = token_limits(config)
-    # both bounds go upstream as sent, and a provider may honour either: the larger bounds the completion (probe11:
-    # max_tokens 100000 beside max_completion_tokens 1 was reserved at one token)
-    asked = max(chat.max_completion_tokens or 0, chat.max_tokens or 0)
-    completion = (asked or output_limit or DEFAULT_COMPLETION_BOUND) * max(chat.n or 1, 1)
+    completion = (chat.completion_asked or output_limit or DEFAULT_COMPLETION_BOUND) * max(chat.n or 1, 1)
     return LegEstimate(config.model, prompt, completion, prices.price(config).cost(prompt, completion))
 
 
